@@ -1,0 +1,32 @@
+# Kiln top-level entry points. Each target installs what it needs, configures and builds.
+#   make test   deps -> configure -> build -> all tests (what .ci/run calls)
+#   make demo   deps -> build -> train an MLP on the digits data through the engine
+#   make build  configure and build only
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+
+.PHONY: all deps configure build test demo clean format
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD_DIR) $(CMAKE_FLAGS) > $(BUILD_DIR).configure.log 2>&1 || (cat $(BUILD_DIR).configure.log; exit 1)
+
+build: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE slow
+
+demo: build
+	@$(BUILD_DIR)/src/kiln/cli/kiln demo --data examples/data/digits.csv.gz
+
+format:
+	@find src tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR) $(BUILD_DIR).configure.log

@@ -1,0 +1,27 @@
+// Buffer assignment: every node that needs arena storage gets an offset in one arena. Liveness
+// intervals come from the node order (a value lives from its definition to its last use; graph
+// outputs live to the end); intervals are packed best-fit, largest first, so two values share
+// bytes only when their lifetimes do not overlap.
+#ifndef KILN_RUNTIME_BUFFER_PLAN_H_
+#define KILN_RUNTIME_BUFFER_PLAN_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kiln/ir/graph.h"
+
+namespace kiln::runtime {
+
+inline constexpr int64_t kBufferAlignment = 64;
+
+struct BufferPlan {
+  std::vector<int64_t> offsets;  // per node id; -1 for parameters and constants (not in arena)
+  int64_t arena_bytes = 0;       // total arena size
+  int64_t lower_bound = 0;       // max over time of the bytes simultaneously live
+};
+
+BufferPlan PlanBuffers(const ir::Graph& graph);
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_RUNTIME_BUFFER_PLAN_H_

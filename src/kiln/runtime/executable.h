@@ -1,0 +1,82 @@
+// An Executable is a compiled Graph: a flat list of thunks that run over one preallocated arena.
+// Buffers are assigned from liveness intervals at compile time (buffer_plan.h); running allocates
+// nothing when the caller supplies the output tensors (RunInto).
+//
+//   std::unique_ptr<Backend> cpu = MakeCpuBackend();
+//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> exe, cpu->Compile(graph));
+//   KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, exe->Run({x, w}));   // parameter order
+//   KILN_ASSIGN_OR_RETURN(auto named, exe->RunNamed({{"x", x}, {"w", w}}));
+#ifndef KILN_RUNTIME_EXECUTABLE_H_
+#define KILN_RUNTIME_EXECUTABLE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kiln/ir/graph.h"
+#include "kiln/runtime/buffer_plan.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::runtime {
+
+// Per-run state handed to every thunk: buffers[id] is the storage of node `id` (parameters point
+// at the caller's tensors, constants at their literal, the rest into the arena).
+struct RunContext {
+  std::vector<void*> buffers;
+};
+
+class Thunk {
+ public:
+  virtual ~Thunk() = default;
+  // Shapes are static and checked at compile time, so running cannot fail.
+  virtual void Run(RunContext& ctx) = 0;
+  // For profiles and dumps, e.g. "dot_general %12 (onednn matmul)".
+  virtual std::string name() const = 0;
+};
+
+class Executable {
+ public:
+  Executable(ir::Graph graph, BufferPlan plan, std::vector<std::unique_ptr<Thunk>> thunks,
+             std::string backend_name);
+
+  const ir::Graph& graph() const { return graph_; }
+  const BufferPlan& plan() const { return plan_; }
+  const std::string& backend_name() const { return backend_name_; }
+  int num_thunks() const { return static_cast<int>(thunks_.size()); }
+  const Thunk& thunk(int i) const { return *thunks_[i]; }
+
+  // Inputs in parameter-index order; dtypes and shapes must match (InvalidArgument otherwise,
+  // naming the parameter). Returns one fresh tensor per graph output, in output order.
+  absl::StatusOr<std::vector<Tensor>> Run(const std::vector<Tensor>& inputs);
+  // Inputs and outputs by name.
+  absl::StatusOr<std::map<std::string, Tensor>> RunNamed(
+      const std::map<std::string, Tensor>& inputs);
+  // The allocation-free path: outputs must already have the right dtype and shape.
+  absl::Status RunInto(const std::vector<const Tensor*>& inputs,
+                       const std::vector<Tensor*>& outputs);
+
+ private:
+  ir::Graph graph_;
+  BufferPlan plan_;
+  std::vector<std::unique_ptr<Thunk>> thunks_;
+  std::string backend_name_;
+  std::shared_ptr<uint8_t> arena_;
+  RunContext ctx_;
+  std::vector<int> params_;  // parameter node ids in index order
+};
+
+// A backend turns graphs into executables.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) = 0;
+};
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_RUNTIME_EXECUTABLE_H_
