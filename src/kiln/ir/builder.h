@@ -14,6 +14,7 @@
 #ifndef KILN_IR_BUILDER_H_
 #define KILN_IR_BUILDER_H_
 
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,7 +74,13 @@ class Builder {
   absl::StatusOr<Graph> Build();
 
  private:
+  // Records a node's type in types_ (kept beside graph_) and returns the node's Value.
+  Value Record(int id);
+
   Graph graph_;
+  // Node types in a deque: Value::type() hands out references that must stay valid while more
+  // nodes are added (graph_.nodes() is a vector and reallocates).
+  std::deque<Type> types_;
   absl::Status status_;
   int next_param_index_ = 0;
 };

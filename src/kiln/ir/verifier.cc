@@ -1,1 +1,156 @@
-// Placeholder: being written.
+// Graph invariant checks (see verifier.h). Errors about a node start with "node %<id> (<op>): "
+// so callers (the parser, pass tests) can point at it; graph-level errors start with "graph @".
+// Never aborts: attributes are inspected through the variant, not the aborting typed getters.
+#include "kiln/ir/verifier.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/ir/shape_inference.h"
+
+namespace kiln::ir {
+namespace {
+
+constexpr int64_t kMaxElements = int64_t{1} << 48;  // as the parser (docs/ir.md)
+
+// Dims >= 0 and at most kMaxElements elements in all (computed without overflow).
+bool WithinElementLimit(const Shape& shape) {
+  int64_t elements = 1;
+  for (int64_t d : shape.dims()) {
+    if (d < 0 || d > kMaxElements) return false;
+    if (d != 0 && elements > kMaxElements / d) return false;
+    elements *= d;
+  }
+  return true;
+}
+
+std::string NodeRef(const Node& n, int position) {
+  return "node %" + std::to_string(position) + " (" + std::string(OpcodeName(n.opcode())) + ")";
+}
+
+absl::Status NodeError(const Node& n, int position, const std::string& msg) {
+  return absl::InvalidArgumentError(NodeRef(n, position) + ": " + msg);
+}
+
+absl::Status CheckLiteral(const Node& n, int i) {
+  const Tensor* lit = n.literal();
+  if (n.opcode() != Opcode::kConstant) {
+    if (lit != nullptr) return NodeError(n, i, "only constants carry a literal value");
+    return absl::OkStatus();
+  }
+  if (lit == nullptr) return NodeError(n, i, "constant has no literal value");
+  if (lit->dtype() != n.type().dtype || lit->shape() != n.type().shape)
+    return NodeError(
+        n, i, "literal is " + lit->TypeString() + " but the node's type is " + n.type().ToString());
+  if (n.has_attr("value"))
+    return NodeError(n, i, "attribute 'value' is reserved for the literal of a constant");
+  if (lit->dtype() == DType::kBool) {
+    const auto* b = static_cast<const uint8_t*>(lit->raw_data());
+    for (int64_t k = 0; k < lit->num_elements(); ++k)
+      if (b[k] > 1)
+        return NodeError(n, i,
+                         "bool literal element " + std::to_string(k) + " is byte " +
+                             std::to_string(b[k]) + " (must be 0 or 1)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckParameterAttrs(const Node& n, int i) {
+  auto idx = n.attrs().find("index");
+  if (idx == n.attrs().end() || !std::holds_alternative<int64_t>(idx->second))
+    return NodeError(n, i, "parameter needs an integer attribute 'index'");
+  auto name = n.attrs().find("name");
+  if (name == n.attrs().end() || !std::holds_alternative<std::string>(name->second))
+    return NodeError(n, i, "parameter needs a string attribute 'name'");
+  if (std::get<std::string>(name->second).empty())
+    return NodeError(n, i, "parameter name must not be empty");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Verify(const Graph& graph) {
+  const std::string where = "graph @" + graph.name();
+  const int num_nodes = graph.num_nodes();
+  std::map<int64_t, int> param_index;     // index -> node
+  std::map<std::string, int> param_name;  // name -> node
+  std::vector<int> params;
+  for (int i = 0; i < num_nodes; ++i) {
+    const Node& n = graph.node(i);
+    if (n.id() != i)
+      return NodeError(
+          n, i,
+          "stored at position " + std::to_string(i) + " but has id " + std::to_string(n.id()));
+    if (!WithinElementLimit(n.type().shape))
+      return NodeError(
+          n, i, "type " + n.type().ToString() + " has a negative size or more than 2^48 elements");
+    const int arity = OpcodeArity(n.opcode());
+    const int count = static_cast<int>(n.operands().size());
+    if (arity >= 0 && count != arity)
+      return NodeError(
+          n, i, "takes " + std::to_string(arity) + " operands, has " + std::to_string(count));
+    if (arity < 0 && count == 0) return NodeError(n, i, "takes at least 1 operand, has 0");
+    std::vector<Type> operand_types;
+    for (int k = 0; k < count; ++k) {
+      int op = n.operand(k);
+      if (op < 0 || op >= i)
+        return NodeError(n, i,
+                         "operand " + std::to_string(k) + " is %" + std::to_string(op) +
+                             ", which is not defined before it");
+      operand_types.push_back(graph.node(op).type());
+    }
+    absl::Status s = CheckLiteral(n, i);
+    if (!s.ok()) return s;
+    if (n.opcode() == Opcode::kParameter) {
+      s = CheckParameterAttrs(n, i);
+      if (!s.ok()) return s;
+      params.push_back(i);
+      auto [it, inserted] = param_name.emplace(n.attr_str("name"), i);
+      if (!inserted)
+        return NodeError(n, i,
+                         "parameter name \"" + n.attr_str("name") + "\" is already used by %" +
+                             std::to_string(it->second));
+    }
+    absl::StatusOr<Type> t = InferType(n.opcode(), operand_types, n.attrs(), n.type());
+    if (!t.ok())
+      return NodeError(n, i, std::string(t.status().message().data(), t.status().message().size()));
+    if (*t != n.type())
+      return NodeError(
+          n, i,
+          "type " + n.type().ToString() + " does not match the inferred type " + t->ToString());
+  }
+
+  for (int id : params) {
+    const Node& n = graph.node(id);
+    int64_t index = n.attr_int("index");
+    if (index < 0 || index >= static_cast<int64_t>(params.size()))
+      return NodeError(n, id,
+                       "parameter index " + std::to_string(index) +
+                           " is out of range: the graph has " + std::to_string(params.size()) +
+                           " parameters");
+    auto [it, inserted] = param_index.emplace(index, id);
+    if (!inserted)
+      return NodeError(n, id,
+                       "parameter index " + std::to_string(index) + " is already used by %" +
+                           std::to_string(it->second));
+  }
+
+  if (graph.outputs().empty()) return absl::InvalidArgumentError(where + ": has no outputs");
+  std::map<std::string, int> output_names;
+  for (size_t k = 0; k < graph.outputs().size(); ++k) {
+    const Output& o = graph.outputs()[k];
+    if (o.name.empty())
+      return absl::InvalidArgumentError(where + ": output " + std::to_string(k) +
+                                        " has an empty name");
+    if (!output_names.emplace(o.name, static_cast<int>(k)).second)
+      return absl::InvalidArgumentError(where + ": duplicate output name \"" + o.name + "\"");
+    if (o.node < 0 || o.node >= num_nodes)
+      return absl::InvalidArgumentError(where + ": output \"" + o.name + "\" refers to %" +
+                                        std::to_string(o.node) + ", which does not exist");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::ir

@@ -38,6 +38,7 @@ class Thunk {
   virtual std::string name() const = 0;
 };
 
+// Not thread-safe: one run at a time per Executable (the run state and arena are members).
 class Executable {
  public:
   Executable(ir::Graph graph, BufferPlan plan, std::vector<std::unique_ptr<Thunk>> thunks,

@@ -1,0 +1,129 @@
+#include "kiln/runtime/executable.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kiln/base/status.h"
+
+namespace kiln::runtime {
+namespace {
+
+std::shared_ptr<uint8_t> AllocateArena(int64_t bytes) {
+  size_t n = static_cast<size_t>(bytes);
+  n = (n + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
+  if (n == 0) n = kBufferAlignment;  // every arena pointer stays valid, even for empty graphs
+  void* p = std::aligned_alloc(kBufferAlignment, n);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, n);
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+}
+
+std::string ParamName(const ir::Node& n) {
+  return n.has_attr("name") ? n.attr_str("name") : "%" + std::to_string(n.id());
+}
+
+}  // namespace
+
+Executable::Executable(ir::Graph graph, BufferPlan plan, std::vector<std::unique_ptr<Thunk>> thunks,
+                       std::string backend_name)
+    : graph_(std::move(graph)),
+      plan_(std::move(plan)),
+      thunks_(std::move(thunks)),
+      backend_name_(std::move(backend_name)),
+      arena_(AllocateArena(plan_.arena_bytes)) {
+  params_ = graph_.parameters();
+  ctx_.buffers.assign(graph_.num_nodes(), nullptr);
+  for (const ir::Node& n : graph_.nodes()) {
+    if (n.opcode() == ir::Opcode::kParameter) continue;  // bound per run
+    if (n.opcode() == ir::Opcode::kConstant) {
+      // Kernels never write a constant's buffer; the literal is shared and immutable in spirit.
+      ctx_.buffers[n.id()] = n.literal() ? const_cast<void*>(n.literal()->raw_data()) : nullptr;
+      continue;
+    }
+    int64_t off = n.id() < static_cast<int>(plan_.offsets.size()) ? plan_.offsets[n.id()] : -1;
+    KILN_CHECK(off >= 0 && off + n.type().byte_size() <= plan_.arena_bytes);
+    ctx_.buffers[n.id()] = arena_.get() + off;
+  }
+}
+
+absl::StatusOr<std::vector<Tensor>> Executable::Run(const std::vector<Tensor>& inputs) {
+  std::vector<const Tensor*> in(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) in[i] = &inputs[i];
+  std::vector<Tensor> outputs;
+  outputs.reserve(graph_.outputs().size());
+  for (const ir::Output& o : graph_.outputs()) {
+    const ir::Type& t = graph_.node(o.node).type();
+    outputs.emplace_back(t.dtype, t.shape);
+  }
+  std::vector<Tensor*> out(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) out[i] = &outputs[i];
+  KILN_RETURN_IF_ERROR(RunInto(in, out));
+  return outputs;
+}
+
+absl::StatusOr<std::map<std::string, Tensor>> Executable::RunNamed(
+    const std::map<std::string, Tensor>& inputs) {
+  std::vector<Tensor> ordered;
+  ordered.reserve(params_.size());
+  for (int id : params_) {
+    std::string name = ParamName(graph_.node(id));
+    auto it = inputs.find(name);
+    if (it == inputs.end())
+      return absl::InvalidArgumentError("missing input for parameter '" + name + "'");
+    ordered.push_back(it->second);
+  }
+  for (const auto& [name, t] : inputs) {
+    if (graph_.FindParameter(name) < 0)
+      return absl::InvalidArgumentError("unknown input '" + name + "': graph '" + graph_.name() +
+                                        "' has no parameter of that name");
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, Run(ordered));
+  std::map<std::string, Tensor> named;
+  for (size_t i = 0; i < outs.size(); ++i) named[graph_.outputs()[i].name] = std::move(outs[i]);
+  return named;
+}
+
+absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
+                                 const std::vector<Tensor*>& outputs) {
+  if (inputs.size() != params_.size())
+    return absl::InvalidArgumentError("expected " + std::to_string(params_.size()) +
+                                      " inputs, got " + std::to_string(inputs.size()));
+  if (outputs.size() != graph_.outputs().size())
+    return absl::InvalidArgumentError("expected " + std::to_string(graph_.outputs().size()) +
+                                      " outputs, got " + std::to_string(outputs.size()));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ir::Node& p = graph_.node(params_[i]);
+    const Tensor* t = inputs[i];
+    std::string what = "input " + std::to_string(i) + " (parameter '" + ParamName(p) + "')";
+    if (t == nullptr) return absl::InvalidArgumentError(what + " is null");
+    if (t->dtype() != p.type().dtype || t->shape() != p.type().shape)
+      return absl::InvalidArgumentError(what + ": expected " + p.type().ToString() + ", got " +
+                                        t->TypeString());
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const ir::Output& o = graph_.outputs()[i];
+    const ir::Type& type = graph_.node(o.node).type();
+    std::string what = "output " + std::to_string(i) + " ('" + o.name + "')";
+    if (outputs[i] == nullptr) return absl::InvalidArgumentError(what + " is null");
+    if (outputs[i]->dtype() != type.dtype || outputs[i]->shape() != type.shape)
+      return absl::InvalidArgumentError(what + ": expected " + type.ToString() + ", got " +
+                                        outputs[i]->TypeString());
+  }
+
+  for (size_t i = 0; i < params_.size(); ++i)
+    ctx_.buffers[params_[i]] = const_cast<void*>(inputs[i]->raw_data());  // thunks only read them
+  for (const std::unique_ptr<Thunk>& t : thunks_) t->Run(ctx_);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const ir::Output& o = graph_.outputs()[i];
+    size_t bytes = static_cast<size_t>(graph_.node(o.node).type().byte_size());
+    const void* src = ctx_.buffers[o.node];
+    if (bytes > 0 && src != outputs[i]->raw_data())
+      std::memmove(outputs[i]->raw_data(), src, bytes);
+  }
+  // Parameter pointers are only valid for this call.
+  for (int id : params_) ctx_.buffers[id] = nullptr;
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::runtime

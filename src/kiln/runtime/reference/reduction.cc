@@ -1,0 +1,141 @@
+// Reference kernels for reductions. Floats accumulate in double and round once; integers
+// accumulate exactly in int64 and wrap to the output width. Elements are visited in row-major
+// order, so a sum's rounding is reproducible.
+#include <cmath>
+#include <limits>
+
+#include "kiln/base/status.h"
+#include "kiln/runtime/reference/kernels.h"
+
+namespace kiln::runtime::reference {
+namespace {
+
+using ir::Opcode;
+
+// Smallest and largest value of an integer or bool dtype.
+std::pair<int64_t, int64_t> IntRange(DType t) {
+  switch (t) {
+    case DType::kS8:
+      return {-128, 127};
+    case DType::kU8:
+      return {0, 255};
+    case DType::kS32:
+      return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+    case DType::kBool:
+      return {0, 1};
+    default:
+      return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
+  }
+}
+
+// Maps an operand element to the output element it reduces into: the kept dims' indices, raveled.
+struct ReduceMap {
+  std::vector<int64_t> in_dims;
+  std::vector<int64_t> kept_stride;  // per operand dim: output stride, 0 for a reduced dim
+
+  ReduceMap(const Shape& in, const std::vector<int64_t>& reduced) : in_dims(in.dims()) {
+    std::vector<bool> is_reduced(in.rank(), false);
+    for (int64_t d : reduced) is_reduced[d] = true;
+    kept_stride.assign(in.rank(), 0);
+    int64_t stride = 1;
+    for (int d = in.rank() - 1; d >= 0; --d) {
+      if (is_reduced[d]) continue;
+      kept_stride[d] = stride;
+      stride *= in.dim(d);
+    }
+  }
+  int64_t operator()(int64_t i, std::vector<int64_t>& idx) const {
+    Unravel(i, in_dims, idx);
+    return Ravel(idx, kept_stride);
+  }
+};
+
+// ---- reduce_sum ----
+// ---- reduce_max ----
+// ---- reduce_min ----
+// The listed dimensions are removed. Max and min propagate NaN; over zero elements they give the
+// identity (sum 0, max -inf or the type's minimum, min +inf or the type's maximum).
+absl::StatusOr<Kernel> Reduce(const ir::Graph& g, const ir::Node& n) {
+  Opcode op = n.opcode();
+  DType in_t = OperandType(g, n, 0).dtype, out_t = n.type().dtype;
+  unsigned allowed = kFloatTypes | kIntTypes | (op == Opcode::kReduceSum ? 0 : kBoolTypes);
+  KILN_RETURN_IF_ERROR(CheckDType(n, in_t, allowed, "operand"));
+  ReduceMap map(OperandType(g, n, 0).shape, n.attr_ints("dimensions"));
+  int64_t in_count = OperandType(g, n, 0).shape.num_elements();
+  int64_t out_count = n.type().shape.num_elements();
+  int x = n.operand(0), y = n.id();
+  if (IsFloating(in_t)) {
+    double init = op == Opcode::kReduceSum   ? 0.0
+                  : op == Opcode::kReduceMax ? -std::numeric_limits<double>::infinity()
+                                             : std::numeric_limits<double>::infinity();
+    return Kernel([=, acc = std::vector<double>(out_count)](RunContext& ctx) mutable {
+      std::fill(acc.begin(), acc.end(), init);
+      std::vector<int64_t> idx;
+      for (int64_t i = 0; i < in_count; ++i) {
+        double v = LoadAsDouble(In(ctx, x), in_t, i);
+        double& a = acc[map(i, idx)];
+        if (op == Opcode::kReduceSum)
+          a += v;
+        else if (std::isnan(v) || std::isnan(a))
+          a = std::numeric_limits<double>::quiet_NaN();
+        else if (op == Opcode::kReduceMax ? v > a : v < a)
+          a = v;
+      }
+      for (int64_t o = 0; o < out_count; ++o) StoreFromDouble(Out(ctx, y), out_t, o, acc[o]);
+    });
+  }
+  auto [lo, hi] = IntRange(in_t);
+  int64_t init = op == Opcode::kReduceSum ? 0 : op == Opcode::kReduceMax ? lo : hi;
+  return Kernel([=, acc = std::vector<int64_t>(out_count)](RunContext& ctx) mutable {
+    std::fill(acc.begin(), acc.end(), init);
+    std::vector<int64_t> idx;
+    for (int64_t i = 0; i < in_count; ++i) {
+      int64_t v = LoadInt(In(ctx, x), in_t, i);
+      int64_t& a = acc[map(i, idx)];
+      if (op == Opcode::kReduceSum)
+        a = static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(v));
+      else if (op == Opcode::kReduceMax ? v > a : v < a)
+        a = v;
+    }
+    for (int64_t o = 0; o < out_count; ++o) StoreInt(Out(ctx, y), out_t, o, acc[o]);
+  });
+}
+
+// ---- argmax ----
+// Index of the first maximum along `axis` (axis removed). As in PyTorch a NaN counts as larger
+// than everything, so the first NaN wins. An empty axis gives 0.
+absl::StatusOr<Kernel> ArgMax(const ir::Graph& g, const ir::Node& n) {
+  DType in_t = OperandType(g, n, 0).dtype, out_t = n.type().dtype;
+  KILN_RETURN_IF_ERROR(CheckDType(n, in_t, kFloatTypes | kIntTypes | kBoolTypes, "operand"));
+  AxisSplit s = SplitAt(OperandType(g, n, 0).shape, static_cast<int>(n.attr_int("axis")));
+  int x = n.operand(0), y = n.id();
+  bool floating = IsFloating(in_t);
+  return Kernel([=](RunContext& ctx) {
+    for (int64_t o = 0; o < s.outer; ++o)
+      for (int64_t i = 0; i < s.inner; ++i) {
+        int64_t best = 0;
+        for (int64_t k = 1; k < s.size; ++k) {
+          int64_t at = (o * s.size + k) * s.inner + i, best_at = (o * s.size + best) * s.inner + i;
+          bool better;
+          if (floating) {
+            double v = LoadAsDouble(In(ctx, x), in_t, at),
+                   b = LoadAsDouble(In(ctx, x), in_t, best_at);
+            better = !std::isnan(b) && (std::isnan(v) || v > b);
+          } else {
+            better = LoadInt(In(ctx, x), in_t, at) > LoadInt(In(ctx, x), in_t, best_at);
+          }
+          if (better) best = k;
+        }
+        StoreInt(Out(ctx, y), out_t, o * s.inner + i, best);
+      }
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<Kernel> MakeReductionKernel(const ir::Graph& g, const ir::Node& n) {
+  if (n.opcode() == Opcode::kArgmax) return ArgMax(g, n);
+  return Reduce(g, n);
+}
+
+}  // namespace kiln::runtime::reference

@@ -1,0 +1,193 @@
+#include "kiln/runtime/reference/reference_backend.h"
+
+#include <cmath>
+#include <limits>
+
+#include "kiln/base/status.h"
+#include "kiln/ir/verifier.h"
+#include "kiln/runtime/buffer_plan.h"
+#include "kiln/runtime/reference/kernels.h"
+
+namespace kiln::runtime {
+namespace reference {
+
+absl::Status Unsupported(const ir::Node& n, const std::string& why) {
+  return absl::InvalidArgumentError(
+      "reference backend: " + std::string(ir::OpcodeName(n.opcode())) + " %" +
+      std::to_string(n.id()) + ": " + why);
+}
+
+absl::Status CheckDType(const ir::Node& n, DType t, unsigned allowed, const std::string& what) {
+  bool ok =
+      (allowed & kAnyTypes) || ((allowed & kFloatTypes) && IsFloating(t) && !IsStorageOnly(t)) ||
+      ((allowed & kIntTypes) && IsInteger(t)) || ((allowed & kBoolTypes) && t == DType::kBool);
+  if (ok) return absl::OkStatus();
+  return Unsupported(n, "dtype " + std::string(DTypeName(t)) + " is not supported (" + what + ")");
+}
+
+int64_t LoadInt(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kS8:
+      return static_cast<const int8_t*>(base)[i];
+    case DType::kU8:
+      return static_cast<const uint8_t*>(base)[i];
+    case DType::kS32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::kS64:
+      return static_cast<const int64_t*>(base)[i];
+    case DType::kBool:
+      return static_cast<const uint8_t*>(base)[i] ? 1 : 0;
+    default: {
+      double v = LoadAsDouble(base, t, i);
+      if (std::isnan(v)) return 0;
+      if (v >= 9.2233720368547758e18) return std::numeric_limits<int64_t>::max();
+      if (v <= -9.2233720368547758e18) return std::numeric_limits<int64_t>::min();
+      return static_cast<int64_t>(v);
+    }
+  }
+}
+
+void StoreInt(void* base, DType t, int64_t i, int64_t v) {
+  switch (t) {
+    case DType::kS8:
+      static_cast<int8_t*>(base)[i] = static_cast<int8_t>(v);
+      return;
+    case DType::kU8:
+      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v);
+      return;
+    case DType::kS32:
+      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kS64:
+      static_cast<int64_t*>(base)[i] = v;
+      return;
+    case DType::kBool:
+      static_cast<uint8_t*>(base)[i] = v != 0 ? 1 : 0;
+      return;
+    default:
+      StoreFromDouble(base, t, i, static_cast<double>(v));
+      return;
+  }
+}
+
+namespace {
+
+class KernelThunk : public Thunk {
+ public:
+  KernelThunk(std::string name, Kernel kernel)
+      : name_(std::move(name)), kernel_(std::move(kernel)) {}
+  void Run(RunContext& ctx) override { kernel_(ctx); }
+  std::string name() const override { return name_; }
+
+ private:
+  std::string name_;
+  Kernel kernel_;
+};
+
+// Returns the kernel for one node; parameters and constants never get here.
+absl::StatusOr<Kernel> MakeKernel(const ir::Graph& g, const ir::Node& n) {
+  using ir::Opcode;
+  switch (n.opcode()) {
+    case Opcode::kAbs:
+    case Opcode::kAdd:
+    case Opcode::kCompare:
+    case Opcode::kConvert:
+    case Opcode::kCos:
+    case Opcode::kDiv:
+    case Opcode::kErf:
+    case Opcode::kExp:
+    case Opcode::kGelu:
+    case Opcode::kLog:
+    case Opcode::kLogicalAnd:
+    case Opcode::kLogicalNot:
+    case Opcode::kLogicalOr:
+    case Opcode::kMax:
+    case Opcode::kMin:
+    case Opcode::kMul:
+    case Opcode::kNeg:
+    case Opcode::kPow:
+    case Opcode::kRelu:
+    case Opcode::kRsqrt:
+    case Opcode::kSelect:
+    case Opcode::kSigmoid:
+    case Opcode::kSign:
+    case Opcode::kSilu:
+    case Opcode::kSin:
+    case Opcode::kSqrt:
+    case Opcode::kSub:
+    case Opcode::kTanh:
+      return MakeElementwiseKernel(g, n);
+    case Opcode::kAllGather:
+    case Opcode::kAllReduce:
+    case Opcode::kBroadcastInDim:
+    case Opcode::kConcatenate:
+    case Opcode::kGather:
+    case Opcode::kIota:
+    case Opcode::kPad:
+    case Opcode::kReduceScatter:
+    case Opcode::kReshape:
+    case Opcode::kScatterAdd:
+    case Opcode::kSlice:
+    case Opcode::kTranspose:
+      return MakeStructuralKernel(g, n);
+    case Opcode::kArgmax:
+    case Opcode::kReduceMax:
+    case Opcode::kReduceMin:
+    case Opcode::kReduceSum:
+      return MakeReductionKernel(g, n);
+    case Opcode::kConv2d:
+    case Opcode::kConv2dBackwardFilter:
+    case Opcode::kConv2dBackwardInput:
+    case Opcode::kDotGeneral:
+      return MakeContractionKernel(g, n);
+    case Opcode::kAvgPool2d:
+    case Opcode::kAvgPool2dGrad:
+    case Opcode::kMaxPool2d:
+    case Opcode::kMaxPool2dGrad:
+      return MakePoolingKernel(g, n);
+    case Opcode::kAttention:
+    case Opcode::kCrossEntropy:
+    case Opcode::kLayerNorm:
+    case Opcode::kLogSoftmax:
+    case Opcode::kRmsNorm:
+    case Opcode::kSoftmax:
+      return MakeCompositeKernel(g, n);
+    case Opcode::kRandomBits:
+      return MakeRandomKernel(g, n);
+    // ---- constant ----
+    // ---- parameter ----
+    // No kernel: the executable points their buffers at the literal and the caller's tensor.
+    case Opcode::kConstant:
+    case Opcode::kParameter:
+      break;
+  }
+  return absl::InternalError("reference backend: no kernel for " +
+                             std::string(ir::OpcodeName(n.opcode())));
+}
+
+class ReferenceBackend : public Backend {
+ public:
+  std::string name() const override { return "reference"; }
+
+  absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) override {
+    KILN_RETURN_IF_ERROR(Annotate(ir::Verify(graph), "reference backend"));
+    std::vector<std::unique_ptr<Thunk>> thunks;
+    for (const ir::Node& n : graph.nodes()) {
+      if (n.opcode() == ir::Opcode::kParameter || n.opcode() == ir::Opcode::kConstant) continue;
+      KILN_ASSIGN_OR_RETURN(Kernel k, MakeKernel(graph, n));
+      thunks.push_back(std::make_unique<KernelThunk>(
+          std::string(ir::OpcodeName(n.opcode())) + " %" + std::to_string(n.id()), std::move(k)));
+    }
+    BufferPlan plan = PlanBuffers(graph);
+    return std::make_unique<Executable>(graph, std::move(plan), std::move(thunks), name());
+  }
+};
+
+}  // namespace
+}  // namespace reference
+
+std::unique_ptr<Backend> MakeReferenceBackend() {
+  return std::make_unique<reference::ReferenceBackend>();
+}
+
+}  // namespace kiln::runtime
