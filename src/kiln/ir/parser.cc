@@ -15,19 +15,11 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/ir/internal/text_format.h"
 #include "kiln/ir/shape_inference.h"
 #include "kiln/ir/verifier.h"
 
 namespace kiln::ir {
-
-// Defined in printer.cc (the printer and the parser must agree on them).
-namespace text_internal {
-bool IsNameChar(char c);
-bool IsIdentStart(char c);
-bool IsIdentChar(char c);
-std::string EncodeElement(DType t, bool is_int, int64_t v, double d, void* base, int64_t i);
-bool ParseFloatText(std::string_view s, double* out);
-}  // namespace text_internal
 
 namespace {
 
@@ -361,9 +353,10 @@ class Parser {
 
   std::vector<Token> toks_;
   size_t pos_ = 0;
-  std::map<std::string, Defined> values_;  // %name -> node
-  std::vector<const Token*> node_tok_;     // node id -> where its statement starts
-  std::vector<const Token*> op_tok_;       // node id -> its op name
+  std::map<std::string, Defined> values_;   // %name -> node
+  std::vector<const Token*> node_tok_;      // node id -> where its statement starts
+  std::vector<const Token*> op_tok_;        // node id -> its op name
+  std::map<std::string, int> param_names_;  // parameter name -> node
 };
 
 absl::Status Parser::ParseScalar(const Token& t, RawValue* v) {
@@ -649,11 +642,12 @@ absl::Status Parser::ParseStatement(Graph& g) {
     if (pname == attrs.end() || !std::holds_alternative<std::string>(pname->second) ||
         std::get<std::string>(pname->second).empty())
       return Error(op_tok, "parameter needs a non-empty string attribute 'name'");
-    for (const Node& n : g.nodes())
-      if (n.opcode() == Opcode::kParameter &&
-          std::get<std::string>(n.attrs().at("name")) == std::get<std::string>(pname->second))
-        return Error(op_tok, "parameter name \"" + Printable(std::get<std::string>(pname->second)) +
-                                 "\" is already used by %" + std::to_string(n.id()));
+    const std::string& pn = std::get<std::string>(pname->second);
+    auto it = param_names_.find(pn);
+    if (it != param_names_.end())
+      return Error(op_tok, "parameter name \"" + Printable(pn) + "\" is already used by %" +
+                               std::to_string(it->second));
+    param_names_.emplace(pn, g.num_nodes());
   }
   absl::StatusOr<Type> type = InferType(*op, operand_types, attrs, declared);
   if (!type.ok())

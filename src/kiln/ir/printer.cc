@@ -15,9 +15,11 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/ir/internal/text_format.h"
+
 namespace kiln::ir {
 
-// Helpers shared with parser.cc (declared again there; keep the signatures in sync).
+// Helpers shared with parser.cc, declared in internal/text_format.h.
 namespace text_internal {
 
 bool IsNameChar(char c) {

@@ -139,9 +139,12 @@ absl::Status RuleContext::RequireMinRank(int i, int r) const {
 
 int64_t WindowOutputSize(int64_t in, int64_t k, int64_t stride, int64_t pad_lo, int64_t pad_hi,
                          int64_t dilation) {
-  int64_t span = in + pad_lo + pad_hi - dilation * (k - 1) - 1;
+  // 128-bit so that absurd attributes give "does not fit" instead of signed overflow.
+  __int128 span =
+      static_cast<__int128>(in) + pad_lo + pad_hi - static_cast<__int128>(dilation) * (k - 1) - 1;
   if (span < 0) return -1;
-  return span / stride + 1;
+  __int128 out = span / stride + 1;
+  return out > kMaxElements ? -1 : static_cast<int64_t>(out);
 }
 
 }  // namespace internal
@@ -149,6 +152,7 @@ int64_t WindowOutputSize(int64_t in, int64_t k, int64_t stride, int64_t pad_lo, 
 namespace {
 
 using internal::IntsToString;
+using internal::kMaxElements;
 using internal::RuleContext;
 
 bool IsFloatOnlyUnary(Opcode op) {
@@ -328,6 +332,8 @@ absl::StatusOr<Type> InferBroadcastInDim(const RuleContext& c) {
   Shape out(shape);
   for (int64_t d : shape)
     if (d < 0) return c.Error("attribute 'shape' " + out.ToString() + " has a negative size");
+  if (!internal::CheckedNumElements(out).has_value())
+    return c.Error("attribute 'shape' " + out.ToString() + " has more than 2^48 elements");
   if (static_cast<int>(bd.size()) != c.rank(0))
     return c.Error("broadcast_dimensions " + IntsToString(bd) +
                    " must have one entry per operand dim of " + c.T(0));
@@ -354,6 +360,8 @@ absl::StatusOr<Type> InferReshape(const RuleContext& c) {
   Shape out(shape);
   for (int64_t d : shape)
     if (d < 0) return c.Error("attribute 'shape' " + out.ToString() + " has a negative size");
+  if (!internal::CheckedNumElements(out).has_value())
+    return c.Error("attribute 'shape' " + out.ToString() + " has more than 2^48 elements");
   if (out.num_elements() != c.shape(0).num_elements())
     return c.Error("cannot reshape " + c.T(0) + " (" + std::to_string(c.shape(0).num_elements()) +
                    " elements) to " + out.ToString() + " (" + std::to_string(out.num_elements()) +
@@ -426,7 +434,11 @@ absl::StatusOr<Type> InferPad(const RuleContext& c) {
   std::vector<int64_t> dims(r);
   for (int i = 0; i < r; ++i) {
     int64_t d = c.shape(0).dim(i);
-    dims[i] = low[i] + high[i] + d + std::max<int64_t>(d - 1, 0) * interior[i];
+    __int128 size = static_cast<__int128>(low[i]) + high[i] + d +
+                    static_cast<__int128>(std::max<int64_t>(d - 1, 0)) * interior[i];
+    if (size > kMaxElements)
+      return c.Error("padded dimension " + std::to_string(i) + " of " + c.T(0) + " is too large");
+    dims[i] = static_cast<int64_t>(size);
   }
   return Type{c.in(0).dtype, Shape(dims)};
 }
@@ -508,7 +520,9 @@ absl::StatusOr<Type> InferCollective(const RuleContext& c) {
     return c.Error("attribute 'replicas' must be >= 1, got " + std::to_string(replicas));
   std::vector<int64_t> dims = c.shape(0).dims();
   if (c.op() == Opcode::kAllGather) {
-    dims[dim] *= replicas;
+    if (__builtin_mul_overflow(dims[dim], replicas, &dims[dim]) || dims[dim] > kMaxElements)
+      return c.Error("gathered dimension " + std::to_string(dim) + " of " + c.T(0) + " times " +
+                     std::to_string(replicas) + " replicas is too large");
   } else {
     if (dims[dim] % replicas != 0)
       return c.Error("dimension " + std::to_string(dim) + " of " + c.T(0) +
@@ -639,7 +653,16 @@ absl::StatusOr<Type> InferType(Opcode op, const std::vector<Type>& operands, con
       return c.Error("result type " + declared->ToString() +
                      " has a storage-only dtype; only convert, parameter and constant produce it");
   }
+  for (int i = 0; i < c.num_operands(); ++i)
+    if (!internal::CheckedNumElements(c.shape(i)).has_value())
+      return c.Error("operand " + std::to_string(i) + " " + c.T(i) +
+                     " has more than 2^48 elements");
+  if (declared.has_value() && !internal::CheckedNumElements(declared->shape).has_value())
+    return c.Error("declared type " + declared->ToString() +
+                   " has a negative dimension or more than 2^48 elements");
   KILN_ASSIGN_OR_RETURN(Type t, Dispatch(c));
+  if (!internal::CheckedNumElements(t.shape).has_value())
+    return c.Error("result type " + t.ToString() + " has more than 2^48 elements");
   if (!IsDeclaredOp(op) && declared.has_value() && *declared != t)
     return c.Error("declared type " + declared->ToString() + " does not match the inferred type " +
                    t.ToString());

@@ -483,3 +483,27 @@ TEST(ShapeInferenceTest, ConvOutputSizeFormula) {
 
 }  // namespace
 }  // namespace kiln::ir
+
+namespace kiln::ir {
+namespace {
+
+// Absurd attributes must give an error, never signed overflow (found by fuzzing the parser).
+TEST(ShapeInferenceOverflowTest, HugeSizesAreErrors) {
+  Type x{DType::kF32, Shape{3, 4}};
+  int64_t big = int64_t{1} << 62;
+  EXPECT_FALSE(InferType(Opcode::kPad, {x},
+                         {{"low", std::vector<int64_t>{0, 0}},
+                          {"high", std::vector<int64_t>{0, 0}},
+                          {"interior", std::vector<int64_t>{big, 0}},
+                          {"value", 0.0}})
+                   .ok());
+  EXPECT_FALSE(
+      InferType(Opcode::kAllGather, {x}, {{"dimension", int64_t{0}}, {"replicas", big}}).ok());
+  EXPECT_FALSE(
+      InferType(Opcode::kReshape, {x}, {{"shape", std::vector<int64_t>{big, big, 0}}}).ok());
+  Type huge{DType::kF32, Shape{big, big}};
+  EXPECT_FALSE(InferType(Opcode::kNeg, {huge}, {}).ok());
+}
+
+}  // namespace
+}  // namespace kiln::ir

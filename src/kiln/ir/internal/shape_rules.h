@@ -74,6 +74,18 @@ class RuleContext {
   const std::optional<Type>& declared_;
 };
 
+// Largest element count any type may have; keeps every size computation inside int64.
+inline constexpr int64_t kMaxElements = int64_t{1} << 48;
+
+// Element count of `s`, or nullopt past kMaxElements (checked, no overflow).
+inline std::optional<int64_t> CheckedNumElements(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s.dims()) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > kMaxElements) return std::nullopt;
+  }
+  return n;
+}
+
 // Spatial output size of a conv/pool window: floor((in + lo + hi - dil*(k-1) - 1)/stride) + 1,
 // or a negative value when the (dilated) window does not fit the padded input.
 int64_t WindowOutputSize(int64_t in, int64_t k, int64_t stride, int64_t pad_lo, int64_t pad_hi,
