@@ -95,19 +95,22 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
   for (size_t i = 0; i < params_.size(); ++i) {
     const ir::Node& p = graph_.node(params_[i]);
     const Tensor* t = inputs[i];
-    std::string what = "input " + std::to_string(i) + " (parameter '" + ParamName(p) + "')";
-    if (t == nullptr) return absl::InvalidArgumentError(what + " is null");
+    // Messages are built only on failure: this is the per-step path and must not allocate.
+    auto what = [&] {
+      return "input " + std::to_string(i) + " (parameter '" + ParamName(p) + "')";
+    };
+    if (t == nullptr) return absl::InvalidArgumentError(what() + " is null");
     if (t->dtype() != p.type().dtype || t->shape() != p.type().shape)
-      return absl::InvalidArgumentError(what + ": expected " + p.type().ToString() + ", got " +
+      return absl::InvalidArgumentError(what() + ": expected " + p.type().ToString() + ", got " +
                                         t->TypeString());
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const ir::Output& o = graph_.outputs()[i];
     const ir::Type& type = graph_.node(o.node).type();
-    std::string what = "output " + std::to_string(i) + " ('" + o.name + "')";
-    if (outputs[i] == nullptr) return absl::InvalidArgumentError(what + " is null");
+    auto what = [&] { return "output " + std::to_string(i) + " ('" + o.name + "')"; };
+    if (outputs[i] == nullptr) return absl::InvalidArgumentError(what() + " is null");
     if (outputs[i]->dtype() != type.dtype || outputs[i]->shape() != type.shape)
-      return absl::InvalidArgumentError(what + ": expected " + type.ToString() + ", got " +
+      return absl::InvalidArgumentError(what() + ": expected " + type.ToString() + ", got " +
                                         outputs[i]->TypeString());
   }
 

@@ -1,0 +1,211 @@
+// oneDNN convolutions (forward, backward data, backward weights) and pooling (max/avg forward,
+// avg backward). Convolutions let oneDNN pick its blocked layouts (format `any`) and reorder the
+// plain NCHW/OIHW tensors in and out through the workspace; bf16 runs natively where the ISA has
+// it, otherwise in f32 behind the same reorders. Pooling runs on the plain layout (memory-bound).
+// max_pool2d_grad is a loop (pool_loops.cc): the gradient must go to the first max, exactly.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/runtime/cpu/internal/common.h"
+
+namespace kiln::runtime::cpu {
+namespace {
+
+using ir::Opcode;
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+struct ConvGeometry {
+  std::vector<int64_t> src, wei, dst;  // oneDNN dims (wei has a leading group dim when g > 1)
+  std::vector<int64_t> strides, dilates, pad_l, pad_r;
+};
+
+ConvGeometry MakeConvGeometry(const ir::Node& n, const Shape& input, const Shape& filter,
+                              const Shape& output) {
+  ConvGeometry g;
+  const auto& st = n.attr_ints("strides");
+  const auto& pad = n.attr_ints("padding");
+  const auto& dil = n.attr_ints("dilation");
+  int64_t groups = n.attr_int("groups");
+  g.src = input.dims();
+  g.dst = output.dims();
+  if (groups > 1) {
+    g.wei = {groups, filter.dim(0) / groups, filter.dim(1), filter.dim(2), filter.dim(3)};
+  } else {
+    g.wei = filter.dims();
+  }
+  g.strides = {st[0], st[1]};
+  g.dilates = {dil[0] - 1, dil[1] - 1};
+  g.pad_l = {pad[0], pad[2]};
+  g.pad_r = {pad[1], pad[3]};
+  return g;
+}
+
+dnnl::memory::desc Any(const std::vector<int64_t>& dims, dt t) {
+  return dnnl::memory::desc(dims, t, tag::any);
+}
+
+// ---- conv2d ----
+// ---- conv2d_backward_input ----
+// ---- conv2d_backward_filter ----
+LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute) {
+  DType t = n.type().dtype;
+  dt user = DnnlType(t);
+  Shape input, filter, output;
+  switch (n.opcode()) {
+    case Opcode::kConv2d:
+      input = lc.operand_type(n, 0).shape;
+      filter = lc.operand_type(n, 1).shape;
+      output = n.type().shape;
+      break;
+    case Opcode::kConv2dBackwardInput:
+      input = n.type().shape;
+      filter = lc.operand_type(n, 1).shape;
+      output = lc.operand_type(n, 0).shape;
+      break;
+    default:
+      input = lc.operand_type(n, 0).shape;
+      filter = n.type().shape;
+      output = lc.operand_type(n, 1).shape;
+      break;
+  }
+  ConvGeometry g = MakeConvGeometry(n, input, filter, output);
+  auto src_any = Any(g.src, compute), wei_any = Any(g.wei, compute), dst_any = Any(g.dst, compute);
+  auto src_user = PlainDesc(g.src, user), wei_user = PlainDesc(g.wei, user),
+       dst_user = PlainDesc(g.dst, user);
+  auto attr = DnnlThunkBuilder::Attr();
+  const auto& eng = lc.cpu->engine();
+  auto alg = dnnl::algorithm::convolution_direct;
+  DnnlThunkBuilder b(lc, n, "onednn convolution");
+
+  if (n.opcode() == Opcode::kConv2d) {
+    dnnl::convolution_forward::primitive_desc pd;
+    KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_any, wei_any,
+                                        dst_any, g.strides, g.dilates, g.pad_l, g.pad_r);
+      pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
+    }));
+    if (compute != dt::f32 && IsRefImpl(pd)) return Unimplemented(n, "reference bf16/f16 conv");
+    b.NameImpl(pd);
+    KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
+    KILN_ASSIGN_OR_RETURN(int wei, b.Input(n.operand(1), wei_user, pd.weights_desc()));
+    KILN_ASSIGN_OR_RETURN(int dst, b.Output(n.id(), dst_user, pd.dst_desc()));
+    b.AddStepWithScratchpad(dnnl::convolution_forward(pd),
+                            {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}},
+                            pd.scratchpad_desc());
+    return b.Finish();
+  }
+
+  dnnl::convolution_forward::primitive_desc hint;
+  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, alg, src_any, wei_any,
+                                      dst_any, g.strides, g.dilates, g.pad_l, g.pad_r);
+    hint = dnnl::convolution_forward::primitive_desc(d, eng);
+  }));
+  if (n.opcode() == Opcode::kConv2dBackwardInput) {
+    dnnl::convolution_backward_data::primitive_desc pd;
+    KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+      dnnl::convolution_backward_data::desc d(alg, src_any, wei_any, dst_any, g.strides, g.dilates,
+                                              g.pad_l, g.pad_r);
+      pd = dnnl::convolution_backward_data::primitive_desc(d, attr, eng, hint);
+    }));
+    if (compute != dt::f32 && IsRefImpl(pd)) return Unimplemented(n, "reference bf16/f16 conv");
+    b.NameImpl(pd);
+    KILN_ASSIGN_OR_RETURN(int ddst, b.Input(n.operand(0), dst_user, pd.diff_dst_desc()));
+    KILN_ASSIGN_OR_RETURN(int wei, b.Input(n.operand(1), wei_user, pd.weights_desc()));
+    KILN_ASSIGN_OR_RETURN(int dsrc, b.Output(n.id(), src_user, pd.diff_src_desc()));
+    b.AddStepWithScratchpad(
+        dnnl::convolution_backward_data(pd),
+        {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}},
+        pd.scratchpad_desc());
+    return b.Finish();
+  }
+  dnnl::convolution_backward_weights::primitive_desc pd;
+  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+    dnnl::convolution_backward_weights::desc d(alg, src_any, wei_any, dst_any, g.strides, g.dilates,
+                                               g.pad_l, g.pad_r);
+    pd = dnnl::convolution_backward_weights::primitive_desc(d, attr, eng, hint);
+  }));
+  if (compute != dt::f32 && IsRefImpl(pd)) return Unimplemented(n, "reference bf16/f16 conv");
+  b.NameImpl(pd);
+  KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
+  KILN_ASSIGN_OR_RETURN(int ddst, b.Input(n.operand(1), dst_user, pd.diff_dst_desc()));
+  KILN_ASSIGN_OR_RETURN(int dwei, b.Output(n.id(), wei_user, pd.diff_weights_desc()));
+  b.AddStepWithScratchpad(
+      dnnl::convolution_backward_weights(pd),
+      {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}},
+      pd.scratchpad_desc());
+  return b.Finish();
+}
+
+}  // namespace
+
+LowerResult LowerConv(const ir::Node& n, LowerContext& lc) {
+  DType t = n.type().dtype;
+  for (int i = 0; i < 2; ++i)
+    if (lc.operand_type(n, i).dtype != t) return UnsupportedDType(n, lc.operand_type(n, i).dtype);
+  if (t != DType::kF32 && t != DType::kBF16 && t != DType::kF16) return UnsupportedDType(n, t);
+  if (t != DType::kF32) {
+    LowerResult r = ConvWithType(n, lc, DnnlType(t));
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnimplemented) return r;
+  }
+  return ConvWithType(n, lc, dt::f32);  // f32, or narrow floats through f32
+}
+
+// ---- max_pool2d ----
+// ---- avg_pool2d ----
+// ---- avg_pool2d_grad ----
+LowerResult LowerPool(const ir::Node& n, LowerContext& lc) {
+  DType t = n.type().dtype;
+  if (t != DType::kF32 && t != DType::kBF16) return UnsupportedDType(n, t);
+  const auto& window = n.attr_ints("window");
+  const auto& st = n.attr_ints("strides");
+  const auto& pad = n.attr_ints("padding");
+  std::vector<int64_t> kernel{window[0], window[1]}, strides{st[0], st[1]}, pad_l{pad[0], pad[2]},
+      pad_r{pad[1], pad[3]};
+  dnnl::algorithm alg = dnnl::algorithm::pooling_max;
+  if (n.opcode() != Opcode::kMaxPool2d) {
+    alg = n.attr_int("count_include_pad") ? dnnl::algorithm::pooling_avg_include_padding
+                                          : dnnl::algorithm::pooling_avg_exclude_padding;
+  }
+  bool grad = n.opcode() == Opcode::kAvgPool2dGrad;
+  Shape in_shape = grad ? n.type().shape : lc.operand_type(n, 0).shape;
+  Shape out_shape = grad ? lc.operand_type(n, 0).shape : n.type().shape;
+  auto src_md = PlainDesc(in_shape.dims(), DnnlType(t));
+  auto dst_md = PlainDesc(out_shape.dims(), DnnlType(t));
+  const auto& eng = lc.cpu->engine();
+  DnnlThunkBuilder b(lc, n, "onednn pooling");
+  if (!grad) {
+    dnnl::pooling_forward::primitive_desc pd;
+    KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+      dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md, dst_md,
+                                    strides, kernel, pad_l, pad_r);
+      pd = dnnl::pooling_forward::primitive_desc(d, DnnlThunkBuilder::Attr(), eng);
+    }));
+    if (IsRefImpl(pd)) return Unimplemented(n, "oneDNN has only its reference pooling here");
+    b.NameImpl(pd);
+    int src = b.NodeMemory(n.operand(0), src_md);
+    int dst = b.NodeMemory(n.id(), dst_md);
+    b.AddStepWithScratchpad(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                            pd.scratchpad_desc());
+    return b.Finish();
+  }
+  dnnl::pooling_backward::primitive_desc pd;
+  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+    dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, alg, src_md, dst_md, strides,
+                                   kernel, pad_l, pad_r);
+    dnnl::pooling_forward::primitive_desc hint(fd, eng);
+    dnnl::pooling_backward::desc d(alg, src_md, dst_md, strides, kernel, pad_l, pad_r);
+    pd = dnnl::pooling_backward::primitive_desc(d, DnnlThunkBuilder::Attr(), eng, hint);
+  }));
+  if (IsRefImpl(pd)) return Unimplemented(n, "oneDNN has only its reference pooling here");
+  b.NameImpl(pd);
+  int ddst = b.NodeMemory(n.operand(0), dst_md);
+  int dsrc = b.NodeMemory(n.id(), src_md);
+  b.AddStepWithScratchpad(dnnl::pooling_backward(pd),
+                          {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_SRC, dsrc}},
+                          pd.scratchpad_desc());
+  return b.Finish();
+}
+
+}  // namespace kiln::runtime::cpu

@@ -1,0 +1,36 @@
+// The fast CPU backend: lowers each node of a graph to one thunk that runs a oneDNN primitive
+// (matmul, convolution, pooling, eltwise, binary, softmax, layer norm, reorders) or one of Kiln's
+// own OpenMP loops (reductions, data movement, comparisons, norms, attention, ...).
+//
+//   std::unique_ptr<Backend> cpu = MakeCpuBackend();
+//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> exe, cpu->Compile(graph));
+//   KILN_RETURN_IF_ERROR(exe->RunInto({&x, &w}, {&y}));   // allocation-free
+//
+// Every oneDNN primitive, memory descriptor and memory object is created in Compile; at run time a
+// thunk binds data pointers and executes on the executable's stream. Primitives use a user-mode
+// scratchpad carved from one workspace that Compile allocates, so running allocates nothing.
+//
+// Dtypes: f32 and bf16 everywhere (bf16 computes in f32 and rounds to nearest even on store;
+// oneDNN accumulates bf16 matmul/conv in f32); f16 and f64 in the loops; integers and bool where
+// the op allows. Ops oneDNN cannot run for a dtype (e.g. f64 matmul/conv/pooling) give
+// Unimplemented naming the op: the reference backend covers them.
+#ifndef KILN_RUNTIME_CPU_CPU_BACKEND_H_
+#define KILN_RUNTIME_CPU_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "kiln/runtime/executable.h"
+
+namespace kiln::runtime {
+
+struct CpuBackendOptions {
+  // Use Kiln's loops instead of oneDNN for ops that have both (eltwise unary, binary arithmetic,
+  // softmax, log_softmax, layer_norm, convert, matmul, avg/max pooling). For tests of the loops.
+  bool prefer_loops = false;
+};
+
+std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options = {});
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_RUNTIME_CPU_CPU_BACKEND_H_

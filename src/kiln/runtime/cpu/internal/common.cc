@@ -1,0 +1,398 @@
+#include "kiln/runtime/cpu/internal/common.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/base/status.h"
+#include "kiln/ir/opcode.h"
+
+namespace kiln::runtime::cpu {
+
+CpuContext::CpuContext() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+
+CpuContext::~CpuContext() { std::free(workspace_); }
+
+void CpuContext::AllocateWorkspace() {
+  std::free(workspace_);
+  workspace_ = nullptr;
+  if (workspace_bytes_ == 0) return;
+  int64_t bytes = AlignUp(workspace_bytes_);
+  workspace_ = static_cast<uint8_t*>(std::aligned_alloc(kBufferAlignment, bytes));
+  KILN_CHECK(workspace_ != nullptr);
+  std::memset(workspace_, 0, bytes);  // touch every page now, not while running
+}
+
+std::string ThunkName(const ir::Node& n, const std::string& how) {
+  return absl::StrCat(std::string(ir::OpcodeName(n.opcode())), " %", n.id(), " (", how, ")");
+}
+
+std::unique_ptr<Thunk> MakeFnThunk(const ir::Node& n, const std::string& how,
+                                   std::function<void(RunContext&)> fn) {
+  return std::make_unique<FnThunk>(ThunkName(n, how), std::move(fn));
+}
+
+absl::Status UnsupportedDType(const ir::Node& n, DType t) {
+  return absl::UnimplementedError(
+      absl::StrCat("cpu backend: ", std::string(ir::OpcodeName(n.opcode())), " %", n.id(),
+                   " does not support dtype ", std::string(DTypeName(t))));
+}
+
+absl::Status Unimplemented(const ir::Node& n, const std::string& why) {
+  return absl::UnimplementedError(absl::StrCat(
+      "cpu backend: ", std::string(ir::OpcodeName(n.opcode())), " %", n.id(), ": ", why));
+}
+
+// ---------------------------------------------------------------------------------------------
+// oneDNN helpers.
+
+dnnl::memory::data_type DnnlType(DType t) {
+  using dt = dnnl::memory::data_type;
+  switch (t) {
+    case DType::kF32:
+      return dt::f32;
+    case DType::kBF16:
+      return dt::bf16;
+    case DType::kF16:
+      return dt::f16;
+    case DType::kS8:
+      return dt::s8;
+    case DType::kU8:
+      return dt::u8;
+    case DType::kS32:
+      return dt::s32;
+    default:
+      return dt::undef;
+  }
+}
+
+std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> s(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * dims[i + 1];
+  return s;
+}
+
+dnnl::memory::desc PlainDesc(const std::vector<int64_t>& dims, dnnl::memory::data_type dt) {
+  std::vector<int64_t> d = dims.empty() ? std::vector<int64_t>{1} : dims;
+  return dnnl::memory::desc(d, dt, RowMajorStrides(d));
+}
+
+dnnl::memory::desc StridedDesc(const std::vector<int64_t>& dims, dnnl::memory::data_type dt,
+                               const std::vector<int64_t>& strides) {
+  return dnnl::memory::desc(dims, dt, strides);
+}
+
+dnnl::memory::desc WithType(const dnnl::memory::desc& md, dnnl::memory::data_type dt) {
+  dnnl::memory::desc out = md;
+  out.data.data_type = static_cast<dnnl_data_type_t>(dt);
+  return out;
+}
+
+absl::Status DnnlStatus(const ir::Node& n, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const dnnl::error& e) {
+    return Unimplemented(n, absl::StrCat("oneDNN: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// DnnlThunk.
+
+class DnnlThunk : public Thunk {
+ public:
+  DnnlThunk(std::string name, std::shared_ptr<CpuContext> cpu,
+            std::vector<DnnlThunkBuilder::Mem> mems, std::vector<DnnlThunkBuilder::Step> steps)
+      : name_(std::move(name)),
+        cpu_(std::move(cpu)),
+        mems_(std::move(mems)),
+        steps_(std::move(steps)) {}
+
+  void Run(RunContext& ctx) override {
+    uint8_t* ws = cpu_->workspace();
+    for (auto& m : mems_) {
+      void* p = m.node >= 0 ? ctx.buffers[m.node] : static_cast<void*>(ws + m.offset);
+      dnnl_memory_set_data_handle(m.memory.get(), p);
+    }
+    dnnl_stream_t stream = cpu_->stream().get();
+    for (auto& s : steps_) {
+      if (s.loop) {
+        s.loop(ctx, ws);
+      } else {
+        dnnl_primitive_execute(s.prim.get(), stream, static_cast<int>(s.args.size()),
+                               s.args.data());
+      }
+    }
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  std::string name_;
+  std::shared_ptr<CpuContext> cpu_;
+  std::vector<DnnlThunkBuilder::Mem> mems_;
+  std::vector<DnnlThunkBuilder::Step> steps_;
+};
+
+DnnlThunkBuilder::DnnlThunkBuilder(LowerContext& lc, const ir::Node& n, std::string how)
+    : lc_(lc), name_(ThunkName(n, how)) {
+  name_.pop_back();  // the ")": NameImpl may add to it, Finish closes it
+}
+
+dnnl::primitive_attr DnnlThunkBuilder::Attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+int DnnlThunkBuilder::NodeMemory(int node, const dnnl::memory::desc& md) {
+  Mem m;
+  m.memory = dnnl::memory(md, lc_.cpu->engine(), DNNL_MEMORY_NONE);
+  m.node = node;
+  mems_.push_back(std::move(m));
+  return static_cast<int>(mems_.size()) - 1;
+}
+
+int DnnlThunkBuilder::TempMemory(const dnnl::memory::desc& md) {
+  Mem m;
+  m.memory = dnnl::memory(md, lc_.cpu->engine(), DNNL_MEMORY_NONE);
+  m.offset = layout_.Add(static_cast<int64_t>(md.get_size()));
+  mems_.push_back(std::move(m));
+  return static_cast<int>(mems_.size()) - 1;
+}
+
+absl::StatusOr<int> DnnlThunkBuilder::Input(int node, const dnnl::memory::desc& user,
+                                            const dnnl::memory::desc& want) {
+  return Reorder(NodeMemory(node, user), want);
+}
+
+absl::StatusOr<int> DnnlThunkBuilder::Reorder(int from, const dnnl::memory::desc& want) {
+  dnnl::memory::desc have = mems_[from].memory.get_desc();
+  if (have == want) return from;
+  int w = TempMemory(want);
+  try {
+    auto pd =
+        dnnl::reorder::primitive_desc(lc_.cpu->engine(), have, lc_.cpu->engine(), want, Attr());
+    AddStepWithScratchpad(dnnl::reorder(pd), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, w}},
+                          pd.scratchpad_desc());
+  } catch (const dnnl::error& e) {
+    return absl::UnimplementedError(absl::StrCat(name_, ": oneDNN reorder: ", e.what()));
+  }
+  return w;
+}
+
+absl::StatusOr<int> DnnlThunkBuilder::Output(int node, const dnnl::memory::desc& user,
+                                             const dnnl::memory::desc& have) {
+  int u = NodeMemory(node, user);
+  if (user == have) return u;
+  int h = TempMemory(have);
+  try {
+    auto pd =
+        dnnl::reorder::primitive_desc(lc_.cpu->engine(), have, lc_.cpu->engine(), user, Attr());
+    Step s;
+    s.prim = dnnl::reorder(pd);
+    s.args = {{DNNL_ARG_FROM, mems_[h].memory.get()}, {DNNL_ARG_TO, mems_[u].memory.get()}};
+    if (pd.scratchpad_desc().get_size() > 0) {
+      int sp = TempMemory(pd.scratchpad_desc());
+      s.args.push_back({DNNL_ARG_SCRATCHPAD, mems_[sp].memory.get()});
+    }
+    post_steps_.push_back(std::move(s));
+  } catch (const dnnl::error& e) {
+    return absl::UnimplementedError(absl::StrCat(name_, ": oneDNN reorder: ", e.what()));
+  }
+  return h;
+}
+
+void DnnlThunkBuilder::AddStep(dnnl::primitive prim, std::vector<std::pair<int, int>> args) {
+  Step s;
+  s.prim = std::move(prim);
+  for (auto [arg, mem] : args) s.args.push_back({arg, mems_[mem].memory.get()});
+  steps_.push_back(std::move(s));
+}
+
+void DnnlThunkBuilder::AddStepWithScratchpad(dnnl::primitive prim,
+                                             std::vector<std::pair<int, int>> args,
+                                             const dnnl::memory::desc& scratch) {
+  if (scratch.get_size() > 0) args.push_back({DNNL_ARG_SCRATCHPAD, TempMemory(scratch)});
+  AddStep(std::move(prim), std::move(args));
+}
+
+void DnnlThunkBuilder::AddLoopStep(std::function<void(RunContext&, uint8_t*)> fn) {
+  Step s;
+  s.loop = std::move(fn);
+  steps_.push_back(std::move(s));
+}
+
+absl::StatusOr<std::unique_ptr<Thunk>> DnnlThunkBuilder::Finish() {
+  for (auto& s : post_steps_) steps_.push_back(std::move(s));
+  post_steps_.clear();
+  name_ += ")";
+  lc_.cpu->RequireWorkspace(layout_.size());
+  return std::unique_ptr<Thunk>(new DnnlThunk(name_, lc_.cpu, std::move(mems_), std::move(steps_)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strided copies.
+
+void FillBytes(void* out, int64_t count, const void* value, int64_t elem_size) {
+  auto fill = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T v;
+    std::memcpy(&v, value, sizeof(T));
+    T* o = static_cast<T*>(out);
+    ParallelFor(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = v;
+    });
+  };
+  switch (elem_size) {
+    case 1:
+      fill(TypeTag<uint8_t>{});
+      break;
+    case 2:
+      fill(TypeTag<uint16_t>{});
+      break;
+    case 4:
+      fill(TypeTag<uint32_t>{});
+      break;
+    default:
+      fill(TypeTag<uint64_t>{});
+      break;
+  }
+}
+
+namespace {
+
+template <typename T>
+void CopyRow(const T* in, int64_t in_stride, T* out, int64_t out_stride, int64_t n) {
+  if (in_stride == 1 && out_stride == 1) {
+    std::memcpy(out, in, n * sizeof(T));
+  } else if (in_stride == 0 && out_stride == 1) {
+    T v = *in;
+    for (int64_t i = 0; i < n; ++i) out[i] = v;
+  } else if (out_stride == 1) {
+    for (int64_t i = 0; i < n; ++i) out[i] = in[i * in_stride];
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i * out_stride] = in[i * in_stride];
+  }
+}
+
+// 2-D tile transpose: out[i*os_i + j] = in[i*is_i + j*is_j] for a tile where is_j != 1 but some
+// outer dim reads contiguously; blocking keeps both sides in cache.
+template <typename T>
+void CopyStridedTyped(const std::vector<int64_t>& dims, const T* in, const std::vector<int64_t>& is,
+                      T* out, const std::vector<int64_t>& os) {
+  int r = static_cast<int>(dims.size());
+  int64_t inner = dims[r - 1];
+  int64_t rows = 1;
+  for (int d = 0; d < r - 1; ++d) rows *= dims[d];
+
+  // Transpose-like: innermost output is contiguous, input is not, and the second-innermost dim
+  // reads contiguously: copy in 32x32 tiles over those two dims.
+  if (r >= 2 && os[r - 1] == 1 && is[r - 1] != 1 && is[r - 2] == 1 && is[r - 1] != 0) {
+    constexpr int64_t kTile = 32;
+    int64_t d0 = dims[r - 2], d1 = inner;
+    int64_t outer = rows / d0;
+    int64_t tiles0 = (d0 + kTile - 1) / kTile;
+    ParallelFor(outer * tiles0, std::max<int64_t>(1, 4096 / (kTile * std::max<int64_t>(d1, 1))),
+                [&](int64_t b, int64_t e) {
+                  for (int64_t t = b; t < e; ++t) {
+                    int64_t o = t / tiles0, t0 = (t % tiles0) * kTile;
+                    int64_t in_off = 0, out_off = 0, rem = o;
+                    for (int d = r - 3; d >= 0; --d) {
+                      int64_t idx = rem % dims[d];
+                      rem /= dims[d];
+                      in_off += idx * is[d];
+                      out_off += idx * os[d];
+                    }
+                    int64_t e0 = std::min(d0, t0 + kTile);
+                    for (int64_t t1 = 0; t1 < d1; t1 += kTile) {
+                      int64_t e1 = std::min(d1, t1 + kTile);
+                      for (int64_t i = t0; i < e0; ++i) {
+                        const T* src = in + in_off + i;
+                        T* dst = out + out_off + i * os[r - 2];
+                        for (int64_t j = t1; j < e1; ++j) dst[j] = src[j * is[r - 1]];
+                      }
+                    }
+                  }
+                });
+    return;
+  }
+
+  int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(inner, 1));
+  ParallelFor(rows, grain, [&](int64_t b, int64_t e) {
+    int64_t idx[kMaxRank] = {};
+    int64_t in_off = 0, out_off = 0, rem = b;
+    for (int d = r - 2; d >= 0; --d) {
+      idx[d] = rem % dims[d];
+      rem /= dims[d];
+      in_off += idx[d] * is[d];
+      out_off += idx[d] * os[d];
+    }
+    for (int64_t row = b; row < e; ++row) {
+      CopyRow(in + in_off, is[r - 1], out + out_off, os[r - 1], inner);
+      for (int d = r - 2; d >= 0; --d) {
+        ++idx[d];
+        in_off += is[d];
+        out_off += os[d];
+        if (idx[d] < dims[d]) break;
+        in_off -= idx[d] * is[d];
+        out_off -= idx[d] * os[d];
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+CopyPlan PlanStridedCopy(const std::vector<int64_t>& dims, const std::vector<int64_t>& in_strides,
+                         const std::vector<int64_t>& out_strides, int64_t elem_size) {
+  CopyPlan p;
+  p.elem_size = elem_size;
+  auto& d = p.dims;
+  auto& is = p.in_strides;
+  auto& os = p.out_strides;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == 0) p.empty = true;
+    if (dims[i] == 1) continue;
+    if (!d.empty() && is.back() == in_strides[i] * dims[i] &&
+        os.back() == out_strides[i] * dims[i]) {
+      d.back() *= dims[i];
+      is.back() = in_strides[i];
+      os.back() = out_strides[i];
+      continue;
+    }
+    d.push_back(dims[i]);
+    is.push_back(in_strides[i]);
+    os.push_back(out_strides[i]);
+  }
+  if (d.empty()) {
+    d = {1};
+    is = {0};
+    os = {0};
+  }
+  KILN_CHECK(d.size() <= kMaxRank);
+  return p;
+}
+
+void RunStridedCopy(const CopyPlan& p, const void* in, void* out) {
+  if (p.empty) return;
+  const auto& d = p.dims;
+  const auto& is = p.in_strides;
+  const auto& os = p.out_strides;
+  switch (p.elem_size) {
+    case 1:
+      CopyStridedTyped(d, static_cast<const uint8_t*>(in), is, static_cast<uint8_t*>(out), os);
+      break;
+    case 2:
+      CopyStridedTyped(d, static_cast<const uint16_t*>(in), is, static_cast<uint16_t*>(out), os);
+      break;
+    case 4:
+      CopyStridedTyped(d, static_cast<const uint32_t*>(in), is, static_cast<uint32_t*>(out), os);
+      break;
+    default:
+      CopyStridedTyped(d, static_cast<const uint64_t*>(in), is, static_cast<uint64_t*>(out), os);
+      break;
+  }
+}
+
+}  // namespace kiln::runtime::cpu

@@ -1,0 +1,383 @@
+// Shared machinery of the cpu backend's lowering: element traits for the loops (bf16/f16 compute
+// in f32, round to nearest even on store), dtype visitors, the OpenMP ParallelFor, the
+// per-executable CpuContext (oneDNN engine, stream, workspace), FnThunk for loop kernels and
+// DnnlThunkBuilder for oneDNN primitives, plus the per-family lowering entry points.
+//
+//   absl::StatusOr<std::unique_ptr<Thunk>> LowerFoo(const ir::Node& n, LowerContext& lc) {
+//     int in = n.operand(0), out = n.id();
+//     int64_t count = n.type().shape.num_elements();
+//     return MakeFnThunk(n, "loop", [=](RunContext& ctx) {
+//       ParallelFor(count, kElementwiseGrain, [&](int64_t b, int64_t e) { ... });
+//     });
+//   }
+//
+// Everything oneDNN creates (primitives, memory descriptors, memory objects) is created while
+// lowering; running a thunk only binds data pointers and executes on the context's stream.
+#ifndef KILN_RUNTIME_CPU_INTERNAL_COMMON_H_
+#define KILN_RUNTIME_CPU_INTERNAL_COMMON_H_
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kiln/base/status.h"
+#include "kiln/ir/graph.h"
+#include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/runtime/executable.h"
+#include "kiln/tensor/dtype.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace kiln::runtime::cpu {
+
+// ---------------------------------------------------------------------------------------------
+// Element types for the loops.
+
+struct bf16_t {
+  uint16_t bits;
+};
+struct f16_t {
+  uint16_t bits;
+};
+
+inline float Bf16BitsToFloat(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// Same rounding as kiln::FloatToBf16 (round to nearest even, NaN stays a quiet NaN), inline so
+// the loops vectorize.
+inline uint16_t FloatToBf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t nan = (u >> 16) | 0x40u;
+  bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(is_nan ? nan : rounded);
+}
+
+// Storage type S -> compute type C (float for f32/bf16/f16, double for f64, itself for ints).
+template <typename S>
+struct Elem {
+  using C = S;
+  static C Load(S x) { return x; }
+  static S Store(C c) { return c; }
+};
+template <>
+struct Elem<bf16_t> {
+  using C = float;
+  static float Load(bf16_t x) { return Bf16BitsToFloat(x.bits); }
+  static bf16_t Store(float c) { return bf16_t{FloatToBf16Bits(c)}; }
+};
+template <>
+struct Elem<f16_t> {
+  using C = float;
+  static float Load(f16_t x) { return F16ToFloat(x.bits); }
+  static f16_t Store(float c) { return f16_t{FloatToF16(c)}; }
+};
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<S>{}) for the storage type of `t` among the float compute types (f32, bf16,
+// f16, f64); returns `unsupported` otherwise.
+template <typename F, typename R = decltype(std::declval<F>()(TypeTag<float>{}))>
+R VisitFloat(DType t, F&& f, absl::Status unsupported) {
+  switch (t) {
+    case DType::kF32:
+      return f(TypeTag<float>{});
+    case DType::kBF16:
+      return f(TypeTag<bf16_t>{});
+    case DType::kF16:
+      return f(TypeTag<f16_t>{});
+    case DType::kF64:
+      return f(TypeTag<double>{});
+    default:
+      return R(std::move(unsupported));
+  }
+}
+// Integer types (bool is u8 storage: callers that accept bool handle it themselves).
+template <typename F, typename R = decltype(std::declval<F>()(TypeTag<int32_t>{}))>
+R VisitInt(DType t, F&& f, absl::Status unsupported) {
+  switch (t) {
+    case DType::kS8:
+      return f(TypeTag<int8_t>{});
+    case DType::kU8:
+      return f(TypeTag<uint8_t>{});
+    case DType::kS32:
+      return f(TypeTag<int32_t>{});
+    case DType::kS64:
+      return f(TypeTag<int64_t>{});
+    default:
+      return R(std::move(unsupported));
+  }
+}
+// Float compute types first, then integers.
+template <typename F, typename R = decltype(std::declval<F>()(TypeTag<float>{}))>
+R VisitNumeric(DType t, F&& f, absl::Status unsupported) {
+  if (IsFloating(t) && !IsStorageOnly(t)) return VisitFloat(t, f, unsupported);
+  return VisitInt(t, f, unsupported);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parallelism.
+
+// Elements per thread below which a loop stays on the calling thread.
+inline constexpr int64_t kElementwiseGrain = 32768;
+
+// Splits [0, n) into contiguous chunks of at least `grain` and calls f(begin, end) for each, on
+// the OpenMP team. Deterministic: the split depends only on n, grain and the thread count.
+template <typename F>
+void ParallelFor(int64_t n, int64_t grain, F&& f) {
+  if (n <= 0) return;
+  int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t chunks = std::min<int64_t>(max_threads, (n + grain - 1) / std::max<int64_t>(grain, 1));
+  if (chunks <= 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(static_cast <int>(chunks))
+  {
+    int64_t t = omp_get_thread_num();
+    int64_t nt = omp_get_num_threads();
+    int64_t begin = n * t / nt, end = n * (t + 1) / nt;
+    if (begin < end) f(begin, end);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-executable state shared by its thunks.
+
+class CpuContext {
+ public:
+  CpuContext();
+  ~CpuContext();
+  CpuContext(const CpuContext&) = delete;
+  CpuContext& operator=(const CpuContext&) = delete;
+
+  const dnnl::engine& engine() const { return engine_; }
+  dnnl::stream& stream() { return stream_; }
+
+  // Lowering records how many bytes of scratch a thunk needs while it runs; thunks run one at a
+  // time, so they all share one workspace of the largest size.
+  void RequireWorkspace(int64_t bytes) { workspace_bytes_ = std::max(workspace_bytes_, bytes); }
+  // Allocates (and touches, so running never page-faults) the workspace. Called once after
+  // lowering.
+  void AllocateWorkspace();
+  uint8_t* workspace() const { return workspace_; }
+  int64_t workspace_bytes() const { return workspace_bytes_; }
+
+ private:
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  int64_t workspace_bytes_ = 0;
+  uint8_t* workspace_ = nullptr;
+};
+
+// Rounds up to the buffer alignment.
+inline int64_t AlignUp(int64_t bytes) {
+  return (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
+}
+
+// Hands out aligned offsets in a thunk's slice of the workspace.
+class WorkspaceLayout {
+ public:
+  int64_t Add(int64_t bytes) {
+    int64_t off = size_;
+    size_ = AlignUp(size_ + std::max<int64_t>(bytes, 1));
+    return off;
+  }
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_ = 0;
+};
+
+struct LowerContext {
+  const ir::Graph& graph;
+  std::shared_ptr<CpuContext> cpu;
+  CpuBackendOptions options;
+
+  const ir::Node& operand(const ir::Node& n, int i) const { return graph.node(n.operand(i)); }
+  const ir::Type& operand_type(const ir::Node& n, int i) const { return operand(n, i).type(); }
+};
+
+// A thunk that runs a loop kernel.
+class FnThunk : public Thunk {
+ public:
+  FnThunk(std::string name, std::function<void(RunContext&)> fn)
+      : name_(std::move(name)), fn_(std::move(fn)) {}
+  void Run(RunContext& ctx) override { fn_(ctx); }
+  std::string name() const override { return name_; }
+
+ private:
+  std::string name_;
+  std::function<void(RunContext&)> fn_;
+};
+
+// "add %7 (loop)"
+std::string ThunkName(const ir::Node& n, const std::string& how);
+std::unique_ptr<Thunk> MakeFnThunk(const ir::Node& n, const std::string& how,
+                                   std::function<void(RunContext&)> fn);
+
+// Errors.
+absl::Status UnsupportedDType(const ir::Node& n, DType t);
+absl::Status Unimplemented(const ir::Node& n, const std::string& why);
+
+// ---------------------------------------------------------------------------------------------
+// oneDNN helpers.
+
+// The oneDNN data type of `t`, or undef when oneDNN has none (f64, s64, bool, f8).
+dnnl::memory::data_type DnnlType(DType t);
+// Plain row-major descriptor of a shape (rank 0 becomes [1]).
+dnnl::memory::desc PlainDesc(const std::vector<int64_t>& dims, dnnl::memory::data_type dt);
+dnnl::memory::desc StridedDesc(const std::vector<int64_t>& dims, dnnl::memory::data_type dt,
+                               const std::vector<int64_t>& strides);
+// Same dims and layout, other data type (for plain descriptors).
+dnnl::memory::desc WithType(const dnnl::memory::desc& md, dnnl::memory::data_type dt);
+// True when oneDNN picked its reference (plain C++) implementation: the loops are as fast or
+// faster, and narrow types are better computed in f32.
+inline bool IsRefImpl(const dnnl::primitive_desc_base& pd) {
+  return std::string(pd.impl_info_str()).find("ref") != std::string::npos;
+}
+// Runs a oneDNN call that may throw, turning dnnl::error into a Status.
+absl::Status DnnlStatus(const ir::Node& n, const std::function<void()>& fn);
+
+// Builds a thunk that runs a short sequence of oneDNN primitives (input reorders, the main
+// primitive, output reorders). Memory objects are created here, bound to their data at run time.
+class DnnlThunkBuilder {
+ public:
+  DnnlThunkBuilder(LowerContext& lc, const ir::Node& n, std::string how);
+
+  // A memory object over node `node`'s buffer, described by `md`.
+  int NodeMemory(int node, const dnnl::memory::desc& md);
+  // A memory object over `bytes` (md's size when 0) of this thunk's workspace slice.
+  int TempMemory(const dnnl::memory::desc& md);
+  // Workspace offset of a temp memory (for loop steps that fill it).
+  int64_t TempOffset(int mem) const { return mems_[mem].offset; }
+  // Reserves raw bytes in the workspace slice, for loop steps.
+  int64_t TempBytes(int64_t bytes) { return layout_.Add(bytes); }
+
+  // The primitive reads node `node` (layout `user`) in layout `want`: returns the memory to pass,
+  // inserting a reorder (layout and/or dtype) into a temporary when they differ.
+  absl::StatusOr<int> Input(int node, const dnnl::memory::desc& user,
+                            const dnnl::memory::desc& want);
+  // A reorder of memory `from` into a temporary of layout/dtype `want` (no-op when equal).
+  absl::StatusOr<int> Reorder(int from, const dnnl::memory::desc& want);
+  dnnl::memory::desc Desc(int mem) const { return mems_[mem].memory.get_desc(); }
+
+  // The primitive writes `have`; the node's buffer has layout `user`. Returns the memory to pass;
+  // the reorder back (if any) runs after the steps added so far.
+  absl::StatusOr<int> Output(int node, const dnnl::memory::desc& user,
+                             const dnnl::memory::desc& have);
+
+  // Appends a primitive with its arguments (dnnl arg id -> memory index).
+  void AddStep(dnnl::primitive prim, std::vector<std::pair<int, int>> args);
+  // Appends a primitive that uses a user-mode scratchpad of `scratch` (its desc).
+  void AddStepWithScratchpad(dnnl::primitive prim, std::vector<std::pair<int, int>> args,
+                             const dnnl::memory::desc& scratch);
+  // Appends a loop step: fn(ctx, workspace slice base).
+  void AddLoopStep(std::function<void(RunContext&, uint8_t*)> fn);
+
+  absl::StatusOr<std::unique_ptr<Thunk>> Finish();
+
+  // Appends " <impl>" to the thunk name (which oneDNN implementation runs, for profiles).
+  void NameImpl(const dnnl::primitive_desc_base& pd) {
+    name_ += std::string(" ") + pd.impl_info_str();
+  }
+
+  // Attributes with user-mode scratchpad, for every primitive this backend creates.
+  static dnnl::primitive_attr Attr();
+
+ private:
+  struct Mem {
+    dnnl::memory memory;
+    int node = -1;        // bound to ctx.buffers[node]
+    int64_t offset = -1;  // or to workspace slice + offset
+  };
+  struct Step {
+    dnnl::primitive prim;
+    std::vector<dnnl_exec_arg_t> args;
+    std::function<void(RunContext&, uint8_t*)> loop;
+  };
+  friend class DnnlThunk;
+
+  LowerContext& lc_;
+  std::string name_;
+  WorkspaceLayout layout_;
+  std::vector<Mem> mems_;
+  std::vector<Step> steps_;
+  std::vector<Step> post_steps_;
+  absl::Status status_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Strided copies (transpose, broadcast, slice, pad, operand re-layout).
+
+// A copy between two strided views of the same multi-index space, planned at compile time:
+// out[sum_d idx_d * out_strides_d] = in[sum_d idx_d * in_strides_d]. Strides are in elements;
+// elem_size is 1, 2, 4 or 8. Unit dims are dropped and contiguous dims merged when planning.
+struct CopyPlan {
+  std::vector<int64_t> dims, in_strides, out_strides;
+  int64_t elem_size = 4;
+  bool empty = false;
+};
+inline constexpr int kMaxRank = 32;
+CopyPlan PlanStridedCopy(const std::vector<int64_t>& dims, const std::vector<int64_t>& in_strides,
+                         const std::vector<int64_t>& out_strides, int64_t elem_size);
+void RunStridedCopy(const CopyPlan& plan, const void* in, void* out);
+
+// Fills `count` elements of `elem_size` bytes with the bytes of `value`.
+void FillBytes(void* out, int64_t count, const void* value, int64_t elem_size);
+
+// Row-major strides of `dims` in elements.
+std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims);
+
+// ---------------------------------------------------------------------------------------------
+// Per-family lowering entry points (one .cc file each). Each returns the thunk for `n`, or
+// Unimplemented naming the op and dtype.
+
+using LowerResult = absl::StatusOr<std::unique_ptr<Thunk>>;
+
+LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc);       // matmul.cc
+LowerResult LowerConv(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
+LowerResult LowerPool(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
+LowerResult LowerOneDnnUnary(const ir::Node& n, LowerContext& lc);      // onednn_ops.cc
+LowerResult LowerOneDnnBinary(const ir::Node& n, LowerContext& lc);     // onednn_ops.cc
+LowerResult LowerOneDnnSoftmax(const ir::Node& n, LowerContext& lc);    // onednn_ops.cc
+LowerResult LowerOneDnnLayerNorm(const ir::Node& n, LowerContext& lc);  // onednn_ops.cc
+LowerResult LowerOneDnnConvert(const ir::Node& n, LowerContext& lc);    // onednn_ops.cc
+LowerResult LowerUnaryLoop(const ir::Node& n, LowerContext& lc);        // elementwise.cc
+LowerResult LowerBinaryLoop(const ir::Node& n, LowerContext& lc);       // elementwise.cc
+LowerResult LowerCompare(const ir::Node& n, LowerContext& lc);          // elementwise.cc
+LowerResult LowerSelect(const ir::Node& n, LowerContext& lc);           // elementwise.cc
+LowerResult LowerLogical(const ir::Node& n, LowerContext& lc);          // elementwise.cc
+LowerResult LowerConvertLoop(const ir::Node& n, LowerContext& lc);      // elementwise.cc
+LowerResult LowerStructural(const ir::Node& n, LowerContext& lc);       // structural.cc
+LowerResult LowerIndexing(const ir::Node& n, LowerContext& lc);         // structural.cc
+LowerResult LowerReduce(const ir::Node& n, LowerContext& lc);           // reduce.cc
+LowerResult LowerArgmax(const ir::Node& n, LowerContext& lc);           // reduce.cc
+LowerResult LowerSoftmaxLoop(const ir::Node& n, LowerContext& lc);      // norm.cc
+LowerResult LowerLayerNormLoop(const ir::Node& n, LowerContext& lc);    // norm.cc
+LowerResult LowerRmsNorm(const ir::Node& n, LowerContext& lc);          // norm.cc
+LowerResult LowerCrossEntropy(const ir::Node& n, LowerContext& lc);     // norm.cc
+LowerResult LowerAttention(const ir::Node& n, LowerContext& lc);        // attention.cc
+LowerResult LowerMaxPoolGrad(const ir::Node& n, LowerContext& lc);      // pool_loops.cc
+LowerResult LowerPoolLoop(const ir::Node& n, LowerContext& lc);         // pool_loops.cc
+LowerResult LowerMisc(const ir::Node& n, LowerContext& lc);             // misc.cc
+
+}  // namespace kiln::runtime::cpu
+
+#endif  // KILN_RUNTIME_CPU_INTERNAL_COMMON_H_

@@ -1,0 +1,270 @@
+// ---- dot_general ----
+// Lowered to one (batched) oneDNN matmul [B,M,K] x [B,K,N] -> [B,M,N]. Each operand's batch,
+// free and contracting dims are collapsed into one dim each; when a group collapses (its dims are
+// adjacent in memory in the order the attributes list them) the operand is passed in place with a
+// strided memory descriptor (so transposed operands cost nothing), otherwise it is first copied
+// into the canonical layout in the workspace. If oneDNN would only run a strided layout with its
+// reference kernel, both operands are copied to plain layouts instead. Types oneDNN's matmul lacks
+// (f64, integers) run a loop over precomputed offset tables.
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/runtime/cpu/internal/common.h"
+
+namespace kiln::runtime::cpu {
+namespace {
+
+// One operand's view: dims grouped as (batch, free, contracting) in attribute order.
+struct OperandGroups {
+  std::vector<int64_t> batch, free, contract;  // dim indices
+};
+
+struct DotPlan {
+  int64_t B = 1, M = 1, K = 1, N = 1;
+  OperandGroups lhs, rhs;
+  std::vector<int64_t> lhs_dims, rhs_dims;
+};
+
+DotPlan MakePlan(const ir::Node& n, const ir::Type& lt, const ir::Type& rt) {
+  DotPlan p;
+  p.lhs_dims = lt.shape.dims();
+  p.rhs_dims = rt.shape.dims();
+  p.lhs.batch = n.attr_ints("lhs_batch");
+  p.rhs.batch = n.attr_ints("rhs_batch");
+  p.lhs.contract = n.attr_ints("lhs_contracting");
+  p.rhs.contract = n.attr_ints("rhs_contracting");
+  auto free_dims = [](int rank, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+    std::vector<int64_t> f;
+    for (int64_t d = 0; d < rank; ++d)
+      if (std::find(a.begin(), a.end(), d) == a.end() &&
+          std::find(b.begin(), b.end(), d) == b.end())
+        f.push_back(d);
+    return f;
+  };
+  p.lhs.free = free_dims(lt.shape.rank(), p.lhs.batch, p.lhs.contract);
+  p.rhs.free = free_dims(rt.shape.rank(), p.rhs.batch, p.rhs.contract);
+  for (int64_t d : p.lhs.batch) p.B *= p.lhs_dims[d];
+  for (int64_t d : p.lhs.free) p.M *= p.lhs_dims[d];
+  for (int64_t d : p.lhs.contract) p.K *= p.lhs_dims[d];
+  for (int64_t d : p.rhs.free) p.N *= p.rhs_dims[d];
+  return p;
+}
+
+// The single stride of a group of dims if they collapse into one (ignoring unit dims), 0 for a
+// group of total size 1, nullopt when they do not collapse.
+std::optional<int64_t> GroupStride(const std::vector<int64_t>& dims,
+                                   const std::vector<int64_t>& strides,
+                                   const std::vector<int64_t>& group) {
+  std::vector<int64_t> nonunit;
+  for (int64_t d : group)
+    if (dims[d] != 1) nonunit.push_back(d);
+  if (nonunit.empty()) return int64_t{0};
+  for (size_t i = 0; i + 1 < nonunit.size(); ++i)
+    if (strides[nonunit[i]] != strides[nonunit[i + 1]] * dims[nonunit[i + 1]]) return std::nullopt;
+  return strides[nonunit.back()];
+}
+
+// Row-major offsets of every index of a group (in attribute order), for the loop path and for
+// checking layouts.
+std::vector<int64_t> GroupOffsets(const std::vector<int64_t>& dims,
+                                  const std::vector<int64_t>& strides,
+                                  const std::vector<int64_t>& group) {
+  std::vector<int64_t> offs{0};
+  for (int64_t d : group) {
+    std::vector<int64_t> next;
+    next.reserve(offs.size() * dims[d]);
+    for (int64_t o : offs)
+      for (int64_t i = 0; i < dims[d]; ++i) next.push_back(o + i * strides[d]);
+    offs = std::move(next);
+  }
+  return offs;
+}
+
+// Strides for a 3-D view [g0, g1, g2] given each group's collapsed stride (0 = unit group): unit
+// groups get the stride a dense layout would give them, so oneDNN sees a sane descriptor.
+std::vector<int64_t> ViewStrides(const int64_t sizes[3], const int64_t gs[3]) {
+  std::vector<int64_t> s(gs, gs + 3);
+  // Fill unit groups from the inside out.
+  int64_t extent = 1;
+  for (int i = 0; i < 3; ++i)
+    if (gs[i] != 0) extent = std::max(extent, gs[i] * sizes[i]);
+  for (int i = 2; i >= 0; --i)
+    if (s[i] == 0) s[i] = extent;  // size-1 dim: any stride is valid, pick the outermost
+  return s;
+}
+
+// An operand's [g0, g1, g2] view: strided when its groups collapse, else a copy plan into a
+// row-major temp.
+struct OperandView {
+  int64_t sizes[3];
+  bool in_place = true;
+  std::vector<int64_t> strides;  // when in_place
+  CopyPlan copy;                 // when !in_place
+};
+
+OperandView MakeView(const std::vector<int64_t>& dims, DType dt,
+                     const std::vector<int64_t>* groups[3], bool force_copy) {
+  OperandView v;
+  std::vector<int64_t> strides = RowMajorStrides(dims);
+  int64_t gs[3];
+  for (int g = 0; g < 3; ++g) {
+    v.sizes[g] = 1;
+    for (int64_t d : *groups[g]) v.sizes[g] *= dims[d];
+    std::optional<int64_t> s = GroupStride(dims, strides, *groups[g]);
+    if (!s) v.in_place = false;
+    gs[g] = s.value_or(0);
+  }
+  if (v.in_place) {
+    v.strides = ViewStrides(v.sizes, gs);
+    // "Plain" (row-major [g0,g1,g2]) or a transposed inner pair are the fast oneDNN layouts.
+    std::vector<int64_t> plain = RowMajorStrides({v.sizes[0], v.sizes[1], v.sizes[2]});
+    bool is_plain = true;
+    for (int g = 0; g < 3; ++g)
+      if (v.sizes[g] != 1 && v.strides[g] != plain[g]) is_plain = false;
+    if (is_plain) v.strides = plain;
+    if (!force_copy || is_plain) return v;
+    v.in_place = false;
+  }
+  // Copy: iterate the groups' dims in order, read with the operand's strides, write row-major.
+  std::vector<int64_t> cdims, cin;
+  for (int g = 0; g < 3; ++g)
+    for (int64_t d : *groups[g]) {
+      cdims.push_back(dims[d]);
+      cin.push_back(strides[d]);
+    }
+  v.copy = PlanStridedCopy(cdims, cin, RowMajorStrides(cdims), DTypeSize(dt));
+  return v;
+}
+
+// Memory for an operand view, in data type `compute` (reordering when the node's dtype differs).
+absl::StatusOr<int> OperandMemory(DnnlThunkBuilder& b, int node, const OperandView& v,
+                                  dnnl::memory::data_type user_dt, dnnl::memory::data_type compute,
+                                  bool batched) {
+  std::vector<int64_t> sizes(v.sizes + (batched ? 0 : 1), v.sizes + 3);
+  if (v.in_place) {
+    std::vector<int64_t> strides(v.strides.begin() + (batched ? 0 : 1), v.strides.end());
+    dnnl::memory::desc md(sizes, user_dt, strides);
+    return b.Input(node, md, WithType(md, compute));
+  }
+  int t = b.TempMemory(PlainDesc(sizes, user_dt));
+  int64_t off = b.TempOffset(t);
+  CopyPlan plan = v.copy;
+  b.AddLoopStep([plan, node, off](RunContext& ctx, uint8_t* ws) {
+    RunStridedCopy(plan, ctx.buffers[node], ws + off);
+  });
+  return b.Reorder(t, PlainDesc(sizes, compute));
+}
+
+absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerContext& lc,
+                                                    const DotPlan& p, bool force_copy) {
+  const ir::Type& lt = lc.operand_type(n, 0);
+  const ir::Type& rt = lc.operand_type(n, 1);
+  DType odt = n.type().dtype;
+  auto user_dt = DnnlType(lt.dtype);
+  if (lt.dtype != rt.dtype || lt.dtype != odt ||
+      (lt.dtype != DType::kF32 && lt.dtype != DType::kBF16 && lt.dtype != DType::kF16))
+    return UnsupportedDType(n, lt.dtype);
+
+  const std::vector<int64_t>* lg[3] = {&p.lhs.batch, &p.lhs.free, &p.lhs.contract};
+  const std::vector<int64_t>* rg[3] = {&p.rhs.batch, &p.rhs.contract, &p.rhs.free};
+  OperandView lv = MakeView(p.lhs_dims, lt.dtype, lg, force_copy);
+  OperandView rv = MakeView(p.rhs_dims, rt.dtype, rg, force_copy);
+  bool batched = p.B > 1;
+  std::vector<int64_t> dst_dims =
+      batched ? std::vector<int64_t>{p.B, p.M, p.N} : std::vector<int64_t>{p.M, p.N};
+
+  // bf16 computes natively (f32 accumulation inside oneDNN); f16 only where the ISA has it, else
+  // through f32 with reorders.
+  for (auto compute : {user_dt, dnnl::memory::data_type::f32}) {
+    DnnlThunkBuilder b(lc, n, "onednn matmul");
+    KILN_ASSIGN_OR_RETURN(int src, OperandMemory(b, n.operand(0), lv, user_dt, compute, batched));
+    KILN_ASSIGN_OR_RETURN(int wei, OperandMemory(b, n.operand(1), rv, user_dt, compute, batched));
+    dnnl::memory::desc dst_md = PlainDesc(dst_dims, compute);
+    dnnl::matmul::primitive_desc pd;
+    try {
+      dnnl::matmul::desc desc(b.Desc(src), b.Desc(wei), dst_md);
+      pd = dnnl::matmul::primitive_desc(desc, DnnlThunkBuilder::Attr(), lc.cpu->engine());
+    } catch (const dnnl::error&) {
+      if (compute != dnnl::memory::data_type::f32) continue;  // retry in f32
+      return Unimplemented(n, "oneDNN matmul rejects these layouts");
+    }
+    if (IsRefImpl(pd)) {
+      // Narrow floats: compute in f32 instead. Strided operands: copy them to plain layouts.
+      if (compute != dnnl::memory::data_type::f32) continue;
+      if (!force_copy && (lv.in_place || rv.in_place))
+        return OneDnnMatmul(n, lc, p, /*force_copy=*/true);
+    }
+    b.NameImpl(pd);
+    KILN_ASSIGN_OR_RETURN(int dst, b.Output(n.id(), PlainDesc(dst_dims, user_dt), dst_md));
+    b.AddStepWithScratchpad(dnnl::matmul(pd),
+                            {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}},
+                            pd.scratchpad_desc());
+    return b.Finish();
+  }
+  return Unimplemented(n, "oneDNN matmul");
+}
+
+// The loop path: any dtype with arithmetic (floats accumulate in their compute type, integers in
+// int64 and wrap on store).
+template <typename S>
+std::unique_ptr<Thunk> LoopMatmul(const ir::Node& n, const DotPlan& p) {
+  auto ls = RowMajorStrides(p.lhs_dims), rs = RowMajorStrides(p.rhs_dims);
+  auto lb = GroupOffsets(p.lhs_dims, ls, p.lhs.batch),
+       lm = GroupOffsets(p.lhs_dims, ls, p.lhs.free),
+       lk = GroupOffsets(p.lhs_dims, ls, p.lhs.contract);
+  auto rb = GroupOffsets(p.rhs_dims, rs, p.rhs.batch),
+       rn = GroupOffsets(p.rhs_dims, rs, p.rhs.free),
+       rk = GroupOffsets(p.rhs_dims, rs, p.rhs.contract);
+  int lhs = n.operand(0), rhs = n.operand(1), out = n.id();
+  int64_t M = p.M, N = p.N, K = p.K, B = p.B;
+  using C = typename Elem<S>::C;
+  using Acc = std::conditional_t<std::is_integral_v<C>, int64_t, C>;
+  return MakeFnThunk(n, "loop matmul", [=](RunContext& ctx) {
+    const S* a = static_cast<const S*>(ctx.buffers[lhs]);
+    const S* w = static_cast<const S*>(ctx.buffers[rhs]);
+    S* o = static_cast<S*>(ctx.buffers[out]);
+    ParallelFor(B * M, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, N * K)),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t bm = begin; bm < end; ++bm) {
+                    int64_t bi = bm / M, m = bm % M;
+                    const S* arow = a + lb[bi] + lm[m];
+                    const S* wb = w + rb[bi];
+                    for (int64_t j = 0; j < N; ++j) {
+                      Acc acc = 0;
+                      for (int64_t k = 0; k < K; ++k)
+                        acc += static_cast<Acc>(Elem<S>::Load(arow[lk[k]])) *
+                               static_cast<Acc>(Elem<S>::Load(wb[rk[k] + rn[j]]));
+                      o[bm * N + j] = Elem<S>::Store(static_cast<C>(acc));
+                    }
+                  }
+                });
+  });
+}
+
+}  // namespace
+
+LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc) {
+  const ir::Type& lt = lc.operand_type(n, 0);
+  const ir::Type& rt = lc.operand_type(n, 1);
+  DotPlan p = MakePlan(n, lt, rt);
+  int out = n.id();
+  int64_t bytes = n.type().byte_size();
+  if (p.K == 0) {  // empty contraction: zeros
+    return MakeFnThunk(n, "zeros",
+                       [=](RunContext& ctx) { std::memset(ctx.buffers[out], 0, bytes); });
+  }
+  if (lt.dtype != rt.dtype || lt.dtype != n.type().dtype)
+    return Unimplemented(n, absl::StrCat("mixed dtypes ", lt.ToString(), " x ", rt.ToString()));
+  if (!lc.options.prefer_loops) {
+    LowerResult r = OneDnnMatmul(n, lc, p, /*force_copy=*/false);
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnimplemented) return r;
+  }
+  return VisitNumeric(
+      lt.dtype,
+      [&](auto tag) -> LowerResult { return LoopMatmul<typename decltype(tag)::type>(n, p); },
+      UnsupportedDType(n, lt.dtype));
+}
+
+}  // namespace kiln::runtime::cpu

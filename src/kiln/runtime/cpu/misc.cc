@@ -1,0 +1,100 @@
+// Rarely-hot ops: random_bits and the collectives (single-process semantics: one replica).
+#include <array>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/runtime/cpu/internal/common.h"
+
+namespace kiln::runtime::cpu {
+namespace {
+
+// Philox4x32-10 (Salmon et al., SC'11): the same generator and counter layout as the reference
+// backend (runtime/reference/random.cc), so both produce identical bits.
+inline std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> ctr,
+                                          std::array<uint32_t, 2> key) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      key[0] += kW0;
+      key[1] += kW1;
+    }
+    uint64_t p0 = static_cast<uint64_t>(kM0) * ctr[0];
+    uint64_t p1 = static_cast<uint64_t>(kM1) * ctr[2];
+    uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    ctr = {hi1 ^ ctr[1] ^ key[0], lo1, hi0 ^ ctr[3] ^ key[1], lo0};
+  }
+  return ctr;
+}
+
+}  // namespace
+
+LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
+  switch (n.opcode()) {
+    // ---- random_bits ----
+    // key = (lo32(seed), hi32(seed)); element i comes from block i / 4 with counter words
+    // (lo32(i / 4), hi32(i / 4), lo32(counter), hi32(counter)), word i % 4. s32: the word;
+    // f32: (word >> 8) * 2^-24.
+    case ir::Opcode::kRandomBits: {
+      for (int k = 0; k < 2; ++k) {
+        const ir::Type& t = lc.operand_type(n, k);
+        if (t.dtype != DType::kS64 || t.shape.rank() != 0)
+          return Unimplemented(
+              n, absl::StrCat(k == 0 ? "seed" : "counter", " must be s64[], got ", t.ToString()));
+      }
+      DType t = n.type().dtype;
+      if (t != DType::kS32 && t != DType::kF32) return UnsupportedDType(n, t);
+      bool is_f32 = t == DType::kF32;
+      int seed = n.operand(0), counter = n.operand(1), out = n.id();
+      int64_t count = n.type().shape.num_elements();
+      int64_t blocks = (count + 3) / 4;
+      return MakeFnThunk(n, "loop", [=](RunContext& ctx) {
+        uint64_t s = static_cast<uint64_t>(*static_cast<const int64_t*>(ctx.buffers[seed]));
+        uint64_t c = static_cast<uint64_t>(*static_cast<const int64_t*>(ctx.buffers[counter]));
+        std::array<uint32_t, 2> key = {static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32)};
+        uint32_t c0 = static_cast<uint32_t>(c), c1 = static_cast<uint32_t>(c >> 32);
+        void* y = ctx.buffers[out];
+        ParallelFor(blocks, kElementwiseGrain / 4, [&](int64_t b, int64_t e) {
+          for (int64_t blk = b; blk < e; ++blk) {
+            uint64_t ub = static_cast<uint64_t>(blk);
+            std::array<uint32_t, 4> w = Philox4x32(
+                {static_cast<uint32_t>(ub), static_cast<uint32_t>(ub >> 32), c0, c1}, key);
+            int64_t base = blk * 4, len = std::min<int64_t>(4, count - base);
+            for (int64_t j = 0; j < len; ++j) {
+              if (is_f32)
+                static_cast<float*>(y)[base + j] = static_cast<float>(w[j] >> 8) * 0x1.0p-24f;
+              else
+                static_cast<int32_t*>(y)[base + j] = static_cast<int32_t>(w[j]);
+            }
+          }
+        });
+      });
+    }
+    // ---- all_reduce ----
+    // ---- all_gather ----
+    // ---- reduce_scatter ----
+    // Identities over the one replica of a single-process run (a multi-process run partitions the
+    // graph and runs collectives through the communicator instead).
+    case ir::Opcode::kAllReduce:
+    case ir::Opcode::kAllGather:
+    case ir::Opcode::kReduceScatter: {
+      if (n.opcode() != ir::Opcode::kAllReduce && n.attr_int("replicas") != 1)
+        return Unimplemented(
+            n, absl::StrCat("the cpu backend runs one replica; this op has replicas = ",
+                            n.attr_int("replicas")));
+      if (n.opcode() == ir::Opcode::kAllReduce && n.has_attr("reduction") &&
+          n.attr_str("reduction") != "sum")
+        return Unimplemented(n, "unknown reduction '" + n.attr_str("reduction") + "'");
+      int in = n.operand(0), out = n.id();
+      int64_t bytes = n.type().byte_size();
+      return MakeFnThunk(n, "copy", [=](RunContext& ctx) {
+        std::memcpy(ctx.buffers[out], ctx.buffers[in], bytes);
+      });
+    }
+    default:
+      return Unimplemented(n, "not a misc op");
+  }
+}
+
+}  // namespace kiln::runtime::cpu
