@@ -1,0 +1,163 @@
+#include "kiln/data/digits.h"
+
+#include <zlib.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/base/status.h"
+
+namespace kiln::data {
+namespace {
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) {
+    s.remove_prefix(1);
+  }
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+bool ParseDouble(std::string_view s, double* out) {
+  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  if (s.empty()) return false;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && ptr == s.data() + s.size() && std::isfinite(*out);
+}
+
+// For messages: the field as written, shortened if long.
+std::string Quote(std::string_view s) {
+  if (s.size() > 24) return absl::StrCat("'", std::string(s.substr(0, 24)), "...'");
+  return absl::StrCat("'", std::string(s), "'");
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> ParseLabeledCsv(std::string_view text, const std::string& source,
+                                        const LabeledCsvOptions& options) {
+  if (options.num_features < 1 || options.num_classes < 1 || !(options.max_feature > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": bad CSV options (need num_features >= 1, num_classes >= 1, ",
+                     "max_feature > 0)"));
+  }
+  const int64_t f = options.num_features;
+  const int64_t columns = f + 1;
+  std::vector<float> features;
+  std::vector<int32_t> labels;
+  std::vector<std::string_view> fields;
+  fields.reserve(columns);
+
+  int64_t line_no = 0;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = Trim(text.substr(pos, end - pos));
+    pos = end + 1;
+    ++line_no;
+    if (line.empty()) continue;
+    const std::string where = absl::StrCat(source, ":", line_no, ": ");
+
+    fields.clear();
+    size_t start = 0;
+    while (true) {
+      size_t comma = line.find(',', start);
+      if (comma == std::string_view::npos) {
+        fields.push_back(Trim(line.substr(start)));
+        break;
+      }
+      fields.push_back(Trim(line.substr(start, comma - start)));
+      start = comma + 1;
+    }
+    if (static_cast<int64_t>(fields.size()) != columns) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "expected ", columns, " columns (", f,
+                                                     " features, then the label), got ",
+                                                     fields.size()));
+    }
+    for (int64_t c = 0; c < f; ++c) {
+      double v;
+      if (!ParseDouble(fields[c], &v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "column ", c + 1, ": ", Quote(fields[c]), " is not a number"));
+      }
+      if (v < 0 || v > options.max_feature) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "column ", c + 1, ": value ", v, " is outside [0, ", options.max_feature, "]"));
+      }
+      features.push_back(static_cast<float>(v / options.max_feature));
+    }
+    double label;
+    if (!ParseDouble(fields[f], &label) || label != std::floor(label)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "column ", columns, " (label): ", Quote(fields[f]), " is not an integer"));
+    }
+    if (label < 0 || label >= static_cast<double>(options.num_classes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "label ", label, " is outside [0, ", options.num_classes, ")"));
+    }
+    labels.push_back(static_cast<int32_t>(label));
+  }
+  if (labels.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": no data rows"));
+  }
+
+  const int64_t n = static_cast<int64_t>(labels.size());
+  Dataset ds;
+  ds.num_classes = options.num_classes;
+  ds.features = Tensor(DType::kF32, Shape{n, f});
+  std::memcpy(ds.features.raw_data(), features.data(), features.size() * sizeof(float));
+  ds.labels = Tensor(DType::kS32, Shape{n});
+  std::memcpy(ds.labels.raw_data(), labels.data(), labels.size() * sizeof(int32_t));
+  return ds;
+}
+
+absl::StatusOr<std::string> ReadMaybeGzippedFile(const std::string& path) {
+  // gzopen reads plain files transparently; open with fopen first for a precise errno.
+  FILE* probe = std::fopen(path.c_str(), "rb");
+  if (probe == nullptr) {
+    const int err = errno;
+    const std::string msg = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(msg) : absl::InvalidArgumentError(msg);
+  }
+  std::fclose(probe);
+  gzFile gz = gzopen(path.c_str(), "rb");
+  if (gz == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot open ", path, " with zlib"));
+  }
+  std::string out;
+  std::vector<char> buf(1 << 16);
+  while (true) {
+    int got = gzread(gz, buf.data(), static_cast<unsigned>(buf.size()));
+    if (got < 0) {
+      int errnum = 0;
+      const char* what = gzerror(gz, &errnum);
+      std::string msg = absl::StrCat(path, ": corrupt gzip data: ", what ? what : "unknown error");
+      gzclose(gz);
+      return absl::DataLossError(msg);
+    }
+    if (got == 0) break;
+    out.append(buf.data(), got);
+  }
+  // A truncated gzip stream reads as a short file; gzclose_r reports it as Z_BUF_ERROR.
+  int rc = gzclose(gz);
+  if (rc != Z_OK) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": truncated or corrupt gzip data (zlib code ", rc, ")"));
+  }
+  return out;
+}
+
+absl::StatusOr<Dataset> LoadLabeledCsv(const std::string& path, const LabeledCsvOptions& options) {
+  KILN_ASSIGN_OR_RETURN(std::string text, ReadMaybeGzippedFile(path));
+  return ParseLabeledCsv(text, path, options);
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,121 @@
+#include "kiln/nn/params.h"
+
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::nn {
+namespace {
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+Initializer Initializer::KaimingUniform(int64_t fan_in, double a) {
+  const double gain = std::sqrt(2.0 / (1.0 + a * a));
+  return Uniform(gain * std::sqrt(3.0 / static_cast<double>(fan_in > 0 ? fan_in : 1)));
+}
+
+absl::Status ParamStore::Add(const std::string& name, Tensor value) {
+  if (Contains(name)) {
+    return absl::AlreadyExistsError(absl::StrCat("parameter '", name, "' already exists"));
+  }
+  index_[name] = size();
+  names_.push_back(name);
+  values_.push_back(std::move(value));
+  return absl::OkStatus();
+}
+
+const Tensor* ParamStore::Find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &values_[it->second];
+}
+
+Tensor* ParamStore::Find(const std::string& name) {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &values_[it->second];
+}
+
+absl::StatusOr<Tensor> ParamStore::Get(const std::string& name) const {
+  const Tensor* t = Find(name);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no parameter '", name, "'"));
+  return *t;
+}
+
+int64_t ParamStore::num_elements() const {
+  int64_t n = 0;
+  for (const Tensor& t : values_) n += t.num_elements();
+  return n;
+}
+
+ParamStore ParamStore::Clone() const {
+  ParamStore out;
+  out.names_ = names_;
+  out.index_ = index_;
+  out.values_.reserve(values_.size());
+  for (const Tensor& t : values_) out.values_.push_back(t.Clone());
+  return out;
+}
+
+absl::StatusOr<ParamStore> InitParams(const std::vector<ParamSpec>& specs, uint64_t seed) {
+  ParamStore store;
+  for (const ParamSpec& spec : specs) {
+    Tensor t(spec.dtype, spec.shape);
+    if (spec.init.kind == Initializer::Kind::kUniform) {
+      if (!IsFloating(spec.dtype)) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter '", spec.name, "' has dtype ",
+                                                       std::string(DTypeName(spec.dtype)),
+                                                       ": a uniform initializer needs a float"));
+      }
+      if (!(spec.init.bound >= 0.0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", spec.name, "': uniform bound must be >= 0, got ", spec.init.bound));
+      }
+      std::mt19937_64 rng(SplitMix64(seed ^ Fnv1a(spec.name)));
+      const double b = spec.init.bound;
+      for (int64_t i = 0; i < t.num_elements(); ++i) {
+        // 53 random bits -> [0, 1) -> [-b, b); the same on every platform.
+        const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+        t.SetDouble(i, b * (2.0 * u - 1.0));
+      }
+    }
+    absl::Status s = store.Add(spec.name, std::move(t));
+    if (!s.ok()) return absl::InvalidArgumentError(std::string(s.message()));
+  }
+  return store;
+}
+
+ParamValues AddParameters(ir::Builder& b, const std::vector<ParamSpec>& specs) {
+  ParamValues values;
+  for (const ParamSpec& spec : specs)
+    values[spec.name] = b.Parameter(spec.name, spec.dtype, spec.shape);
+  return values;
+}
+
+ir::Value Lookup(ir::Builder& b, const ParamValues& params, const std::string& name) {
+  auto it = params.find(name);
+  if (it == params.end()) {
+    b.SetError(absl::NotFoundError(
+        absl::StrCat("model parameter '", name, "' was not added to the graph")));
+    return ir::Value();
+  }
+  return it->second;
+}
+
+}  // namespace kiln::nn
