@@ -9,38 +9,48 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 check=0
 if [ "${1:-}" = "--check" ]; then check=1; shift; fi
-ops=("$@")
-if [ ${#ops[@]} -eq 0 ]; then
-  mapfile -t ops < <(grep '^KILN_OP' src/kiln/ir/opcodes.def | sed 's/.*"\(.*\)".*/\1/')
-fi
-where() {  # $1 = op, $2.. = dirs or files
-  local op=$1; shift
-  grep -rn --include='*.cc' -- "// ---- ${op} ----" "$@" 2>/dev/null | cut -d: -f1,2 | paste -sd' ' || true
-}
-enum_of() {  # conv2d_backward_input -> kConv2dBackwardInput
-  echo "$1" | awk -F_ '{s="k"; for(i=1;i<=NF;i++) s=s toupper(substr($i,1,1)) substr($i,2); print s}'
-}
-missing=0
-for op in "${ops[@]}"; do
-  shape=$(where "$op" src/kiln/ir/shape_inference*.cc)
-  ref=$(where "$op" src/kiln/runtime/reference)
-  cpu=$(where "$op" src/kiln/runtime/cpu)
-  vjp=$(where "$op" src/kiln/autodiff/vjp_rules.cc)
-  if [ -z "$vjp" ] && grep -A1 "case Opcode::$(enum_of "$op"):" src/kiln/autodiff/vjp_rules.cc |
-      grep -q 'return nullptr'; then
-    vjp="not differentiable (src/kiln/autodiff/vjp_rules.cc: FindVjpRule)"
-  fi
-  case "$op" in parameter|constant) [ -n "$cpu" ] || cpu="no kernel (bound or stored at compile time)";; esac
-  if [ $check -eq 1 ]; then
-    for piece in shape ref cpu vjp; do
-      if [ -z "${!piece}" ]; then echo "op '$op' has no $piece marker"; missing=1; fi
-    done
-  else
-    echo "$op"
-    echo "  shape rule : $shape"
-    echo "  reference  : $ref"
-    echo "  cpu        : $cpu"
-    echo "  vjp        : $vjp"
-  fi
-done
-exit $missing
+# One grep collects every marker and the VJP switch; one awk program does the rest.
+{
+  grep '^KILN_OP' src/kiln/ir/opcodes.def | sed 's/^KILN_OP(\([A-Za-z0-9]*\), "\([a-z0-9_]*\)".*/OP \1 \2/'
+  grep -rn --include='*.cc' -- '// ---- ' src/kiln | sed 's/^\([^:]*:[0-9]*\):.*\/\/ ---- \(.*\) ----.*/MARK \1 \2/'
+  # A "case Opcode::kFoo:" directly followed by "return nullptr" in FindVjpRule: no VJP by design.
+  awk '/case Opcode::k[A-Za-z0-9]*:/ { c = $0; sub(/.*case Opcode::/, "", c); sub(/:.*/, "", c); next }
+       /return nullptr/ && c != "" { print "NODIFF " c } { c = "" }' src/kiln/autodiff/vjp_rules.cc
+} | awk -v check="$check" -v want="$*" '
+  $1 == "OP" { n++; name[n] = $3; enum_of[$3] = $2; next }
+  $1 == "MARK" {
+    loc = $2; op = $3
+    if (NF > 3) next   # "softmax (decomposition)" and similar: not one of the four pieces
+    if (loc ~ /^src\/kiln\/ir\/shape_inference/) piece = "shape"
+    else if (loc ~ /^src\/kiln\/runtime\/reference\//) piece = "reference"
+    else if (loc ~ /^src\/kiln\/runtime\/cpu\//) piece = "cpu"
+    else if (loc ~ /^src\/kiln\/autodiff\/vjp_rules.cc/) piece = "vjp"
+    else next
+    found[op, piece] = (found[op, piece] == "" ? loc : found[op, piece] " " loc)
+    next
+  }
+  $1 == "NODIFF" { nodiff[$2] = 1; next }
+  END {
+    split(want, w, " "); for (i in w) wanted[w[i]] = 1
+    bad = 0
+    for (i = 1; i <= n; i++) {
+      op = name[i]
+      if (want != "" && !(op in wanted)) continue
+      if (found[op, "vjp"] == "" && (enum_of[op] in nodiff))
+        found[op, "vjp"] = "not differentiable (src/kiln/autodiff/vjp_rules.cc: FindVjpRule)"
+      if (found[op, "cpu"] == "" && (op == "parameter" || op == "constant"))
+        found[op, "cpu"] = "no kernel (bound or stored at compile time)"
+      if (check) {
+        split("shape reference cpu vjp", pieces, " ")
+        for (p = 1; p <= 4; p++)
+          if (found[op, pieces[p]] == "") { print "op \x27" op "\x27 has no " pieces[p] " marker"; bad = 1 }
+      } else {
+        print op
+        print "  shape rule : " found[op, "shape"]
+        print "  reference  : " found[op, "reference"]
+        print "  cpu        : " found[op, "cpu"]
+        print "  vjp        : " found[op, "vjp"]
+      }
+    }
+    exit bad
+  }'
