@@ -1,0 +1,318 @@
+// Env::Default(): the POSIX implementation.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/base/env.h"
+#include "kiln/base/status.h"
+
+namespace kiln {
+namespace {
+
+// "<what> <path>: <strerror>" with the errno-derived code.
+absl::Status PosixError(int err, const std::string& what, const std::string& path) {
+  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));
+}
+
+class PosixSequentialFile final : public SequentialFile {
+ public:
+  PosixSequentialFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixSequentialFile() override { ::close(fd_); }
+
+  absl::Status Read(size_t n, std::string_view* result, char* scratch) override {
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = ::read(fd_, scratch + got, n - got);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return PosixError(errno, "cannot read", path_);
+      }
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    *result = std::string_view(scratch, got);
+    return absl::OkStatus();
+  }
+
+  absl::Status Skip(uint64_t n) override {
+    if (::lseek(fd_, static_cast<off_t>(n), SEEK_CUR) < 0) {
+      return PosixError(errno, "cannot seek in", path_);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+class PosixRandomAccessFile final : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixRandomAccessFile() override { ::close(fd_); }
+
+  absl::Status Read(uint64_t offset, size_t n, std::string_view* result,
+                    char* scratch) const override {
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = ::pread(fd_, scratch + got, std::min<size_t>(n - got, size_t{1} << 30),
+                          static_cast<off_t>(offset + got));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return PosixError(errno, absl::StrCat("cannot read at offset ", offset + got, " of"),
+                          path_);
+      }
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    *result = std::string_view(scratch, got);
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+// Buffers small appends; large ones go straight to write(2).
+class PosixWritableFile final : public WritableFile {
+ public:
+  static constexpr size_t kBufferSize = 64 * 1024;
+
+  PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {
+    buffer_.reserve(kBufferSize);
+  }
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) (void)Close();
+  }
+
+  absl::Status Append(std::string_view data) override {
+    KILN_RETURN_IF_ERROR(CheckOpen());
+    if (buffer_.size() + data.size() <= kBufferSize) {
+      buffer_.append(data.data(), data.size());
+      return absl::OkStatus();
+    }
+    KILN_RETURN_IF_ERROR(FlushBuffer());
+    if (data.size() < kBufferSize) {
+      buffer_.append(data.data(), data.size());
+      return absl::OkStatus();
+    }
+    return WriteRaw(data.data(), data.size());
+  }
+
+  absl::Status Flush() override {
+    KILN_RETURN_IF_ERROR(CheckOpen());
+    return FlushBuffer();
+  }
+
+  absl::Status Sync() override {
+    KILN_RETURN_IF_ERROR(CheckOpen());
+    KILN_RETURN_IF_ERROR(FlushBuffer());
+    if (::fdatasync(fd_) != 0) return PosixError(errno, "cannot fsync", path_);
+    return absl::OkStatus();
+  }
+
+  absl::Status Close() override {
+    KILN_RETURN_IF_ERROR(CheckOpen());
+    absl::Status s = FlushBuffer();
+    if (::close(fd_) != 0 && s.ok()) s = PosixError(errno, "cannot close", path_);
+    fd_ = -1;
+    return s;
+  }
+
+ private:
+  absl::Status CheckOpen() const {
+    if (fd_ < 0) return absl::FailedPreconditionError("file already closed: " + path_);
+    return absl::OkStatus();
+  }
+
+  absl::Status FlushBuffer() {
+    absl::Status s = WriteRaw(buffer_.data(), buffer_.size());
+    buffer_.clear();
+    return s;
+  }
+
+  absl::Status WriteRaw(const char* p, size_t n) {
+    while (n > 0) {
+      ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return PosixError(errno, "cannot write", path_);
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    return absl::OkStatus();
+  }
+
+  int fd_;
+  std::string path_;
+  std::string buffer_;
+};
+
+absl::Status DeleteTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return PosixError(errno, "cannot stat", path);
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlink(path.c_str()) != 0) return PosixError(errno, "cannot delete", path);
+    return absl::OkStatus();
+  }
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) return PosixError(errno, "cannot open directory", path);
+  std::vector<std::string> names;
+  while (struct dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    names.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  for (const std::string& name : names) KILN_RETURN_IF_ERROR(DeleteTree(JoinPath(path, name)));
+  if (::rmdir(path.c_str()) != 0) return PosixError(errno, "cannot delete directory", path);
+  return absl::OkStatus();
+}
+
+class PosixEnv final : public Env {
+ public:
+  absl::StatusOr<std::unique_ptr<SequentialFile>> NewSequentialFile(
+      const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return PosixError(errno, "cannot open", path);
+    return std::make_unique<PosixSequentialFile>(fd, path);
+  }
+
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return PosixError(errno, "cannot open", path);
+    return std::make_unique<PosixRandomAccessFile>(fd, path);
+  }
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError(errno, "cannot create", path);
+    return std::make_unique<PosixWritableFile>(fd, path);
+  }
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(
+      const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError(errno, "cannot open for appending", path);
+    return std::make_unique<PosixWritableFile>(fd, path);
+  }
+
+  bool FileExists(const std::string& path) override { return ::access(path.c_str(), F_OK) == 0; }
+
+  absl::StatusOr<bool> IsDirectory(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return PosixError(errno, "cannot stat", path);
+    return S_ISDIR(st.st_mode);
+  }
+
+  absl::StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return PosixError(errno, "cannot list directory", dir);
+    std::vector<std::string> names;
+    while (struct dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+      names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  absl::StatusOr<uint64_t> GetFileSize(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return PosixError(errno, "cannot stat", path);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  absl::Status DeleteFile(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return PosixError(errno, "cannot delete", path);
+    return absl::OkStatus();
+  }
+
+  absl::Status CreateDir(const std::string& dir) override {
+    const std::string clean = CleanPath(dir);
+    // Create each missing prefix in turn.
+    size_t pos = clean[0] == '/' ? 1 : 0;
+    for (;;) {
+      const size_t slash = clean.find('/', pos);
+      const std::string prefix = slash == std::string::npos ? clean : clean.substr(0, slash);
+      if (::mkdir(prefix.c_str(), 0755) != 0) {
+        const int err = errno;
+        struct stat st;
+        if (err != EEXIST || ::stat(prefix.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+          return PosixError(err == EEXIST ? ENOTDIR : err, "cannot create directory", prefix);
+        }
+      }
+      if (slash == std::string::npos) break;
+      pos = slash + 1;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DeleteDir(const std::string& dir) override {
+    struct stat st;
+    if (::lstat(dir.c_str(), &st) != 0) return PosixError(errno, "cannot delete directory", dir);
+    if (!S_ISDIR(st.st_mode)) return PosixError(ENOTDIR, "cannot delete directory", dir);
+    return DeleteTree(dir);
+  }
+
+  absl::Status RenameFile(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return PosixError(errno, "cannot rename " + from + " to", to);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SyncDir(const std::string& dir) override {
+    const std::string d = dir.empty() ? "." : dir;
+    int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return PosixError(errno, "cannot open directory", d);
+    absl::Status s;
+    if (::fsync(fd) != 0) s = PosixError(errno, "cannot fsync directory", d);
+    ::close(fd);
+    return s;
+  }
+
+  uint64_t NowMicros() override {
+    struct timeval tv;
+    ::gettimeofday(&tv, nullptr);
+    return static_cast<uint64_t>(tv.tv_sec) * 1000000u + static_cast<uint64_t>(tv.tv_usec);
+  }
+
+  void SleepForMicros(int64_t micros) override {
+    if (micros > 0) std::this_thread::sleep_for(std::chrono::microseconds(micros));
+  }
+
+  uint64_t RandomU64() override {
+    std::lock_guard<std::mutex> lock(rng_mu_);
+    return rng_();
+  }
+
+ private:
+  std::mutex rng_mu_;
+  std::mt19937_64 rng_{
+      std::random_device{}() ^ (static_cast<uint64_t>(::getpid()) << 32) ^
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
+};
+
+}  // namespace
+
+Env* Env::Default() {
+  static Env* const kDefault = new PosixEnv();
+  return kDefault;
+}
+
+}  // namespace kiln

@@ -1,0 +1,298 @@
+// One conformance suite run against Env::Default() (in a temporary directory) and MemEnv, so the
+// in-memory Env that other tests rely on behaves like the real file system.
+#include "kiln/base/env.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kiln/base/mem_env.h"
+#include "kiln/base/status.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+enum class Kind { kPosix, kMem };
+
+class EnvTest : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Kind::kPosix) {
+      env_ = Env::Default();
+      static int counter = 0;
+      root_ = ::testing::TempDir() + "/kiln_env_test_" + std::to_string(::getpid()) + "_" +
+              std::to_string(counter++);
+      if (env_->FileExists(root_)) KILN_CHECK_OK(env_->DeleteDir(root_));
+    } else {
+      mem_ = NewMemEnv();
+      env_ = mem_.get();
+      root_ = "/tmp/kiln_env_test";
+    }
+    KILN_CHECK_OK(env_->CreateDir(root_));
+  }
+  void TearDown() override {
+    if (GetParam() == Kind::kPosix && env_->FileExists(root_)) (void)env_->DeleteDir(root_);
+  }
+  std::string P(const std::string& rel) const { return JoinPath(root_, rel); }
+  void Write(const std::string& rel, const std::string& data) {
+    KILN_CHECK_OK(WriteStringToFile(env_, data, P(rel), /*sync=*/true));
+  }
+  std::string Read(const std::string& rel) {
+    absl::StatusOr<std::string> s = ReadFileToString(env_, P(rel));
+    KILN_CHECK_OK(s.status());
+    return *s;
+  }
+
+  Env* env_ = nullptr;
+  std::unique_ptr<MemEnv> mem_;
+  std::string root_;
+};
+
+TEST_P(EnvTest, WriteAppendFlushSyncCloseAndReadBack) {
+  absl::StatusOr<std::unique_ptr<WritableFile>> f = env_->NewWritableFile(P("a.txt"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE((*f)->Append("hello ").ok());
+  ASSERT_TRUE((*f)->Flush().ok());
+  // A large append bypasses the write buffer; order must be kept.
+  const std::string big(200000, 'x');
+  ASSERT_TRUE((*f)->Append(big).ok());
+  ASSERT_TRUE((*f)->Append("world").ok());
+  ASSERT_TRUE((*f)->Sync().ok());
+  ASSERT_TRUE((*f)->Close().ok());
+  EXPECT_EQ((*f)->Append("more").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Read("a.txt"), "hello " + big + "world");
+  absl::StatusOr<uint64_t> size = env_->GetFileSize(P("a.txt"));
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(*size, 6 + big.size() + 5);
+}
+
+TEST_P(EnvTest, NewWritableFileTruncates) {
+  Write("a", "long contents");
+  Write("a", "short");
+  EXPECT_EQ(Read("a"), "short");
+}
+
+TEST_P(EnvTest, NewAppendableFileAppendsOrCreates) {
+  Write("log", "first ");
+  absl::StatusOr<std::unique_ptr<WritableFile>> f = env_->NewAppendableFile(P("log"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE((*f)->Append("second").ok());
+  ASSERT_TRUE((*f)->Close().ok());
+  EXPECT_EQ(Read("log"), "first second");
+  f = env_->NewAppendableFile(P("fresh"));
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE((*f)->Append("x").ok());
+  ASSERT_TRUE((*f)->Close().ok());
+  EXPECT_EQ(Read("fresh"), "x");
+  EXPECT_EQ(env_->NewAppendableFile(P("no/dir/f")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(EnvTest, SequentialAndRandomAccessReads) {
+  Write("f", "0123456789");
+  absl::StatusOr<std::unique_ptr<SequentialFile>> s = env_->NewSequentialFile(P("f"));
+  ASSERT_TRUE(s.ok());
+  char scratch[16];
+  std::string_view got;
+  ASSERT_TRUE((*s)->Read(3, &got, scratch).ok());
+  EXPECT_EQ(got, "012");
+  ASSERT_TRUE((*s)->Skip(2).ok());
+  ASSERT_TRUE((*s)->Read(16, &got, scratch).ok());
+  EXPECT_EQ(got, "56789");
+  ASSERT_TRUE((*s)->Read(16, &got, scratch).ok());
+  EXPECT_TRUE(got.empty());
+
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> r = env_->NewRandomAccessFile(P("f"));
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE((*r)->Read(4, 3, &got, scratch).ok());
+  EXPECT_EQ(got, "456");
+  ASSERT_TRUE((*r)->Read(8, 10, &got, scratch).ok());
+  EXPECT_EQ(got, "89");
+  ASSERT_TRUE((*r)->Read(100, 10, &got, scratch).ok());
+  EXPECT_TRUE(got.empty());
+}
+
+TEST_P(EnvTest, MissingFilesAreNotFoundAndNameThePath) {
+  absl::StatusOr<std::string> s = ReadFileToString(env_, P("nope"));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr(P("nope")));
+  EXPECT_EQ(env_->NewRandomAccessFile(P("nope")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(env_->GetFileSize(P("nope")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(env_->DeleteFile(P("nope")).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(env_->DeleteDir(P("nope")).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(env_->IsDirectory(P("nope")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(env_->GetChildren(P("nope")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(env_->RenameFile(P("nope"), P("x")).code(), absl::StatusCode::kNotFound);
+  // A file's directory must exist.
+  absl::StatusOr<std::unique_ptr<WritableFile>> w = env_->NewWritableFile(P("no/dir/f"));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(w.status().message()), HasSubstr("no/dir/f"));
+  EXPECT_FALSE(env_->FileExists(P("nope")));
+}
+
+TEST_P(EnvTest, CreateDirIsRecursiveAndIdempotent) {
+  ASSERT_TRUE(env_->CreateDir(P("a/b/c")).ok());
+  ASSERT_TRUE(env_->CreateDir(P("a/b/c")).ok());
+  ASSERT_TRUE(env_->CreateDir(P("a/b/c/")).ok());
+  EXPECT_TRUE(env_->FileExists(P("a/b")));
+  EXPECT_TRUE(*env_->IsDirectory(P("a/b/c")));
+  Write("a/file", "x");
+  EXPECT_FALSE(*env_->IsDirectory(P("a/file")));
+  // A file in the way is an error, not a silent success.
+  EXPECT_FALSE(env_->CreateDir(P("a/file")).ok());
+  EXPECT_FALSE(env_->CreateDir(P("a/file/sub")).ok());
+}
+
+TEST_P(EnvTest, GetChildrenListsNamesSorted) {
+  ASSERT_TRUE(env_->CreateDir(P("d/sub")).ok());
+  Write("d/b", "1");
+  Write("d/a", "2");
+  Write("d/sub/deep", "3");
+  absl::StatusOr<std::vector<std::string>> c = env_->GetChildren(P("d"));
+  ASSERT_TRUE(c.ok());
+  EXPECT_THAT(*c, ElementsAre("a", "b", "sub"));
+  EXPECT_THAT(*env_->GetChildren(P("d/sub")), ElementsAre("deep"));
+  ASSERT_TRUE(env_->CreateDir(P("empty")).ok());
+  EXPECT_THAT(*env_->GetChildren(P("empty")), IsEmpty());
+}
+
+TEST_P(EnvTest, DeleteFileAndDeleteDirRecursively) {
+  ASSERT_TRUE(env_->CreateDir(P("d/x/y")).ok());
+  Write("d/x/y/f", "1");
+  Write("d/g", "2");
+  Write("keep", "3");
+  ASSERT_TRUE(env_->DeleteFile(P("d/g")).ok());
+  EXPECT_FALSE(env_->FileExists(P("d/g")));
+  EXPECT_FALSE(env_->DeleteFile(P("d/x")).ok());  // a directory
+  EXPECT_FALSE(env_->DeleteDir(P("keep")).ok());  // a file
+  ASSERT_TRUE(env_->DeleteDir(P("d")).ok());
+  EXPECT_FALSE(env_->FileExists(P("d")));
+  EXPECT_FALSE(env_->FileExists(P("d/x/y/f")));
+  EXPECT_THAT(*env_->GetChildren(root_), ElementsAre("keep"));
+}
+
+TEST_P(EnvTest, RenameFileReplacesAndRenameDirMovesSubtree) {
+  Write("a", "new");
+  Write("b", "old");
+  ASSERT_TRUE(env_->RenameFile(P("a"), P("b")).ok());
+  EXPECT_FALSE(env_->FileExists(P("a")));
+  EXPECT_EQ(Read("b"), "new");
+
+  ASSERT_TRUE(env_->CreateDir(P("tmp/sub")).ok());
+  Write("tmp/f", "1");
+  Write("tmp/sub/g", "2");
+  ASSERT_TRUE(env_->RenameFile(P("tmp"), P("final")).ok());
+  EXPECT_FALSE(env_->FileExists(P("tmp")));
+  EXPECT_EQ(Read("final/f"), "1");
+  EXPECT_EQ(Read("final/sub/g"), "2");
+  EXPECT_THAT(*env_->GetChildren(root_), ElementsAre("b", "final"));
+
+  // Onto an empty directory: allowed. Onto a non-empty one: refused, nothing moves.
+  ASSERT_TRUE(env_->CreateDir(P("empty")).ok());
+  ASSERT_TRUE(env_->CreateDir(P("other")).ok());
+  Write("other/z", "z");
+  ASSERT_TRUE(env_->RenameFile(P("other"), P("empty")).ok());
+  EXPECT_EQ(Read("empty/z"), "z");
+  absl::Status s = env_->RenameFile(P("final"), P("empty"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(Read("final/f"), "1");
+  EXPECT_EQ(Read("empty/z"), "z");
+  // A file onto a directory, and a directory into itself, are refused.
+  EXPECT_FALSE(env_->RenameFile(P("b"), P("final")).ok());
+  EXPECT_FALSE(env_->RenameFile(P("final"), P("final/sub/inner")).ok());
+  EXPECT_EQ(Read("b"), "new");
+}
+
+TEST_P(EnvTest, SyncDir) {
+  ASSERT_TRUE(env_->SyncDir(root_).ok());
+  EXPECT_EQ(env_->SyncDir(P("missing")).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(EnvTest, OpenFilesSurviveDeletion) {
+  Write("f", "data");
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> r = env_->NewRandomAccessFile(P("f"));
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(env_->DeleteFile(P("f")).ok());
+  char scratch[8];
+  std::string_view got;
+  ASSERT_TRUE((*r)->Read(0, 4, &got, scratch).ok());
+  EXPECT_EQ(got, "data");
+}
+
+TEST_P(EnvTest, ClockAndRandomness) {
+  const uint64_t t0 = env_->NowMicros();
+  EXPECT_GT(t0, 1600000000ull * 1000000ull);  // after 2020
+  env_->SleepForMicros(2000);
+  EXPECT_GE(env_->NowMicros(), t0 + 2000);
+  EXPECT_NE(env_->RandomU64(), env_->RandomU64());
+}
+
+TEST_P(EnvTest, ConcurrentWritersToDifferentFiles) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([this, t] {
+      for (int i = 0; i < 20; ++i) {
+        KILN_CHECK_OK(WriteStringToFile(env_, std::string(100 + i, 'a' + t),
+                                        P("t" + std::to_string(t) + "_" + std::to_string(i))));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(env_->GetChildren(root_)->size(), 80u);
+  EXPECT_EQ(Read("t2_19"), std::string(119, 'c'));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllEnvs, EnvTest, ::testing::Values(Kind::kPosix, Kind::kMem),
+                         [](const auto& info) {
+                           return info.param == Kind::kPosix ? "Posix" : "Mem";
+                         });
+
+TEST(MemEnvTest, ManualClockAndSeededRandomness) {
+  MemEnv a(1000, 42), b(1000, 42);
+  EXPECT_EQ(a.NowMicros(), 1000u);
+  a.SleepForMicros(500);
+  EXPECT_EQ(a.NowMicros(), 1500u);
+  a.AdvanceMicros(10);
+  EXPECT_EQ(a.NowMicros(), 1510u);
+  a.SetNowMicros(7);
+  EXPECT_EQ(a.NowMicros(), 7u);
+  EXPECT_EQ(a.RandomU64(), b.RandomU64());
+}
+
+TEST(MemEnvTest, RelativePathsAndTotalBytes) {
+  std::unique_ptr<MemEnv> env = NewMemEnv();
+  KILN_CHECK_OK(env->CreateDir("rel/dir"));
+  KILN_CHECK_OK(WriteStringToFile(env.get(), "abc", "rel/dir/f"));
+  KILN_CHECK_OK(WriteStringToFile(env.get(), "de", "top"));
+  KILN_CHECK_OK(env->CreateDir("/abs"));
+  EXPECT_THAT(*env->GetChildren(""), ElementsAre("rel", "top"));
+  EXPECT_THAT(*env->GetChildren("/"), ElementsAre("abs"));
+  EXPECT_THAT(*env->GetChildren("./rel//dir/"), ElementsAre("f"));
+  EXPECT_EQ(env->TotalFileBytes(), 5u);
+}
+
+TEST(PathTest, JoinDirnameBasenameClean) {
+  EXPECT_EQ(JoinPath("a", "b"), "a/b");
+  EXPECT_EQ(JoinPath("a/", "b"), "a/b");
+  EXPECT_EQ(JoinPath("", "b"), "b");
+  EXPECT_EQ(JoinPath("a", "/b"), "/b");
+  EXPECT_EQ(Dirname("/a/b"), "/a");
+  EXPECT_EQ(Dirname("/a/b/"), "/a");
+  EXPECT_EQ(Dirname("/a"), "/");
+  EXPECT_EQ(Dirname("a"), "");
+  EXPECT_EQ(Basename("/a/b"), "b");
+  EXPECT_EQ(Basename("/a/b//"), "b");
+  EXPECT_EQ(Basename("b"), "b");
+  EXPECT_EQ(CleanPath("//a//./b/"), "/a/b");
+  EXPECT_EQ(CleanPath("./a"), "a");
+  EXPECT_EQ(CleanPath("/"), "/");
+  EXPECT_EQ(CleanPath("."), ".");
+}
+
+}  // namespace
+}  // namespace kiln

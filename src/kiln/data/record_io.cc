@@ -1,0 +1,435 @@
+#include "kiln/data/record_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/base/crc32c.h"
+#include "kiln/base/status.h"
+
+namespace kiln::data {
+namespace {
+
+absl::Status IoError(int err, const std::string& what, const std::string& path) {
+  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));
+}
+
+void PutFixed32(uint32_t v, std::string* out) {
+  char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out->append(b, 4);
+}
+
+void PutFixed64(uint64_t v, std::string* out) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out->append(b, 8);
+}
+
+uint32_t GetFixed32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+uint64_t GetFixed64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+// ---- POSIX files ----
+
+class PosixAppendFile final : public AppendFile {
+ public:
+  PosixAppendFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixAppendFile() override {
+    if (fd_ >= 0) (void)Close();
+  }
+
+  absl::Status Append(std::string_view data) override {
+    if (fd_ < 0) return absl::FailedPreconditionError("append to closed file " + path_);
+    if (buffer_.size() + data.size() > kBufferBytes) {
+      KILN_RETURN_IF_ERROR(Flush());
+      if (data.size() >= kBufferBytes) return WriteAll(data.data(), data.size());
+    }
+    buffer_.append(data.data(), data.size());
+    return absl::OkStatus();
+  }
+
+  absl::Status Flush() override {
+    if (fd_ < 0) return absl::FailedPreconditionError("flush of closed file " + path_);
+    absl::Status s = WriteAll(buffer_.data(), buffer_.size());
+    buffer_.clear();
+    return s;
+  }
+
+  absl::Status Sync() override {
+    KILN_RETURN_IF_ERROR(Flush());
+    if (::fsync(fd_) != 0) return IoError(errno, "cannot fsync", path_);
+    return absl::OkStatus();
+  }
+
+  absl::Status Close() override {
+    if (fd_ < 0) return absl::OkStatus();
+    absl::Status s = Flush();
+    if (::close(fd_) != 0 && s.ok()) s = IoError(errno, "cannot close", path_);
+    fd_ = -1;
+    return s;
+  }
+
+  const std::string& name() const override { return path_; }
+
+ private:
+  static constexpr size_t kBufferBytes = 64 << 10;
+
+  absl::Status WriteAll(const char* p, size_t n) {
+    while (n > 0) {
+      ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return IoError(errno, "cannot write", path_);
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    return absl::OkStatus();
+  }
+
+  int fd_;
+  std::string path_;
+  std::string buffer_;
+};
+
+class PosixReadFile final : public ReadFile {
+ public:
+  PosixReadFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixReadFile() override { ::close(fd_); }
+
+  absl::StatusOr<size_t> ReadAt(uint64_t offset, size_t n, char* dst) override {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return IoError(errno, "cannot read", path_);
+      }
+      if (r == 0) break;
+      done += static_cast<size_t>(r);
+    }
+    return done;
+  }
+
+  absl::StatusOr<uint64_t> Size() override {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return IoError(errno, "cannot stat", path_);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  const std::string& name() const override { return path_; }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+// ---- in-memory files ----
+
+class StringAppendFile final : public AppendFile {
+ public:
+  StringAppendFile(std::string* out, std::string name) : out_(out), name_(std::move(name)) {}
+  absl::Status Append(std::string_view data) override {
+    out_->append(data.data(), data.size());
+    return absl::OkStatus();
+  }
+  absl::Status Flush() override { return absl::OkStatus(); }
+  absl::Status Sync() override { return absl::OkStatus(); }
+  absl::Status Close() override { return absl::OkStatus(); }
+  const std::string& name() const override { return name_; }
+
+ private:
+  std::string* out_;
+  std::string name_;
+};
+
+class StringReadFile final : public ReadFile {
+ public:
+  StringReadFile(const std::string* bytes, std::string name)
+      : bytes_(bytes), name_(std::move(name)) {}
+  absl::StatusOr<size_t> ReadAt(uint64_t offset, size_t n, char* dst) override {
+    if (offset >= bytes_->size()) return size_t{0};
+    size_t k = std::min<uint64_t>(n, bytes_->size() - offset);
+    std::memcpy(dst, bytes_->data() + offset, k);
+    return k;
+  }
+  absl::StatusOr<uint64_t> Size() override { return static_cast<uint64_t>(bytes_->size()); }
+  const std::string& name() const override { return name_; }
+
+ private:
+  const std::string* bytes_;
+  std::string name_;
+};
+
+// ---- Env adapters ----
+
+class EnvAppendFile final : public AppendFile {
+ public:
+  EnvAppendFile(std::unique_ptr<WritableFile> file, std::string name)
+      : file_(std::move(file)), name_(std::move(name)) {}
+  absl::Status Append(std::string_view data) override { return file_->Append(data); }
+  absl::Status Flush() override { return file_->Flush(); }
+  absl::Status Sync() override { return file_->Sync(); }
+  absl::Status Close() override {
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+    return file_->Close();
+  }
+  const std::string& name() const override { return name_; }
+
+ private:
+  std::unique_ptr<WritableFile> file_;
+  std::string name_;
+  bool closed_ = false;
+};
+
+class EnvReadFile final : public ReadFile {
+ public:
+  EnvReadFile(Env* env, std::unique_ptr<RandomAccessFile> file, std::string path)
+      : env_(env), file_(std::move(file)), path_(std::move(path)) {}
+  absl::StatusOr<size_t> ReadAt(uint64_t offset, size_t n, char* dst) override {
+    size_t done = 0;
+    while (done < n) {
+      std::string_view got;
+      KILN_RETURN_IF_ERROR(file_->Read(offset + done, n - done, &got, dst + done));
+      if (got.empty()) break;
+      if (got.data() != dst + done) std::memmove(dst + done, got.data(), got.size());
+      done += got.size();
+    }
+    return done;
+  }
+  absl::StatusOr<uint64_t> Size() override { return env_->GetFileSize(path_); }
+  const std::string& name() const override { return path_; }
+
+ private:
+  Env* env_;
+  std::unique_ptr<RandomAccessFile> file_;
+  std::string path_;
+};
+
+}  // namespace
+
+std::unique_ptr<AppendFile> AdaptWritableFile(std::unique_ptr<WritableFile> file,
+                                              std::string name) {
+  return std::make_unique<EnvAppendFile>(std::move(file), std::move(name));
+}
+
+absl::StatusOr<std::unique_ptr<ReadFile>> OpenEnvReadFile(Env* env, const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path));
+  return std::unique_ptr<ReadFile>(new EnvReadFile(env, std::move(file), path));
+}
+
+absl::StatusOr<std::unique_ptr<AppendFile>> OpenPosixAppendFile(const std::string& path,
+                                                                bool append, bool exclusive) {
+  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
+  if (exclusive) flags |= O_EXCL;
+  int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) return IoError(errno, "cannot create", path);
+  return std::unique_ptr<AppendFile>(new PosixAppendFile(fd, path));
+}
+
+absl::StatusOr<std::unique_ptr<ReadFile>> OpenPosixReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return IoError(errno, "cannot open", path);
+  return std::unique_ptr<ReadFile>(new PosixReadFile(fd, path));
+}
+
+std::unique_ptr<AppendFile> NewStringAppendFile(std::string* out, std::string name) {
+  return std::make_unique<StringAppendFile>(out, std::move(name));
+}
+
+std::unique_ptr<ReadFile> NewStringReadFile(const std::string* bytes, std::string name) {
+  return std::make_unique<StringReadFile>(bytes, std::move(name));
+}
+
+void AppendRecordHeader(uint64_t length, std::string* out) {
+  size_t at = out->size();
+  PutFixed64(length, out);
+  PutFixed32(crc32c::Mask(crc32c::Value(out->data() + at, 8)), out);
+}
+
+std::string FrameRecord(std::string_view data) {
+  std::string out;
+  out.reserve(kRecordHeaderBytes + data.size() + kRecordFooterBytes);
+  AppendRecordHeader(data.size(), &out);
+  out.append(data.data(), data.size());
+  PutFixed32(crc32c::Mask(crc32c::Value(data.data(), data.size())), &out);
+  return out;
+}
+
+// ---- RecordWriter ----
+
+absl::StatusOr<std::unique_ptr<RecordWriter>> RecordWriter::Open(const std::string& path,
+                                                                 bool append) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<AppendFile> file, OpenPosixAppendFile(path, append));
+  uint64_t start = 0;
+  if (append) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return IoError(errno, "cannot stat", path);
+    start = static_cast<uint64_t>(st.st_size);
+  }
+  return std::make_unique<RecordWriter>(std::move(file), start);
+}
+
+absl::StatusOr<std::unique_ptr<RecordWriter>> RecordWriter::Open(Env* env,
+                                                                 const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(path));
+  return std::make_unique<RecordWriter>(AdaptWritableFile(std::move(file), path));
+}
+
+RecordWriter::RecordWriter(std::unique_ptr<AppendFile> file, uint64_t start_offset)
+    : file_(std::move(file)), offset_(start_offset) {}
+
+RecordWriter::~RecordWriter() {
+  if (!closed_) (void)file_->Close();
+}
+
+const std::string& RecordWriter::name() const { return file_->name(); }
+
+absl::Status RecordWriter::Write(std::string_view data) {
+  if (closed_) return absl::FailedPreconditionError("write to closed record file " + name());
+  KILN_RETURN_IF_ERROR(sticky_error_);
+  scratch_.clear();
+  AppendRecordHeader(data.size(), &scratch_);
+  absl::Status s = file_->Append(scratch_);
+  if (s.ok()) s = file_->Append(data);
+  if (s.ok()) {
+    scratch_.clear();
+    PutFixed32(crc32c::Mask(crc32c::Value(data.data(), data.size())), &scratch_);
+    s = file_->Append(scratch_);
+  }
+  if (!s.ok()) {
+    sticky_error_ = Annotate(
+        s, "record at offset " + std::to_string(offset_) + " of " + name() + " left incomplete");
+    return sticky_error_;
+  }
+  offset_ += kRecordHeaderBytes + data.size() + kRecordFooterBytes;
+  return absl::OkStatus();
+}
+
+absl::Status RecordWriter::Flush() {
+  if (closed_) return absl::FailedPreconditionError("flush of closed record file " + name());
+  KILN_RETURN_IF_ERROR(sticky_error_);
+  return file_->Flush();
+}
+
+absl::Status RecordWriter::Sync() {
+  if (closed_) return absl::FailedPreconditionError("sync of closed record file " + name());
+  KILN_RETURN_IF_ERROR(sticky_error_);
+  return file_->Sync();
+}
+
+absl::Status RecordWriter::Close() {
+  if (closed_) return absl::OkStatus();
+  closed_ = true;
+  absl::Status s = sticky_error_.ok() ? file_->Sync() : sticky_error_;
+  absl::Status c = file_->Close();
+  return s.ok() ? c : s;
+}
+
+// ---- RecordReader ----
+
+absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ReadFile> file, OpenPosixReadFile(path));
+  return std::make_unique<RecordReader>(std::move(file));
+}
+
+absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(Env* env,
+                                                                 const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ReadFile> file, OpenEnvReadFile(env, path));
+  return std::make_unique<RecordReader>(std::move(file));
+}
+
+RecordReader::RecordReader(std::unique_ptr<ReadFile> file, uint64_t start_offset)
+    : file_(std::move(file)), offset_(start_offset) {}
+
+absl::StatusOr<bool> RecordReader::Read(std::string* record) {
+  const std::string where = name() + ": ";
+  const std::string at = " at offset " + std::to_string(offset_);
+  char header[kRecordHeaderBytes];
+  KILN_ASSIGN_OR_RETURN(size_t got, file_->ReadAt(offset_, sizeof(header), header));
+  if (got == 0) return false;
+  if (got < sizeof(header)) {
+    return absl::OutOfRangeError(where + "truncated record" + at + " (" + std::to_string(got) +
+                                 " of 12 header bytes)");
+  }
+  const uint64_t length = GetFixed64(header);
+  const uint32_t want_len_crc = GetFixed32(header + 8);
+  const uint32_t len_crc = crc32c::Mask(crc32c::Value(header, 8));
+  if (len_crc != want_len_crc) {
+    return absl::DataLossError(where + "corrupt record length" + at + " (length CRC mismatch)");
+  }
+  if (length > kMaxRecordBytes) {
+    return absl::DataLossError(where + "record" + at + " has length " + std::to_string(length) +
+                               ", over the limit of " + std::to_string(kMaxRecordBytes));
+  }
+  const uint64_t end = offset_ + kRecordHeaderBytes + length + kRecordFooterBytes;
+  KILN_ASSIGN_OR_RETURN(uint64_t size, file_->Size());
+  if (size < end) {
+    return absl::OutOfRangeError(where + "truncated record" + at + " (needs " +
+                                 std::to_string(end - offset_) + " bytes, file has " +
+                                 std::to_string(size > offset_ ? size - offset_ : 0) + ")");
+  }
+  record->resize(length + kRecordFooterBytes);
+  KILN_ASSIGN_OR_RETURN(
+      size_t body, file_->ReadAt(offset_ + kRecordHeaderBytes, record->size(), record->data()));
+  if (body < record->size()) {  // the file shrank between Size() and the read
+    return absl::OutOfRangeError(where + "truncated record" + at);
+  }
+  const uint32_t want_data_crc = GetFixed32(record->data() + length);
+  record->resize(length);
+  if (crc32c::Mask(crc32c::Value(record->data(), length)) != want_data_crc) {
+    return absl::DataLossError(where + "corrupt record" + at + " (data CRC mismatch, " +
+                               std::to_string(length) + " bytes)");
+  }
+  offset_ = end;
+  return true;
+}
+
+namespace {
+
+absl::StatusOr<std::vector<std::string>> ReadAll(RecordReader& reader, bool allow_truncated_tail) {
+  std::vector<std::string> out;
+  std::string rec;
+  while (true) {
+    absl::StatusOr<bool> got = reader.Read(&rec);
+    if (!got.ok()) {
+      if (allow_truncated_tail && absl::IsOutOfRange(got.status())) break;
+      return got.status();
+    }
+    if (!*got) break;
+    out.push_back(std::move(rec));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ReadAllRecords(const std::string& path,
+                                                        bool allow_truncated_tail) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RecordReader> reader, RecordReader::Open(path));
+  return ReadAll(*reader, allow_truncated_tail);
+}
+
+absl::StatusOr<std::vector<std::string>> ReadAllRecords(Env* env, const std::string& path,
+                                                        bool allow_truncated_tail) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RecordReader> reader, RecordReader::Open(env, path));
+  return ReadAll(*reader, allow_truncated_tail);
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,319 @@
+#include "kiln/train/internal/checkpoint_format.h"
+
+#include <limits>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kiln/base/crc32c.h"
+#include "kiln/base/status.h"
+#include "kiln/tensor/safetensors.h"
+
+namespace kiln::train::internal {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+absl::Status Corrupt(const std::string& source, const std::string& what) {
+  return absl::DataLossError(absl::StrCat(source, ": ", what));
+}
+
+std::string Hex(uint32_t v) { return absl::StrFormat("0x%08x", v); }
+
+// A JSON integer in [0, max], or nullopt.
+std::optional<uint64_t> AsUint(const nlohmann::json* j, uint64_t max) {
+  if (j == nullptr) return std::nullopt;
+  if (j->is_number_unsigned()) {
+    uint64_t u = j->get<uint64_t>();
+    if (u <= max) return u;
+  } else if (j->is_number_integer()) {
+    int64_t v = j->get<int64_t>();
+    if (v >= 0 && static_cast<uint64_t>(v) <= max) return static_cast<uint64_t>(v);
+  }
+  return std::nullopt;
+}
+
+const nlohmann::json* Field(const nlohmann::json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it == obj.end() ? nullptr : &*it;
+}
+
+constexpr uint64_t kMaxI64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+// Product of dims times element size, or nullopt on overflow.
+std::optional<uint64_t> ByteSize(const Shape& shape, DType dtype) {
+  uint64_t n = static_cast<uint64_t>(DTypeSize(dtype));
+  for (int64_t d : shape.dims()) {
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) || n > kMaxI64) {
+      return std::nullopt;
+    }
+  }
+  return n;
+}
+
+absl::StatusOr<Shape> ParseShape(const nlohmann::json* j, const std::string& source,
+                                 const std::string& where) {
+  if (j == nullptr || !j->is_array()) return Corrupt(source, where + ": \"shape\" is not an array");
+  std::vector<int64_t> dims;
+  for (const nlohmann::json& d : *j) {
+    std::optional<uint64_t> v = AsUint(&d, kMaxI64);
+    if (!v) return Corrupt(source, where + ": \"shape\" holds a non-integer or negative value");
+    dims.push_back(static_cast<int64_t>(*v));
+  }
+  return Shape(std::move(dims));
+}
+
+absl::StatusOr<DType> ParseDType(const nlohmann::json* j, const std::string& source,
+                                 const std::string& where) {
+  if (j == nullptr || !j->is_string()) return Corrupt(source, where + ": \"dtype\" is missing");
+  std::optional<DType> t = DTypeFromSafetensorsName(j->get<std::string>());
+  if (!t) return Corrupt(source, where + ": unknown dtype '" + j->get<std::string>() + "'");
+  return *t;
+}
+
+bool IsPlainFileName(const std::string& s) {
+  return !s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos &&
+         s.find('\0') == std::string::npos;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeManifest(const Manifest& m) {
+  // One member per line, one shard or tensor per line: readable, and diffable, for models with
+  // thousands of tensors.
+  auto array = [](const std::vector<ojson>& items) {
+    if (items.empty()) return std::string("[]");
+    std::string out = "[\n";
+    for (size_t i = 0; i < items.size(); ++i) {
+      absl::StrAppend(&out, "    ", items[i].dump(), i + 1 < items.size() ? ",\n" : "\n");
+    }
+    return out + "  ]";
+  };
+  std::string text;
+  try {
+    std::vector<ojson> shards;
+    for (const ManifestShard& s : m.shards) {
+      ojson o = ojson::object();
+      o["file"] = s.file;
+      o["bytes"] = s.bytes;
+      o["crc32c"] = s.crc32c;
+      shards.push_back(std::move(o));
+    }
+    std::vector<ojson> tensors;
+    for (const ManifestTensor& t : m.tensors) {
+      ojson o = ojson::object();
+      o["name"] = t.name;
+      o["shard"] = t.shard;
+      o["dtype"] = std::string(SafetensorsName(t.dtype));
+      o["shape"] = t.shape.dims();
+      o["offset"] = t.offset;
+      o["bytes"] = t.bytes;
+      o["crc32c"] = t.crc32c;
+      tensors.push_back(std::move(o));
+    }
+    absl::StrAppend(&text, "{\n  \"format\": ", ojson(kManifestFormat).dump(),
+                    ",\n  \"format_version\": ", m.format_version, ",\n  \"step\": ", m.step,
+                    ",\n  \"created_micros\": ", m.created_micros,
+                    ",\n  \"shards\": ", array(shards), ",\n  \"tensors\": ", array(tensors),
+                    ",\n  \"metadata\": ", m.metadata.dump());
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint manifest: ", e.what()));
+  }
+  const uint32_t crc = crc32c::Value(text.data(), text.size());
+  absl::StrAppend(&text, kManifestCrcMarker, crc, "\n}\n");
+  return text;
+}
+
+absl::StatusOr<Manifest> DecodeManifest(std::string_view bytes, const std::string& source) {
+  const std::string_view marker(kManifestCrcMarker);
+  const size_t pos = bytes.rfind(marker);
+  if (pos == std::string_view::npos) {
+    return Corrupt(source, "no \"manifest_crc32c\" at the end (truncated, or not a manifest)");
+  }
+  std::string_view tail = bytes.substr(pos + marker.size());
+  uint64_t stored = 0;
+  size_t digits = 0;
+  while (digits < tail.size() && digits < 10 && tail[digits] >= '0' && tail[digits] <= '9') {
+    stored = stored * 10 + static_cast<uint64_t>(tail[digits] - '0');
+    ++digits;
+  }
+  if (digits == 0 || tail.substr(digits) != "\n}\n" || stored > 0xffffffffu) {
+    return Corrupt(source, "malformed \"manifest_crc32c\" trailer");
+  }
+  const uint32_t computed = crc32c::Value(bytes.data(), pos);
+  if (computed != stored) {
+    return Corrupt(source, absl::StrCat("CRC32C mismatch (stored ", Hex(stored), ", computed ",
+                                        Hex(computed), ")"));
+  }
+  nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr,
+                                           /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Corrupt(source, "not a JSON object");
+
+  Manifest m;
+  const nlohmann::json* f = Field(j, "format");
+  if (f == nullptr || !f->is_string() || f->get<std::string>() != kManifestFormat) {
+    return Corrupt(source, absl::StrCat("\"format\" is not \"", kManifestFormat, "\""));
+  }
+  std::optional<uint64_t> version = AsUint(Field(j, "format_version"), 1u << 30);
+  if (!version || *version == 0) return Corrupt(source, "bad \"format_version\"");
+  if (*version > 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(source, ": checkpoint format version ", *version,
+                     " is newer than this build reads (1); upgrade Kiln"));
+  }
+  m.format_version = static_cast<int>(*version);
+  std::optional<uint64_t> step = AsUint(Field(j, "step"), kMaxI64);
+  if (!step) return Corrupt(source, "bad \"step\"");
+  m.step = static_cast<int64_t>(*step);
+  m.created_micros = AsUint(Field(j, "created_micros"), ~uint64_t{0}).value_or(0);
+
+  const nlohmann::json* shards = Field(j, "shards");
+  if (shards == nullptr || !shards->is_array()) return Corrupt(source, "\"shards\" is missing");
+  std::set<std::string> files;
+  for (size_t i = 0; i < shards->size(); ++i) {
+    const nlohmann::json& s = (*shards)[i];
+    const std::string where = absl::StrCat("shard #", i);
+    if (!s.is_object()) return Corrupt(source, where + " is not an object");
+    ManifestShard out;
+    const nlohmann::json* file = Field(s, "file");
+    if (file == nullptr || !file->is_string() || !IsPlainFileName(file->get<std::string>())) {
+      return Corrupt(source, where + ": bad \"file\"");
+    }
+    out.file = file->get<std::string>();
+    if (!files.insert(out.file).second) {
+      return Corrupt(source, where + ": file '" + out.file + "' listed twice");
+    }
+    std::optional<uint64_t> size = AsUint(Field(s, "bytes"), kMaxI64);
+    std::optional<uint64_t> crc = AsUint(Field(s, "crc32c"), 0xffffffffu);
+    if (!size || !crc) return Corrupt(source, where + ": bad \"bytes\" or \"crc32c\"");
+    out.bytes = *size;
+    out.crc32c = static_cast<uint32_t>(*crc);
+    m.shards.push_back(std::move(out));
+  }
+
+  const nlohmann::json* tensors = Field(j, "tensors");
+  if (tensors == nullptr || !tensors->is_array()) return Corrupt(source, "\"tensors\" is missing");
+  std::set<std::string> names;
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    const nlohmann::json& t = (*tensors)[i];
+    std::string where = absl::StrCat("tensor #", i);
+    if (!t.is_object()) return Corrupt(source, where + " is not an object");
+    ManifestTensor out;
+    const nlohmann::json* name = Field(t, "name");
+    if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
+      return Corrupt(source, where + ": bad \"name\"");
+    }
+    out.name = name->get<std::string>();
+    where = "tensor '" + out.name + "'";
+    if (!names.insert(out.name).second) return Corrupt(source, where + " is listed twice");
+    std::optional<uint64_t> shard = AsUint(Field(t, "shard"), m.shards.size());
+    if (!shard || *shard >= m.shards.size()) return Corrupt(source, where + ": bad \"shard\"");
+    out.shard = static_cast<int>(*shard);
+    KILN_ASSIGN_OR_RETURN(out.dtype, ParseDType(Field(t, "dtype"), source, where));
+    KILN_ASSIGN_OR_RETURN(out.shape, ParseShape(Field(t, "shape"), source, where));
+    std::optional<uint64_t> offset = AsUint(Field(t, "offset"), kMaxI64);
+    std::optional<uint64_t> size = AsUint(Field(t, "bytes"), kMaxI64);
+    std::optional<uint64_t> crc = AsUint(Field(t, "crc32c"), 0xffffffffu);
+    if (!offset || !size || !crc) {
+      return Corrupt(source, where + ": bad \"offset\", \"bytes\" or \"crc32c\"");
+    }
+    std::optional<uint64_t> expect = ByteSize(out.shape, out.dtype);
+    if (!expect || *expect != *size) {
+      return Corrupt(source, where + ": \"bytes\" does not match its dtype and shape");
+    }
+    out.offset = *offset;
+    out.bytes = *size;
+    out.crc32c = static_cast<uint32_t>(*crc);
+    if (out.offset > m.shards[out.shard].bytes ||
+        out.bytes > m.shards[out.shard].bytes - out.offset) {
+      return Corrupt(source, where + ": lies outside its shard");
+    }
+    m.tensors.push_back(std::move(out));
+  }
+  const nlohmann::json* meta = Field(j, "metadata");
+  m.metadata = meta == nullptr ? nlohmann::json::object() : *meta;
+  return m;
+}
+
+absl::StatusOr<std::string> BuildShardHeader(const std::vector<ShardEntry>& entries,
+                                             const std::map<std::string, std::string>& metadata) {
+  ojson root = ojson::object();
+  if (!metadata.empty()) {
+    ojson meta = ojson::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    root["__metadata__"] = std::move(meta);
+  }
+  uint64_t offset = 0;
+  for (const ShardEntry& e : entries) {
+    ojson o = ojson::object();
+    o["dtype"] = std::string(SafetensorsName(e.dtype));
+    o["shape"] = e.shape.dims();
+    o["data_offsets"] = {offset, offset + e.bytes};
+    offset += e.bytes;
+    root[e.name] = std::move(o);
+  }
+  std::string json_text;
+  try {
+    json_text = root.dump();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint shard header: ", e.what()));
+  }
+  if (json_text.size() > kSafetensorsMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint shard header of ", json_text.size(),
+                                                   " bytes exceeds the safetensors limit"));
+  }
+  json_text.append((8 - json_text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t n = json_text.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out += json_text;
+  return out;
+}
+
+absl::Status CheckShardHeader(std::string_view header_json, uint64_t data_start, uint64_t data_size,
+                              const std::vector<const ManifestTensor*>& tensors,
+                              const std::string& source) {
+  nlohmann::json j = nlohmann::json::parse(header_json.begin(), header_json.end(), nullptr,
+                                           /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Corrupt(source, "safetensors header is not a JSON object");
+  }
+  size_t listed = 0;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() != "__metadata__") ++listed;
+  }
+  if (listed != tensors.size()) {
+    return Corrupt(source, absl::StrCat("safetensors header lists ", listed,
+                                        " tensors, the manifest ", tensors.size()));
+  }
+  uint64_t covered = 0;
+  for (const ManifestTensor* t : tensors) {
+    const std::string where = "tensor '" + t->name + "'";
+    auto it = j.find(t->name);
+    if (it == j.end() || !it->is_object()) {
+      return Corrupt(source, where + " is missing from the safetensors header");
+    }
+    KILN_ASSIGN_OR_RETURN(DType dtype, ParseDType(Field(*it, "dtype"), source, where));
+    KILN_ASSIGN_OR_RETURN(Shape shape, ParseShape(Field(*it, "shape"), source, where));
+    const nlohmann::json* offs = Field(*it, "data_offsets");
+    std::optional<uint64_t> begin, end;
+    if (offs != nullptr && offs->is_array() && offs->size() == 2) {
+      begin = AsUint(&(*offs)[0], kMaxI64);
+      end = AsUint(&(*offs)[1], kMaxI64);
+    }
+    if (!begin || !end) return Corrupt(source, where + ": bad \"data_offsets\"");
+    if (dtype != t->dtype || shape.dims() != t->shape.dims() || data_start + *begin != t->offset ||
+        *end < *begin || *end - *begin != t->bytes || *end > data_size) {
+      return Corrupt(source, where + ": safetensors header disagrees with the manifest");
+    }
+    covered += t->bytes;
+  }
+  if (covered != data_size) {
+    return Corrupt(source,
+                   absl::StrCat("tensors cover ", covered, " of the ", data_size, " data bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::train::internal

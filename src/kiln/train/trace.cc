@@ -1,0 +1,334 @@
+#include "kiln/train/trace.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::train {
+namespace {
+
+std::atomic<int> next_tid{1};
+
+// Appends `s` as a JSON string literal. Invalid UTF-8 bytes become U+FFFD, so the file always
+// parses.
+void AppendJsonString(std::string_view s, std::string* out) {
+  out->push_back('"');
+  size_t i = 0;
+  while (i < s.size()) {
+    const uint8_t c = static_cast<uint8_t>(s[i]);
+    if (c < 0x80) {
+      if (c == '"' || c == '\\') {
+        out->push_back('\\');
+        out->push_back(static_cast<char>(c));
+      } else if (c < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+        out->append(buf);
+      } else {
+        out->push_back(static_cast<char>(c));
+      }
+      ++i;
+      continue;
+    }
+    size_t n = (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 0;
+    bool ok = n > 0 && s.size() - i - 1 >= n;
+    uint32_t cp = n == 1 ? (c & 0x1f) : n == 2 ? (c & 0x0f) : (c & 0x07);
+    for (size_t k = 1; ok && k <= n; ++k) {
+      const uint8_t cc = static_cast<uint8_t>(s[i + k]);
+      ok = (cc & 0xc0) == 0x80;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    ok = ok && !((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+                 (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff);
+    if (ok) {
+      out->append(s.data() + i, n + 1);
+      i += n + 1;
+    } else {
+      out->append("\\ufffd");
+      ++i;
+    }
+  }
+  out->push_back('"');
+}
+
+// Nanoseconds as microseconds with exactly three decimals: an exact decimal, no rounding.
+void AppendMicros(int64_t ns, std::string* out) {
+  if (ns < 0) {
+    out->push_back('-');
+    ns = -ns;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%lld.%03lld", static_cast<long long>(ns / 1000),
+                static_cast<long long>(ns % 1000));
+  out->append(buf);
+}
+
+void AppendDouble(double v, std::string* out) {
+  if (!std::isfinite(v)) {
+    out->append("null");
+    return;
+  }
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), v);  // shortest round-trip form
+  out->append(buf, r.ptr);
+}
+
+void AppendArgs(const std::vector<std::pair<std::string, TraceArg>>& args, std::string* out) {
+  out->push_back('{');
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i) out->push_back(',');
+    AppendJsonString(args[i].first, out);
+    out->push_back(':');
+    const TraceArg& v = args[i].second;
+    if (const int64_t* iv = std::get_if<int64_t>(&v)) {
+      out->append(std::to_string(*iv));
+    } else if (const double* dv = std::get_if<double>(&v)) {
+      AppendDouble(*dv, out);
+    } else {
+      AppendJsonString(std::get<std::string>(v), out);
+    }
+  }
+  out->push_back('}');
+}
+
+void AppendMetadata(const char* what, int64_t pid, int tid, const std::string& name,
+                    std::string* out) {
+  absl::StrAppend(out, "{\"name\":\"", what, "\",\"ph\":\"M\",\"pid\":", pid, ",\"tid\":", tid,
+                  ",\"args\":{\"name\":");
+  AppendJsonString(name, out);
+  out->append("}}");
+}
+
+}  // namespace
+
+// ---- ScopedEvent ----
+
+Profiler::ScopedEvent& Profiler::ScopedEvent::operator=(ScopedEvent&& other) noexcept {
+  if (this != &other) {
+    End();
+    profiler_ = std::exchange(other.profiler_, nullptr);
+    event_ = std::move(other.event_);
+  }
+  return *this;
+}
+
+Profiler::ScopedEvent& Profiler::ScopedEvent::Arg(std::string key, int64_t v) {
+  if (profiler_) event_->args.emplace_back(std::move(key), v);
+  return *this;
+}
+
+Profiler::ScopedEvent& Profiler::ScopedEvent::Arg(std::string key, double v) {
+  if (profiler_) event_->args.emplace_back(std::move(key), v);
+  return *this;
+}
+
+Profiler::ScopedEvent& Profiler::ScopedEvent::Arg(std::string key, std::string v) {
+  if (profiler_) event_->args.emplace_back(std::move(key), std::move(v));
+  return *this;
+}
+
+void Profiler::ScopedEvent::End() {
+  if (!profiler_) return;
+  event_->dur_ns = NowNs() - event_->ts_ns;
+  std::exchange(profiler_, nullptr)->Record(std::move(*event_));
+  event_.reset();
+}
+
+// ---- Profiler ----
+
+Profiler::Profiler(Options options)
+    : options_(std::move(options)),
+      pid_(options_.pid >= 0 ? options_.pid : static_cast<int64_t>(::getpid())),
+      enabled_(options_.enabled) {}
+
+int64_t Profiler::NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int Profiler::CurrentTid() {
+  thread_local const int tid = next_tid.fetch_add(1, std::memory_order_relaxed);
+  return tid;
+}
+
+Profiler::ScopedEvent Profiler::StartScope(std::string_view cat, std::string_view name) {
+  ScopedEvent s;
+  s.profiler_ = this;
+  s.event_ = std::make_unique<TraceEvent>();
+  s.event_->name.assign(name.data(), name.size());
+  s.event_->cat.assign(cat.data(), cat.size());
+  s.event_->ph = 'X';
+  s.event_->tid = CurrentTid();
+  s.event_->ts_ns = NowNs();  // last, so setup is not charged to the scope
+  return s;
+}
+
+void Profiler::Record(TraceEvent event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (events_.size() >= options_.max_events) {
+    ++dropped_;
+    return;
+  }
+  events_.push_back(std::move(event));
+}
+
+void Profiler::AddComplete(std::string_view cat, std::string_view name, int64_t start_ns,
+                           int64_t end_ns, std::vector<std::pair<std::string, TraceArg>> args,
+                           int tid) {
+  if (!enabled()) return;
+  TraceEvent e;
+  e.name.assign(name.data(), name.size());
+  e.cat.assign(cat.data(), cat.size());
+  e.ph = 'X';
+  e.ts_ns = start_ns;
+  e.dur_ns = std::max<int64_t>(0, end_ns - start_ns);
+  e.tid = tid >= 0 ? tid : CurrentTid();
+  e.args = std::move(args);
+  Record(std::move(e));
+}
+
+void Profiler::AddInstant(std::string_view cat, std::string_view name) {
+  if (!enabled()) return;
+  TraceEvent e;
+  e.name.assign(name.data(), name.size());
+  e.cat.assign(cat.data(), cat.size());
+  e.ph = 'i';
+  e.ts_ns = NowNs();
+  e.tid = CurrentTid();
+  Record(std::move(e));
+}
+
+void Profiler::AddCounter(std::string_view name, const std::map<std::string, double>& values) {
+  if (!enabled()) return;
+  TraceEvent e;
+  e.name.assign(name.data(), name.size());
+  e.ph = 'C';
+  e.ts_ns = NowNs();
+  e.tid = CurrentTid();
+  for (const auto& [k, v] : values) e.args.emplace_back(k, v);
+  Record(std::move(e));
+}
+
+void Profiler::SetThreadName(std::string name) {
+  const int tid = CurrentTid();
+  std::lock_guard<std::mutex> lock(mu_);
+  thread_names_[tid] = std::move(name);
+}
+
+void Profiler::Reserve(size_t n) {
+  n = std::min(n, options_.max_events);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (events_.capacity() >= n) return;
+  const size_t size = events_.size();
+  events_.resize(n);  // constructs (touches) every slot; clear() below keeps the capacity
+  events_.resize(size);
+}
+
+std::vector<TraceEvent> Profiler::Events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
+}
+
+size_t Profiler::dropped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_;
+}
+
+void Profiler::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.clear();
+  dropped_ = 0;
+}
+
+std::string Profiler::ToJson() const {
+  std::vector<const TraceEvent*> sorted;
+  std::map<int, std::string> names;
+  size_t dropped;
+  std::lock_guard<std::mutex> lock(mu_);
+  sorted.reserve(events_.size());
+  for (const TraceEvent& e : events_) sorted.push_back(&e);
+  names = thread_names_;
+  dropped = dropped_;
+  // Thread, then start, then longest first: an enclosing scope precedes what it encloses.
+  std::stable_sort(sorted.begin(), sorted.end(), [](const TraceEvent* a, const TraceEvent* b) {
+    return std::make_tuple(a->tid, a->ts_ns, -a->dur_ns) <
+           std::make_tuple(b->tid, b->ts_ns, -b->dur_ns);
+  });
+
+  std::string out;
+  out.reserve(128 * (sorted.size() + names.size() + 1));
+  out.append("{\"traceEvents\":[\n");
+  AppendMetadata("process_name", pid_, 0, options_.process_name, &out);
+  for (const auto& [tid, name] : names) {
+    out.append(",\n");
+    AppendMetadata("thread_name", pid_, tid, name, &out);
+  }
+  for (const TraceEvent* e : sorted) {
+    out.append(",\n{\"name\":");
+    AppendJsonString(e->name, &out);
+    if (e->ph != 'C') {
+      out.append(",\"cat\":");
+      AppendJsonString(e->cat, &out);
+    }
+    absl::StrAppend(&out, ",\"ph\":\"", std::string(1, e->ph), "\",\"ts\":");
+    AppendMicros(e->ts_ns, &out);
+    if (e->ph == 'X') {
+      out.append(",\"dur\":");
+      AppendMicros(e->dur_ns, &out);
+    }
+    if (e->ph == 'i') out.append(",\"s\":\"t\"");
+    absl::StrAppend(&out, ",\"pid\":", pid_, ",\"tid\":", e->tid);
+    if (!e->args.empty()) {
+      out.append(",\"args\":");
+      AppendArgs(e->args, &out);
+    }
+    out.push_back('}');
+  }
+  absl::StrAppend(&out,
+                  "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"kiln\","
+                  "\"clock\":\"steady (CLOCK_MONOTONIC)\",\"dropped_events\":",
+                  dropped, "}}\n");
+  return out;
+}
+
+absl::Status Profiler::WriteJson(const std::string& path) const {
+  const std::string json = ToJson();
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::ErrnoToStatus(errno, "cannot create trace file " + tmp);
+  const char* p = json.data();
+  size_t n = json.size();
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(err, "cannot write trace file " + tmp);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(err, "cannot fsync trace file " + tmp);
+  }
+  if (::close(fd) != 0) return absl::ErrnoToStatus(errno, "cannot close trace file " + tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::ErrnoToStatus(errno, "cannot rename " + tmp + " to " + path);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::train
