@@ -77,28 +77,61 @@ absl::StatusOr<ParamStore> InitParams(const std::vector<ParamSpec>& specs, uint6
   ParamStore store;
   for (const ParamSpec& spec : specs) {
     Tensor t(spec.dtype, spec.shape);
-    if (spec.init.kind == Initializer::Kind::kUniform) {
+    const Initializer::Kind kind = spec.init.kind;
+    if (kind == Initializer::Kind::kUniform || kind == Initializer::Kind::kNormal) {
+      const char* what = kind == Initializer::Kind::kUniform ? "uniform" : "normal";
       if (!IsFloating(spec.dtype)) {
         return absl::InvalidArgumentError(absl::StrCat("parameter '", spec.name, "' has dtype ",
-                                                       std::string(DTypeName(spec.dtype)),
-                                                       ": a uniform initializer needs a float"));
+                                                       std::string(DTypeName(spec.dtype)), ": a ",
+                                                       what, " initializer needs a float"));
       }
       if (!(spec.init.bound >= 0.0)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter '", spec.name, "': uniform bound must be >= 0, got ", spec.init.bound));
+        return absl::InvalidArgumentError(absl::StrCat("parameter '", spec.name, "': ", what,
+                                                       " bound / stddev must be >= 0, got ",
+                                                       spec.init.bound));
       }
       std::mt19937_64 rng(SplitMix64(seed ^ Fnv1a(spec.name)));
+      // 53 random bits -> [0, 1); the same on every platform.
+      auto next_unit = [&rng] { return static_cast<double>(rng() >> 11) * 0x1.0p-53; };
       const double b = spec.init.bound;
-      for (int64_t i = 0; i < t.num_elements(); ++i) {
-        // 53 random bits -> [0, 1) -> [-b, b); the same on every platform.
-        const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
-        t.SetDouble(i, b * (2.0 * u - 1.0));
+      if (kind == Initializer::Kind::kUniform) {
+        for (int64_t i = 0; i < t.num_elements(); ++i)
+          t.SetDouble(i, b * (2.0 * next_unit() - 1.0));
+      } else {
+        // Box-Muller: two uniforms give two independent standard normals.
+        constexpr double kTwoPi = 6.283185307179586476925286766559;
+        for (int64_t i = 0; i < t.num_elements(); i += 2) {
+          const double u1 = 1.0 - next_unit();  // (0, 1]: log is finite
+          const double u2 = next_unit();
+          const double r = std::sqrt(-2.0 * std::log(u1));
+          t.SetDouble(i, b * r * std::cos(kTwoPi * u2));
+          if (i + 1 < t.num_elements()) t.SetDouble(i + 1, b * r * std::sin(kTwoPi * u2));
+        }
       }
+    } else if (kind == Initializer::Kind::kConstant) {
+      for (int64_t i = 0; i < t.num_elements(); ++i) t.SetDouble(i, spec.init.bound);
     }
     absl::Status s = store.Add(spec.name, std::move(t));
     if (!s.ok()) return absl::InvalidArgumentError(std::string(s.message()));
   }
   return store;
+}
+
+absl::StatusOr<ParamStore> ZerosLike(const std::vector<ParamSpec>& specs) {
+  ParamStore store;
+  for (const ParamSpec& spec : specs) {
+    absl::Status s = store.Add(spec.name, Tensor(spec.dtype, spec.shape));
+    if (!s.ok()) return absl::InvalidArgumentError(std::string(s.message()));
+  }
+  return store;
+}
+
+std::string JoinName(const std::string& scope, const std::string& leaf, char sep) {
+  if (scope.empty()) return leaf;
+  std::string out = scope;
+  out += sep;
+  out += leaf;
+  return out;
 }
 
 ParamValues AddParameters(ir::Builder& b, const std::vector<ParamSpec>& specs) {

@@ -10,9 +10,11 @@
 //   ParamValues p = AddParameters(b, specs);                // graph parameters 0 and 1
 //   ir::Value y = fc.Apply(p, b.Parameter("x", DType::kF32, {32, 64}));
 //
-// Initialization is deterministic and platform independent: parameter `name` draws from
-// std::mt19937_64 seeded with SplitMix64(seed ^ FNV-1a(name)), so a parameter's values depend on
-// the seed and its own name only, not on how many parameters came before it.
+// Initialization is deterministic: parameter `name` draws from std::mt19937_64 seeded with
+// SplitMix64(seed ^ FNV-1a(name)), so a parameter's values depend on the seed and its own name
+// only, not on how many parameters came before it. Uniform draws are bit-identical on every
+// platform; normal draws use Box-Muller over the same stream (std::log/cos/sin, so a libm that
+// rounds differently in the last place could differ there).
 #ifndef KILN_NN_PARAMS_H_
 #define KILN_NN_PARAMS_H_
 
@@ -30,12 +32,17 @@ namespace kiln::nn {
 
 // How a parameter's initial values are drawn.
 struct Initializer {
-  enum class Kind { kZeros, kUniform };
+  enum class Kind { kZeros, kUniform, kNormal, kConstant };
   Kind kind = Kind::kZeros;
-  double bound = 0.0;  // kUniform: values in [-bound, bound)
+  double bound = 0.0;  // kUniform: values in [-bound, bound); kNormal: the standard deviation;
+                       // kConstant: the value
 
   static Initializer Zeros() { return {Kind::kZeros, 0.0}; }
   static Initializer Uniform(double bound) { return {Kind::kUniform, bound}; }
+  // Normal with mean 0 and standard deviation `stddev` (torch.nn.init.normal_).
+  static Initializer Normal(double stddev) { return {Kind::kNormal, stddev}; }
+  static Initializer Constant(double value) { return {Kind::kConstant, value}; }
+  static Initializer Ones() { return Constant(1.0); }
   // torch.nn.init.kaiming_uniform_(w, a): bound = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 +
   // a^2)). torch.nn.Linear uses a = sqrt(5), i.e. bound = 1 / sqrt(fan_in).
   static Initializer KaimingUniform(int64_t fan_in, double a);
@@ -75,8 +82,15 @@ class ParamStore {
 };
 
 // Draws every spec's initial value. InvalidArgument on duplicate names, a non-floating dtype with
-// a uniform initializer, or a negative bound.
+// a uniform or normal initializer, or a negative bound / standard deviation.
 absl::StatusOr<ParamStore> InitParams(const std::vector<ParamSpec>& specs, uint64_t seed);
+
+// Zero-filled values for `specs` (whatever their initializers), e.g. optimizer state.
+absl::StatusOr<ParamStore> ZerosLike(const std::vector<ParamSpec>& specs);
+
+// Joins a scope and a leaf name: JoinName("blocks/0", "ln_1") is "blocks/0/ln_1", and with
+// sep '.' "transformer.h.0" + "ln_1" is "transformer.h.0.ln_1". An empty scope gives the leaf.
+std::string JoinName(const std::string& scope, const std::string& leaf, char sep = '/');
 
 // The graph values standing for parameters, by name.
 using ParamValues = std::map<std::string, ir::Value>;

@@ -1,0 +1,246 @@
+#include "kiln/nn/train_step.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/base/status.h"
+#include "kiln/nn/model.h"
+#include "kiln/nn/sgd.h"
+
+namespace kiln::nn {
+namespace {
+
+absl::Status CheckScalarS64(const ir::Graph& g, const std::string& name) {
+  const int id = g.FindParameter(name);
+  if (id < 0) return absl::OkStatus();
+  const ir::Type& t = g.node(id).type();
+  if (t.dtype != DType::kS64 || t.shape.rank() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: the loss graph's '", name, "' must be s64[], got ", t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+// Copies `from`'s values into `to`'s buffers; names and types must match exactly.
+absl::Status CopyInto(const ParamStore& from, ParamStore& to, const std::string& what) {
+  if (from.size() != to.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("TrainStep::Restore: ", what, " has ",
+                                                   from.size(), " tensors, expected ", to.size()));
+  }
+  for (int i = 0; i < to.size(); ++i) {
+    const std::string& name = to.names()[i];
+    const Tensor* src = from.Find(name);
+    if (src == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TrainStep::Restore: ", what, " lacks '", name, "'"));
+    }
+    Tensor& dst = to.value(i);
+    if (src->dtype() != dst.dtype() || src->shape() != dst.shape()) {
+      return absl::InvalidArgumentError(absl::StrCat("TrainStep::Restore: ", what, " '", name,
+                                                     "' is ", src->TypeString(), ", expected ",
+                                                     dst.TypeString()));
+    }
+  }
+  for (int i = 0; i < to.size(); ++i) {
+    const Tensor* src = from.Find(to.names()[i]);
+    std::memcpy(to.value(i).raw_data(), src->raw_data(), src->byte_size());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& backend,
+                                                             const ir::Graph& loss_graph,
+                                                             ParamStore initial,
+                                                             const TrainStepOptions& options) {
+  if (loss_graph.FindOutput(options.loss_output) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: the loss graph has no output '", options.loss_output, "'"));
+  }
+  std::vector<ParamSpec> param_specs;
+  for (int i = 0; i < initial.size(); ++i) {
+    const std::string& name = initial.names()[i];
+    const int id = loss_graph.FindParameter(name);
+    if (id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TrainStep: parameter '", name, "' is not an input of the loss graph"));
+    }
+    const ir::Type& want = loss_graph.node(id).type();
+    if (want.dtype != initial.value(i).dtype() || want.shape != initial.value(i).shape()) {
+      return absl::InvalidArgumentError(absl::StrCat("TrainStep: parameter '", name, "' is ",
+                                                     initial.value(i).TypeString(),
+                                                     " but the graph takes ", want.ToString()));
+    }
+    param_specs.push_back({name, want.dtype, want.shape, Initializer::Zeros()});
+  }
+  KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngSeedInput));
+  KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngStepInput));
+  KILN_ASSIGN_OR_RETURN(
+      ir::Graph step_graph,
+      BuildTrainStep(loss_graph, initial.names(), options.optimizer, options.loss_output));
+
+  std::unique_ptr<TrainStep> t(new TrainStep());
+  t->options_ = options;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = backend.Compile(step_graph);
+  if (!exe.ok()) {
+    return Annotate(exe.status(),
+                    absl::StrCat("compiling the train step on backend ", backend.name()));
+  }
+  t->compile_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  t->exe_ = std::move(exe).value();
+  const ir::Graph& g = t->exe_->graph();
+
+  KILN_ASSIGN_OR_RETURN(t->state_[0],
+                        ZerosLike(OptimizerStateSpecs(options.optimizer, param_specs)));
+  t->state_[1] = t->state_[0].Clone();
+  t->params_[1] = initial.Clone();
+  t->params_[0] = std::move(initial);
+  t->step_tensor_ = Tensor(DType::kS64, Shape{});
+  t->rng_seed_ = Tensor(DType::kS64, Shape{});
+  t->rng_step_ = Tensor(DType::kS64, Shape{});
+  t->rng_seed_.data<int64_t>()[0] = static_cast<int64_t>(options.rng_seed);
+
+  for (int id : g.parameters()) {
+    const std::string& name = g.node(id).attr_str("name");
+    const ParamStore& params = t->params_[0];
+    const ParamStore& state = t->state_[0];
+    Slot slot{Source::kData, -1};
+    if (params.Contains(name)) {
+      slot = {Source::kParam,
+              static_cast<int>(std::find(params.names().begin(), params.names().end(), name) -
+                               params.names().begin())};
+    } else if (state.Contains(name)) {
+      slot = {Source::kState,
+              static_cast<int>(std::find(state.names().begin(), state.names().end(), name) -
+                               state.names().begin())};
+    } else if (name == kStepInput) {
+      slot = {Source::kStep, -1};
+    } else if (name == kRngSeedInput) {
+      slot = {Source::kRngSeed, -1};
+    } else if (name == kRngStepInput) {
+      slot = {Source::kRngStep, -1};
+    } else {
+      slot = {Source::kData, static_cast<int>(t->data_names_.size())};
+      t->data_names_.push_back(name);
+    }
+    t->in_slots_.push_back(slot);
+  }
+
+  t->extra_outputs_.reserve(g.outputs().size());  // never reallocates: outputs_ points into it
+  for (const ir::Output& out : g.outputs()) {
+    Slot slot{Source::kData, -1};
+    for (int i = 0; i < t->params_[0].size() && slot.index < 0; ++i) {
+      if (UpdatedName(t->params_[0].names()[i]) == out.name) slot = {Source::kParam, i};
+    }
+    for (int i = 0; i < t->state_[0].size() && slot.index < 0; ++i) {
+      if (UpdatedName(t->state_[0].names()[i]) == out.name) slot = {Source::kState, i};
+    }
+    if (slot.index < 0) {
+      const ir::Type& type = g.node(out.node).type();
+      slot = {Source::kData, static_cast<int>(t->extra_outputs_.size())};
+      t->extra_outputs_.emplace_back(type.dtype, type.shape);
+      t->extra_names_.push_back(out.name);
+      if (out.name == options.loss_output) t->loss_ = slot.index;
+      if (out.name == kGradNormOutput) t->grad_norm_ = slot.index;
+      if (out.name == kLearningRateOutput) t->lr_ = slot.index;
+    }
+    t->out_slots_.push_back(slot);
+  }
+  if (t->loss_ < 0 || t->grad_norm_ < 0 || t->lr_ < 0) {
+    return absl::InternalError("TrainStep: the train step lacks its loss / grad_norm / lr outputs");
+  }
+  t->inputs_.assign(t->in_slots_.size(), nullptr);
+  t->outputs_.assign(t->out_slots_.size(), nullptr);
+  t->Bind();
+  return t;
+}
+
+void TrainStep::Bind() {
+  const int next = 1 - cur_;
+  for (size_t i = 0; i < in_slots_.size(); ++i) {
+    const Slot& s = in_slots_[i];
+    switch (s.source) {
+      case Source::kParam:
+        inputs_[i] = &params_[cur_].value(s.index);
+        break;
+      case Source::kState:
+        inputs_[i] = &state_[cur_].value(s.index);
+        break;
+      case Source::kStep:
+        inputs_[i] = &step_tensor_;
+        break;
+      case Source::kRngSeed:
+        inputs_[i] = &rng_seed_;
+        break;
+      case Source::kRngStep:
+        inputs_[i] = &rng_step_;
+        break;
+      case Source::kData:
+        break;  // set per Run
+    }
+  }
+  for (size_t i = 0; i < out_slots_.size(); ++i) {
+    const Slot& s = out_slots_[i];
+    if (s.source == Source::kParam) {
+      outputs_[i] = &params_[next].value(s.index);
+    } else if (s.source == Source::kState) {
+      outputs_[i] = &state_[next].value(s.index);
+    } else {
+      outputs_[i] = &extra_outputs_[s.index];
+    }
+  }
+}
+
+absl::StatusOr<StepMetrics> TrainStep::Run(const std::vector<const Tensor*>& data) {
+  if (data.size() != data_names_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("TrainStep::Run takes ", data_names_.size(),
+                                                   " data inputs, got ", data.size()));
+  }
+  for (size_t i = 0; i < in_slots_.size(); ++i) {
+    if (in_slots_[i].source == Source::kData) inputs_[i] = data[in_slots_[i].index];
+  }
+  step_tensor_.data<int64_t>()[0] = step_;
+  rng_step_.data<int64_t>()[0] = step_;
+  KILN_RETURN_IF_ERROR(exe_->RunInto(inputs_, outputs_));
+  cur_ = 1 - cur_;
+  Bind();
+  ++step_;
+  ran_ = true;
+  StepMetrics m;
+  m.loss = static_cast<float>(extra_outputs_[loss_].GetDouble(0));
+  m.grad_norm = static_cast<float>(extra_outputs_[grad_norm_].GetDouble(0));
+  m.lr = static_cast<float>(extra_outputs_[lr_].GetDouble(0));
+  return m;
+}
+
+absl::Status TrainStep::Restore(const ParamStore& params, const ParamStore& optimizer_state,
+                                int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep::Restore: step must be >= 0, got ", step));
+  }
+  // Check both before touching either, so a failed restore changes nothing.
+  ParamStore scratch_p = params_[cur_].Clone(), scratch_s = state_[cur_].Clone();
+  KILN_RETURN_IF_ERROR(CopyInto(params, scratch_p, "parameters"));
+  KILN_RETURN_IF_ERROR(CopyInto(optimizer_state, scratch_s, "optimizer state"));
+  KILN_RETURN_IF_ERROR(CopyInto(scratch_p, params_[cur_], "parameters"));
+  KILN_RETURN_IF_ERROR(CopyInto(scratch_s, state_[cur_], "optimizer state"));
+  step_ = step;
+  return absl::OkStatus();
+}
+
+const Tensor* TrainStep::last_output(const std::string& name) const {
+  if (!ran_) return nullptr;
+  for (size_t i = 0; i < extra_names_.size(); ++i) {
+    if (extra_names_[i] == name) return &extra_outputs_[i];
+  }
+  return nullptr;
+}
+
+}  // namespace kiln::nn

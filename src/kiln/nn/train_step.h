@@ -1,0 +1,111 @@
+// A compiled training step with parameters and optimizer state resident between steps: the
+// generalization of SgdTrainer to any optimizer config (optim.h), clipping and schedules.
+//
+//   KILN_ASSIGN_OR_RETURN(ir::Graph loss, model.TrainLossGraph(32));
+//   KILN_ASSIGN_OR_RETURN(ParamStore params, InitParams(model.Params(), seed));
+//   KILN_ASSIGN_OR_RETURN(auto step, TrainStep::Create(*backend, loss, std::move(params),
+//                                                      {.optimizer = adamw, .rng_seed = seed}));
+//   for (...) {
+//     KILN_ASSIGN_OR_RETURN(StepMetrics m, step->Run({&x, &labels}));   // m.loss, m.lr, ...
+//   }
+//   // Checkpoint: step->params(), step->optimizer_state(), step->step(); resume with Restore().
+//
+// One step is one Executable::RunInto: the graph reads the current parameters and state and
+// writes the next ones into a second set of buffers, then the two sets swap handles (ping-pong),
+// so a step allocates nothing. The step counter t (fed as "opt/step" and, when the loss graph
+// has dropout, as "rng/step" with "rng/seed" = rng_seed) advances by one per Run; a run resumed
+// with Restore(..., t) therefore computes bit-identical steps.
+#ifndef KILN_NN_TRAIN_STEP_H_
+#define KILN_NN_TRAIN_STEP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kiln/ir/graph.h"
+#include "kiln/nn/optim.h"
+#include "kiln/nn/params.h"
+#include "kiln/runtime/executable.h"
+
+namespace kiln::nn {
+
+struct TrainStepOptions {
+  OptimizerConfig optimizer;
+  std::string loss_output = "loss";
+  uint64_t rng_seed = 0;  // fed to "rng/seed" when the loss graph takes it
+};
+
+struct StepMetrics {
+  float loss = 0;       // before the update
+  float grad_norm = 0;  // global L2 norm before clipping
+  float lr = 0;         // the learning rate this update used
+};
+
+class TrainStep {
+ public:
+  // `loss_graph` takes the parameters in `initial` (by name, any order in the graph), data
+  // inputs, and optionally "rng/seed" and "rng/step" (s64[]); it outputs `loss_output`. Every
+  // parameter of `initial` is trained; the graph's other parameters are the data inputs, in
+  // graph parameter order. InvalidArgument for an unknown parameter or a type mismatch.
+  static absl::StatusOr<std::unique_ptr<TrainStep>> Create(runtime::Backend& backend,
+                                                           const ir::Graph& loss_graph,
+                                                           ParamStore initial,
+                                                           const TrainStepOptions& options);
+
+  // One update on one batch (`data` in data_inputs() order). Advances step() by one.
+  absl::StatusOr<StepMetrics> Run(const std::vector<const Tensor*>& data);
+
+  // Replaces parameters, optimizer state and the step counter (a checkpoint restore): every
+  // tensor must be present by name with the resident tensor's dtype and shape; values are
+  // copied into the resident buffers.
+  absl::Status Restore(const ParamStore& params, const ParamStore& optimizer_state, int64_t step);
+
+  const ParamStore& params() const { return params_[cur_]; }
+  const ParamStore& optimizer_state() const { return state_[cur_]; }
+  int64_t step() const { return step_; }
+  // The value another output of the loss graph had in the last Run (nullptr if none by that
+  // name or before the first Run).
+  const Tensor* last_output(const std::string& name) const;
+
+  const std::vector<std::string>& data_inputs() const { return data_names_; }
+  const runtime::Executable& executable() const { return *exe_; }
+  const ir::Graph& train_step_graph() const { return exe_->graph(); }
+  const TrainStepOptions& options() const { return options_; }
+  double compile_seconds() const { return compile_seconds_; }
+
+ private:
+  TrainStep() = default;
+  // Points the input/output tables at the current (read) and next (write) sets.
+  void Bind();
+
+  TrainStepOptions options_;
+  std::unique_ptr<runtime::Executable> exe_;
+  ParamStore params_[2], state_[2];
+  int cur_ = 0;
+  int64_t step_ = 0;
+  Tensor step_tensor_, rng_seed_, rng_step_;
+
+  // Graph inputs: for each, where its tensor comes from.
+  enum class Source { kParam, kState, kData, kStep, kRngSeed, kRngStep };
+  struct Slot {
+    Source source;
+    int index;  // into the param/state store or the data list
+  };
+  std::vector<Slot> in_slots_;
+  std::vector<Slot> out_slots_;  // kParam/kState: new value; kData: index into extra_outputs_
+  std::vector<std::string> data_names_;
+  std::vector<std::string> extra_names_;
+  std::vector<Tensor> extra_outputs_;
+  int loss_ = -1, grad_norm_ = -1, lr_ = -1;  // indices into extra_outputs_
+  std::vector<const Tensor*> inputs_;
+  std::vector<Tensor*> outputs_;
+  bool ran_ = false;
+  double compile_seconds_ = 0;
+};
+
+}  // namespace kiln::nn
+
+#endif  // KILN_NN_TRAIN_STEP_H_
