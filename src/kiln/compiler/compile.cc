@@ -1,0 +1,32 @@
+#include "kiln/compiler/compile.h"
+
+#include "kiln/base/status.h"
+#include "kiln/compiler/passes/algebraic.h"
+#include "kiln/compiler/passes/cse.h"
+#include "kiln/compiler/passes/dce.h"
+#include "kiln/compiler/passes/decompose.h"
+#include "kiln/compiler/passes/transpose_fold.h"
+
+namespace kiln::compiler {
+
+std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
+  auto p = std::make_unique<Pipeline>("optimize", options.pipeline);
+  p->Add<DecomposePass>(options.keep_composite);
+  std::vector<std::unique_ptr<Pass>> simplify;
+  simplify.push_back(std::make_unique<AlgebraicSimplifierPass>());
+  simplify.push_back(std::make_unique<ConstantFoldPass>(options.max_fold_elements));
+  simplify.push_back(std::make_unique<CsePass>());
+  simplify.push_back(std::make_unique<TransposeFoldPass>());
+  simplify.push_back(std::make_unique<DcePass>());
+  p->AddFixedPointGroup("simplify", std::move(simplify));
+  return p;
+}
+
+absl::StatusOr<ir::Graph> Optimize(const ir::Graph& graph, const CompileOptions& options) {
+  std::unique_ptr<Pipeline> p = DefaultPipeline(options);
+  ir::Graph out = graph;
+  KILN_RETURN_IF_ERROR(p->Run(out).status());
+  return out;
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,254 @@
+#include "kiln/compiler/passes/algebraic.h"
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/base/status.h"
+#include "kiln/compiler/graph_editor.h"
+
+namespace kiln::compiler {
+namespace {
+
+using ir::Opcode;
+
+// The one value every element of a tensor has (bitwise identical elements), or nullopt.
+std::optional<double> SplatOf(const Tensor& t) {
+  int64_t n = t.num_elements(), w = DTypeSize(t.dtype());
+  if (n == 0) return std::nullopt;
+  const auto* p = static_cast<const uint8_t*>(t.raw_data());
+  for (int64_t i = 1; i < n; ++i)
+    if (std::memcmp(p, p + i * w, w) != 0) return std::nullopt;
+  return t.GetDouble(0);
+}
+
+class Simplifier {
+ public:
+  explicit Simplifier(GraphEditor& e) : e_(e) {}
+
+  // The replacement for node `id`, or nullopt when no rule applies.
+  absl::StatusOr<std::optional<int>> Simplify(const ir::Node& n);
+
+ private:
+  int Op(const ir::Node& n, int i) const { return e_.operand(n.id(), i); }
+  const ir::Node& OpNode(const ir::Node& n, int i) const { return e_.operand_node(n.id(), i); }
+
+  // The splat value of node `id` if it is a constant, or a broadcast_in_dim / reshape chain over
+  // a constant, whose elements are all the same.
+  std::optional<double> Splat(int id) {
+    for (;;) {
+      const ir::Node& n = e_.node(id);
+      if (n.opcode() == Opcode::kBroadcastInDim || n.opcode() == Opcode::kReshape) {
+        id = e_.operand(id, 0);
+        continue;
+      }
+      if (n.opcode() != Opcode::kConstant || n.literal() == nullptr) return std::nullopt;
+      auto it = splat_.find(n.literal());
+      if (it == splat_.end()) it = splat_.emplace(n.literal(), SplatOf(*n.literal())).first;
+      return it->second;
+    }
+  }
+  bool IsZero(int id) {
+    std::optional<double> v = Splat(id);
+    return v && *v == 0.0;
+  }
+  bool IsOne(int id) {
+    std::optional<double> v = Splat(id);
+    return v && *v == 1.0;
+  }
+
+  absl::StatusOr<std::optional<int>> Transpose(const ir::Node& n);
+  absl::StatusOr<std::optional<int>> Reshape(const ir::Node& n);
+  absl::StatusOr<std::optional<int>> Broadcast(const ir::Node& n);
+  absl::StatusOr<std::optional<int>> Convert(const ir::Node& n);
+  absl::StatusOr<std::optional<int>> Select(const ir::Node& n);
+  std::optional<int> Slice(const ir::Node& n);
+
+  GraphEditor& e_;
+  std::unordered_map<const Tensor*, std::optional<double>> splat_;
+};
+
+bool IsIdentity(const std::vector<int64_t>& perm) {
+  for (size_t i = 0; i < perm.size(); ++i)
+    if (perm[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
+absl::StatusOr<std::optional<int>> Simplifier::Simplify(const ir::Node& n) {
+  switch (n.opcode()) {
+    // ---- add ----
+    case Opcode::kAdd:
+      if (IsZero(Op(n, 1))) return Op(n, 0);
+      if (IsZero(Op(n, 0))) return Op(n, 1);
+      return std::nullopt;
+    // ---- sub ----
+    case Opcode::kSub:
+      if (IsZero(Op(n, 1))) return Op(n, 0);
+      return std::nullopt;
+    // ---- mul ----
+    case Opcode::kMul:
+      if (IsOne(Op(n, 1))) return Op(n, 0);
+      if (IsOne(Op(n, 0))) return Op(n, 1);
+      if (IsInteger(n.type().dtype)) {
+        if (IsZero(Op(n, 1))) return Op(n, 1);
+        if (IsZero(Op(n, 0))) return Op(n, 0);
+      }
+      return std::nullopt;
+    // ---- div ----
+    case Opcode::kDiv:
+      if (IsOne(Op(n, 1))) return Op(n, 0);
+      return std::nullopt;
+    // ---- neg ----
+    case Opcode::kNeg:
+      if (OpNode(n, 0).opcode() == Opcode::kNeg) return e_.operand(Op(n, 0), 0);
+      return std::nullopt;
+    case Opcode::kTranspose:
+      return Transpose(n);
+    case Opcode::kReshape:
+      return Reshape(n);
+    case Opcode::kBroadcastInDim:
+      return Broadcast(n);
+    case Opcode::kConvert:
+      return Convert(n);
+    case Opcode::kSelect:
+      return Select(n);
+    case Opcode::kSlice:
+      return Slice(n);
+    default:
+      return std::nullopt;
+  }
+}
+
+// ---- transpose ----
+absl::StatusOr<std::optional<int>> Simplifier::Transpose(const ir::Node& n) {
+  std::vector<int64_t> perm = n.attr_ints("permutation");
+  int x = Op(n, 0);
+  if (e_.node(x).opcode() == Opcode::kTranspose) {
+    // out dim i = middle dim perm[i] = x' dim inner[perm[i]].
+    const std::vector<int64_t>& inner = e_.node(x).attr_ints("permutation");
+    for (int64_t& p : perm) p = inner[p];
+    x = e_.operand(x, 0);
+  } else if (!IsIdentity(perm)) {
+    return std::nullopt;
+  }
+  if (IsIdentity(perm)) return x;
+  KILN_ASSIGN_OR_RETURN(int t, e_.Add(Opcode::kTranspose, {x}, {{"permutation", perm}}));
+  return t;
+}
+
+// ---- reshape ----
+absl::StatusOr<std::optional<int>> Simplifier::Reshape(const ir::Node& n) {
+  int x = Op(n, 0);
+  bool nested = e_.node(x).opcode() == Opcode::kReshape;
+  if (nested) x = e_.operand(x, 0);
+  if (e_.type(x).shape == n.type().shape) return x;
+  if (!nested) return std::nullopt;
+  KILN_ASSIGN_OR_RETURN(int r, e_.Add(Opcode::kReshape, {x}, n.attrs()));
+  return r;
+}
+
+// ---- broadcast_in_dim ----
+absl::StatusOr<std::optional<int>> Simplifier::Broadcast(const ir::Node& n) {
+  std::vector<int64_t> bd = n.attr_ints("broadcast_dimensions");
+  int x = Op(n, 0);
+  bool nested = e_.node(x).opcode() == Opcode::kBroadcastInDim;
+  if (nested) {
+    // x' dim i -> middle dim inner[i] -> output dim bd[inner[i]].
+    std::vector<int64_t> inner = e_.node(x).attr_ints("broadcast_dimensions");
+    for (int64_t& d : inner) d = bd[d];
+    bd = std::move(inner);
+    x = e_.operand(x, 0);
+  }
+  if (e_.type(x).shape == n.type().shape && IsIdentity(bd)) return x;
+  if (!nested) return std::nullopt;
+  KILN_ASSIGN_OR_RETURN(int b,
+                        e_.Add(Opcode::kBroadcastInDim, {x},
+                               {{"shape", n.type().shape.dims()}, {"broadcast_dimensions", bd}}));
+  return b;
+}
+
+// ---- convert ----
+absl::StatusOr<std::optional<int>> Simplifier::Convert(const ir::Node& n) {
+  int x = Op(n, 0);
+  DType to = n.type().dtype;
+  if (e_.type(x).dtype == to) return x;
+  if (e_.node(x).opcode() != Opcode::kConvert) return std::nullopt;
+  int inner = e_.operand(x, 0);
+  if (!ConvertIsExact(e_.type(inner).dtype, e_.type(x).dtype)) return std::nullopt;
+  if (e_.type(inner).dtype == to) return inner;
+  KILN_ASSIGN_OR_RETURN(int c, e_.Add(Opcode::kConvert, {inner}, {}, n.type()));
+  return c;
+}
+
+// ---- select ----
+absl::StatusOr<std::optional<int>> Simplifier::Select(const ir::Node& n) {
+  if (Op(n, 1) == Op(n, 2)) return Op(n, 1);
+  std::optional<double> p = Splat(Op(n, 0));
+  if (p) return *p != 0.0 ? Op(n, 1) : Op(n, 2);
+  // select(p, 1, 0) is convert(p): bool converts to exactly 1 / 0 in every dtype.
+  if (e_.type(Op(n, 0)).dtype == DType::kBool && IsOne(Op(n, 1)) && IsZero(Op(n, 2))) {
+    std::optional<double> zero = Splat(Op(n, 2));
+    if (std::signbit(*zero)) return std::nullopt;  // -0.0 is not what convert gives
+    KILN_ASSIGN_OR_RETURN(int c, e_.Add(Opcode::kConvert, {Op(n, 0)}, {}, n.type()));
+    return c;
+  }
+  return std::nullopt;
+}
+
+// ---- slice ----
+std::optional<int> Simplifier::Slice(const ir::Node& n) {
+  int x = Op(n, 0);
+  if (e_.type(x).shape != n.type().shape) return std::nullopt;
+  for (int64_t s : n.attr_ints("start"))
+    if (s != 0) return std::nullopt;
+  if (n.has_attr("stride"))
+    for (int64_t s : n.attr_ints("stride"))
+      if (s != 1) return std::nullopt;
+  return x;
+}
+
+}  // namespace
+
+bool ConvertIsExact(DType from, DType to) {
+  if (from == to || from == DType::kBool) return true;
+  auto in = [to](std::initializer_list<DType> ts) {
+    for (DType t : ts)
+      if (t == to) return true;
+    return false;
+  };
+  switch (from) {
+    case DType::kS8:
+    case DType::kU8:  // 8 significant bits fit bf16's 8 and f16's 11
+      return in({DType::kS32, DType::kS64, DType::kF16, DType::kBF16, DType::kF32, DType::kF64});
+    case DType::kS32:
+      return in({DType::kS64, DType::kF64});
+    case DType::kF8E4M3:  // 4 significant bits, exponents 2^-9 .. 2^8
+    case DType::kF8E5M2:  // 3 significant bits, exponents 2^-16 .. 2^15, inf
+      return in({DType::kF16, DType::kBF16, DType::kF32, DType::kF64});
+    case DType::kF16:
+    case DType::kBF16:
+      return in({DType::kF32, DType::kF64});
+    case DType::kF32:
+      return to == DType::kF64;
+    default:
+      return false;
+  }
+}
+
+absl::StatusOr<bool> AlgebraicSimplifierPass::Run(ir::Graph& graph) {
+  GraphEditor e(graph);
+  Simplifier s(e);
+  for (const ir::Node& n : graph.nodes()) {
+    e.set_position(n.id());
+    KILN_ASSIGN_OR_RETURN(std::optional<int> r, s.Simplify(n));
+    if (r) KILN_RETURN_IF_ERROR(e.Replace(n.id(), *r));
+  }
+  if (!e.changed()) return false;
+  KILN_ASSIGN_OR_RETURN(graph, std::move(e).Build());
+  return true;
+}
+
+}  // namespace kiln::compiler

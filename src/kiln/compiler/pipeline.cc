@@ -1,0 +1,237 @@
+#include "kiln/compiler/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kiln/base/status.h"
+#include "kiln/ir/printer.h"
+#include "kiln/ir/verifier.h"
+
+namespace kiln::compiler {
+namespace {
+
+std::vector<std::string> SplitNames(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  auto flush = [&] {
+    size_t b = cur.find_first_not_of(" \t");
+    size_t e = cur.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(cur.substr(b, e - b + 1));
+    cur.clear();
+  };
+  for (char c : s) {
+    if (c == ',')
+      flush();
+    else
+      cur += c;
+  }
+  flush();
+  return out;
+}
+
+std::string FileSafe(const std::string& path) {
+  std::string out = path;
+  for (char& c : out)
+    if (c == '/') c = '.';
+  return out;
+}
+
+}  // namespace
+
+// Options with the environment merged in, and the dump counter, for one Run.
+struct Pipeline::RunState {
+  bool verify = false;
+  std::set<std::string> disabled;
+  std::string dump_dir;
+  Env* env = nullptr;
+  int dump_index = 0;
+  bool dump_failed = false;
+};
+
+Pipeline::Pipeline(std::string name, PipelineOptions options)
+    : name_(std::move(name)), options_(std::move(options)) {}
+
+Pipeline& Pipeline::AddPass(std::unique_ptr<Pass> pass) {
+  Entry e;
+  e.passes.push_back(std::move(pass));
+  entries_.push_back(std::move(e));
+  return *this;
+}
+
+Pipeline& Pipeline::AddFixedPointGroup(std::string name,
+                                       std::vector<std::unique_ptr<Pass>> passes) {
+  Entry e;
+  e.group = std::move(name);
+  e.passes = std::move(passes);
+  entries_.push_back(std::move(e));
+  return *this;
+}
+
+std::vector<std::string> Pipeline::PassNames() const {
+  std::vector<std::string> names;
+  for (const Entry& e : entries_) {
+    if (!e.group.empty()) names.push_back(e.group);
+    for (const auto& p : e.passes) names.push_back(p->name());
+  }
+  return names;
+}
+
+void Pipeline::Dump(const std::string& when, const std::string& path, int round,
+                    const ir::Graph& graph, RunState& st) {
+  if (st.dump_dir.empty() || st.dump_failed) return;
+  std::string file = JoinPath(
+      st.dump_dir, absl::StrFormat("%03d-%s-%s.ir", st.dump_index++, when, FileSafe(path)));
+  std::string text = absl::StrCat("# kiln IR dump: ", when, " ", path);
+  if (round > 0) absl::StrAppend(&text, " (round ", round, ")");
+  absl::StrAppend(&text, ", pipeline ", name_, "\n", ir::PrintGraph(graph));
+  absl::Status s = WriteStringToFile(st.env, text, file);
+  if (!s.ok()) {
+    st.dump_failed = true;  // one report per run, not one per pass
+    dump_status_ = Annotate(s, "KILN_DUMP_IR: cannot write " + file);
+    std::fprintf(stderr, "kiln: warning: %s (IR dumps for this run stop here)\n",
+                 dump_status_.ToString().c_str());
+  }
+}
+
+absl::StatusOr<bool> Pipeline::RunPass(Pass& pass, const std::string& path, int round, RunState& st,
+                                       ir::Graph& graph) {
+  PassRecord rec;
+  rec.name = path;
+  rec.round = round;
+  rec.nodes_before = rec.nodes_after = graph.num_nodes();
+  if (st.disabled.count(pass.name())) {
+    rec.skipped = true;
+    records_.push_back(rec);
+    return false;
+  }
+  Dump("before", path, round, graph, st);
+  auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<bool> changed = pass.Run(graph);
+  rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!changed.ok()) return Annotate(changed.status(), "pass " + path);
+  if (st.verify) {
+    absl::Status v = ir::Verify(graph);
+    if (!v.ok()) {
+      return absl::InternalError(
+          absl::StrCat("pass ", path, " produced an invalid graph: ", std::string(v.message())));
+    }
+  }
+  Dump("after", path, round, graph, st);
+  rec.changed = *changed;
+  rec.nodes_after = graph.num_nodes();
+  records_.push_back(rec);
+  return *changed;
+}
+
+absl::StatusOr<bool> Pipeline::Run(ir::Graph& graph) {
+  records_.clear();
+  dump_status_ = absl::OkStatus();
+
+  RunState st;
+  st.verify = options_.verify_each_pass;
+  st.dump_dir = options_.dump_dir;
+  st.env = options_.env != nullptr ? options_.env : Env::Default();
+  std::vector<std::string> known = PassNames();
+  for (const std::string& d : options_.disabled_passes) {
+    if (std::find(known.begin(), known.end(), d) == known.end()) {
+      std::string list;
+      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+      return absl::InvalidArgumentError("pipeline " + name_ + ": cannot disable unknown pass '" +
+                                        d + "' (passes: " + list + ")");
+    }
+    st.disabled.insert(d);
+  }
+  if (options_.read_env) {
+    if (const char* v = std::getenv("KILN_DISABLE_PASSES"))
+      for (const std::string& d : SplitNames(v)) st.disabled.insert(d);
+    if (const char* v = std::getenv("KILN_DUMP_IR"); v != nullptr && st.dump_dir.empty())
+      st.dump_dir = v;
+    if (const char* v = std::getenv("KILN_VERIFY_EACH_PASS"); v != nullptr && *v != '\0')
+      st.verify = std::string(v) != "0";
+  }
+  if (!st.dump_dir.empty()) {
+    absl::Status s = st.env->CreateDir(st.dump_dir);
+    if (!s.ok()) {
+      st.dump_failed = true;
+      dump_status_ = Annotate(s, "KILN_DUMP_IR: cannot create " + st.dump_dir);
+      std::fprintf(stderr, "kiln: warning: %s (no IR dumps)\n", dump_status_.ToString().c_str());
+    }
+  }
+
+  KILN_RETURN_IF_ERROR(Annotate(ir::Verify(graph), "pipeline " + name_ + ": input graph"));
+  ir::Graph work = graph;
+  bool changed = false;
+  for (Entry& e : entries_) {
+    if (e.group.empty()) {
+      KILN_ASSIGN_OR_RETURN(bool c, RunPass(*e.passes[0], e.passes[0]->name(), 0, st, work));
+      changed = changed || c;
+      continue;
+    }
+    PassRecord group;
+    group.name = e.group;
+    group.nodes_before = work.num_nodes();
+    if (st.disabled.count(e.group)) {
+      group.skipped = true;
+      group.nodes_after = group.nodes_before;
+      records_.push_back(group);
+      continue;
+    }
+    size_t group_at = records_.size();
+    records_.push_back(group);  // filled in below, kept before its passes
+    Dump("before", e.group, 0, work, st);
+    auto start = std::chrono::steady_clock::now();
+    bool group_changed = false;
+    for (int round = 1;; ++round) {
+      bool round_changed = false;
+      for (auto& p : e.passes) {
+        KILN_ASSIGN_OR_RETURN(bool c, RunPass(*p, e.group + "/" + p->name(), round, st, work));
+        round_changed = round_changed || c;
+      }
+      group_changed = group_changed || round_changed;
+      records_[group_at].round = round;
+      if (!round_changed) break;
+      if (round >= options_.max_fixed_point_rounds) {
+        std::fprintf(stderr,
+                     "kiln: warning: pipeline %s: group %s still changes the graph after %d "
+                     "rounds; stopping\n",
+                     name_.c_str(), e.group.c_str(), round);
+        break;
+      }
+    }
+    records_[group_at].seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    records_[group_at].changed = group_changed;
+    records_[group_at].nodes_after = work.num_nodes();
+    Dump("after", e.group, 0, work, st);
+    changed = changed || group_changed;
+  }
+  graph = std::move(work);
+  return changed;
+}
+
+std::string Pipeline::Summary() const {
+  std::string out = absl::StrFormat("pipeline %s\n", name_);
+  for (const PassRecord& r : records_) {
+    absl::StrAppendFormat(&out, "  %-28s",
+                          r.name + (r.round > 0 && r.name.find('/') != std::string::npos
+                                        ? " #" + std::to_string(r.round)
+                                        : ""));
+    if (r.skipped) {
+      out += " disabled\n";
+      continue;
+    }
+    absl::StrAppendFormat(&out, " %5d -> %5d nodes %s %8.3f ms", r.nodes_before, r.nodes_after,
+                          r.changed ? "changed  " : "unchanged", r.seconds * 1e3);
+    if (r.round > 0 && r.name.find('/') == std::string::npos)
+      absl::StrAppendFormat(&out, " (%d rounds)", r.round);
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace kiln::compiler
