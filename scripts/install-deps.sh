@@ -9,6 +9,7 @@ PKGS=(
   libabsl-dev            # absl::Status and friends
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  zlib1g-dev             # gzip datasets (digits.csv.gz)
 )
 
 missing=()
