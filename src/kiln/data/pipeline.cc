@@ -1,0 +1,765 @@
+// InputPipeline: sources (in-memory arrays, indexed record shards), epoch orders, batching,
+// prefetch thread and iterator state. See pipeline.h.
+#include "kiln/data/pipeline.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kiln/base/status.h"
+#include "kiln/data/digits.h"
+#include "kiln/data/record_io.h"
+#include "kiln/tensor/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace kiln::data {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kStateFormat[] = "kiln.input_pipeline.v1";
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The mt19937_64 seed of epoch `epoch`'s order.
+uint64_t MixSeed(uint64_t seed, uint64_t epoch) { return SplitMix64(seed ^ SplitMix64(epoch)); }
+
+// Uniform in [0, n) by rejection (no modulo bias), the same on every standard library.
+uint64_t BoundedDraw(std::mt19937_64& rng, uint64_t n) {
+  const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+  while (true) {
+    uint64_t r = rng();
+    if (r < limit) return r % n;
+  }
+}
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+std::string Hex64(uint64_t v) { return absl::StrFormat("%016x", v); }
+
+Shape DropFirst(const Shape& s) {
+  return Shape(std::vector<int64_t>(s.dims().begin() + 1, s.dims().end()));
+}
+Shape PrependDim(int64_t d, const Shape& s) {
+  std::vector<int64_t> dims = {d};
+  dims.insert(dims.end(), s.dims().begin(), s.dims().end());
+  return Shape(std::move(dims));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sources: N examples of fixed type, fetched by global index.
+
+class Source {
+ public:
+  virtual ~Source() = default;
+  int64_t size() const { return size_; }
+  const TensorSpec& x_spec() const { return x_spec_; }  // one example, no batch dimension
+  const TensorSpec& y_spec() const { return y_spec_; }
+  // Copies example i into x_dst / y_dst (x_spec / y_spec bytes). Called from one thread at a time.
+  virtual absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst) = 0;
+  // Identifies the data (not the config): changes when the files or arrays change shape/count.
+  virtual std::string FingerprintMaterial() const = 0;
+  // Record sources: files and where each file's examples start (size files + 1). Empty otherwise.
+  virtual const std::vector<std::string>& files() const { return no_files_; }
+  virtual const std::vector<int64_t>& file_starts() const { return no_starts_; }
+  // Where example i's record is, for the state JSON ("" / 0 for in-memory sources).
+  virtual std::pair<std::string, uint64_t> Location(int64_t) const { return {"", 0}; }
+
+ protected:
+  int64_t size_ = 0;
+  TensorSpec x_spec_, y_spec_;
+
+ private:
+  std::vector<std::string> no_files_;
+  std::vector<int64_t> no_starts_;
+};
+
+class ArraySource final : public Source {
+ public:
+  static absl::StatusOr<std::unique_ptr<Source>> Make(Tensor x, Tensor y, const std::string& name) {
+    if (x.shape().rank() < 1 || y.shape().rank() < 1)
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": tensors \"x\" and \"y\" need an example dimension first, got x ",
+                       x.TypeString(), " and y ", y.TypeString()));
+    if (x.shape()[0] != y.shape()[0])
+      return absl::InvalidArgumentError(absl::StrCat(name, ": \"x\" has ", x.shape()[0],
+                                                     " examples but \"y\" has ", y.shape()[0]));
+    auto s = std::unique_ptr<ArraySource>(new ArraySource());
+    s->size_ = x.shape()[0];
+    s->x_spec_ = {x.dtype(), DropFirst(x.shape())};
+    s->y_spec_ = {y.dtype(), DropFirst(y.shape())};
+    s->name_ = name;
+    s->x_ = std::move(x);
+    s->y_ = std::move(y);
+    return std::unique_ptr<Source>(std::move(s));
+  }
+
+  absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst) override {
+    const int64_t xb = x_spec_.shape.num_elements() * DTypeSize(x_spec_.dtype);
+    const int64_t yb = y_spec_.shape.num_elements() * DTypeSize(y_spec_.dtype);
+    std::memcpy(x_dst, static_cast<const uint8_t*>(x_.raw_data()) + i * xb, xb);
+    std::memcpy(y_dst, static_cast<const uint8_t*>(y_.raw_data()) + i * yb, yb);
+    return absl::OkStatus();
+  }
+
+  std::string FingerprintMaterial() const override {
+    return absl::StrCat("arrays|", size_, "|", x_spec_.ToString(), "|", y_spec_.ToString());
+  }
+
+ private:
+  ArraySource() = default;
+  std::string name_;
+  Tensor x_, y_;
+};
+
+absl::Status CheckExampleType(const Tensor& t, const TensorSpec& want, const std::string& what,
+                              const std::string& where) {
+  if (t.dtype() == want.dtype && t.shape() == want.shape) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(where, ": tensor \"", what, "\" is ", t.TypeString(),
+                                          " but the dataset's first record has ", want.ToString(),
+                                          " (every example must have the same type)"));
+}
+
+class RecordSource final : public Source {
+ public:
+  static absl::StatusOr<std::unique_ptr<Source>> Make(Env* env, const std::string& pattern) {
+    KILN_ASSIGN_OR_RETURN(std::vector<std::string> files, ListFiles(env, pattern));
+    auto s = std::unique_ptr<RecordSource>(new RecordSource());
+    s->env_ = env;
+    s->files_ = files;
+    s->file_starts_.push_back(0);
+    std::string rec;
+    bool have_spec = false;
+    for (const std::string& f : files) {
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<RecordReader> r, RecordReader::Open(env, f));
+      while (true) {
+        const uint64_t off = r->offset();
+        absl::StatusOr<bool> got = r->Read(&rec);
+        if (!got.ok()) {
+          if (absl::IsOutOfRange(got.status()))
+            return absl::DataLossError(absl::StrCat(f, ": truncated record at offset ", off, " (",
+                                                    got.status().message(), ")"));
+          return Annotate(got.status(), absl::StrCat("indexing record shard ", f));
+        }
+        if (!*got) break;
+        if (!have_spec) {
+          Tensor x, y;
+          KILN_RETURN_IF_ERROR(
+              ParseExample(rec, absl::StrCat(f, " record at offset ", off), &x, &y));
+          s->x_spec_ = {x.dtype(), x.shape()};
+          s->y_spec_ = {y.dtype(), y.shape()};
+          s->SetFastLayout(rec);
+          have_spec = true;
+        }
+        s->offsets_.push_back(off);
+      }
+      s->file_starts_.push_back(static_cast<int64_t>(s->offsets_.size()));
+      s->readers_.emplace_back(nullptr);
+    }
+    s->size_ = static_cast<int64_t>(s->offsets_.size());
+    if (s->size_ == 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("records:", pattern, ": the ", files.size(), " file(s) hold no records"));
+    return std::unique_ptr<Source>(std::move(s));
+  }
+
+  absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst) override {
+    const int f = FileOf(i);
+    if (!readers_[f]) {
+      KILN_ASSIGN_OR_RETURN(readers_[f], RecordReader::Open(env_, files_[f]));
+    }
+    RecordReader& r = *readers_[f];
+    const uint64_t off = offsets_[i];
+    r.Seek(off);
+    absl::StatusOr<bool> got = r.Read(&scratch_);
+    // Fast path: a record whose safetensors header is byte-identical to the first record's (the
+    // usual case: WriteRecordShards writes them all alike) has its tensors at the same offsets.
+    if (got.ok() && *got && !fast_header_.empty() && scratch_.size() == fast_size_ &&
+        std::memcmp(scratch_.data(), fast_header_.data(), fast_header_.size()) == 0) {
+      std::memcpy(x_dst, scratch_.data() + fast_x_, fast_x_bytes_);
+      std::memcpy(y_dst, scratch_.data() + fast_y_, fast_y_bytes_);
+      return absl::OkStatus();
+    }
+    const std::string where = absl::StrCat(files_[f], " record at offset ", off);
+    if (!got.ok()) {
+      if (absl::IsOutOfRange(got.status()) || absl::IsDataLoss(got.status()))
+        return absl::DataLossError(absl::StrCat(where, ": ", got.status().message()));
+      return Annotate(got.status(), where);
+    }
+    if (!*got) return absl::DataLossError(absl::StrCat(where, ": the file ends before it"));
+    Tensor x, y;
+    KILN_RETURN_IF_ERROR(ParseExample(scratch_, where, &x, &y));
+    KILN_RETURN_IF_ERROR(CheckExampleType(x, x_spec_, "x", where));
+    KILN_RETURN_IF_ERROR(CheckExampleType(y, y_spec_, "y", where));
+    std::memcpy(x_dst, x.raw_data(), x.byte_size());
+    std::memcpy(y_dst, y.raw_data(), y.byte_size());
+    return absl::OkStatus();
+  }
+
+  std::string FingerprintMaterial() const override {
+    std::string m = absl::StrCat("records|", x_spec_.ToString(), "|", y_spec_.ToString());
+    for (size_t f = 0; f < files_.size(); ++f)
+      absl::StrAppend(&m, "|", Basename(files_[f]), ":", file_starts_[f + 1] - file_starts_[f]);
+    return m;
+  }
+  const std::vector<std::string>& files() const override { return files_; }
+  const std::vector<int64_t>& file_starts() const override { return file_starts_; }
+  std::pair<std::string, uint64_t> Location(int64_t i) const override {
+    return {files_[FileOf(i)], offsets_[i]};
+  }
+
+ private:
+  RecordSource() = default;
+
+  int FileOf(int64_t i) const {
+    return static_cast<int>(std::upper_bound(file_starts_.begin(), file_starts_.end(), i) -
+                            file_starts_.begin()) -
+           1;
+  }
+
+  static absl::StatusOr<std::vector<std::string>> ListFiles(Env* env, const std::string& pattern) {
+    std::string dir, glob;
+    absl::StatusOr<bool> is_dir = env->IsDirectory(pattern);
+    if (is_dir.ok() && *is_dir) {
+      dir = pattern;
+      glob = "*";
+    } else {
+      dir = Dirname(pattern);
+      if (dir.empty()) dir = ".";
+      glob = Basename(pattern);
+    }
+    absl::StatusOr<std::vector<std::string>> children = env->GetChildren(dir);
+    if (!children.ok())
+      return Annotate(children.status(), absl::StrCat("records:", pattern, ": listing ", dir));
+    std::vector<std::string> out;
+    for (const std::string& name : *children) {
+      if (name.empty() || name[0] == '.') continue;
+      if (fnmatch(glob.c_str(), name.c_str(), 0) != 0) continue;
+      const std::string path = JoinPath(dir, name);
+      absl::StatusOr<bool> d = env->IsDirectory(path);
+      if (d.ok() && *d) continue;
+      out.push_back(path);
+    }
+    if (out.empty())
+      return absl::NotFoundError(absl::StrCat("records:", pattern, ": no record files match"));
+    return out;  // GetChildren is sorted, so names are in sorted order
+  }
+
+  // Records the fast path of Fetch from the first (already validated) record: its header bytes
+  // and where "x" and "y" lie. Leaves the fast path off if the layout is anything unusual.
+  void SetFastLayout(const std::string& rec) {
+    if (rec.size() < 8) return;
+    uint64_t n = 0;
+    for (int k = 7; k >= 0; --k) n = (n << 8) | static_cast<uint8_t>(rec[k]);
+    if (n > rec.size() - 8) return;
+    json h = json::parse(rec.begin() + 8, rec.begin() + 8 + n, nullptr, false);
+    if (h.is_discarded() || !h.is_object()) return;
+    auto offsets = [&](const char* name, size_t* begin, size_t* bytes) {
+      if (!h.contains(name) || !h[name].is_object() || !h[name].contains("data_offsets"))
+        return false;
+      const json& o = h[name]["data_offsets"];
+      if (!o.is_array() || o.size() != 2 || !o[0].is_number_unsigned() ||
+          !o[1].is_number_unsigned())
+        return false;
+      *begin = 8 + n + o[0].get<uint64_t>();
+      *bytes = o[1].get<uint64_t>() - o[0].get<uint64_t>();
+      return true;
+    };
+    size_t xb = 0, xn = 0, yb = 0, yn = 0;
+    if (!offsets("x", &xb, &xn) || !offsets("y", &yb, &yn)) return;
+    if (xn != static_cast<size_t>(x_spec_.shape.num_elements() * DTypeSize(x_spec_.dtype)) ||
+        yn != static_cast<size_t>(y_spec_.shape.num_elements() * DTypeSize(y_spec_.dtype)) ||
+        xb + xn > rec.size() || yb + yn > rec.size())
+      return;
+    fast_x_ = xb;
+    fast_x_bytes_ = xn;
+    fast_y_ = yb;
+    fast_y_bytes_ = yn;
+    fast_size_ = rec.size();
+    fast_header_ = rec.substr(0, 8 + n);
+  }
+
+  Env* env_ = nullptr;
+  std::string fast_header_;
+  size_t fast_size_ = 0, fast_x_ = 0, fast_x_bytes_ = 0, fast_y_ = 0, fast_y_bytes_ = 0;
+  std::vector<std::string> files_;
+  std::vector<int64_t> file_starts_;
+  std::vector<uint64_t> offsets_;  // of every record, by global index
+  std::vector<std::unique_ptr<RecordReader>> readers_;
+  std::string scratch_;
+};
+
+absl::StatusOr<std::unique_ptr<Source>> MakeSource(const std::string& source, Env* env) {
+  const size_t colon = source.find(':');
+  const std::string kind = colon == std::string::npos ? "" : source.substr(0, colon);
+  const std::string path = colon == std::string::npos ? "" : source.substr(colon + 1);
+  if (kind.empty() || path.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("data source \"", source,
+                     "\": expected \"safetensors:PATH\", \"records:GLOB_OR_DIR\" or "
+                     "\"digits:PATH\""));
+  if (kind == "safetensors") {
+    KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
+    KILN_ASSIGN_OR_RETURN(auto tensors, ParseSafetensors(bytes, nullptr, path));
+    auto x = tensors.find("x");
+    auto y = tensors.find("y");
+    if (x == tensors.end() || y == tensors.end())
+      return absl::InvalidArgumentError(
+          absl::StrCat(path,
+                       ": a safetensors dataset needs tensors \"x\" (features) and \"y\" "
+                       "(labels)"));
+    return ArraySource::Make(x->second, y->second, path);
+  }
+  if (kind == "digits") {
+    KILN_ASSIGN_OR_RETURN(Dataset d, LoadDigitsCsv(path));
+    return ArraySource::Make(d.features, d.labels, path);
+  }
+  if (kind == "records") return RecordSource::Make(env, path);
+  return absl::InvalidArgumentError(absl::StrCat("data source \"", source, "\": unknown kind \"",
+                                                 kind,
+                                                 "\" (allowed: safetensors, records, digits)"));
+}
+
+}  // namespace
+
+double HeldOutHash(uint64_t split_seed, int64_t index) {
+  const uint64_t h = SplitMix64(split_seed ^ SplitMix64(static_cast<uint64_t>(index) + 1));
+  return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class InputPipeline::Impl {
+ public:
+  PipelineConfig config;
+  Env* env = nullptr;
+  std::unique_ptr<Source> source;
+  std::vector<int64_t> ids;  // kept global indices, ascending
+  TensorSpec x_type, y_type;
+  int64_t bpe = 0;  // batches per epoch
+  uint64_t fingerprint = 0;
+
+  // Consumer position: the next batch Next() returns.
+  int64_t epoch = 0, batch = 0, seen = 0;
+  int64_t last_real = 0;
+  absl::Status sticky;
+
+  // Producer position and the order cache (producer thread only, or the caller when prefetch=0
+  // or while the thread is stopped).
+  int64_t p_epoch = 0, p_batch = 0;
+  int64_t order_epoch = -1;
+  std::vector<int64_t> order;
+
+  // Prefetch queue.
+  struct Slot {
+    Tensor x, y;
+    int64_t real = 0;
+    absl::Status status;
+  };
+  std::vector<Slot> slots;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<int> ready, free_slots;
+  bool stop = false;
+  std::thread thread;
+
+  ~Impl() { StopThread(); }
+
+  int64_t M() const { return static_cast<int64_t>(ids.size()); }
+
+  std::vector<int64_t> ComputeOrder(int64_t e) const {
+    if (!config.shuffle) return ids;
+    std::mt19937_64 rng(MixSeed(config.seed, static_cast<uint64_t>(e)));
+    if (config.shuffle_buffer <= 0) {
+      std::vector<int64_t> perm = Permutation(M(), rng);
+      std::vector<int64_t> out(perm.size());
+      for (size_t k = 0; k < perm.size(); ++k) out[k] = ids[perm[k]];
+      return out;
+    }
+    std::vector<int64_t> base;
+    const auto& starts = source->file_starts();
+    if (!starts.empty()) {
+      const int64_t nf = static_cast<int64_t>(starts.size()) - 1;
+      std::vector<int64_t> fperm = Permutation(nf, rng);
+      base.reserve(ids.size());
+      for (int64_t f : fperm) {
+        auto lo = std::lower_bound(ids.begin(), ids.end(), starts[f]);
+        auto hi = std::lower_bound(ids.begin(), ids.end(), starts[f + 1]);
+        base.insert(base.end(), lo, hi);
+      }
+    } else {
+      base = ids;
+    }
+    const size_t cap = static_cast<size_t>(config.shuffle_buffer);
+    std::vector<int64_t> buf, out;
+    out.reserve(base.size());
+    buf.reserve(std::min(cap, base.size()));
+    for (int64_t v : base) {
+      if (buf.size() < cap) {
+        buf.push_back(v);
+        continue;
+      }
+      const uint64_t j = BoundedDraw(rng, buf.size());
+      out.push_back(buf[j]);
+      buf[j] = v;
+    }
+    while (!buf.empty()) {
+      const uint64_t j = BoundedDraw(rng, buf.size());
+      out.push_back(buf[j]);
+      buf[j] = buf.back();
+      buf.pop_back();
+    }
+    return out;
+  }
+
+  // Fills batch (e, b) into x, y (already of x_type / y_type); *real = rows that are examples.
+  absl::Status Produce(int64_t e, int64_t b, Tensor& x, Tensor& y, int64_t* real) {
+    if (order_epoch != e) {
+      order = ComputeOrder(e);
+      order_epoch = e;
+    }
+    const int64_t B = config.batch_size;
+    const int64_t xb = x_type.shape.num_elements() / B * DTypeSize(x_type.dtype);
+    const int64_t y_elems = y_type.shape.num_elements() / B;
+    const int64_t yb = y_elems * DTypeSize(y_type.dtype);
+    auto* xd = static_cast<uint8_t*>(x.raw_data());
+    auto* yd = static_cast<uint8_t*>(y.raw_data());
+    *real = 0;
+    for (int64_t r = 0; r < B; ++r) {
+      const int64_t p = b * B + r;
+      if (p < M()) {
+        KILN_RETURN_IF_ERROR(source->Fetch(order[p], xd + r * xb, yd + r * yb));
+        ++*real;
+      } else {  // pad: zero features, ignore label (-1 for signed integers, else 0)
+        std::memset(xd + r * xb, 0, xb);
+        std::memset(yd + r * yb, 0, yb);
+        const DType t = y_type.dtype;
+        if (t == DType::kS8 || t == DType::kS32 || t == DType::kS64)
+          for (int64_t k = 0; k < y_elems; ++k) y.SetDouble(r * y_elems + k, -1.0);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void Advance(int64_t& e, int64_t& b) const {
+    if (++b == bpe) {
+      b = 0;
+      ++e;
+    }
+  }
+
+  void Loop() {
+    while (true) {
+      int slot;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !free_slots.empty(); });
+        if (stop) return;
+        slot = free_slots.front();
+        free_slots.pop_front();
+      }
+      Slot& s = slots[slot];
+      s.status = Produce(p_epoch, p_batch, s.x, s.y, &s.real);
+      const bool failed = !s.status.ok();
+      if (!failed) Advance(p_epoch, p_batch);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ready.push_back(slot);
+      }
+      cv.notify_all();
+      if (failed) return;  // the consumer sees the error when it reaches this batch
+    }
+  }
+
+  void StartThread() {
+    if (config.prefetch <= 0) return;
+    p_epoch = epoch;
+    p_batch = batch;
+    ready.clear();
+    free_slots.clear();
+    for (int i = 0; i < static_cast<int>(slots.size()); ++i) free_slots.push_back(i);
+    stop = false;
+    thread = std::thread([this] { Loop(); });
+  }
+
+  void StopThread() {
+    if (!thread.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+
+  json ConfigJson() const {
+    return json{{"batch_size", config.batch_size},
+                {"shuffle", config.shuffle},
+                {"seed", config.seed},
+                {"shuffle_buffer", config.shuffle_buffer},
+                {"remainder", config.remainder},
+                {"shard_index", config.shard_index},
+                {"num_shards", config.num_shards},
+                {"held_out_fraction", config.held_out_fraction},
+                {"split", config.split},
+                {"split_seed", config.split_seed}};
+  }
+};
+
+InputPipeline::InputPipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+InputPipeline::~InputPipeline() = default;
+
+absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const PipelineConfig& config,
+                                                                     Env* env) {
+  if (config.batch_size < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.batch_size must be >= 1, got ", config.batch_size));
+  if (config.remainder != "drop" && config.remainder != "pad")
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.remainder must be \"drop\" or \"pad\", got \"", config.remainder, "\""));
+  if (config.split != "train" && config.split != "held_out")
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.split must be \"train\" or \"held_out\", got \"", config.split, "\""));
+  if (config.num_shards < 1 || config.shard_index < 0 || config.shard_index >= config.num_shards)
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.shard_index must be in [0, num_shards), got ", config.shard_index,
+                     " of ", config.num_shards));
+  if (!(config.held_out_fraction >= 0.0 && config.held_out_fraction < 1.0))
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.held_out_fraction must be in [0, 1), got ", config.held_out_fraction));
+  if (config.shuffle_buffer < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.shuffle_buffer must be >= 0, got ", config.shuffle_buffer));
+  if (config.prefetch < 0 || config.prefetch > 1024)
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.prefetch must be in [0, 1024], got ", config.prefetch));
+
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->env = env;
+  KILN_ASSIGN_OR_RETURN(impl->source, MakeSource(config.source, env));
+  const Source& src = *impl->source;
+  const bool want_held_out = config.split == "held_out";
+  for (int64_t i = 0; i < src.size(); ++i) {
+    if (i % config.num_shards != config.shard_index) continue;
+    const bool held_out = HeldOutHash(config.split_seed, i) < config.held_out_fraction;
+    if (held_out == want_held_out) impl->ids.push_back(i);
+  }
+  const int64_t m = impl->M();
+  const std::string what = absl::StrCat(config.source, " (split ", config.split, ", shard ",
+                                        config.shard_index, " of ", config.num_shards, ")");
+  if (m == 0)
+    return absl::InvalidArgumentError(absl::StrCat(what, " has no examples out of ", src.size()));
+  if (config.remainder == "drop" && m < config.batch_size)
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", m, " examples, fewer than batch_size ", config.batch_size,
+                     " (use remainder \"pad\" or a smaller batch)"));
+  impl->bpe = config.remainder == "drop" ? m / config.batch_size
+                                         : (m + config.batch_size - 1) / config.batch_size;
+  impl->x_type = {src.x_spec().dtype, PrependDim(config.batch_size, src.x_spec().shape)};
+  impl->y_type = {src.y_spec().dtype, PrependDim(config.batch_size, src.y_spec().shape)};
+  impl->fingerprint = Fnv1a(src.FingerprintMaterial());
+  for (int i = 0; i < config.prefetch; ++i)
+    impl->slots.push_back({Tensor(impl->x_type.dtype, impl->x_type.shape),
+                           Tensor(impl->y_type.dtype, impl->y_type.shape), 0, absl::OkStatus()});
+  impl->StartThread();
+  return std::unique_ptr<InputPipeline>(new InputPipeline(std::move(impl)));
+}
+
+const TensorSpec& InputPipeline::feature_type() const { return impl_->x_type; }
+const TensorSpec& InputPipeline::label_type() const { return impl_->y_type; }
+int64_t InputPipeline::epoch() const { return impl_->epoch; }
+int64_t InputPipeline::examples_seen() const { return impl_->seen; }
+int64_t InputPipeline::last_real_examples() const { return impl_->last_real; }
+int64_t InputPipeline::examples_per_epoch() const { return impl_->M(); }
+int64_t InputPipeline::batches_per_epoch() const { return impl_->bpe; }
+
+absl::Status InputPipeline::Next(Tensor& x, Tensor& y) {
+  Impl& m = *impl_;
+  if (!m.sticky.ok()) return m.sticky;
+  if (x.dtype() != m.x_type.dtype || x.shape() != m.x_type.shape || y.dtype() != m.y_type.dtype ||
+      y.shape() != m.y_type.shape)
+    return absl::InvalidArgumentError(
+        absl::StrCat("InputPipeline::Next: got tensors ", x.TypeString(), " and ", y.TypeString(),
+                     ", expected ", m.x_type.ToString(), " and ", m.y_type.ToString()));
+  int64_t real = 0;
+  if (m.config.prefetch <= 0) {
+    absl::Status s = m.Produce(m.epoch, m.batch, x, y, &real);
+    if (!s.ok()) {
+      m.sticky = s;
+      return s;
+    }
+  } else {
+    int slot;
+    {
+      std::unique_lock<std::mutex> lock(m.mu);
+      m.cv.wait(lock, [&] { return !m.ready.empty(); });
+      slot = m.ready.front();
+      m.ready.pop_front();
+    }
+    Impl::Slot& s = m.slots[slot];
+    if (!s.status.ok()) {
+      m.sticky = s.status;
+      return s.status;
+    }
+    std::memcpy(x.raw_data(), s.x.raw_data(), x.byte_size());
+    std::memcpy(y.raw_data(), s.y.raw_data(), y.byte_size());
+    real = s.real;
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.free_slots.push_back(slot);
+    }
+    m.cv.notify_all();
+  }
+  m.seen += real;
+  m.last_real = real;
+  m.Advance(m.epoch, m.batch);
+  return absl::OkStatus();
+}
+
+std::string InputPipeline::SaveState() const {
+  const Impl& m = *impl_;
+  const int64_t pos = m.batch * m.config.batch_size;
+  json j = {{"format", kStateFormat},
+            {"source", m.config.source},
+            {"fingerprint", Hex64(m.fingerprint)},
+            {"config", m.ConfigJson()},
+            {"epoch", m.epoch},
+            {"batch_in_epoch", m.batch},
+            {"position_in_epoch", pos},
+            {"examples_seen", m.seen},
+            {"shard_index", m.config.shard_index},
+            {"num_shards", m.config.num_shards},
+            {"rng", {{"algorithm", "mt19937_64"}, {"seed", m.config.seed}, {"stream", m.epoch}}}};
+  // Where the next batch starts reading (informational; restore recomputes it).
+  if (!m.source->files().empty() && pos < m.M()) {
+    std::vector<int64_t> order = m.ComputeOrder(m.epoch);
+    auto [file, offset] = m.source->Location(order[pos]);
+    j["next_record"] = {{"file", file}, {"offset", offset}};
+  }
+  return j.dump();
+}
+
+absl::Status InputPipeline::RestoreState(const std::string& text) {
+  Impl& m = *impl_;
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto bad = [](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("input pipeline state: ", why));
+  };
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  if (!j.contains("format") || j["format"] != kStateFormat)
+    return bad(absl::StrCat("\"format\" is not \"", kStateFormat, "\""));
+  for (const char* key : {"epoch", "batch_in_epoch", "examples_seen"})
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 0)
+      return bad(absl::StrCat("\"", key, "\" must be a non-negative integer"));
+  if (!j.contains("fingerprint") || !j["fingerprint"].is_string() || !j.contains("config") ||
+      !j["config"].is_object())
+    return bad("missing \"fingerprint\" or \"config\"");
+  if (j["fingerprint"].get<std::string>() != Hex64(m.fingerprint))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "input pipeline state was saved for different data (source ",
+        (j.contains("source") && j["source"].is_string() ? j["source"].get<std::string>() : "?"),
+        ", fingerprint ", j["fingerprint"].get<std::string>(), "); this pipeline reads ",
+        m.config.source, " (fingerprint ", Hex64(m.fingerprint), ")"));
+  const json mine = m.ConfigJson();
+  for (auto it = mine.begin(); it != mine.end(); ++it) {
+    const json& theirs = j["config"];
+    if (!theirs.contains(it.key()) || theirs[it.key()] != it.value())
+      return absl::FailedPreconditionError(absl::StrCat(
+          "input pipeline state was saved with data.", it.key(), " = ",
+          theirs.contains(it.key()) ? theirs[it.key()].dump() : std::string("(missing)"),
+          " but this pipeline has ", it.value().dump()));
+  }
+  const int64_t b = j["batch_in_epoch"].get<int64_t>();
+  if (b >= m.bpe)
+    return bad(absl::StrCat("batch_in_epoch ", b, " is past the ", m.bpe, " batches per epoch"));
+  m.StopThread();
+  m.epoch = j["epoch"].get<int64_t>();
+  m.batch = b;
+  m.seen = j["examples_seen"].get<int64_t>();
+  m.sticky = absl::OkStatus();
+  m.StartThread();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing record shards.
+
+absl::StatusOr<std::string> SerializeExample(const Tensor& x, const Tensor& y) {
+  return SerializeSafetensors({{"x", x}, {"y", y}});
+}
+
+absl::Status ParseExample(const std::string& bytes, const std::string& source, Tensor* x,
+                          Tensor* y) {
+  absl::StatusOr<std::map<std::string, Tensor>> ts = ParseSafetensors(bytes, nullptr, source);
+  if (!ts.ok()) return absl::DataLossError(std::string(ts.status().message()));
+  auto xi = ts->find("x");
+  auto yi = ts->find("y");
+  if (xi == ts->end() || yi == ts->end())
+    return absl::DataLossError(
+        absl::StrCat(source, ": example record lacks tensor \"x\" or \"y\""));
+  *x = xi->second;
+  *y = yi->second;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> WriteRecordShards(const Tensor& x, const Tensor& y,
+                                                           const std::string& dir, int num_shards,
+                                                           Env* env) {
+  if (x.shape().rank() < 1 || y.shape().rank() < 1 || x.shape()[0] != y.shape()[0])
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteRecordShards: x and y need the same first (example) dimension, got ",
+                     x.TypeString(), " and ", y.TypeString()));
+  const int64_t n = x.shape()[0];
+  if (num_shards < 1 || num_shards > n)
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteRecordShards: num_shards must be in [1, ", n, "], got ", num_shards));
+  KILN_RETURN_IF_ERROR(env->CreateDir(dir));
+  Tensor ex(x.dtype(), DropFirst(x.shape())), ey(y.dtype(), DropFirst(y.shape()));
+  const int64_t xb = ex.byte_size(), yb = ey.byte_size();
+  std::vector<std::string> paths;
+  for (int k = 0; k < num_shards; ++k) {
+    const std::string path =
+        JoinPath(dir, absl::StrFormat("data-%05d-of-%05d.tfrecord", k, num_shards));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<RecordWriter> w, RecordWriter::Open(env, path));
+    for (int64_t i = k * n / num_shards; i < (k + 1) * n / num_shards; ++i) {
+      std::memcpy(ex.raw_data(), static_cast<const uint8_t*>(x.raw_data()) + i * xb, xb);
+      std::memcpy(ey.raw_data(), static_cast<const uint8_t*>(y.raw_data()) + i * yb, yb);
+      KILN_ASSIGN_OR_RETURN(std::string rec, SerializeExample(ex, ey));
+      KILN_RETURN_IF_ERROR(w->Write(rec));
+    }
+    KILN_RETURN_IF_ERROR(w->Close());
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+absl::StatusOr<std::vector<std::string>> WriteRecordShards(const Dataset& dataset,
+                                                           const std::string& dir, int num_shards,
+                                                           Env* env) {
+  return WriteRecordShards(dataset.features, dataset.labels, dir, num_shards, env);
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,177 @@
+// The training input pipeline: reads examples from a safetensors file, TFRecord shards or the
+// digits CSV, keeps this host's share (per-host sharding) and one split (train / held_out),
+// shuffles deterministically by (seed, epoch), batches with locked shapes, prefetches batches on a
+// background thread, and saves / restores its position so a resumed run sees exactly the batches
+// an uninterrupted one would have seen.
+//
+//   PipelineConfig cfg;
+//   cfg.source = "records:/data/digits";            // or "safetensors:/d.safetensors",
+//   "digits:..." cfg.batch_size = 64; cfg.shuffle = true; cfg.seed = 1;
+//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<InputPipeline> p, InputPipeline::Create(cfg));
+//   Tensor x(p->feature_type().dtype, p->feature_type().shape);   // allocated once
+//   Tensor y(p->label_type().dtype, p->label_type().shape);
+//   KILN_RETURN_IF_ERROR(p->Next(x, y));            // never ends: epochs roll over
+//   std::string state = p->SaveState();             // store it in the checkpoint
+//   ...
+//   KILN_RETURN_IF_ERROR(p2->RestoreState(state));  // p2 now continues where p stopped
+//
+// Sources (PipelineConfig::source):
+//   "safetensors:PATH"  tensors "x" (features, [N, ...]) and "y" (labels, [N, ...]) with the same
+//                       first dimension N = number of examples. Any dtypes.
+//   "records:GLOB|DIR"  TFRecord shards (record_io.h). A directory means every file in it (names
+//                       starting with '.' skipped); otherwise the last path component may hold
+//                       '*' / '?' wildcards. Files are taken in sorted name order. Each record is
+//                       one example: a small safetensors blob (tensor/safetensors.h) with tensors
+//                       "x" and "y" WITHOUT the example dimension (docs/formats.md "Dataset
+//                       records and iterator state"). All records must have the same dtypes and
+//                       shapes as the first one.
+//   "digits:PATH"       the digits CSV (digits.h): x f32 [N, 64], y s32 [N].
+//
+// Example numbering: examples are numbered 0..N-1 in source order (for records: the files in
+// sorted order, records in file order). Example i belongs to this host when
+// i % num_shards == shard_index, and to the held-out split when
+// HeldOutHash(split_seed, i) < held_out_fraction (a fixed hash of the index, so the split does not
+// depend on sharding or on which process asks; about held_out_fraction of the examples, not
+// exactly). The examples kept (this host, this split) make one epoch, M examples.
+//
+// Order within an epoch (a pure function of seed and epoch number, see docs/formats.md):
+//   shuffle=false                 the kept examples in source order, every epoch.
+//   shuffle, shuffle_buffer=0     a full uniform permutation drawn from mt19937_64 seeded by
+//                                 MixSeed(seed, epoch).
+//   shuffle, shuffle_buffer=B>0   streaming semantics: the base sequence (for records: the files in
+//                                 an order permuted by (seed, epoch), each file's kept records in
+//                                 order; otherwise source order) passes through a B-slot shuffle
+//                                 buffer (fill B, then emit a random slot and refill it; drain in
+//                                 random order at the end), as tf.data's shuffle does.
+//
+// Batching with locked shapes: every batch has shape [batch_size, ...example shape]
+// (feature_type(), label_type()).
+//   remainder="drop"  an epoch yields floor(M / batch_size) batches; the last M % batch_size
+//                     examples of the epoch's order are skipped. Needs M >= batch_size.
+//   remainder="pad"   an epoch yields ceil(M / batch_size) batches; the missing rows of the last
+//                     one have all-zero features and every label element -1 (signed-integer
+//                     labels; 0 for unsigned, bool and floating-point labels). -1 is the "ignore"
+//                     label: the cross_entropy op gives a label outside [0, C) loss 0 and no
+//                     gradient. A mean over the batch still divides by batch_size, so the last
+//                     batch's loss is scaled by last_real_examples() / batch_size.
+//
+// Prefetch: with prefetch = P > 0 a background thread keeps up to P finished batches ready. The
+// state saved is always that of the last batch Next() returned: prefetched-but-unconsumed batches
+// are not counted, and RestoreState discards them and refills from the restored position.
+//
+// Errors: a bad source is InvalidArgument / NotFound at Create; a record that fails its CRC or
+// does not parse is DataLoss naming the file and the record's byte offset (found at Create, which
+// indexes every shard, or at Next). After Next fails, it keeps returning the same error.
+//
+// Thread-safety: one thread calls Next / SaveState / RestoreState; the prefetch thread is private.
+#ifndef KILN_DATA_PIPELINE_H_
+#define KILN_DATA_PIPELINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kiln/base/env.h"
+#include "kiln/data/dataset.h"
+#include "kiln/tensor/dtype.h"
+#include "kiln/tensor/shape.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::data {
+
+struct PipelineConfig {
+  // "safetensors:PATH", "records:GLOB_OR_DIR" or "digits:PATH" (see the top of this file).
+  std::string source;
+  int64_t batch_size = 32;
+  bool shuffle = true;
+  uint64_t seed = 0;
+  // 0: a full in-memory permutation per epoch; B > 0: a B-slot streaming shuffle buffer.
+  int64_t shuffle_buffer = 0;
+  std::string remainder = "drop";  // "drop" | "pad"
+  int prefetch = 2;                // batches prepared ahead on a background thread; 0: none
+  int shard_index = 0;             // per-host sharding: keep examples i % num_shards == shard_index
+  int num_shards = 1;
+  // Fraction of the examples in the held-out split (0: no held-out split; train is everything).
+  double held_out_fraction = 0.0;
+  std::string split = "train";  // "train" | "held_out"
+  // Seeds the train/held_out assignment; keep it equal for the train and held_out pipelines.
+  uint64_t split_seed = 0;
+};
+
+// The dtype and full batch shape of a pipeline output.
+struct TensorSpec {
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::string ToString() const { return std::string(DTypeName(dtype)) + shape.ToString(); }
+  bool operator==(const TensorSpec& o) const { return dtype == o.dtype && shape == o.shape; }
+};
+
+class InputPipeline {
+ public:
+  static absl::StatusOr<std::unique_ptr<InputPipeline>> Create(const PipelineConfig& config,
+                                                               Env* env = Env::Default());
+  ~InputPipeline();  // stops the prefetch thread
+
+  InputPipeline(const InputPipeline&) = delete;
+  InputPipeline& operator=(const InputPipeline&) = delete;
+
+  // Locked batch types: features [batch_size, ...], labels [batch_size, ...].
+  const TensorSpec& feature_type() const;
+  const TensorSpec& label_type() const;
+
+  // Fills x and y, which must already have feature_type() / label_type() (InvalidArgument
+  // otherwise). Never ends: after the last batch of an epoch comes the first of the next.
+  absl::Status Next(Tensor& x, Tensor& y);
+
+  // Completed epochs at the last batch returned (0 during the first epoch).
+  int64_t epoch() const;
+  // Real (not padding) examples returned so far, over all epochs.
+  int64_t examples_seen() const;
+  // Rows of the last batch returned that are real examples (batch_size except for a padded one).
+  int64_t last_real_examples() const;
+  // Examples per epoch on this host and split (M above), and batches per epoch.
+  int64_t examples_per_epoch() const;
+  int64_t batches_per_epoch() const;
+
+  // Small JSON (docs/formats.md "Dataset records and iterator state"): source fingerprint,
+  // epoch, position in the epoch, shard and next record's file/offset, RNG counters.
+  std::string SaveState() const;
+  // Moves to a state from SaveState of a pipeline with the same source and config (otherwise
+  // FailedPrecondition naming what differs; malformed JSON is InvalidArgument). The batches that
+  // follow are exactly those the saved pipeline would have returned next.
+  absl::Status RestoreState(const std::string& json);
+
+  class Impl;
+
+ private:
+  explicit InputPipeline(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The hash behind the train / held_out split: a value in [0, 1) for example `index`.
+double HeldOutHash(uint64_t split_seed, int64_t index);
+
+// Writes `x` ([N, ...]) and `y` ([N, ...]) as num_shards TFRecord shards in `dir` (created if
+// missing), named "data-00000-of-00004.tfrecord", ...: shard k holds the contiguous examples
+// [k*N/num_shards, (k+1)*N/num_shards), so reading the shards in name order gives the examples in
+// their original order. Each record is the example's safetensors blob ("x", "y", no example
+// dimension). Returns the paths written.
+absl::StatusOr<std::vector<std::string>> WriteRecordShards(const Tensor& x, const Tensor& y,
+                                                           const std::string& dir, int num_shards,
+                                                           Env* env = Env::Default());
+// The same for an in-memory classification dataset (x = features f32 [N, F], y = labels s32 [N]).
+absl::StatusOr<std::vector<std::string>> WriteRecordShards(const Dataset& dataset,
+                                                           const std::string& dir, int num_shards,
+                                                           Env* env = Env::Default());
+
+// One example as a record payload, and back (used by WriteRecordShards and the reader).
+absl::StatusOr<std::string> SerializeExample(const Tensor& x, const Tensor& y);
+absl::Status ParseExample(const std::string& bytes, const std::string& source, Tensor* x,
+                          Tensor* y);
+
+}  // namespace kiln::data
+
+#endif  // KILN_DATA_PIPELINE_H_
