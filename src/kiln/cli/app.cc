@@ -8,6 +8,7 @@
 #include "kiln/cli/backends.h"
 #include "kiln/cli/demo.h"
 #include "kiln/cli/ir_commands.h"
+#include "kiln/cli/train_cmd.h"
 
 #ifndef KILN_VERSION
 #define KILN_VERSION "0.0.0-unknown"
@@ -74,6 +75,9 @@ int RunKiln(const std::vector<std::string>& args, std::ostream& out, std::ostrea
         ir->add_subcommand("check", "Parse and verify FILE; print a summary or the error");
     ir_check->add_option("file", ir_path, "IR text file, or - for stdin")->required();
 
+    // `kiln train`, `kiln eval`, `kiln export` (train_cmd.h).
+    TrainCommands train_cmds(app);
+
     std::vector<std::string> storage(args);
     if (storage.empty()) storage.push_back("kiln");
     std::vector<char*> argv;
@@ -92,6 +96,7 @@ int RunKiln(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       absl::StatusOr<DemoResult> r = RunDemo(demo_opts, out);
       return r.ok() ? 0 : Fail(err, "demo", r.status());
     }
+    if (int rc = train_cmds.Run(storage, out, err); rc >= 0) return rc;
     if (*ir_print) {
       absl::Status s = IrPrint(ir_path, std::cin, out);
       return s.ok() ? 0 : Fail(err, "ir print", s);

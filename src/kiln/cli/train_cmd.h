@@ -1,0 +1,57 @@
+// `kiln train`, `kiln eval` and `kiln export`: the training stack on the command line
+// (docs/train.md, docs/cli.md). app.cc registers them with one object:
+//
+//   CLI::App app{...};
+//   TrainCommands train_cmds(app);        // adds the three subcommands and their flags
+//   app.parse(argc, argv);
+//   if (int rc = train_cmds.Run(args, out, err); rc >= 0) return rc;   // -1: not one of them
+//
+// Exit codes: 0 done; 1 failed (bad config, I/O, ...); 75 (EX_TEMPFAIL) stopped by
+// SIGTERM/SIGINT after committing a checkpoint: rerun the same command to resume.
+#ifndef KILN_CLI_TRAIN_CMD_H_
+#define KILN_CLI_TRAIN_CMD_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+
+namespace kiln::cli {
+
+class TrainCommands {
+ public:
+  explicit TrainCommands(CLI::App& app);
+
+  // The exit code of the chosen subcommand, or -1 if none of these was chosen.
+  int Run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+ private:
+  int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+  int RunEval(std::ostream& out, std::ostream& err);
+  int RunExport(std::ostream& out, std::ostream& err);
+
+  CLI::App* train_ = nullptr;
+  CLI::App* eval_ = nullptr;
+  CLI::App* export_ = nullptr;
+
+  std::string config_path_;
+  std::vector<std::string> sets_;
+  int max_restarts_ = 0;
+  std::string profile_steps_;
+  std::string output_dir_;
+  std::string backend_ = "cpu";
+  bool no_resume_ = false;
+
+  std::string checkpoint_;  // eval / export: OUTDIR or OUTDIR/checkpoints/step_N
+  std::string eval_config_;
+  std::vector<std::string> eval_sets_;
+  int64_t eval_batches_ = 0;
+  std::string export_out_;
+  int64_t export_batch_ = 1;
+};
+
+}  // namespace kiln::cli
+
+#endif  // KILN_CLI_TRAIN_CMD_H_

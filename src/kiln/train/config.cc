@@ -1,0 +1,428 @@
+#include "kiln/train/config.h"
+
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "kiln/base/status.h"
+#include "yaml-cpp/yaml.h"
+
+namespace kiln::train {
+namespace {
+
+absl::Status KeyError(const std::string& key, const std::string& message) {
+  return absl::InvalidArgumentError(key + ": " + message);
+}
+
+// Reads the fields of one mapping, remembering which keys it consumed so the rest can be
+// reported as unknown.
+class Section {
+ public:
+  Section(YAML::Node node, std::string path) : node_(node), path_(std::move(path)) {}
+
+  std::string Key(const std::string& k) const { return path_.empty() ? k : path_ + "." + k; }
+
+  template <typename T>
+  absl::Status Get(const std::string& key, T* out) {
+    known_.push_back(key);
+    if (!node_.IsDefined() || node_.IsNull()) return absl::OkStatus();
+    YAML::Node v = node_[key];
+    if (!v.IsDefined() || v.IsNull()) return absl::OkStatus();
+    try {
+      *out = v.as<T>();
+    } catch (const std::exception&) {
+      return KeyError(Key(key), absl::StrCat("expected ", TypeName<T>(), ", got '", Dump(v), "'"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status GetEnum(const std::string& key, const std::vector<std::string>& allowed,
+                       std::string* out) {
+    KILN_RETURN_IF_ERROR(Get(key, out));
+    for (const std::string& a : allowed) {
+      if (*out == a) return absl::OkStatus();
+    }
+    return KeyError(Key(key),
+                    absl::StrCat("'", *out, "' is not one of ", absl::StrJoin(allowed, ", ")));
+  }
+
+  YAML::Node Child(const std::string& key) {
+    known_.push_back(key);
+    if (!node_.IsDefined() || node_.IsNull()) return YAML::Node();
+    return node_[key];
+  }
+
+  absl::Status CheckMapAndUnknown() const {
+    if (!node_.IsDefined() || node_.IsNull()) return absl::OkStatus();
+    if (!node_.IsMap()) {
+      return KeyError(path_.empty() ? "(top level)" : path_, "expected a mapping of keys");
+    }
+    for (const auto& kv : node_) {
+      std::string k = kv.first.as<std::string>();
+      if (std::find(known_.begin(), known_.end(), k) == known_.end()) {
+        return KeyError(Key(k),
+                        absl::StrCat("unknown key (allowed: ", absl::StrJoin(known_, ", "), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static std::string Dump(const YAML::Node& n) {
+    YAML::Emitter e;
+    e << YAML::Flow << n;
+    return e.c_str();
+  }
+  template <typename T>
+  static std::string TypeName() {
+    if constexpr (std::is_same_v<T, bool>)
+      return "true or false";
+    else if constexpr (std::is_integral_v<T>)
+      return "an integer";
+    else if constexpr (std::is_floating_point_v<T>)
+      return "a number";
+    else if constexpr (std::is_same_v<T, std::string>)
+      return "a string";
+    else
+      return "a list of numbers";
+  }
+
+  YAML::Node node_;
+  std::string path_;
+  std::vector<std::string> known_;
+};
+
+absl::Status ApplyOverride(YAML::Node& root, const std::string& text) {
+  size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--set '", text, "': expected key=value (e.g. optimizer.lr=0.01)"));
+  }
+  std::string key = text.substr(0, eq);
+  std::string value = text.substr(eq + 1);
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string p; std::getline(ss, p, '.');) {
+    if (p.empty()) return KeyError(key, "empty component in --set key");
+    parts.push_back(p);
+  }
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value);
+  } catch (const std::exception& e) {
+    return KeyError(key, absl::StrCat("cannot parse --set value '", value, "': ", e.what()));
+  }
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  // yaml-cpp nodes are handles: walk down by reassigning a handle, never by operator= on a
+  // node (which would overwrite it).
+  std::vector<YAML::Node> chain = {root};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = chain.back()[parts[i]];
+    if (!next.IsDefined() || next.IsNull()) {
+      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      next = chain.back()[parts[i]];
+    } else if (!next.IsMap()) {
+      return KeyError(key, absl::StrCat("'", parts[i], "' is not a section"));
+    }
+    chain.push_back(next);
+  }
+  chain.back()[parts.back()] = parsed;
+  return absl::OkStatus();
+}
+
+absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
+  Section top(root, "");
+  {
+    Section s(top.Child("model"), "model");
+    KILN_RETURN_IF_ERROR(s.GetEnum("kind", {"mlp", "cnn", "vit", "gpt"}, &c->model.kind));
+    KILN_RETURN_IF_ERROR(s.Get("hidden", &c->model.hidden));
+    KILN_RETURN_IF_ERROR(s.Get("widths", &c->model.widths));
+    KILN_RETURN_IF_ERROR(s.Get("blocks_per_stage", &c->model.blocks_per_stage));
+    KILN_RETURN_IF_ERROR(s.Get("patch", &c->model.patch));
+    KILN_RETURN_IF_ERROR(s.Get("dim", &c->model.dim));
+    KILN_RETURN_IF_ERROR(s.Get("depth", &c->model.depth));
+    KILN_RETURN_IF_ERROR(s.Get("heads", &c->model.heads));
+    KILN_RETURN_IF_ERROR(s.Get("mlp_ratio", &c->model.mlp_ratio));
+    KILN_RETURN_IF_ERROR(s.Get("dropout", &c->model.dropout));
+    KILN_RETURN_IF_ERROR(s.Get("channels", &c->model.channels));
+    KILN_RETURN_IF_ERROR(s.Get("height", &c->model.height));
+    KILN_RETURN_IF_ERROR(s.Get("width", &c->model.width));
+    KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
+  }
+  {
+    Section s(top.Child("data"), "data");
+    KILN_RETURN_IF_ERROR(s.Get("source", &c->data.source));
+    KILN_RETURN_IF_ERROR(s.Get("batch_size", &c->data.batch_size));
+    KILN_RETURN_IF_ERROR(s.Get("shuffle", &c->data.shuffle));
+    KILN_RETURN_IF_ERROR(s.Get("seed", &c->data.seed));
+    KILN_RETURN_IF_ERROR(s.Get("held_out_fraction", &c->data.held_out_fraction));
+    KILN_RETURN_IF_ERROR(s.GetEnum("remainder", {"drop", "wrap", "pad"}, &c->data.remainder));
+    KILN_RETURN_IF_ERROR(s.Get("shuffle_buffer", &c->data.shuffle_buffer));
+    KILN_RETURN_IF_ERROR(s.Get("prefetch", &c->data.prefetch));
+    KILN_RETURN_IF_ERROR(s.Get("num_classes", &c->data.num_classes));
+    KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
+  }
+  {
+    Section s(top.Child("optimizer"), "optimizer");
+    KILN_RETURN_IF_ERROR(s.GetEnum("kind", {"sgd", "adamw"}, &c->optimizer.kind));
+    KILN_RETURN_IF_ERROR(s.Get("lr", &c->optimizer.lr));
+    KILN_RETURN_IF_ERROR(s.Get("momentum", &c->optimizer.momentum));
+    KILN_RETURN_IF_ERROR(s.Get("weight_decay", &c->optimizer.weight_decay));
+    KILN_RETURN_IF_ERROR(s.Get("betas", &c->optimizer.betas));
+    KILN_RETURN_IF_ERROR(s.Get("eps", &c->optimizer.eps));
+    KILN_RETURN_IF_ERROR(s.Get("clip_norm", &c->optimizer.clip_norm));
+    KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
+  }
+  {
+    Section s(top.Child("schedule"), "schedule");
+    KILN_RETURN_IF_ERROR(
+        s.GetEnum("kind", {"constant", "linear_warmup", "cosine"}, &c->schedule.kind));
+    KILN_RETURN_IF_ERROR(s.Get("warmup_steps", &c->schedule.warmup_steps));
+    KILN_RETURN_IF_ERROR(s.Get("min_lr", &c->schedule.min_lr));
+    KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
+  }
+  KILN_RETURN_IF_ERROR(top.Get("precision", &c->precision));
+  KILN_RETURN_IF_ERROR(top.Get("steps", &c->steps));
+  KILN_RETURN_IF_ERROR(top.Get("eval_every", &c->eval_every));
+  KILN_RETURN_IF_ERROR(top.Get("eval_batches", &c->eval_batches));
+  KILN_RETURN_IF_ERROR(top.Get("checkpoint_every", &c->checkpoint_every));
+  KILN_RETURN_IF_ERROR(top.Get("keep_last", &c->keep_last));
+  KILN_RETURN_IF_ERROR(top.Get("keep_every", &c->keep_every));
+  KILN_RETURN_IF_ERROR(top.Get("log_every", &c->log_every));
+  KILN_RETURN_IF_ERROR(top.Get("output_dir", &c->output_dir));
+  KILN_RETURN_IF_ERROR(top.Get("seed", &c->seed));
+  return top.CheckMapAndUnknown();
+}
+
+absl::Status Positive(const std::string& key, int64_t v) {
+  if (v < 1) return KeyError(key, absl::StrCat("must be >= 1, got ", v));
+  return absl::OkStatus();
+}
+absl::Status NonNegative(const std::string& key, int64_t v) {
+  if (v < 0) return KeyError(key, absl::StrCat("must be >= 0, got ", v));
+  return absl::OkStatus();
+}
+absl::Status NonNegative(const std::string& key, double v) {
+  if (!(v >= 0) || !std::isfinite(v)) {
+    return KeyError(key, absl::StrCat("must be a finite number >= 0, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateTrainConfig(const TrainConfig& c) {
+  const ModelConfig& m = c.model;
+  if (m.kind == "gpt") {
+    return KeyError("model.kind",
+                    "'gpt' is not trainable by `kiln train` yet (it needs a token data source); "
+                    "allowed: mlp, cnn, vit");
+  }
+  if (m.kind == "mlp") {
+    if (m.hidden.empty()) return KeyError("model.hidden", "needs at least one width");
+    for (int64_t h : m.hidden) KILN_RETURN_IF_ERROR(Positive("model.hidden", h));
+  }
+  if (m.kind == "cnn") {
+    if (m.widths.empty()) return KeyError("model.widths", "needs at least one width");
+    for (int64_t w : m.widths) KILN_RETURN_IF_ERROR(Positive("model.widths", w));
+    KILN_RETURN_IF_ERROR(Positive("model.blocks_per_stage", m.blocks_per_stage));
+  }
+  if (m.kind == "vit") {
+    KILN_RETURN_IF_ERROR(Positive("model.patch", m.patch));
+    KILN_RETURN_IF_ERROR(Positive("model.dim", m.dim));
+    KILN_RETURN_IF_ERROR(Positive("model.depth", m.depth));
+    KILN_RETURN_IF_ERROR(Positive("model.heads", m.heads));
+    KILN_RETURN_IF_ERROR(Positive("model.mlp_ratio", m.mlp_ratio));
+    if (!(m.dropout >= 0 && m.dropout < 1)) {
+      return KeyError("model.dropout", absl::StrCat("must be in [0, 1), got ", m.dropout));
+    }
+  }
+  KILN_RETURN_IF_ERROR(Positive("model.channels", m.channels));
+  KILN_RETURN_IF_ERROR(Positive("model.height", m.height));
+  KILN_RETURN_IF_ERROR(Positive("model.width", m.width));
+
+  if (c.data.source.empty()) return KeyError("data.source", "is required (a labeled CSV file)");
+  KILN_RETURN_IF_ERROR(Positive("data.batch_size", c.data.batch_size));
+  KILN_RETURN_IF_ERROR(NonNegative("data.shuffle_buffer", c.data.shuffle_buffer));
+  KILN_RETURN_IF_ERROR(NonNegative("data.prefetch", static_cast<int64_t>(c.data.prefetch)));
+  KILN_RETURN_IF_ERROR(NonNegative("data.num_classes", c.data.num_classes));
+  if (!(c.data.held_out_fraction > 0 && c.data.held_out_fraction < 1)) {
+    return KeyError("data.held_out_fraction",
+                    absl::StrCat("must be in (0, 1), got ", c.data.held_out_fraction));
+  }
+  const OptimizerSection& o = c.optimizer;
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) {
+    return KeyError("optimizer.lr", absl::StrCat("must be a positive number, got ", o.lr));
+  }
+  KILN_RETURN_IF_ERROR(NonNegative("optimizer.momentum", o.momentum));
+  if (o.momentum >= 1) return KeyError("optimizer.momentum", "must be < 1");
+  KILN_RETURN_IF_ERROR(NonNegative("optimizer.weight_decay", o.weight_decay));
+  if (o.betas.size() != 2) {
+    return KeyError("optimizer.betas",
+                    absl::StrCat("expected two numbers [beta1, beta2], got ", o.betas.size()));
+  }
+  for (double b : o.betas) {
+    if (!(b >= 0 && b < 1)) {
+      return KeyError("optimizer.betas", absl::StrCat("each must be in [0, 1), got ", b));
+    }
+  }
+  if (!(o.eps > 0)) return KeyError("optimizer.eps", absl::StrCat("must be > 0, got ", o.eps));
+  KILN_RETURN_IF_ERROR(NonNegative("optimizer.clip_norm", o.clip_norm));
+  KILN_RETURN_IF_ERROR(NonNegative("schedule.warmup_steps", c.schedule.warmup_steps));
+  KILN_RETURN_IF_ERROR(NonNegative("schedule.min_lr", c.schedule.min_lr));
+  if (c.schedule.min_lr > o.lr) {
+    return KeyError("schedule.min_lr",
+                    absl::StrCat("must be <= optimizer.lr (", o.lr, "), got ", c.schedule.min_lr));
+  }
+  if (c.schedule.kind != "constant" && c.schedule.warmup_steps >= c.steps) {
+    return KeyError("schedule.warmup_steps",
+                    absl::StrCat("must be < steps (", c.steps, ") for a decaying schedule, got ",
+                                 c.schedule.warmup_steps));
+  }
+  if (c.precision != "f32") {
+    return KeyError("precision", absl::StrCat("'", c.precision,
+                                              "' is not supported yet; allowed: f32 (bf16 mixed "
+                                              "precision is planned)"));
+  }
+  KILN_RETURN_IF_ERROR(Positive("steps", c.steps));
+  KILN_RETURN_IF_ERROR(NonNegative("eval_every", c.eval_every));
+  KILN_RETURN_IF_ERROR(NonNegative("eval_batches", c.eval_batches));
+  KILN_RETURN_IF_ERROR(NonNegative("checkpoint_every", c.checkpoint_every));
+  KILN_RETURN_IF_ERROR(Positive("keep_last", c.keep_last));
+  KILN_RETURN_IF_ERROR(NonNegative("keep_every", c.keep_every));
+  KILN_RETURN_IF_ERROR(Positive("log_every", c.log_every));
+  if (c.output_dir.empty()) return KeyError("output_dir", "must not be empty");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainConfig> ParseTrainConfig(const std::string& yaml_text,
+                                             const std::string& source,
+                                             const std::vector<std::string>& overrides) {
+  TrainConfig c;
+  try {
+    YAML::Node root = YAML::Load(yaml_text);
+    for (const std::string& o : overrides) KILN_RETURN_IF_ERROR(ApplyOverride(root, o));
+    KILN_RETURN_IF_ERROR(FromYaml(root, &c));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
+  }
+  KILN_RETURN_IF_ERROR(ValidateTrainConfig(c));
+  return c;
+}
+
+absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
+                                            const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(ss.str(), path, overrides);
+  if (!c.ok())
+    return absl::Status(c.status().code(), path + ": " + std::string(c.status().message()));
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string prefix, file = c->data.source;
+  for (const char* p : {"digits:", "safetensors:", "records:"}) {
+    if (file.rfind(p, 0) == 0) {
+      prefix = p;
+      file = file.substr(prefix.size());
+    }
+  }
+  if (fs::path(file).is_relative()) {
+    fs::path alt = fs::path(path).parent_path() / file;
+    if (!fs::exists(file, ec) && fs::exists(alt, ec)) file = alt.string();
+    // Absolute in the resolved config, so `kiln eval RUNDIR` works from any directory.
+    fs::path abs = fs::absolute(file, ec);
+    if (!ec) c->data.source = prefix + abs.lexically_normal().string();
+  }
+  return c;
+}
+
+std::string ConfigToYaml(const TrainConfig& c) {
+  YAML::Emitter e;
+  auto ints = [&](const std::vector<int64_t>& v) {
+    e << YAML::Flow << YAML::BeginSeq;
+    for (int64_t x : v) e << x;
+    e << YAML::EndSeq;
+  };
+  auto num = [](double v) { return absl::StrFormat("%.17g", v); };
+  e << YAML::BeginMap;
+  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "kind" << YAML::Value << c.model.kind;
+  e << YAML::Key << "hidden" << YAML::Value;
+  ints(c.model.hidden);
+  e << YAML::Key << "widths" << YAML::Value;
+  ints(c.model.widths);
+  e << YAML::Key << "blocks_per_stage" << YAML::Value << c.model.blocks_per_stage;
+  e << YAML::Key << "patch" << YAML::Value << c.model.patch;
+  e << YAML::Key << "dim" << YAML::Value << c.model.dim;
+  e << YAML::Key << "depth" << YAML::Value << c.model.depth;
+  e << YAML::Key << "heads" << YAML::Value << c.model.heads;
+  e << YAML::Key << "mlp_ratio" << YAML::Value << c.model.mlp_ratio;
+  e << YAML::Key << "dropout" << YAML::Value << num(c.model.dropout);
+  e << YAML::Key << "channels" << YAML::Value << c.model.channels;
+  e << YAML::Key << "height" << YAML::Value << c.model.height;
+  e << YAML::Key << "width" << YAML::Value << c.model.width;
+  e << YAML::EndMap;
+  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "source" << YAML::Value << c.data.source;
+  e << YAML::Key << "batch_size" << YAML::Value << c.data.batch_size;
+  e << YAML::Key << "shuffle" << YAML::Value << c.data.shuffle;
+  e << YAML::Key << "seed" << YAML::Value << c.data.seed;
+  e << YAML::Key << "held_out_fraction" << YAML::Value << num(c.data.held_out_fraction);
+  e << YAML::Key << "remainder" << YAML::Value << c.data.remainder;
+  e << YAML::Key << "shuffle_buffer" << YAML::Value << c.data.shuffle_buffer;
+  e << YAML::Key << "prefetch" << YAML::Value << c.data.prefetch;
+  e << YAML::Key << "num_classes" << YAML::Value << c.data.num_classes;
+  e << YAML::EndMap;
+  e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "kind" << YAML::Value << c.optimizer.kind;
+  e << YAML::Key << "lr" << YAML::Value << num(c.optimizer.lr);
+  e << YAML::Key << "momentum" << YAML::Value << num(c.optimizer.momentum);
+  e << YAML::Key << "weight_decay" << YAML::Value << num(c.optimizer.weight_decay);
+  e << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (double b : c.optimizer.betas) e << num(b);
+  e << YAML::EndSeq;
+  e << YAML::Key << "eps" << YAML::Value << num(c.optimizer.eps);
+  e << YAML::Key << "clip_norm" << YAML::Value << num(c.optimizer.clip_norm);
+  e << YAML::EndMap;
+  e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "kind" << YAML::Value << c.schedule.kind;
+  e << YAML::Key << "warmup_steps" << YAML::Value << c.schedule.warmup_steps;
+  e << YAML::Key << "min_lr" << YAML::Value << num(c.schedule.min_lr);
+  e << YAML::EndMap;
+  e << YAML::Key << "precision" << YAML::Value << c.precision;
+  e << YAML::Key << "steps" << YAML::Value << c.steps;
+  e << YAML::Key << "eval_every" << YAML::Value << c.eval_every;
+  e << YAML::Key << "eval_batches" << YAML::Value << c.eval_batches;
+  e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
+  e << YAML::Key << "keep_last" << YAML::Value << c.keep_last;
+  e << YAML::Key << "keep_every" << YAML::Value << c.keep_every;
+  e << YAML::Key << "log_every" << YAML::Value << c.log_every;
+  e << YAML::Key << "output_dir" << YAML::Value << c.output_dir;
+  e << YAML::Key << "seed" << YAML::Value << c.seed;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+std::string ConfigHash(const TrainConfig& config) {
+  TrainConfig c = config;
+  c.output_dir.clear();
+  std::string text = ConfigToYaml(c);
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char ch : text) {
+    h ^= ch;
+    h *= 1099511628211ULL;
+  }
+  return absl::StrFormat("%016x", h);
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,110 @@
+// The `kiln train` configuration: a YAML file, `--set key.sub=value` overrides, validation that
+// names the bad key (as a dotted path) and the allowed values, the resolved config as YAML, and a
+// stable hash of it (recorded in run.json and every checkpoint's metadata).
+//
+//   KILN_ASSIGN_OR_RETURN(TrainConfig c, LoadTrainConfig("examples/mlp_digits.yaml",
+//                                                        {"steps=60", "optimizer.lr=0.05"}));
+//   std::string yaml = ConfigToYaml(c);   // every field, defaults filled in
+//   std::string hash = ConfigHash(c);     // 16 hex digits of FNV-1a over ConfigToYaml(c)
+//
+// docs/train.md has the full reference. Errors look like
+//   "optimizer.kind: 'adam' is not one of sgd, adamw"
+//   "model.widht: unknown key (allowed: kind, hidden, widths, ...)"
+// yaml-cpp throws; every exception is caught here and becomes InvalidArgument.
+#ifndef KILN_TRAIN_CONFIG_H_
+#define KILN_TRAIN_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kiln::train {
+
+struct ModelConfig {
+  std::string kind = "mlp";                // mlp | cnn | vit (gpt: not yet, see docs/train.md)
+  std::vector<int64_t> hidden = {64};      // mlp
+  std::vector<int64_t> widths = {16, 32};  // cnn
+  int64_t blocks_per_stage = 1;            // cnn
+  int64_t patch = 2, dim = 32, depth = 2, heads = 2, mlp_ratio = 4;  // vit
+  double dropout = 0.0;                                              // vit
+  // The image layout of the dataset's feature vectors (cnn, vit): channels * height * width must
+  // equal the number of features.
+  int64_t channels = 1, height = 8, width = 8;
+};
+
+struct DataConfig {
+  // A labeled CSV path (.csv or .csv.gz, digits layout: 64 features then a label), loaded in
+  // memory; or an input-pipeline source "digits:PATH", "records:GLOB_OR_DIR",
+  // "safetensors:PATH" (data/pipeline.h).
+  std::string source;
+  int64_t batch_size = 64;
+  bool shuffle = true;
+  uint64_t seed = 0;
+  double held_out_fraction = 0.2;
+  // What happens to an epoch's last partial batch: drop it, wrap (CSV path only: fill it from the
+  // next epoch's first rows) or pad (pipeline sources only: zero rows with label -1). Batches
+  // always have the locked shape [batch_size, features].
+  std::string remainder = "drop";
+  // Input-pipeline sources only (digits:, records:, safetensors:; see data/pipeline.h).
+  int64_t shuffle_buffer = 0;  // 0: a full permutation per epoch
+  int prefetch = 2;            // batches prepared ahead on a background thread
+  int64_t num_classes = 0;     // 0: infer (CSV labels; digits: 10)
+};
+
+struct OptimizerSection {
+  std::string kind = "sgd";  // sgd | adamw
+  double lr = 0.1;
+  double momentum = 0.0;                     // sgd
+  double weight_decay = 0.0;                 // sgd: L2; adamw: decoupled
+  std::vector<double> betas = {0.9, 0.999};  // adamw
+  double eps = 1e-8;                         // adamw
+  double clip_norm = 0.0;                    // > 0: clip by global norm
+};
+
+struct ScheduleSection {
+  std::string kind = "constant";  // constant | linear_warmup | cosine
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;  // linear_warmup / cosine: reached at `steps`
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  DataConfig data;
+  OptimizerSection optimizer;
+  ScheduleSection schedule;
+  std::string precision = "f32";  // only f32 for now
+  int64_t steps = 100;
+  int64_t eval_every = 0;        // 0: only at the end
+  int64_t eval_batches = 0;      // 0: the whole held-out split (full batches)
+  int64_t checkpoint_every = 0;  // 0: only at the end (and on preemption)
+  int keep_last = 3;
+  int64_t keep_every = 0;
+  int64_t log_every = 10;
+  std::string output_dir = "runs/train";
+  uint64_t seed = 0;  // parameter init and dropout
+};
+
+// Parses YAML text; `source` names it in errors. `overrides` are "dotted.key=value" strings, the
+// value parsed as YAML (so `model.hidden=[128,64]` works), applied before validation.
+absl::StatusOr<TrainConfig> ParseTrainConfig(const std::string& yaml_text,
+                                             const std::string& source,
+                                             const std::vector<std::string>& overrides = {});
+// Reads `path` and parses it. A relative data.source is resolved against the current directory
+// first and then the config file's directory.
+absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
+                                            const std::vector<std::string>& overrides = {});
+
+// Range and consistency checks (also run by Parse/Load). InvalidArgument naming the key.
+absl::Status ValidateTrainConfig(const TrainConfig& config);
+
+// The resolved config as YAML (every field; parses back to the same config).
+std::string ConfigToYaml(const TrainConfig& config);
+// 16 lowercase hex digits: FNV-1a 64 of ConfigToYaml(config) with output_dir blanked (moving a run
+// does not change its hash).
+std::string ConfigHash(const TrainConfig& config);
+
+}  // namespace kiln::train
+
+#endif  // KILN_TRAIN_CONFIG_H_

@@ -1,0 +1,90 @@
+#include "kiln/train/config.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kiln::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kBase[] = R"(
+model: {kind: mlp, hidden: [32]}
+data: {source: d.csv, batch_size: 16}
+optimizer: {kind: adamw, lr: 0.001}
+steps: 50
+)";
+
+TEST(ConfigTest, ParsesAndFillsDefaults) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.hidden, std::vector<int64_t>{32});
+  EXPECT_EQ(c->data.batch_size, 16);
+  EXPECT_EQ(c->optimizer.kind, "adamw");
+  EXPECT_EQ(c->steps, 50);
+  EXPECT_EQ(c->keep_last, 3);
+  EXPECT_EQ(c->precision, "f32");
+}
+
+TEST(ConfigTest, OverridesApplyAndCreateSections) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(
+      kBase, "t.yaml",
+      {"steps=7", "model.hidden=[8,4]", "schedule.kind=cosine", "schedule.warmup_steps=2"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->steps, 7);
+  EXPECT_EQ(c->model.hidden, (std::vector<int64_t>{8, 4}));
+  EXPECT_EQ(c->schedule.kind, "cosine");
+}
+
+TEST(ConfigTest, UnknownKeyNamesDottedPathAndAllowed) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml", {"model.widht=3"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("model.widht: unknown key"));
+  EXPECT_THAT(c.status().message(), HasSubstr("hidden"));
+  c = ParseTrainConfig(std::string(kBase) + "stepz: 3\n", "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("stepz: unknown key"));
+}
+
+TEST(ConfigTest, BadValuesNameKeyAndAllowedValues) {
+  auto err = [](const std::string& o) {
+    absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml", {o});
+    return c.ok() ? std::string("OK") : std::string(c.status().message());
+  };
+  EXPECT_THAT(err("optimizer.kind=adam"),
+              HasSubstr("optimizer.kind: 'adam' is not one of sgd, adamw"));
+  EXPECT_THAT(err("precision=bf16"), HasSubstr("precision: 'bf16' is not supported yet"));
+  EXPECT_THAT(err("steps=abc"), HasSubstr("steps: expected an integer"));
+  EXPECT_THAT(err("steps=0"), HasSubstr("steps: must be >= 1"));
+  EXPECT_THAT(err("data.held_out_fraction=1.5"), HasSubstr("data.held_out_fraction"));
+  EXPECT_THAT(err("optimizer.betas=[0.9]"), HasSubstr("optimizer.betas"));
+  EXPECT_THAT(err("data.remainder=zero"),
+              HasSubstr("data.remainder: 'zero' is not one of drop, wrap, pad"));
+  EXPECT_THAT(err("nonsense"), HasSubstr("expected key=value"));
+  EXPECT_THAT(err("model.kind=gpt"), HasSubstr("model.kind"));
+}
+
+TEST(ConfigTest, MalformedYamlIsAnError) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig("model: [unclosed", "bad.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("bad.yaml"));
+}
+
+TEST(ConfigTest, YamlRoundTripsAndHashIsStable) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml");
+  ASSERT_TRUE(c.ok());
+  std::string yaml = ConfigToYaml(*c);
+  absl::StatusOr<TrainConfig> back = ParseTrainConfig(yaml, "resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << yaml;
+  EXPECT_EQ(ConfigToYaml(*back), yaml);
+  EXPECT_EQ(ConfigHash(*back), ConfigHash(*c));
+  EXPECT_EQ(ConfigHash(*c).size(), 16u);
+  TrainConfig moved = *c;
+  moved.output_dir = "elsewhere";
+  EXPECT_EQ(ConfigHash(moved), ConfigHash(*c));
+  moved.optimizer.lr = 0.002;
+  EXPECT_NE(ConfigHash(moved), ConfigHash(*c));
+}
+
+}  // namespace
+}  // namespace kiln::train

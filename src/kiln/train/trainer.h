@@ -1,0 +1,161 @@
+// The single-device training loop behind `kiln train`: builds the model and its compiled train
+// step (nn/train_step.h) from a TrainConfig, feeds it batches, evaluates on the held-out split,
+// logs metrics (metrics.jsonl + TensorBoard event files), checkpoints asynchronously, resumes from
+// the newest good checkpoint, and stops cleanly on request (SIGTERM / SIGINT).
+//
+//   std::unique_ptr<runtime::Backend> cpu = runtime::MakeCpuBackend();
+//   TrainerOptions opts{.backend = cpu.get(), .log = &std::cerr};
+//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(config, opts));
+//   KILN_ASSIGN_OR_RETURN(TrainResult r, t->Run());
+//   if (r.preempted) return kExitPreempted;   // 75: a checkpoint of r.final_step was committed
+//
+// Output directory (docs/train.md): config.yaml (resolved), run.json (what it ran on),
+// metrics.jsonl, events.out.tfevents.*, checkpoints/step_<N>/, trace.json (when profiled).
+//
+// Determinism: the batch order is a pure function of (data.seed, epoch) and the iterator state
+// (epoch, position) is stored in every checkpoint with the step counter, so a resumed run computes
+// the same losses and final weights bit for bit as an uninterrupted one (same machine, thread
+// count and backend).
+#ifndef KILN_TRAIN_TRAINER_H_
+#define KILN_TRAIN_TRAINER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kiln/data/dataset.h"
+#include "kiln/nn/model.h"
+#include "kiln/nn/train_step.h"
+#include "kiln/runtime/executable.h"
+#include "kiln/train/checkpoint.h"
+#include "kiln/train/config.h"
+#include "kiln/train/metrics.h"
+#include "kiln/train/trace.h"
+#include "nlohmann/json.hpp"
+
+namespace kiln::train {
+
+// `kiln train` exit status when it stopped on SIGTERM/SIGINT after committing a checkpoint:
+// EX_TEMPFAIL, "preempted, resumable". Re-running the same command resumes.
+inline constexpr int kExitPreempted = 75;
+
+// Installs SIGTERM and SIGINT handlers that set a process-wide flag (async-signal-safe); every
+// Trainer polls it after each step. A second signal of the same kind restores the default action,
+// so pressing Ctrl-C twice kills at once.
+void InstallPreemptionHandlers();
+bool PreemptionRequested();
+void ClearPreemptionRequest();  // tests
+
+struct TrainerOptions {
+  runtime::Backend* backend = nullptr;  // borrowed; required
+  std::ostream* log = nullptr;          // progress and notes; nullptr: silent
+  bool tty = false;                     // one updating progress line instead of log lines
+  // Profile steps [first, second) (1-based step numbers as logged): Chrome trace to
+  // OUTDIR/trace.json and a breakdown on `log`.
+  std::optional<std::pair<int64_t, int64_t>> profile_steps;
+  bool resume = true;  // restore the newest good checkpoint of OUTDIR/checkpoints if any
+  // Merged into run.json (e.g. kiln version, oneDNN version and ISA, threads: the CLI knows them).
+  nlohmann::json run_info;
+  // Stop (as on SIGTERM) once this many steps have run in this process (0: never). Tests use it
+  // to interrupt a run at a chosen step without a signal.
+  int64_t stop_after_steps = 0;
+  // For `kiln eval` / `kiln export`: write nothing to OUTDIR (no config.yaml, run.json, metrics),
+  // and restore checkpoint `restore_step` (>= 0) instead of the newest one.
+  bool read_only = false;
+  int64_t restore_step = -1;
+};
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;
+  int64_t examples = 0;
+};
+
+struct TrainResult {
+  int64_t start_step = 0;  // restored from a checkpoint (0 on a fresh run)
+  int64_t final_step = 0;
+  bool preempted = false;          // stopped by a signal / RequestStop before `steps`
+  std::vector<float> losses;       // the loss of each step this process ran, in order
+  double examples_per_second = 0;  // over the steps this process ran (excluding the first)
+  std::optional<EvalResult> final_eval;
+  std::string checkpoint;          // the last committed checkpoint directory
+  std::vector<std::string> notes;  // restore notes (skipped damaged checkpoints, ...)
+};
+
+class Trainer {
+ public:
+  class Batcher;   // training batches (trainer.cc)
+  class EvalData;  // held-out batches (trainer.cc)
+
+  // Loads the data, builds and compiles the model, opens OUTDIR and restores the newest good
+  // checkpoint (options.resume). Writes config.yaml and run.json.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
+                                                         TrainerOptions options);
+  ~Trainer();
+
+  // Trains to config.steps (or until a stop request), then writes a final checkpoint
+  // synchronously and closes the metrics sinks.
+  absl::StatusOr<TrainResult> Run();
+
+  // Asks Run to stop after the current step (thread-safe, async-signal-safe).
+  void RequestStop() { stop_.store(true, std::memory_order_relaxed); }
+
+  // Loss and accuracy on the held-out split with the current parameters (`max_batches` 0: all
+  // full batches).
+  absl::StatusOr<EvalResult> Evaluate(int64_t max_batches);
+
+  const nn::TrainStep& train_step() const { return *step_; }
+  const nn::Model& model() const { return *model_; }
+  int64_t start_step() const { return start_step_; }
+
+ private:
+  Trainer() = default;
+  absl::Status Save(bool sync);
+  absl::Status WriteMetrics(int64_t step, const std::map<std::string, double>& scalars);
+  void Log(const std::string& line);
+  void Progress(int64_t step, float loss, double ex_per_s, double eta_s);
+  absl::Status ReportProfile(double step_seconds_total, double input_seconds,
+                             double compute_seconds, int64_t steps_profiled);
+
+  TrainConfig config_;
+  TrainerOptions options_;
+  std::string hash_;
+  std::unique_ptr<nn::Model> model_;
+  std::unique_ptr<nn::TrainStep> step_;
+  data::TrainTestSplit split_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<EvalData> eval_data_;
+  std::unique_ptr<runtime::Executable> eval_loss_, eval_predict_;
+  int64_t eval_batch_ = 0;
+  std::unique_ptr<CheckpointManager> ckpt_;
+  std::unique_ptr<MultiSink> metrics_;
+  Profiler profiler_;
+  Tensor x_, x_flat_, y_, eval_x_, eval_y_;
+  std::atomic<bool> stop_{false};
+  int64_t start_step_ = 0;
+  int64_t last_saved_step_ = -1;
+  double compile_seconds_ = 0;
+  std::vector<std::string> notes_;
+  bool progress_line_open_ = false;
+};
+
+// Multiply-adds x2 of every dot_general and conv2d (forward and backward) node of `graph`.
+double CountMatmulFlops(const ir::Graph& graph);
+
+// Builds the model a config describes, for `num_features` inputs and `num_classes` classes.
+absl::StatusOr<std::unique_ptr<nn::Model>> BuildModel(const ModelConfig& config,
+                                                      int64_t num_features, int64_t num_classes);
+
+// The optimizer a config describes (schedule total = config.steps).
+nn::OptimizerConfig BuildOptimizerConfig(const TrainConfig& config);
+
+}  // namespace kiln::train
+
+#endif  // KILN_TRAIN_TRAINER_H_

@@ -1,0 +1,196 @@
+#include "kiln/train/trainer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "kiln/runtime/cpu/cpu_backend.h"
+
+namespace kiln::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& name) {
+  fs::path p =
+      fs::temp_directory_path() / ("kiln_trainer_test_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(p);
+  return p.string();
+}
+
+constexpr char kCsv[] = KILN_SOURCE_DIR "/examples/data/digits.csv.gz";
+constexpr char kPipeline[] = "digits:" KILN_SOURCE_DIR "/examples/data/digits.csv.gz";
+
+TrainConfig SmallConfig(const std::string& out, const std::string& source = kCsv) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(
+      "model: {kind: mlp, hidden: [16]}\n"
+      "data: {source: SOURCE, batch_size: 32, seed: 3}\n"
+      "optimizer: {kind: adamw, lr: 0.05, weight_decay: 0.01, clip_norm: 1.0}\n"
+      "schedule: {kind: cosine, warmup_steps: 3, min_lr: 0.001}\n"
+      "steps: 30\neval_every: 10\ncheckpoint_every: 5\nlog_every: 5\n",
+      "test", {"output_dir=" + out, "data.source=" + source});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+TEST(TrainerTest, TrainsWritesOutputsAndEvaluates) {
+  std::string out = TempDir("basic");
+  auto cpu = runtime::MakeCpuBackend();
+  auto t = Trainer::Create(SmallConfig(out), {.backend = cpu.get()});
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto r = (*t)->Run();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->final_step, 30);
+  EXPECT_FALSE(r->preempted);
+  ASSERT_EQ(r->losses.size(), 30u);
+  EXPECT_LT(r->losses.back(), r->losses.front());
+  ASSERT_TRUE(r->final_eval.has_value());
+  EXPECT_GT(r->final_eval->accuracy, 0.5);
+  EXPECT_TRUE(fs::exists(out + "/config.yaml"));
+  EXPECT_TRUE(fs::exists(out + "/run.json"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_30/manifest.json"));
+  std::ifstream m(out + "/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  bool saw_eval = false;
+  while (std::getline(m, line)) {
+    ++lines;
+    auto j = nlohmann::json::parse(line);
+    EXPECT_TRUE(j.contains("step"));
+    if (j.contains("eval/accuracy")) saw_eval = true;
+  }
+  EXPECT_GE(lines, 6);
+  EXPECT_TRUE(saw_eval);
+  bool events = false;
+  for (auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events = true;
+  EXPECT_TRUE(events);
+  fs::remove_all(out);
+}
+
+// N steps straight vs K steps, stop, resume (new Trainer from the checkpoint) to N: same loss at
+// every step and bitwise-equal final parameters and optimizer state.
+void CheckStopAndResumeIsBitIdentical(const std::string& source) {
+  auto cpu = runtime::MakeCpuBackend();
+  std::string a = TempDir("straight"), b = TempDir("resumed");
+  auto t1 = Trainer::Create(SmallConfig(a, source), {.backend = cpu.get()});
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  auto straight = (*t1)->Run();
+  ASSERT_TRUE(straight.ok()) << straight.status();
+
+  // Stop after 12 steps (not a checkpoint_every multiple: the stop writes its own checkpoint).
+  auto t2 = Trainer::Create(SmallConfig(b, source), {.backend = cpu.get(), .stop_after_steps = 12});
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  auto first = (*t2)->Run();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->preempted);
+  EXPECT_EQ(first->final_step, 12);
+  EXPECT_TRUE(fs::exists(b + "/checkpoints/step_12/manifest.json"));
+  t2->reset();
+
+  auto t3 = Trainer::Create(SmallConfig(b, source), {.backend = cpu.get()});
+  ASSERT_TRUE(t3.ok()) << t3.status();
+  EXPECT_EQ((*t3)->start_step(), 12);
+  auto second = (*t3)->Run();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->final_step, 30);
+
+  std::vector<float> resumed = first->losses;
+  resumed.insert(resumed.end(), second->losses.begin(), second->losses.end());
+  ASSERT_EQ(resumed.size(), straight->losses.size());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&resumed[i], &straight->losses[i], sizeof(float)), 0)
+        << "step " << i + 1 << ": " << resumed[i] << " vs " << straight->losses[i];
+  }
+  const nn::ParamStore& p1 = (*t1)->train_step().params();
+  const nn::ParamStore& p3 = (*t3)->train_step().params();
+  ASSERT_EQ(p1.size(), p3.size());
+  for (int i = 0; i < p1.size(); ++i) {
+    EXPECT_TRUE(p1.value(i).BitwiseEquals(p3.value(i))) << p1.names()[i];
+  }
+  const nn::ParamStore& s1 = (*t1)->train_step().optimizer_state();
+  const nn::ParamStore& s3 = (*t3)->train_step().optimizer_state();
+  for (int i = 0; i < s1.size(); ++i) {
+    EXPECT_TRUE(s1.value(i).BitwiseEquals(s3.value(i))) << s1.names()[i];
+  }
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+TEST(TrainerTest, StopAndResumeIsBitIdentical) { CheckStopAndResumeIsBitIdentical(kCsv); }
+
+// The same through data/pipeline.h (prefetch thread on; its state string is checkpointed).
+TEST(TrainerTest, StopAndResumeIsBitIdenticalWithInputPipeline) {
+  CheckStopAndResumeIsBitIdentical(kPipeline);
+}
+
+TEST(TrainerTest, PipelineSourceTrainsAndEvaluates) {
+  std::string out = TempDir("pipeline");
+  auto cpu = runtime::MakeCpuBackend();
+  auto t = Trainer::Create(SmallConfig(out, kPipeline), {.backend = cpu.get()});
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto r = (*t)->Run();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->final_eval.has_value());
+  EXPECT_GT(r->final_eval->accuracy, 0.5);
+  EXPECT_GT(r->final_eval->examples, 200);
+  fs::remove_all(out);
+}
+
+TEST(TrainerTest, RemainderModesMatchTheSource) {
+  auto cpu = runtime::MakeCpuBackend();
+  TrainConfig c = SmallConfig(TempDir("modes"));
+  c.data.remainder = "pad";
+  auto t = Trainer::Create(c, {.backend = cpu.get()});
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(std::string(t.status().message()).find("data.remainder"), std::string::npos);
+  c.data.source = kPipeline;
+  c.data.remainder = "wrap";
+  t = Trainer::Create(c, {.backend = cpu.get()});
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(std::string(t.status().message()).find("data.remainder"), std::string::npos);
+}
+
+TEST(TrainerTest, FallsBackPastCorruptCheckpoint) {
+  auto cpu = runtime::MakeCpuBackend();
+  std::string out = TempDir("corrupt");
+  TrainConfig c = SmallConfig(out);
+  c.steps = 10;
+  c.eval_every = 0;
+  auto t = Trainer::Create(c, {.backend = cpu.get()});
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*t)->Run().ok());
+  t->reset();
+  // Damage the newest checkpoint's first shard.
+  for (auto& e : fs::directory_iterator(out + "/checkpoints/step_10")) {
+    if (e.path().extension() == ".safetensors") {
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(-4, std::ios::end);
+      f.write("XXXX", 4);
+    }
+  }
+  c.steps = 12;
+  auto t2 = Trainer::Create(c, {.backend = cpu.get()});
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  EXPECT_EQ((*t2)->start_step(), 5);
+  fs::remove_all(out);
+}
+
+TEST(TrainerTest, CountsMatmulFlops) {
+  auto cpu = runtime::MakeCpuBackend();
+  std::string out = TempDir("flops");
+  TrainConfig c = SmallConfig(out);
+  auto t = Trainer::Create(c, {.backend = cpu.get()});
+  ASSERT_TRUE(t.ok());
+  // MLP 64-16-10, batch 32: forward 2*32*(64*16+16*10), backward twice that (dW and dX, minus the
+  // first layer's dX, which autodiff may or may not prune): 3x forward at most.
+  double fwd = 2.0 * 32 * (64 * 16 + 16 * 10);
+  double flops = CountMatmulFlops((*t)->train_step().train_step_graph());
+  EXPECT_GE(flops, 2 * fwd);
+  EXPECT_LE(flops, 3 * fwd);
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace kiln::train
