@@ -1,6 +1,8 @@
 # Kiln top-level entry points. Each target installs what it needs, configures and builds.
 #   make test   deps -> configure -> build -> all tests (what .ci/run calls)
-#   make demo   deps -> build -> train an MLP on the digits data through the engine
+#   make demo   deps -> build -> train an MLP on the digits data through the engine, then the
+#               single-device playbook (scripts/playbook.sh: verify, train, preempt, resume,
+#               profile, evaluate, export a small CNN)
 #   make build  configure and build only
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
@@ -23,7 +25,8 @@ test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE slow
 
 demo: build
-	@$(BUILD_DIR)/src/kiln/cli/kiln demo --data examples/data/digits.csv.gz
+	@OMP_WAIT_POLICY=PASSIVE $(BUILD_DIR)/src/kiln/cli/kiln demo --data examples/data/digits.csv.gz
+	@bash scripts/playbook.sh $(BUILD_DIR)
 
 format:
 	@find src tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i
