@@ -3,12 +3,14 @@
 #   make demo   deps -> build -> train an MLP on the digits data through the engine, then the
 #               single-device playbook (scripts/playbook.sh: verify, train, preempt, resume,
 #               profile, evaluate, export a small CNN)
+#   make bench  Kiln vs the PyTorch peer (python3-torch), same threads, alternating: ratios of
+#               medians, also written to bench/out/results.json (installs the peer packages)
 #   make build  configure and build only
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps configure build test demo clean format
+.PHONY: all deps configure build test demo bench clean format
 
 all: build
 
@@ -27,6 +29,12 @@ test: build
 demo: build
 	@OMP_WAIT_POLICY=PASSIVE $(BUILD_DIR)/src/kiln/cli/kiln demo --data examples/data/digits.csv.gz
 	@bash scripts/playbook.sh $(BUILD_DIR)
+
+BENCH_THREADS ?= 2
+bench: configure
+	@bash scripts/install-deps.sh --bench
+	@cmake --build $(BUILD_DIR) --target train_bench matmul_benchmark -j $(JOBS)
+	@$(BUILD_DIR)/bench/train_bench --threads=$(BENCH_THREADS)
 
 format:
 	@find src tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i

@@ -12,6 +12,12 @@ PKGS=(
   zlib1g-dev             # gzip datasets (digits.csv.gz)
 )
 
+# --bench adds the benchmark peer: Debian's PyTorch and an optimized BLAS for it (without
+# OpenBLAS, torch's f32 matmuls go through the reference BLAS, ~30x slower: an unfair peer).
+if [ "${1:-}" = "--bench" ]; then
+  PKGS=(python3-torch libopenblas0-pthread)
+fi
+
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/compile.h"
 #include "kiln/ir/verifier.h"
 #include "kiln/runtime/buffer_plan.h"
 #include "kiln/runtime/cpu/internal/common.h"
@@ -122,14 +123,40 @@ LowerResult LowerNode(const ir::Node& n, LowerContext& lc) {
   return Unimplemented(n, "no lowering");
 }
 
+// The composites LowerNode handles itself (oneDNN or a dedicated loop); the compiler leaves them
+// whole instead of decomposing them into primitives.
+bool LowersNatively(Opcode op) {
+  switch (op) {
+    case Opcode::kSoftmax:
+    case Opcode::kLogSoftmax:
+    case Opcode::kLayerNorm:
+    case Opcode::kRmsNorm:
+    case Opcode::kCrossEntropy:
+    case Opcode::kAttention:
+      return true;
+    default:
+      return false;
+  }
+}
+
 class CpuBackend : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options) : options_(options) {}
 
   std::string name() const override { return "cpu"; }
 
-  absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) override {
-    KILN_RETURN_IF_ERROR(Annotate(ir::Verify(graph), "cpu backend: invalid graph"));
+  absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& input) override {
+    KILN_RETURN_IF_ERROR(Annotate(ir::Verify(input), "cpu backend: invalid graph"));
+    if (!options_.optimize) return Lower(input);
+    compiler::CompileOptions copts;
+    copts.keep_composite = LowersNatively;
+    absl::StatusOr<ir::Graph> optimized = compiler::Optimize(input, copts);
+    KILN_RETURN_IF_ERROR(Annotate(optimized.status(), "cpu backend: optimizing"));
+    return Lower(*optimized);
+  }
+
+ private:
+  absl::StatusOr<std::unique_ptr<Executable>> Lower(const ir::Graph& graph) {
     auto ctx = std::make_shared<CpuContext>();
     LowerContext lc{graph, ctx, options_};
     std::vector<std::unique_ptr<Thunk>> thunks;
@@ -154,7 +181,6 @@ class CpuBackend : public Backend {
     return std::make_unique<Executable>(graph, PlanBuffers(graph), std::move(thunks), "cpu");
   }
 
- private:
   CpuBackendOptions options_;
 };
 

@@ -10,6 +10,13 @@
 // thunk binds data pointers and executes on the executable's stream. Primitives use a user-mode
 // scratchpad carved from one workspace that Compile allocates, so running allocates nothing.
 //
+// Compile first runs the compiler's default pipeline (compiler::Optimize: decompose, then the
+// simplify group: algebraic, constant-fold, cse, transpose-fold, dce), keeping every composite the
+// backend lowers natively (softmax, log_softmax, layer_norm, rms_norm, cross_entropy, attention).
+// CpuBackendOptions::optimize = false compiles the graph as given; KILN_DISABLE_PASSES=cse,dce
+// skips single passes (see compiler/pipeline.h). The executable's graph() is the optimized one,
+// with the same parameters and outputs as the input.
+//
 // Dtypes: f32 and bf16 everywhere (bf16 computes in f32 and rounds to nearest even on store;
 // oneDNN accumulates bf16 matmul/conv in f32); f16 and f64 in the loops; integers and bool where
 // the op allows. Ops oneDNN cannot run for a dtype (e.g. f64 matmul/conv/pooling) give
@@ -27,6 +34,8 @@ struct CpuBackendOptions {
   // Use Kiln's loops instead of oneDNN for ops that have both (eltwise unary, binary arithmetic,
   // softmax, log_softmax, layer_norm, convert, matmul, avg/max pooling). For tests of the loops.
   bool prefer_loops = false;
+  // Run compiler::Optimize before lowering. Off: lower the graph exactly as given.
+  bool optimize = true;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options = {});

@@ -578,3 +578,29 @@ TEST(CpuBackendTest, UnsupportedDTypeIsUnimplementedNamingTheOp) {
 
 }  // namespace
 }  // namespace kiln::runtime
+
+namespace kiln::runtime {
+namespace {
+
+// Compile runs the compiler pipeline unless told not to: x * 1 + 0 simplifies to x.
+TEST(CpuBackendOptimizeTest, PipelineRunsUnlessDisabled) {
+  ir::Builder b("identity_math");
+  ir::Value x = b.Parameter("x", DType::kF32, {3, 5});
+  b.Output("y", ir::Exp(x * 1.0 + 0.0));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto optimized = MakeCpuBackend()->Compile(*g);
+  auto plain = MakeCpuBackend({.optimize = false})->Compile(*g);
+  ASSERT_TRUE(optimized.ok()) << optimized.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*optimized)->num_thunks(), 1);  // exp only
+  EXPECT_GT((*plain)->num_thunks(), 1);      // the multiply and add (and broadcasts) stay
+  Tensor in = Tensor::FromVector<float>(Shape{3, 5}, std::vector<float>(15, 0.5f));
+  auto a = (*optimized)->Run({in});
+  auto p = (*plain)->Run({in});
+  ASSERT_TRUE(a.ok() && p.ok());
+  EXPECT_TRUE((*a)[0].BitwiseEquals((*p)[0]));
+}
+
+}  // namespace
+}  // namespace kiln::runtime

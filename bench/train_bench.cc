@@ -1,0 +1,674 @@
+// Training and inference against the PyTorch peer, in one run, alternating (DESIGN.md §5).
+//
+//   train_bench [--threads=2] [--rounds=5] [--max-seconds=20] [--peer=bench/peer_torch.py]
+//               [--peer-blas-dir=DIR] [--no-peer] [--out=bench/out/results.json]
+//
+// The peer (peer_torch.py, Debian's python3-torch under /usr/bin/python3) runs as ONE persistent
+// subprocess started with its tuned environment (OMP/OpenBLAS threads = --threads, passive OMP
+// waiting, glibc malloc never unmapping, OPENBLAS_CORETYPE/L2_SIZE unset). Debian's torch runs
+// f32 matmuls through libblas.so.3; when that is the netlib reference BLAS (no OpenBLAS
+// installed) the peer is ~30x slower than tuned, so the driver puts Debian's OpenBLAS
+// (libopenblas0-pthread's folder, or --peer-blas-dir) first on the peer's LD_LIBRARY_PATH and warns
+// when the peer still reports the reference BLAS. It reads commands on
+// stdin and answers one line each:
+//   setup <bench>        -> "ok" after building the model and warming up, or "skip <reason>"
+//   run <bench> <reps>   -> "times <ms> <ms> ..." (one timing per rep)
+//   quit
+// Each benchmark runs `rounds` rounds; a round is a few reps of Kiln, then the same reps of the
+// peer (the order flips every round), so both sides see the same machine noise. Reported: medians
+// of all reps and the ratio Kiln / peer (< 1: Kiln faster). Also printed, Kiln only: the bare
+// oneDNN matmul rate on the same threads (each model's FLOP/s as a share of it), cold compile
+// time, and the per-thunk dispatch overhead of a graph of many tiny ops.
+#include <malloc.h>
+#include <omp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kiln/base/status.h"
+#include "kiln/ir/builder.h"
+#include "kiln/nn/layers.h"
+#include "kiln/nn/optim.h"
+#include "kiln/nn/params.h"
+#include "kiln/nn/train_step.h"
+#include "kiln/nn/transformer.h"
+#include "kiln/runtime/cpu/cpu_backend.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace kiln {
+namespace {
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The peer subprocess.
+
+class Peer {
+ public:
+  // Starts `script` under the tuned environment; nullopt (with a message) if it cannot start.
+  // `blas_dir` (may be empty) goes first on the peer's LD_LIBRARY_PATH, so torch's libblas.so.3
+  // resolves to the OpenBLAS there instead of whatever the system alternative is.
+  static std::unique_ptr<Peer> Start(const std::string& script, int threads,
+                                     const std::string& blas_dir) {
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) return nullptr;
+    pid_t pid = fork();
+    if (pid < 0) return nullptr;
+    if (pid == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      close(to_child[1]);
+      close(from_child[0]);
+      std::string t = std::to_string(threads);
+      std::string omp = "OMP_NUM_THREADS=" + t, blas = "OPENBLAS_NUM_THREADS=" + t;
+      const char* old_path = std::getenv("LD_LIBRARY_PATH");
+      std::string ld = "LD_LIBRARY_PATH=" + blas_dir;
+      if (old_path && *old_path) ld += (blas_dir.empty() ? "" : ":") + std::string(old_path);
+      execl("/usr/bin/env", "env", "-u", "OPENBLAS_CORETYPE", "-u", "OPENBLAS_L2_SIZE", ld.c_str(),
+            omp.c_str(), blas.c_str(), "OMP_WAIT_POLICY=PASSIVE",
+            "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296",
+            "/usr/bin/python3", script.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    auto p = std::unique_ptr<Peer>(new Peer);
+    p->pid_ = pid;
+    p->in_ = fdopen(to_child[1], "w");
+    p->out_ = fdopen(from_child[0], "r");
+    std::string hello = p->Command("");  // the peer prints "ready" after importing torch
+    if (hello.rfind("ready", 0) != 0) {
+      std::fprintf(stderr, "peer did not start (got '%s')\n", hello.c_str());
+      return nullptr;
+    }
+    p->version_ = hello.size() > 6 ? hello.substr(6) : "";
+    return p;
+  }
+
+  ~Peer() {
+    if (in_) {
+      std::fputs("quit\n", in_);
+      std::fclose(in_);
+    }
+    if (out_) std::fclose(out_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+
+  // Sends one command (none when empty) and returns the reply line ("" on EOF).
+  std::string Command(const std::string& cmd) {
+    if (!cmd.empty()) {
+      std::fputs((cmd + "\n").c_str(), in_);
+      std::fflush(in_);
+    }
+    std::string line;
+    int c;
+    while ((c = std::fgetc(out_)) != EOF && c != '\n') line.push_back(static_cast<char>(c));
+    return line;
+  }
+
+  // "skip <why>" or "" when ready.
+  std::string Setup(const std::string& bench) {
+    std::string r = Command("setup " + bench);
+    return r == "ok" ? "" : (r.empty() ? "peer exited" : r);
+  }
+
+  std::vector<double> Run(const std::string& bench, int reps) {
+    std::istringstream in(Command("run " + bench + " " + std::to_string(reps)));
+    std::string word;
+    in >> word;
+    std::vector<double> ms;
+    double v;
+    while (in >> v) ms.push_back(v);
+    return ms;
+  }
+
+  const std::string& version() const { return version_; }
+
+ private:
+  Peer() = default;
+  pid_t pid_ = -1;
+  FILE* in_ = nullptr;
+  FILE* out_ = nullptr;
+  std::string version_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Kiln workloads.
+
+Tensor RandomTensor(DType dt, Shape shape, uint32_t seed, double lo = -1, double hi = 1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(shape.num_elements());
+  for (double& x : v) x = dist(rng);
+  return Tensor::FromDoubles(dt, shape, v);
+}
+
+Tensor RandomLabels(int64_t n, int classes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = static_cast<int32_t>(rng() % classes);
+  return Tensor::FromVector(Shape{n}, v);
+}
+
+nn::OptimizerConfig AdamW() {
+  nn::OptimizerConfig c;
+  c.kind = nn::OptimizerKind::kAdamW;
+  c.schedule.lr = 1e-3;
+  c.weight_decay_min_rank = 0;  // torch.optim.AdamW decays every parameter
+  return c;
+}
+
+// A prepared benchmark: `step` runs once; `flops` is the model's FLOPs per step (0: none).
+struct Workload {
+  std::function<void()> step;
+  double flops = 0;
+  double compile_s = 0;
+  int thunks = 0;
+  int64_t arena_bytes = 0;
+};
+
+constexpr int64_t kMlpWidth = 1024;
+const std::vector<int64_t> kMlpHidden = {kMlpWidth, kMlpWidth, kMlpWidth};
+constexpr int64_t kD = 256, kHeads = 4, kFf = 1024, kSeq = 128, kEncBatch = 32;
+
+double MlpForwardFlops(int64_t batch) {
+  return 2.0 * batch * (3 * kMlpWidth * kMlpWidth + kMlpWidth * 10);
+}
+double EncoderForwardFlops(int64_t batch) {
+  double per_token = 2.0 * kD * 3 * kD + 2.0 * kD * kD + 2.0 * 2 * kD * kFf + 2.0 * 2 * kSeq * kD;
+  return per_token * batch * kSeq;
+}
+
+nn::TransformerBlock EncoderBlock(DType dt = DType::kF32) {
+  return nn::TransformerBlock("enc",
+                              {.dim = kD,
+                               .num_heads = kHeads,
+                               .mlp_hidden = kFf,
+                               .fused_qkv = true,
+                               .activation = nn::Activation::kRelu,
+                               .norm_epsilon = 1e-5},
+                              /*dropout_site=*/0, dt);
+}
+
+// loss = mean((block(x) - target)^2) (in f32), x and target `dt` [B, S, D].
+absl::StatusOr<ir::Graph> EncoderGraph(int64_t batch, bool loss, DType dt = DType::kF32) {
+  nn::TransformerBlock block = EncoderBlock(dt);
+  KILN_RETURN_IF_ERROR(block.Validate());
+  ir::Builder b(loss ? "encoder_loss" : "encoder_forward");
+  nn::ParamValues p = nn::AddParameters(b, block.Params());
+  ir::Value x = b.Parameter("x", dt, {batch, kSeq, kD});
+  ir::Value y = block.Apply(p, x, nn::RngInputs{});
+  if (loss) {
+    ir::Value t = b.Parameter("target", dt, {batch, kSeq, kD});
+    ir::Value d = ir::Convert(y - t, DType::kF32);
+    b.Output("loss", ir::Mean(d * d, {0, 1, 2}));
+  } else {
+    b.Output("y", y);
+  }
+  return b.Build();
+}
+
+absl::StatusOr<ir::Graph> MlpForwardGraph(const nn::MlpClassifier& mlp, int64_t batch) {
+  ir::Builder b("mlp_forward");
+  nn::ParamValues p = nn::AddParameters(b, mlp.Params());
+  ir::Value x = b.Parameter("x", mlp.options().dtype, {batch, kMlpWidth});
+  b.Output("logits", mlp.Logits(p, x));
+  return b.Build();
+}
+
+// Keeps everything a workload's closure needs alive.
+struct Holder {
+  std::unique_ptr<nn::TrainStep> train;
+  std::unique_ptr<runtime::Executable> exe;
+  std::vector<Tensor> tensors;
+  std::vector<const Tensor*> in;
+  std::vector<Tensor*> out;
+};
+
+absl::StatusOr<Workload> TrainWorkload(runtime::Backend& backend, const ir::Graph& loss,
+                                       const std::vector<nn::ParamSpec>& specs,
+                                       std::vector<Tensor> data, double flops) {
+  auto h = std::make_shared<Holder>();
+  KILN_ASSIGN_OR_RETURN(nn::ParamStore params, nn::InitParams(specs, 0));
+  double t0 = Seconds();
+  KILN_ASSIGN_OR_RETURN(
+      h->train, nn::TrainStep::Create(backend, loss, std::move(params), {.optimizer = AdamW()}));
+  double t1 = Seconds();
+  h->tensors = std::move(data);
+  for (const Tensor& t : h->tensors) h->in.push_back(&t);
+  Workload w;
+  w.step = [h] { KILN_CHECK_OK(h->train->Run(h->in).status()); };
+  w.flops = flops;
+  w.compile_s = t1 - t0;
+  w.thunks = h->train->executable().num_thunks();
+  w.arena_bytes = h->train->executable().plan().arena_bytes;
+  return w;
+}
+
+// Compiles `graph` and binds its parameters: model parameters from `specs` (seed 0), the rest
+// from `data` in order.
+absl::StatusOr<Workload> InferWorkload(runtime::Backend& backend, const ir::Graph& graph,
+                                       const std::vector<nn::ParamSpec>& specs,
+                                       std::vector<Tensor> data, double flops) {
+  auto h = std::make_shared<Holder>();
+  KILN_ASSIGN_OR_RETURN(nn::ParamStore params, nn::InitParams(specs, 0));
+  double t0 = Seconds();
+  KILN_ASSIGN_OR_RETURN(h->exe, backend.Compile(graph));
+  double t1 = Seconds();
+  const ir::Graph& g = h->exe->graph();
+  size_t next_data = 0;
+  for (int id : g.parameters()) {
+    const std::string& name = g.node(id).attr_str("name");
+    if (const Tensor* p = params.Find(name)) {
+      h->tensors.push_back(*p);
+    } else if (next_data < data.size()) {
+      h->tensors.push_back(data[next_data++]);
+    } else {
+      return absl::InvalidArgumentError("no input for parameter " + name);
+    }
+  }
+  for (const ir::Output& o : g.outputs())
+    h->tensors.emplace_back(g.node(o.node).type().dtype, g.node(o.node).type().shape);
+  size_t np = g.parameters().size();
+  for (size_t i = 0; i < h->tensors.size(); ++i) {
+    if (i < np)
+      h->in.push_back(&h->tensors[i]);
+    else
+      h->out.push_back(&h->tensors[i]);
+  }
+  Workload w;
+  w.step = [h] { KILN_CHECK_OK(h->exe->RunInto(h->in, h->out)); };
+  w.flops = flops;
+  w.compile_s = t1 - t0;
+  w.thunks = h->exe->num_thunks();
+  w.arena_bytes = h->exe->plan().arena_bytes;
+  return w;
+}
+
+// y = ((x * a + b) * a + b) ... : `ops` tiny elementwise thunks on f32[8].
+absl::StatusOr<Workload> DispatchWorkload(runtime::Backend& backend, int ops) {
+  ir::Builder b("dispatch");
+  ir::Value x = b.Parameter("x", DType::kF32, {8});
+  ir::Value a = b.Parameter("a", DType::kF32, {8});
+  ir::Value c = b.Parameter("b", DType::kF32, {8});
+  ir::Value y = x;
+  for (int i = 0; i < ops / 2; ++i) y = y * a + c;
+  b.Output("y", y);
+  KILN_ASSIGN_OR_RETURN(ir::Graph g, b.Build());
+  return InferWorkload(backend, g, {},
+                       {RandomTensor(DType::kF32, Shape{8}, 1),
+                        Tensor::FromDoubles(DType::kF32, Shape{8}, std::vector<double>(8, 0.5)),
+                        RandomTensor(DType::kF32, Shape{8}, 2)},
+                       0);
+}
+
+// The bare oneDNN matmul (the primitive matmul_benchmark measures) on n x n x n: median seconds.
+double BareOneDnnMatmulSeconds(DType dt, int64_t n, int reps) {
+  Tensor x = RandomTensor(dt, Shape{n, n}, 3), w = RandomTensor(dt, Shape{n, n}, 4);
+  Tensor y(dt, Shape{n, n});
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  auto ddt = dt == DType::kF32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+  dnnl::memory::desc md({n, n}, ddt, dnnl::memory::format_tag::ab);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), eng);
+  dnnl::matmul prim(pd);
+  dnnl::memory ms(md, eng, x.raw_data()), mw(md, eng, w.raw_data()), mo(md, eng, y.raw_data());
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, mo}};
+  std::vector<double> t;
+  for (int i = 0; i < reps + 3; ++i) {
+    double t0 = Seconds();
+    prim.execute(stream, args);
+    stream.wait();
+    if (i >= 3) t.push_back(Seconds() - t0);
+  }
+  return Median(t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The driver.
+
+struct Row {
+  std::string name;
+  double kiln_ms = 0, peer_ms = 0;  // peer_ms 0: no peer number
+  double flops = 0;
+  std::string note;
+  int rounds = 0;
+  bool bf16 = false;  // its FLOP/s is a share of the bf16 matmul rate
+};
+
+// Alternating rounds: Kiln then peer, peer then Kiln, ... `reps` timed steps per side per round
+// after `warmup` untimed Kiln steps (the peer warms up in its setup).
+Row RunPair(const std::string& name, Workload& w, Peer* peer, int rounds, int reps, int warmup,
+            double max_seconds) {
+  Row row{name};
+  row.flops = w.flops;
+  for (int i = 0; i < warmup; ++i) w.step();
+  std::string skip = peer ? peer->Setup(name) : "no peer";
+  bool with_peer = skip.empty();
+  if (!with_peer) row.note = "peer: " + skip;
+  std::vector<double> tk, tp;
+  auto kiln_round = [&] {
+    for (int i = 0; i < reps; ++i) {
+      double t0 = Seconds();
+      w.step();
+      tk.push_back((Seconds() - t0) * 1e3);
+    }
+  };
+  auto peer_round = [&] {
+    std::vector<double> t = peer->Run(name, reps);
+    tp.insert(tp.end(), t.begin(), t.end());
+  };
+  // Under a time cap (a loaded machine), stop after the round that crosses it, but never before
+  // two rounds (one in each order).
+  double start = Seconds();
+  for (int r = 0; r < rounds; ++r) {
+    if (r >= 2 && Seconds() - start > max_seconds) break;
+    ++row.rounds;
+    if (r % 2 == 0 || !with_peer) {
+      kiln_round();
+      if (with_peer) peer_round();
+    } else {
+      peer_round();
+      kiln_round();
+    }
+  }
+  row.kiln_ms = Median(tk);
+  row.peer_ms = with_peer ? Median(tp) : 0;
+  return row;
+}
+
+std::string JsonNumber(double v, bool present) {
+  if (!present) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.4f", v);
+  return buf;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o.push_back('\\');
+    if (static_cast<unsigned char>(c) >= 0x20) o.push_back(c);
+  }
+  return o;
+}
+
+int Main(int argc, char** argv) {
+  int threads = 2, rounds = 5;
+  double max_seconds = 20;
+  std::string peer_script = "bench/peer_torch.py", out_path = "bench/out/results.json";
+  bool use_peer = true;
+  // Debian's OpenBLAS (libopenblas0-pthread) when installed; --peer-blas-dir overrides.
+  std::string blas_dir = "/usr/lib/x86_64-linux-gnu/openblas-pthread";
+  if (!std::filesystem::exists(blas_dir + "/libblas.so.3")) blas_dir.clear();
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--threads=", 0) == 0)
+      threads = std::max(1, std::atoi(a.c_str() + 10));
+    else if (a.rfind("--rounds=", 0) == 0)
+      rounds = std::max(1, std::atoi(a.c_str() + 9));
+    else if (a.rfind("--peer=", 0) == 0)
+      peer_script = a.substr(7);
+    else if (a.rfind("--max-seconds=", 0) == 0)
+      max_seconds = std::atof(a.c_str() + 14);
+    else if (a.rfind("--peer-blas-dir=", 0) == 0)
+      blas_dir = a.substr(16);
+    else if (a == "--no-peer")
+      use_peer = false;
+    else if (a.rfind("--out=", 0) == 0)
+      out_path = a.substr(6);
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--threads=2] [--rounds=5] [--max-seconds=20] "
+                   "[--peer=bench/peer_torch.py] [--peer-blas-dir=DIR] [--no-peer] "
+                   "[--out=bench/out/results.json]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  omp_set_num_threads(threads);
+  std::unique_ptr<Peer> peer;
+  if (use_peer) {
+    peer = Peer::Start(peer_script, threads, blas_dir);
+    if (!peer) std::fprintf(stderr, "running without the peer\n");
+  }
+  std::printf("train_bench: %d threads, %d alternating rounds; peer: %s\n", threads, rounds,
+              peer ? ("PyTorch " + peer->version()).c_str() : "none");
+  if (peer && peer->version().find("/blas/libblas.so") != std::string::npos) {
+    std::printf(
+        "WARNING: the peer's float32 matmuls run on Debian's reference BLAS (netlib "
+        "libblas.so.3),\n"
+        "         not OpenBLAS: its f32 numbers are NOT a tuned baseline. Install\n"
+        "         libopenblas0-pthread (found automatically) or pass --peer-blas-dir=DIR.\n");
+  }
+
+  // The bare oneDNN rate, measured now and again after the models; the higher of the two is the
+  // physical limit the models' shares are taken of (a load spike only lowers a measurement).
+  auto matmul_rates = [] {
+    return std::pair<double, double>(
+        2.0 * 1024 * 1024 * 1024 / BareOneDnnMatmulSeconds(DType::kF32, 1024, 20),
+        2.0 * 1024 * 1024 * 1024 / BareOneDnnMatmulSeconds(DType::kBF16, 1024, 20));
+  };
+  auto [mm_f32, mm_bf16] = matmul_rates();
+  std::printf("bare oneDNN matmul 1024^3 (start): f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n",
+              mm_f32 * 1e-9, mm_bf16 * 1e-9);
+
+  std::unique_ptr<runtime::Backend> cpu = runtime::MakeCpuBackend();
+  std::vector<Row> rows;
+  std::vector<std::pair<std::string, double>> compile_times;
+  std::vector<std::pair<std::string, int64_t>> arenas;
+  auto add = [&](const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup,
+                 double rate) {
+    if (!w.ok()) {
+      std::printf("%-22s kiln failed: %s\n", name.c_str(),
+                  std::string(w.status().message()).c_str());
+      rows.push_back({name, 0, 0, 0, "kiln: " + std::string(w.status().message())});
+      return;
+    }
+    compile_times.push_back({name, w->compile_s});
+    arenas.push_back({name, w->arena_bytes});
+    Row r = RunPair(name, *w, peer.get(), rounds, reps, warmup, max_seconds);
+    r.bf16 = rate == mm_bf16;
+    rows.push_back(r);
+    std::printf("%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  rounds %d  %.1f GFLOP/s %s\n",
+                r.name.c_str(), r.kiln_ms,
+                r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
+                r.peer_ms > 0 ? JsonNumber(r.kiln_ms / r.peer_ms, true).c_str() : "-", r.rounds,
+                r.flops / (r.kiln_ms * 1e-3) * 1e-9, r.note.c_str());
+    std::fflush(stdout);
+  };
+
+  // MLP training step, f32 (and bf16 if the train step compiles for it).
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    nn::MlpClassifier mlp({.in_features = kMlpWidth,
+                           .hidden = kMlpHidden,
+                           .num_classes = 10,
+                           .activation = nn::Activation::kRelu,
+                           .dtype = dt});
+    std::string name = std::string("mlp_train_") + std::string(DTypeName(dt));
+    absl::StatusOr<ir::Graph> loss = mlp.LossGraph(256);
+    absl::StatusOr<Workload> w =
+        loss.ok()
+            ? TrainWorkload(*cpu, *loss, mlp.Params(),
+                            {RandomTensor(dt, Shape{256, kMlpWidth}, 5), RandomLabels(256, 10, 6)},
+                            3 * MlpForwardFlops(256))
+            : absl::StatusOr<Workload>(loss.status());
+    if (dt == DType::kBF16 && !w.ok()) {
+      std::printf("%-22s bf16: not yet (%s)\n", name.c_str(),
+                  std::string(w.status().message()).substr(0, 160).c_str());
+      continue;
+    }
+    add(name, std::move(w), 4, 3, dt == DType::kF32 ? mm_f32 : mm_bf16);
+  }
+  // Encoder layer training step, f32 and bf16.
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    nn::TransformerBlock block = EncoderBlock(dt);
+    std::string name = std::string("encoder_train_") + std::string(DTypeName(dt));
+    absl::StatusOr<ir::Graph> loss = EncoderGraph(kEncBatch, /*loss=*/true, dt);
+    absl::StatusOr<Workload> w =
+        loss.ok() ? TrainWorkload(*cpu, *loss, block.Params(),
+                                  {RandomTensor(dt, Shape{kEncBatch, kSeq, kD}, 7),
+                                   RandomTensor(dt, Shape{kEncBatch, kSeq, kD}, 8)},
+                                  3 * EncoderForwardFlops(kEncBatch))
+                  : absl::StatusOr<Workload>(loss.status());
+    if (dt == DType::kBF16 && !w.ok()) {
+      std::printf("%-22s bf16: not yet (%s)\n", name.c_str(),
+                  std::string(w.status().message()).substr(0, 160).c_str());
+      continue;
+    }
+    add(name, std::move(w), 2, 2, dt == DType::kF32 ? mm_f32 : mm_bf16);
+  }
+  // Inference at batch 1 and 256.
+  for (int64_t batch : {int64_t{1}, int64_t{256}}) {
+    nn::MlpClassifier mlp({.in_features = kMlpWidth, .hidden = kMlpHidden, .num_classes = 10});
+    absl::StatusOr<ir::Graph> g = MlpForwardGraph(mlp, batch);
+    absl::StatusOr<Workload> w =
+        g.ok() ? InferWorkload(*cpu, *g, mlp.Params(),
+                               {RandomTensor(DType::kF32, Shape{batch, kMlpWidth}, 9)},
+                               MlpForwardFlops(batch))
+               : absl::StatusOr<Workload>(g.status());
+    add("mlp_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 50 : 8, 5, mm_f32);
+  }
+  for (int64_t batch : {int64_t{1}, int64_t{256}}) {
+    nn::TransformerBlock block = EncoderBlock();
+    absl::StatusOr<ir::Graph> g = EncoderGraph(batch, /*loss=*/false);
+    absl::StatusOr<Workload> w =
+        g.ok() ? InferWorkload(*cpu, *g, block.Params(),
+                               {RandomTensor(DType::kF32, Shape{batch, kSeq, kD}, 10)},
+                               EncoderForwardFlops(batch))
+               : absl::StatusOr<Workload>(g.status());
+    add("encoder_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 20 : 1, 1, mm_f32);
+  }
+  // Dispatch overhead: many tiny ops.
+  {
+    constexpr int kOps = 2000;
+    absl::StatusOr<Workload> w = DispatchWorkload(*cpu, kOps);
+    if (w.ok()) {
+      Row r = RunPair("dispatch_2000_tiny_ops", *w, peer.get(), rounds, 20, 20, max_seconds);
+      std::printf(
+          "%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  kiln %.3f us/thunk (%d thunks)%s\n",
+          r.name.c_str(), r.kiln_ms, r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
+          r.peer_ms > 0 ? JsonNumber(r.kiln_ms / r.peer_ms, true).c_str() : "-",
+          r.kiln_ms * 1e3 / std::max(1, w->thunks), w->thunks,
+          r.peer_ms > 0 ? (", peer " + JsonNumber(r.peer_ms * 1e3 / kOps, true) + " us/op").c_str()
+                        : "");
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "kiln %.3f us/thunk over %d thunks",
+                    r.kiln_ms * 1e3 / std::max(1, w->thunks), w->thunks);
+      r.note = r.note.empty() ? buf : r.note + "; " + buf;
+      // The same graph with Kiln's loops instead of oneDNN primitives for the tiny ops.
+      std::unique_ptr<runtime::Backend> loops_backend =
+          runtime::MakeCpuBackend({.prefer_loops = true});
+      absl::StatusOr<Workload> wl = DispatchWorkload(*loops_backend, kOps);
+      if (wl.ok()) {
+        Row rl = RunPair("dispatch_loops", *wl, nullptr, rounds, 20, 20, max_seconds);
+        std::printf("%-22s kiln %9.3f ms  (prefer_loops backend) %.3f us/thunk\n", "dispatch_loops",
+                    rl.kiln_ms, rl.kiln_ms * 1e3 / std::max(1, wl->thunks));
+        std::snprintf(buf, sizeof(buf), "; prefer_loops: %.3f us/thunk",
+                      rl.kiln_ms * 1e3 / std::max(1, wl->thunks));
+        r.note += buf;
+      }
+      rows.push_back(r);
+    } else {
+      std::printf("dispatch failed: %s\n", std::string(w.status().message()).c_str());
+    }
+  }
+  // Shares of the bare matmul rate.
+  {
+    auto [f32_end, bf16_end] = matmul_rates();
+    std::printf("bare oneDNN matmul 1024^3 (end):   f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n",
+                f32_end * 1e-9, bf16_end * 1e-9);
+    mm_f32 = std::max(mm_f32, f32_end);
+    mm_bf16 = std::max(mm_bf16, bf16_end);
+    std::printf(
+        "model FLOP/s as a share of the best bare oneDNN rate (f32 %.0f, bf16 %.0f GFLOP/s):\n",
+        mm_f32 * 1e-9, mm_bf16 * 1e-9);
+    for (Row& r : rows) {
+      if (r.flops <= 0 || r.kiln_ms <= 0) continue;
+      double kiln = r.flops / (r.kiln_ms * 1e-3) / (r.bf16 ? mm_bf16 : mm_f32);
+      double peer = r.peer_ms > 0 ? r.flops / (r.peer_ms * 1e-3) / (r.bf16 ? mm_bf16 : mm_f32) : 0;
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "kiln %.0f%% of oneDNN rate", 100 * kiln);
+      std::string peer_part =
+          peer > 0 ? ", peer " + std::to_string(static_cast<int>(100 * peer + 0.5)) + "%" : "";
+      std::printf("  %-22s %s%s\n", r.name.c_str(), buf, peer_part.c_str());
+      r.note = r.note.empty() ? buf + peer_part : r.note + "; " + buf + peer_part;
+    }
+  }
+  // Cold compile times: the first compile of each graph in this process (no compile cache yet),
+  // optimize + lower + the arena allocation, whose zeroing pays the page faults of fresh memory.
+  std::printf("cold compile (optimize + lower + arena first touch):");
+  for (auto& [name, s] : compile_times) {
+    std::printf(" %s %.0f ms;", name.c_str(), s * 1e3);
+    rows.push_back({"compile_cold_" + name, s * 1e3, 0, 0, "kiln only"});
+  }
+  std::printf("\nKiln arena (one per executable; train steps add params + state outside it):");
+  for (auto& [name, bytes] : arenas) std::printf(" %s %.1f MiB;", name.c_str(), bytes / 1048576.0);
+  std::printf("\ncompile cache hit: not yet (no compile cache); peer peak RSS: not measured\n");
+  rows.push_back({"onednn_matmul_1024_f32_gflops", mm_f32 * 1e-9, 0, 0, "GFLOP/s, not ms"});
+  rows.push_back({"onednn_matmul_1024_bf16_gflops", mm_bf16 * 1e-9, 0, 0, "GFLOP/s, not ms"});
+
+  // results.json
+  std::filesystem::path out(out_path);
+  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+  FILE* f = std::fopen(out_path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
+    return 1;
+  }
+  std::fprintf(
+      f, "{\n  \"threads\": %d,\n  \"rounds\": %d,\n  \"peer\": \"%s\",\n  \"benchmarks\": [\n",
+      threads, rounds, peer ? JsonEscape("torch " + peer->version()).c_str() : "");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    bool pp = r.peer_ms > 0 && r.kiln_ms > 0;
+    std::fprintf(f,
+                 "    {\"name\": \"%s\", \"kiln_median_ms\": %s, \"peer_median_ms\": %s, "
+                 "\"ratio\": %s, \"note\": \"%s\"}%s\n",
+                 JsonEscape(r.name).c_str(), JsonNumber(r.kiln_ms, r.kiln_ms > 0).c_str(),
+                 JsonNumber(r.peer_ms, r.peer_ms > 0).c_str(),
+                 JsonNumber(pp ? r.kiln_ms / r.peer_ms : 0, pp).c_str(), JsonEscape(r.note).c_str(),
+                 i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  std::fclose(f);
+  std::printf("wrote %s (ratio = kiln / peer; < 1 means Kiln is faster)\n", out_path.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) {
+  // Our processes never return memory to the OS mid-run (page faults cost ~10 us on these VMs).
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);
+  signal(SIGPIPE, SIG_IGN);
+  return kiln::Main(argc, argv);
+}
