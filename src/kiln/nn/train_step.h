@@ -72,6 +72,7 @@ class TrainStep {
 
   const std::vector<std::string>& data_inputs() const { return data_names_; }
   const runtime::Executable& executable() const { return *exe_; }
+  runtime::Executable& mutable_executable() { return *exe_; }
   const ir::Graph& train_step_graph() const { return exe_->graph(); }
   const TrainStepOptions& options() const { return options_; }
   double compile_seconds() const { return compile_seconds_; }

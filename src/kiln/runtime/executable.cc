@@ -1,5 +1,7 @@
 #include "kiln/runtime/executable.h"
 
+#include <chrono>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -8,6 +10,12 @@
 
 namespace kiln::runtime {
 namespace {
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 std::shared_ptr<uint8_t> AllocateArena(int64_t bytes) {
   size_t n = static_cast<size_t>(bytes);
@@ -116,7 +124,15 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
 
   for (size_t i = 0; i < params_.size(); ++i)
     ctx_.buffers[params_[i]] = const_cast<void*>(inputs[i]->raw_data());  // thunks only read them
-  for (const std::unique_ptr<Thunk>& t : thunks_) t->Run(ctx_);
+  if (!observer_) {
+    for (const std::unique_ptr<Thunk>& t : thunks_) t->Run(ctx_);
+  } else {
+    for (size_t i = 0; i < thunks_.size(); ++i) {
+      int64_t start = SteadyNowNs();
+      thunks_[i]->Run(ctx_);
+      observer_(static_cast<int>(i), start, SteadyNowNs());
+    }
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const ir::Output& o = graph_.outputs()[i];
     size_t bytes = static_cast<size_t>(graph_.node(o.node).type().byte_size());

@@ -10,6 +10,7 @@
 #define KILN_RUNTIME_EXECUTABLE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,6 +61,11 @@ class Executable {
   absl::Status RunInto(const std::vector<const Tensor*>& inputs,
                        const std::vector<Tensor*>& outputs);
 
+  // Called after each thunk with its index and steady-clock start/end in nanoseconds, for
+  // per-kernel profiles. Null (the default) costs one branch per run; set only while profiling.
+  using ThunkObserver = std::function<void(int thunk, int64_t start_ns, int64_t end_ns)>;
+  void set_thunk_observer(ThunkObserver observer) { observer_ = std::move(observer); }
+
  private:
   ir::Graph graph_;
   BufferPlan plan_;
@@ -68,6 +74,7 @@ class Executable {
   std::shared_ptr<uint8_t> arena_;
   RunContext ctx_;
   std::vector<int> params_;  // parameter node ids in index order
+  ThunkObserver observer_;
 };
 
 // A backend turns graphs into executables.

@@ -93,6 +93,24 @@ TEST(ExecutableTest, ReuseAcrossRunsWithDifferentInputs) {
   }
 }
 
+TEST(ExecutableTest, ThunkObserverSeesEveryThunkInOrder) {
+  auto exe = Compile(TestGraph());
+  std::vector<int> seen;
+  int64_t last_end = 0;
+  exe->set_thunk_observer([&](int i, int64_t start_ns, int64_t end_ns) {
+    EXPECT_LE(start_ns, end_ns);
+    EXPECT_GE(start_ns, last_end);
+    last_end = end_ns;
+    seen.push_back(i);
+  });
+  Tensor x = Tensor::FromVector<float>(Shape{3}, {1, 2, 3});
+  ASSERT_TRUE(exe->Run({x, x}).ok());
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2}));
+  exe->set_thunk_observer(nullptr);
+  ASSERT_TRUE(exe->Run({x, x}).ok());
+  EXPECT_EQ(seen.size(), 3u);
+}
+
 TEST(ExecutableTest, RunNamed) {
   auto exe = Compile(TestGraph());
   auto outs = exe->RunNamed({{"x", Tensor::FromVector<float>(Shape{3}, {1, 1, 1})},
