@@ -203,8 +203,10 @@ int TrainCommands::RunEval(std::ostream& out, std::ostream& err) {
   if (!t.ok()) return Fail(err, "eval", t.status());
   absl::StatusOr<train::EvalResult> e = (*t)->Evaluate(eval_batches_);
   if (!e.ok()) return Fail(err, "eval", e.status());
-  out << absl::StrFormat("step %d: held-out loss %.4f accuracy %.4f (%d examples)\n",
-                         (*t)->train_step().step(), e->loss, e->accuracy, e->examples);
+  out << absl::StrFormat("step %d: held-out loss %.4f accuracy %.4f", (*t)->train_step().step(),
+                         e->loss, e->accuracy);
+  if (e->perplexity > 0) out << absl::StrFormat(" perplexity %.2f", e->perplexity);  // language models
+  out << absl::StrFormat(" (%d examples)\n", e->examples);
   return 0;
 }
 

@@ -98,7 +98,9 @@ class Source {
 
 class ArraySource final : public Source {
  public:
-  static absl::StatusOr<std::unique_ptr<Source>> Make(Tensor x, Tensor y, const std::string& name) {
+  // `content_id` (optional) joins the fingerprint, e.g. a hash of the bytes a text source read.
+  static absl::StatusOr<std::unique_ptr<Source>> Make(Tensor x, Tensor y, const std::string& name,
+                                                      const std::string& content_id = "") {
     if (x.shape().rank() < 1 || y.shape().rank() < 1)
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": tensors \"x\" and \"y\" need an example dimension first, got x ",
@@ -111,6 +113,7 @@ class ArraySource final : public Source {
     s->x_spec_ = {x.dtype(), DropFirst(x.shape())};
     s->y_spec_ = {y.dtype(), DropFirst(y.shape())};
     s->name_ = name;
+    s->content_id_ = content_id;
     s->x_ = std::move(x);
     s->y_ = std::move(y);
     return std::unique_ptr<Source>(std::move(s));
@@ -125,12 +128,15 @@ class ArraySource final : public Source {
   }
 
   std::string FingerprintMaterial() const override {
-    return absl::StrCat("arrays|", size_, "|", x_spec_.ToString(), "|", y_spec_.ToString());
+    std::string m =
+        absl::StrCat("arrays|", size_, "|", x_spec_.ToString(), "|", y_spec_.ToString());
+    if (!content_id_.empty()) absl::StrAppend(&m, "|", content_id_);
+    return m;
   }
 
  private:
   ArraySource() = default;
-  std::string name_;
+  std::string name_, content_id_;
   Tensor x_, y_;
 };
 
@@ -311,15 +317,46 @@ class RecordSource final : public Source {
   std::string scratch_;
 };
 
-absl::StatusOr<std::unique_ptr<Source>> MakeSource(const std::string& source, Env* env) {
+// "text:PATH": the file's bytes are the tokens (byte-level tokenizer, vocabulary 256). The text is
+// cut into floor(len / (seq_len + 1)) non-overlapping chunks of seq_len + 1 bytes (a trailing
+// partial chunk is dropped); chunk i is example i: x = bytes [i*(S+1), i*(S+1)+S), y = the same
+// window shifted by one (the next token of each position), both s32 [S].
+absl::StatusOr<std::unique_ptr<Source>> MakeTextSource(const std::string& path, int64_t seq_len,
+                                                       Env* env) {
+  if (seq_len < 1)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "text:", path, ": a text source needs seq_len >= 1 (data.seq_len), got ", seq_len));
+  KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
+  const int64_t chunk = seq_len + 1;
+  const int64_t n = static_cast<int64_t>(bytes.size()) / chunk;
+  if (n == 0)
+    return absl::InvalidArgumentError(absl::StrCat("text:", path, ": ", bytes.size(),
+                                                   " bytes hold no window of seq_len + 1 = ", chunk,
+                                                   " tokens"));
+  Tensor x(DType::kS32, Shape{n, seq_len}), y(DType::kS32, Shape{n, seq_len});
+  int32_t* xd = x.data<int32_t>();
+  int32_t* yd = y.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto* c = reinterpret_cast<const unsigned char*>(bytes.data()) + i * chunk;
+    for (int64_t k = 0; k < seq_len; ++k) {
+      xd[i * seq_len + k] = c[k];
+      yd[i * seq_len + k] = c[k + 1];
+    }
+  }
+  return ArraySource::Make(std::move(x), std::move(y), path,
+                           absl::StrCat("text|", bytes.size(), "|", Hex64(Fnv1a(bytes))));
+}
+
+absl::StatusOr<std::unique_ptr<Source>> MakeSource(const std::string& source, int64_t seq_len,
+                                                   Env* env) {
   const size_t colon = source.find(':');
   const std::string kind = colon == std::string::npos ? "" : source.substr(0, colon);
   const std::string path = colon == std::string::npos ? "" : source.substr(colon + 1);
   if (kind.empty() || path.empty())
     return absl::InvalidArgumentError(
         absl::StrCat("data source \"", source,
-                     "\": expected \"safetensors:PATH\", \"records:GLOB_OR_DIR\" or "
-                     "\"digits:PATH\""));
+                     "\": expected \"safetensors:PATH\", \"records:GLOB_OR_DIR\", "
+                     "\"digits:PATH\" or \"text:PATH\""));
   if (kind == "safetensors") {
     KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
     KILN_ASSIGN_OR_RETURN(auto tensors, ParseSafetensors(bytes, nullptr, path));
@@ -337,9 +374,10 @@ absl::StatusOr<std::unique_ptr<Source>> MakeSource(const std::string& source, En
     return ArraySource::Make(d.features, d.labels, path);
   }
   if (kind == "records") return RecordSource::Make(env, path);
-  return absl::InvalidArgumentError(absl::StrCat("data source \"", source, "\": unknown kind \"",
-                                                 kind,
-                                                 "\" (allowed: safetensors, records, digits)"));
+  if (kind == "text") return MakeTextSource(path, seq_len, env);
+  return absl::InvalidArgumentError(
+      absl::StrCat("data source \"", source, "\": unknown kind \"", kind,
+                   "\" (allowed: safetensors, records, digits, text)"));
 }
 
 }  // namespace
@@ -515,16 +553,19 @@ class InputPipeline::Impl {
   }
 
   json ConfigJson() const {
-    return json{{"batch_size", config.batch_size},
-                {"shuffle", config.shuffle},
-                {"seed", config.seed},
-                {"shuffle_buffer", config.shuffle_buffer},
-                {"remainder", config.remainder},
-                {"shard_index", config.shard_index},
-                {"num_shards", config.num_shards},
-                {"held_out_fraction", config.held_out_fraction},
-                {"split", config.split},
-                {"split_seed", config.split_seed}};
+    json j{{"batch_size", config.batch_size},
+           {"shuffle", config.shuffle},
+           {"seed", config.seed},
+           {"shuffle_buffer", config.shuffle_buffer},
+           {"remainder", config.remainder},
+           {"shard_index", config.shard_index},
+           {"num_shards", config.num_shards},
+           {"held_out_fraction", config.held_out_fraction},
+           {"split", config.split},
+           {"split_seed", config.split_seed}};
+    // Only text sources read seq_len (kept out of the others' state, which predates it).
+    if (config.source.rfind("text:", 0) == 0) j["seq_len"] = config.seq_len;
+    return j;
   }
 };
 
@@ -559,7 +600,7 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const Pipel
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->env = env;
-  KILN_ASSIGN_OR_RETURN(impl->source, MakeSource(config.source, env));
+  KILN_ASSIGN_OR_RETURN(impl->source, MakeSource(config.source, config.seq_len, env));
   const Source& src = *impl->source;
   const bool want_held_out = config.split == "held_out";
   for (int64_t i = 0; i < src.size(); ++i) {

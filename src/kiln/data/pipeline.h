@@ -5,8 +5,9 @@
 // an uninterrupted one would have seen.
 //
 //   PipelineConfig cfg;
-//   cfg.source = "records:/data/digits";            // or "safetensors:/d.safetensors",
-//   "digits:..." cfg.batch_size = 64; cfg.shuffle = true; cfg.seed = 1;
+//   cfg.source = "records:/data/digits";  // or "safetensors:/d.safetensors", "digits:...",
+//                                          // "text:/usr/share/common-licenses/GPL-3" + seq_len
+//   cfg.batch_size = 64; cfg.shuffle = true; cfg.seed = 1;
 //   KILN_ASSIGN_OR_RETURN(std::unique_ptr<InputPipeline> p, InputPipeline::Create(cfg));
 //   Tensor x(p->feature_type().dtype, p->feature_type().shape);   // allocated once
 //   Tensor y(p->label_type().dtype, p->label_type().shape);
@@ -26,6 +27,13 @@
 //                       records and iterator state"). All records must have the same dtypes and
 //                       shapes as the first one.
 //   "digits:PATH"       the digits CSV (digits.h): x f32 [N, 64], y s32 [N].
+//   "text:PATH"         any file as a token stream for language models, with a byte-level
+//                       tokenizer (token = byte value 0..255, vocabulary 256; no special tokens).
+//                       Needs seq_len = S >= 1. The bytes are cut into N = floor(size / (S + 1))
+//                       non-overlapping chunks of S + 1 tokens (a trailing partial chunk is
+//                       dropped); chunk i is example i: x = s32 [S] its first S tokens, y = s32 [S]
+//                       its last S (the next token of each position of x). Chunks are then
+//                       sharded, split, shuffled and batched like any other examples.
 //
 // Example numbering: examples are numbered 0..N-1 in source order (for records: the files in
 // sorted order, records in file order). Example i belongs to this host when
@@ -83,8 +91,10 @@
 namespace kiln::data {
 
 struct PipelineConfig {
-  // "safetensors:PATH", "records:GLOB_OR_DIR" or "digits:PATH" (see the top of this file).
+  // "safetensors:PATH", "records:GLOB_OR_DIR", "digits:PATH" or "text:PATH" (see the top of
+  // this file).
   std::string source;
+  int64_t seq_len = 0;  // text: sources only: tokens per example window (required, >= 1)
   int64_t batch_size = 32;
   bool shuffle = true;
   uint64_t seed = 0;

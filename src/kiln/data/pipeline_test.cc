@@ -456,5 +456,134 @@ TEST_F(PipelineTest, DigitsSource) {
   for (int i = 0; i < 64; ++i) EXPECT_TRUE(y.data<int32_t>()[i] >= 0 && y.data<int32_t>()[i] < 10);
 }
 
+// Pseudo-random lowercase letters (an LCG), so every window of a few bytes is distinct.
+std::string MakeText(int64_t bytes) {
+  std::string t(bytes, ' ');
+  uint32_t s = 12345;
+  for (int64_t j = 0; j < bytes; ++j) {
+    s = s * 1664525u + 1013904223u;
+    t[j] = static_cast<char>('a' + (s >> 16) % 26);
+  }
+  return t;
+}
+
+TEST_F(PipelineTest, TextSourceCutsNonOverlappingWindows) {
+  // 10 * 9 + 5 bytes, seq_len 8: 10 chunks of 9 bytes, the last 5 bytes dropped.
+  const std::string text = MakeText(95);
+  ASSERT_TRUE(WriteStringToFile(env_.get(), text, "/d/t.txt").ok());
+  PipelineConfig c = Config("text:/d/t.txt", 4);
+  c.seq_len = 8;
+  c.shuffle = false;
+  auto p = Make(c);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->feature_type().ToString(), "s32[4,8]");
+  EXPECT_EQ(p->label_type().ToString(), "s32[4,8]");
+  EXPECT_EQ(p->examples_per_epoch(), 10);
+  EXPECT_EQ(p->batches_per_epoch(), 2);
+  Tensor x(DType::kS32, Shape{4, 8}), y(DType::kS32, Shape{4, 8});
+  for (int b = 0; b < 2; ++b) {
+    ASSERT_TRUE(p->Next(x, y).ok());
+    for (int r = 0; r < 4; ++r) {
+      const int64_t start = (b * 4 + r) * 9;
+      for (int k = 0; k < 8; ++k) {
+        EXPECT_EQ(x.data<int32_t>()[r * 8 + k], static_cast<unsigned char>(text[start + k]));
+        EXPECT_EQ(y.data<int32_t>()[r * 8 + k], static_cast<unsigned char>(text[start + k + 1]));
+      }
+    }
+  }
+  // Bytes >= 128 are tokens 128..255, not negative.
+  ASSERT_TRUE(WriteStringToFile(env_.get(), std::string(9, '\xff'), "/d/hi.txt").ok());
+  c = Config("text:/d/hi.txt", 1);
+  c.seq_len = 8;
+  p = Make(c);
+  ASSERT_NE(p, nullptr);
+  Tensor hx(DType::kS32, Shape{1, 8}), hy(DType::kS32, Shape{1, 8});
+  ASSERT_TRUE(p->Next(hx, hy).ok());
+  EXPECT_EQ(hx.data<int32_t>()[0], 255);
+  EXPECT_EQ(hy.data<int32_t>()[7], 255);
+}
+
+TEST_F(PipelineTest, TextSourceSplitShuffleAndResume) {
+  ASSERT_TRUE(WriteStringToFile(env_.get(), MakeText(4000), "/d/t.txt").ok());
+  PipelineConfig c = Config("text:/d/t.txt", 8);
+  c.seq_len = 15;  // 250 chunks
+  c.seed = 5;
+  c.held_out_fraction = 0.2;
+  c.split_seed = 9;
+  auto train = Make(c);
+  ASSERT_NE(train, nullptr);
+  c.split = "held_out";
+  auto held = Make(c);
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(train->examples_per_epoch() + held->examples_per_epoch(), 250);
+  EXPECT_GT(held->examples_per_epoch(), 20);
+  // A chunk is identified by its window's bytes (distinct for this text).
+  auto chunk_ids = [](InputPipeline& p, int batches) {
+    std::vector<int> ids;
+    Tensor x(p.feature_type().dtype, p.feature_type().shape);
+    Tensor y(p.label_type().dtype, p.label_type().shape);
+    for (int b = 0; b < batches; ++b) {
+      EXPECT_TRUE(p.Next(x, y).ok());
+      for (int r = 0; r < 8; ++r) {
+        std::string w;
+        for (int k = 0; k < 15; ++k) w += static_cast<char>(x.data<int32_t>()[r * 15 + k]);
+        ids.push_back(static_cast<int>(std::hash<std::string>()(w) % 1000003));
+        EXPECT_EQ(y.data<int32_t>()[r * 15], x.data<int32_t>()[r * 15 + 1]);
+      }
+    }
+    return ids;
+  };
+  const std::string state0 = train->SaveState();
+  std::vector<int> first = chunk_ids(*train, 5);
+  const std::string state = train->SaveState();
+  std::vector<int> rest = chunk_ids(*train, 40);  // crosses into the next epochs
+  EXPECT_GT(train->epoch(), 0);
+
+  c.split = "train";
+  auto again = Make(c);
+  ASSERT_NE(again, nullptr);
+  ASSERT_TRUE(again->RestoreState(state).ok());
+  EXPECT_EQ(chunk_ids(*again, 40), rest);
+  ASSERT_TRUE(again->RestoreState(state0).ok());
+  EXPECT_EQ(chunk_ids(*again, 5), first);
+
+  // A different seed gives a different order; different text or seq_len refuses the state.
+  c.seed = 6;
+  auto other = Make(c);
+  ASSERT_NE(other, nullptr);
+  EXPECT_NE(chunk_ids(*other, 5), first);
+  c.seed = 5;
+  c.seq_len = 14;
+  auto shorter = Make(c);
+  ASSERT_NE(shorter, nullptr);
+  EXPECT_EQ(shorter->RestoreState(state).code(), absl::StatusCode::kFailedPrecondition);
+  std::string edited = MakeText(4000);
+  edited[100] = 'Z';
+  ASSERT_TRUE(WriteStringToFile(env_.get(), edited, "/d/t2.txt").ok());
+  c = Config("text:/d/t2.txt", 8);
+  c.seq_len = 15;
+  c.seed = 5;
+  c.held_out_fraction = 0.2;
+  c.split_seed = 9;
+  auto changed = Make(c);
+  ASSERT_NE(changed, nullptr);
+  EXPECT_EQ(changed->RestoreState(state).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(PipelineTest, TextSourceErrors) {
+  ASSERT_TRUE(WriteStringToFile(env_.get(), "short", "/d/s.txt").ok());
+  PipelineConfig c = Config("text:/d/s.txt", 1);
+  auto p = InputPipeline::Create(c, env_.get());  // seq_len missing
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(p.status().message(), HasSubstr("seq_len"));
+  c.seq_len = 8;  // 5 bytes < 9
+  p = InputPipeline::Create(c, env_.get());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(p.status().message(), HasSubstr("no window"));
+  c = Config("text:/d/missing.txt", 1);
+  c.seq_len = 8;
+  EXPECT_EQ(InputPipeline::Create(c, env_.get()).status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace kiln::data

@@ -155,6 +155,11 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
     KILN_RETURN_IF_ERROR(s.Get("channels", &c->model.channels));
     KILN_RETURN_IF_ERROR(s.Get("height", &c->model.height));
     KILN_RETURN_IF_ERROR(s.Get("width", &c->model.width));
+    KILN_RETURN_IF_ERROR(s.Get("n_layer", &c->model.n_layer));
+    KILN_RETURN_IF_ERROR(s.Get("n_head", &c->model.n_head));
+    KILN_RETURN_IF_ERROR(s.Get("n_embd", &c->model.n_embd));
+    KILN_RETURN_IF_ERROR(s.Get("n_ctx", &c->model.n_ctx));
+    KILN_RETURN_IF_ERROR(s.Get("vocab_size", &c->model.vocab_size));
     KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
   }
   {
@@ -168,6 +173,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
     KILN_RETURN_IF_ERROR(s.Get("shuffle_buffer", &c->data.shuffle_buffer));
     KILN_RETURN_IF_ERROR(s.Get("prefetch", &c->data.prefetch));
     KILN_RETURN_IF_ERROR(s.Get("num_classes", &c->data.num_classes));
+    KILN_RETURN_IF_ERROR(s.Get("seq_len", &c->data.seq_len));
     KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
   }
   {
@@ -221,11 +227,40 @@ absl::Status NonNegative(const std::string& key, double v) {
 
 absl::Status ValidateTrainConfig(const TrainConfig& c) {
   const ModelConfig& m = c.model;
+  const bool text = c.data.source.rfind("text:", 0) == 0;
   if (m.kind == "gpt") {
-    return KeyError("model.kind",
-                    "'gpt' is not trainable by `kiln train` yet (it needs a token data source); "
-                    "allowed: mlp, cnn, vit");
+    KILN_RETURN_IF_ERROR(Positive("model.n_layer", m.n_layer));
+    KILN_RETURN_IF_ERROR(Positive("model.n_head", m.n_head));
+    KILN_RETURN_IF_ERROR(Positive("model.n_embd", m.n_embd));
+    KILN_RETURN_IF_ERROR(NonNegative("model.n_ctx", m.n_ctx));
+    if (m.n_embd % m.n_head != 0) {
+      return KeyError("model.n_embd", absl::StrCat("must be a multiple of model.n_head (", m.n_head,
+                                                   "), got ", m.n_embd));
+    }
+    if (m.vocab_size < 256) {
+      return KeyError("model.vocab_size",
+                      absl::StrCat("must be >= 256 (the byte-level tokenizer of text: sources "
+                                   "emits tokens 0..255), got ",
+                                   m.vocab_size));
+    }
+    if (!(m.dropout >= 0 && m.dropout < 1)) {
+      return KeyError("model.dropout", absl::StrCat("must be in [0, 1), got ", m.dropout));
+    }
+    if (!text) {
+      return KeyError("data.source", absl::StrCat("model.kind gpt needs a \"text:PATH\" source "
+                                                  "(byte-level tokens), got '",
+                                                  c.data.source, "'"));
+    }
+    KILN_RETURN_IF_ERROR(Positive("data.seq_len", c.data.seq_len));
+    if (m.n_ctx > 0 && m.n_ctx < c.data.seq_len) {
+      return KeyError("model.n_ctx", absl::StrCat("must be 0 (= data.seq_len) or >= data.seq_len (",
+                                                  c.data.seq_len, "), got ", m.n_ctx));
+    }
+  } else if (text) {
+    return KeyError("data.source",
+                    absl::StrCat("a text: source needs model.kind gpt (got '", m.kind, "')"));
   }
+  KILN_RETURN_IF_ERROR(NonNegative("data.seq_len", c.data.seq_len));
   if (m.kind == "mlp") {
     if (m.hidden.empty()) return KeyError("model.hidden", "needs at least one width");
     for (int64_t h : m.hidden) KILN_RETURN_IF_ERROR(Positive("model.hidden", h));
@@ -249,7 +284,8 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   KILN_RETURN_IF_ERROR(Positive("model.height", m.height));
   KILN_RETURN_IF_ERROR(Positive("model.width", m.width));
 
-  if (c.data.source.empty()) return KeyError("data.source", "is required (a labeled CSV file)");
+  if (c.data.source.empty())
+    return KeyError("data.source", "is required (a labeled CSV file or a pipeline source)");
   KILN_RETURN_IF_ERROR(Positive("data.batch_size", c.data.batch_size));
   KILN_RETURN_IF_ERROR(NonNegative("data.shuffle_buffer", c.data.shuffle_buffer));
   KILN_RETURN_IF_ERROR(NonNegative("data.prefetch", static_cast<int64_t>(c.data.prefetch)));
@@ -330,7 +366,7 @@ absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
   namespace fs = std::filesystem;
   std::error_code ec;
   std::string prefix, file = c->data.source;
-  for (const char* p : {"digits:", "safetensors:", "records:"}) {
+  for (const char* p : {"digits:", "safetensors:", "records:", "text:"}) {
     if (file.rfind(p, 0) == 0) {
       prefix = p;
       file = file.substr(prefix.size());
@@ -371,6 +407,14 @@ std::string ConfigToYaml(const TrainConfig& c) {
   e << YAML::Key << "channels" << YAML::Value << c.model.channels;
   e << YAML::Key << "height" << YAML::Value << c.model.height;
   e << YAML::Key << "width" << YAML::Value << c.model.width;
+  // The gpt keys only for gpt (so older configs keep their hash); they parse back the same.
+  if (c.model.kind == "gpt") {
+    e << YAML::Key << "n_layer" << YAML::Value << c.model.n_layer;
+    e << YAML::Key << "n_head" << YAML::Value << c.model.n_head;
+    e << YAML::Key << "n_embd" << YAML::Value << c.model.n_embd;
+    e << YAML::Key << "n_ctx" << YAML::Value << c.model.n_ctx;
+    e << YAML::Key << "vocab_size" << YAML::Value << c.model.vocab_size;
+  }
   e << YAML::EndMap;
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "source" << YAML::Value << c.data.source;
@@ -382,6 +426,9 @@ std::string ConfigToYaml(const TrainConfig& c) {
   e << YAML::Key << "shuffle_buffer" << YAML::Value << c.data.shuffle_buffer;
   e << YAML::Key << "prefetch" << YAML::Value << c.data.prefetch;
   e << YAML::Key << "num_classes" << YAML::Value << c.data.num_classes;
+  if (c.data.seq_len != 0 || c.model.kind == "gpt") {
+    e << YAML::Key << "seq_len" << YAML::Value << c.data.seq_len;
+  }
   e << YAML::EndMap;
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kind" << YAML::Value << c.optimizer.kind;

@@ -23,12 +23,15 @@
 namespace kiln::train {
 
 struct ModelConfig {
-  std::string kind = "mlp";                // mlp | cnn | vit (gpt: not yet, see docs/train.md)
-  std::vector<int64_t> hidden = {64};      // mlp
-  std::vector<int64_t> widths = {16, 32};  // cnn
-  int64_t blocks_per_stage = 1;            // cnn
+  std::string kind = "mlp";                                          // mlp | cnn | vit | gpt
+  std::vector<int64_t> hidden = {64};                                // mlp
+  std::vector<int64_t> widths = {16, 32};                            // cnn
+  int64_t blocks_per_stage = 1;                                      // cnn
   int64_t patch = 2, dim = 32, depth = 2, heads = 2, mlp_ratio = 4;  // vit
-  double dropout = 0.0;                                              // vit
+  double dropout = 0.0;                                              // vit, gpt
+  // gpt (Hugging Face GPT-2 names; nn/gpt.h). n_ctx: rows of the position table, 0 = data.seq_len
+  // (must be >= data.seq_len). vocab_size: 256 for the byte-level text: source (at least 256).
+  int64_t n_layer = 2, n_head = 2, n_embd = 64, n_ctx = 0, vocab_size = 256;
   // The image layout of the dataset's feature vectors (cnn, vit): channels * height * width must
   // equal the number of features.
   int64_t channels = 1, height = 8, width = 8;
@@ -37,7 +40,7 @@ struct ModelConfig {
 struct DataConfig {
   // A labeled CSV path (.csv or .csv.gz, digits layout: 64 features then a label), loaded in
   // memory; or an input-pipeline source "digits:PATH", "records:GLOB_OR_DIR",
-  // "safetensors:PATH" (data/pipeline.h).
+  // "safetensors:PATH", "text:PATH" (byte-level tokens, for model.kind gpt; data/pipeline.h).
   std::string source;
   int64_t batch_size = 64;
   bool shuffle = true;
@@ -51,6 +54,9 @@ struct DataConfig {
   int64_t shuffle_buffer = 0;  // 0: a full permutation per epoch
   int prefetch = 2;            // batches prepared ahead on a background thread
   int64_t num_classes = 0;     // 0: infer (CSV labels; digits: 10)
+  // text: sources (model.kind gpt): tokens per training window; each example is a non-overlapping
+  // chunk of seq_len + 1 bytes of the file (data/pipeline.h).
+  int64_t seq_len = 0;
 };
 
 struct OptimizerSection {

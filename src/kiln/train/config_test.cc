@@ -61,7 +61,9 @@ TEST(ConfigTest, BadValuesNameKeyAndAllowedValues) {
   EXPECT_THAT(err("data.remainder=zero"),
               HasSubstr("data.remainder: 'zero' is not one of drop, wrap, pad"));
   EXPECT_THAT(err("nonsense"), HasSubstr("expected key=value"));
-  EXPECT_THAT(err("model.kind=gpt"), HasSubstr("model.kind"));
+  EXPECT_THAT(err("model.kind=gpt"),
+              HasSubstr("data.source: model.kind gpt needs a \"text:PATH\""));
+  EXPECT_THAT(err("data.source=text:/x.txt"), HasSubstr("needs model.kind gpt"));
 }
 
 TEST(ConfigTest, MalformedYamlIsAnError) {
@@ -84,6 +86,50 @@ TEST(ConfigTest, YamlRoundTripsAndHashIsStable) {
   EXPECT_EQ(ConfigHash(moved), ConfigHash(*c));
   moved.optimizer.lr = 0.002;
   EXPECT_NE(ConfigHash(moved), ConfigHash(*c));
+}
+
+constexpr char kGpt[] = R"(
+model: {kind: gpt, n_layer: 3, n_head: 2, n_embd: 32, dropout: 0.1}
+data: {source: "text:/usr/share/common-licenses/GPL-3", seq_len: 16, batch_size: 4}
+optimizer: {kind: adamw, lr: 0.003}
+steps: 20
+)";
+
+TEST(ConfigTest, GptKeysParseValidateAndRoundTrip) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(kGpt, "g.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.n_layer, 3);
+  EXPECT_EQ(c->model.n_head, 2);
+  EXPECT_EQ(c->model.n_embd, 32);
+  EXPECT_EQ(c->model.n_ctx, 0);
+  EXPECT_EQ(c->model.vocab_size, 256);
+  EXPECT_EQ(c->data.seq_len, 16);
+  std::string yaml = ConfigToYaml(*c);
+  EXPECT_THAT(yaml, HasSubstr("n_embd: 32"));
+  EXPECT_THAT(yaml, HasSubstr("seq_len: 16"));
+  absl::StatusOr<TrainConfig> back = ParseTrainConfig(yaml, "resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << yaml;
+  EXPECT_EQ(ConfigToYaml(*back), yaml);
+
+  auto err = [](const std::string& o) {
+    absl::StatusOr<TrainConfig> c = ParseTrainConfig(kGpt, "g.yaml", {o});
+    return c.ok() ? std::string("OK") : std::string(c.status().message());
+  };
+  EXPECT_THAT(err("model.n_embd=33"), HasSubstr("model.n_embd: must be a multiple of"));
+  EXPECT_THAT(err("model.n_layer=0"), HasSubstr("model.n_layer: must be >= 1"));
+  EXPECT_THAT(err("model.vocab_size=100"), HasSubstr("model.vocab_size: must be >= 256"));
+  EXPECT_THAT(err("model.n_ctx=8"), HasSubstr("model.n_ctx"));
+  EXPECT_EQ(err("model.n_ctx=64"), "OK");
+  EXPECT_THAT(err("data.seq_len=0"), HasSubstr("data.seq_len: must be >= 1"));
+  EXPECT_THAT(err("model.dropout=1"), HasSubstr("model.dropout"));
+  EXPECT_THAT(err("model.n_hed=2"), HasSubstr("model.n_hed: unknown key"));
+}
+
+TEST(ConfigTest, ClassifierYamlHasNoGptKeys) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_THAT(ConfigToYaml(*c), ::testing::Not(HasSubstr("n_embd")));
+  EXPECT_THAT(ConfigToYaml(*c), ::testing::Not(HasSubstr("seq_len")));
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "kiln/data/pipeline.h"
 #include "kiln/ir/builder.h"
 #include "kiln/ir/opcode.h"
+#include "kiln/nn/gpt.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/optim.h"
 #include "kiln/nn/params.h"
@@ -29,6 +30,16 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 volatile sig_atomic_t g_stop_signal = 0;
+
+// The eval metrics written to metrics.jsonl / TensorBoard (perplexity for language models).
+std::map<std::string, double> EvalScalars(const EvalResult& e) {
+  std::map<std::string, double> m = {{"eval/loss", e.loss}, {"eval/accuracy", e.accuracy}};
+  if (e.perplexity > 0) m["eval/perplexity"] = e.perplexity;
+  return m;
+}
+std::string PerplexityText(const EvalResult& e) {
+  return e.perplexity > 0 ? absl::StrFormat(" perplexity %.2f", e.perplexity) : std::string();
+}
 
 void OnStopSignal(int sig) {
   if (g_stop_signal) {
@@ -240,7 +251,7 @@ class PipelineEvalData final : public Trainer::EvalData {
 
 bool IsPipelineSource(const std::string& s) {
   return s.rfind("digits:", 0) == 0 || s.rfind("records:", 0) == 0 ||
-         s.rfind("safetensors:", 0) == 0;
+         s.rfind("safetensors:", 0) == 0 || s.rfind("text:", 0) == 0;
 }
 
 }  // namespace
@@ -277,9 +288,18 @@ absl::StatusOr<std::unique_ptr<nn::Model>> BuildModel(const ModelConfig& m, int6
                                                                      .num_classes = classes,
                                                                      .dropout = m.dropout});
     }
+  } else if (m.kind == "gpt") {
+    // features = the sequence length, classes = the vocabulary.
+    model = std::make_unique<nn::Gpt>(nn::GptConfig{.vocab_size = classes,
+                                                    .context = m.n_ctx > 0 ? m.n_ctx : features,
+                                                    .dim = m.n_embd,
+                                                    .layers = m.n_layer,
+                                                    .heads = m.n_head,
+                                                    .seq_len = features,
+                                                    .dropout = m.dropout});
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.kind: '", m.kind, "' is not trainable here; allowed: mlp, cnn, vit"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.kind: '", m.kind, "' is not trainable here; allowed: mlp, cnn, vit, gpt"));
   }
   absl::Status s = model->Validate();
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("model: ", s.message()));
@@ -387,6 +407,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   // ---- Data ----
   int64_t features = 0, num_classes = c.data.num_classes;
   std::vector<int64_t> x_dims;
+  const bool lm = c.model.kind == "gpt";  // a language model: tokens -> next tokens
   if (IsPipelineSource(c.data.source)) {
     if (c.data.remainder == "wrap") {
       return absl::InvalidArgumentError(
@@ -394,6 +415,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     }
     data::PipelineConfig pc;
     pc.source = c.data.source;
+    pc.seq_len = c.data.seq_len;
     pc.batch_size = c.data.batch_size;
     pc.shuffle = c.data.shuffle;
     pc.seed = c.data.seed;
@@ -407,7 +429,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     if (!train.ok()) return Annotate(train.status(), "data.source");
     const data::TensorSpec& ft = (*train)->feature_type();
     const data::TensorSpec& lt = (*train)->label_type();
-    if (ft.dtype != DType::kF32 || lt.dtype != DType::kS32 || lt.shape.rank() != 1) {
+    if (lm) {
+      if (ft.dtype != DType::kS32 || lt.dtype != DType::kS32 || ft.shape.rank() != 2 ||
+          !(ft == lt)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.source: model.kind gpt needs s32 [batch, seq] tokens and next-token targets; "
+            "the source gives x ",
+            ft.ToString(), " and y ", lt.ToString()));
+      }
+    } else if (ft.dtype != DType::kF32 || lt.dtype != DType::kS32 || lt.shape.rank() != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "data.source: classifier models need f32 features and s32 [batch] labels; the source "
           "gives x ",
@@ -429,7 +459,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     t->eval_batch_ = pc.batch_size;
     t->batcher_ = std::make_unique<PipelineBatcher>(*std::move(train));
     t->eval_data_ = std::make_unique<PipelineEvalData>(*std::move(held));
-    if (num_classes == 0) {
+    if (lm) {
+      num_classes = c.model.vocab_size;
+    } else if (num_classes == 0) {
       if (c.data.source.rfind("digits:", 0) != 0) {
         return absl::InvalidArgumentError(
             "data.num_classes: required for records:/safetensors: sources (0 means infer, which "
@@ -460,13 +492,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     t->eval_batch_ = std::min<int64_t>(c.data.batch_size, t->split_.held_out.size());
     t->eval_data_ = std::make_unique<CsvEvalData>(t->split_.held_out, t->eval_batch_);
   }
-  t->x_ = Tensor(DType::kF32, Shape(x_dims));
+  const DType x_dtype = lm ? DType::kS32 : DType::kF32;
+  t->x_ = Tensor(x_dtype, Shape(x_dims));
   t->x_flat_ = t->x_.Reshaped(Shape{c.data.batch_size, features});  // shares storage
-  t->y_ = Tensor(DType::kS32, Shape{c.data.batch_size});
+  t->y_ = lm ? Tensor(DType::kS32, Shape{c.data.batch_size, features})
+             : Tensor(DType::kS32, Shape{c.data.batch_size});
   std::vector<int64_t> eval_dims = x_dims;
   eval_dims[0] = t->eval_batch_;
-  t->eval_x_ = Tensor(DType::kF32, Shape(eval_dims));
-  t->eval_y_ = Tensor(DType::kS32, Shape{t->eval_batch_});
+  t->eval_x_ = Tensor(x_dtype, Shape(eval_dims));
+  t->eval_y_ = lm ? Tensor(DType::kS32, Shape{t->eval_batch_, features})
+                  : Tensor(DType::kS32, Shape{t->eval_batch_});
+  t->tokens_per_example_ = lm ? features : 0;
 
   // ---- Model and compiled step ----
   KILN_ASSIGN_OR_RETURN(t->model_, BuildModel(c.model, features, num_classes));
@@ -484,7 +520,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   }
   t->compile_seconds_ = t->step_->compile_seconds();
   for (const std::string& name : t->step_->data_inputs()) {
-    if (name != "x" && name != "labels") {
+    if (name != "x" && name != "labels" && name != "tokens" && name != "targets") {
       return absl::InternalError(absl::StrCat("unexpected data input '", name, "' of the model"));
     }
   }
@@ -637,18 +673,23 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(int64_t max_batches) {
   const nn::ParamStore& p = step_->params();
   for (int i = 0; i < p.size(); ++i) in[p.names()[i]] = p.value(i);
   const int64_t f = eval_x_.num_elements() / eval_batch_;
+  const bool lm = tokens_per_example_ > 0;
+  const char* x_name = lm ? "tokens" : "x";
+  const char* y_name = lm ? "targets" : "labels";
+  // Predictions per batch: one per example, or one per token for a language model.
+  const int64_t per_batch = eval_y_.num_elements();
   double loss_sum = 0;
   int64_t correct = 0;
   for (int64_t b = 0; b < batches; ++b) {
     KILN_RETURN_IF_ERROR(eval_data_->Next(eval_x_, eval_y_));
-    in["x"] = eval_x_.Reshaped(Shape{eval_batch_, f});
-    in["labels"] = eval_y_;
+    in[x_name] = lm ? eval_x_ : eval_x_.Reshaped(Shape{eval_batch_, f});
+    in[y_name] = eval_y_;
     KILN_ASSIGN_OR_RETURN(auto lo, eval_loss_->RunNamed(in));
     loss_sum += lo.at("loss").GetDouble(0);
-    in.erase("labels");
+    in.erase(y_name);
     KILN_ASSIGN_OR_RETURN(auto pr, eval_predict_->RunNamed(in));
     const Tensor& pred = pr.at("prediction");
-    for (int64_t i = 0; i < eval_batch_; ++i) {
+    for (int64_t i = 0; i < per_batch; ++i) {
       if (static_cast<int64_t>(pred.GetDouble(i)) == eval_y_.data<int32_t>()[i]) ++correct;
     }
   }
@@ -656,7 +697,8 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(int64_t max_batches) {
   r.examples = batches * eval_batch_;
   if (batches > 0) {
     r.loss = loss_sum / batches;
-    r.accuracy = static_cast<double>(correct) / r.examples;
+    r.accuracy = static_cast<double>(correct) / (batches * per_batch);
+    if (lm) r.perplexity = std::exp(r.loss);
   }
   return r;
 }
@@ -676,7 +718,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
 
   std::vector<const Tensor*> data;
   for (const std::string& name : step_->data_inputs()) {
-    data.push_back(name == "x" ? &x_flat_ : &y_);
+    data.push_back(name == "x" || name == "tokens" ? &x_flat_ : &y_);
   }
 
   const bool profiling = options_.profile_steps.has_value();
@@ -701,7 +743,20 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       break;
     }
     const int64_t number = step_->step() + 1;  // 1-based, as logged
-    profiler_.set_enabled(profiling && number >= prof_a && number < prof_b);
+    const bool profile_this = profiling && number >= prof_a && number < prof_b;
+    if (profile_this != profiler_.enabled()) {
+      // Per-kernel events: one complete event per thunk of the step, named as the thunk is
+      // (op, node id, implementation), only inside the profiled window.
+      runtime::Executable& exe = step_->mutable_executable();
+      if (profile_this) {
+        exe.set_thunk_observer([this, &exe](int i, int64_t start_ns, int64_t end_ns) {
+          profiler_.AddComplete("kernel", exe.thunk(i).name(), start_ns, end_ns);
+        });
+      } else {
+        exe.set_thunk_observer(nullptr);
+      }
+    }
+    profiler_.set_enabled(profile_this);
     auto t0 = Clock::now();
     {
       auto s = profiler_.Scope("input", "next_batch");
@@ -739,16 +794,21 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     evaluated_last = false;
     if (number % c.log_every == 0 || number == c.steps) {
       double ex_s = window_time > 0 ? window_steps * c.data.batch_size / window_time : 0;
-      KILN_RETURN_IF_ERROR(
-          WriteMetrics(number, {{"loss", m.loss},
-                                {"lr", m.lr},
-                                {"grad_norm", m.grad_norm},
-                                {"examples_per_second", ex_s},
-                                {"step_time_ms", 1e3 * window_time / window_steps},
-                                {"epoch", static_cast<double>(batcher_->epoch())}}));
+      std::map<std::string, double> scalars = {{"loss", m.loss},
+                                               {"lr", m.lr},
+                                               {"grad_norm", m.grad_norm},
+                                               {"examples_per_second", ex_s},
+                                               {"step_time_ms", 1e3 * window_time / window_steps},
+                                               {"epoch", static_cast<double>(batcher_->epoch())}};
+      std::string tok;
+      if (tokens_per_example_ > 0) {
+        scalars["tokens_per_second"] = ex_s * tokens_per_example_;
+        tok = absl::StrFormat(" (%.0f tokens/s)", ex_s * tokens_per_example_);
+      }
+      KILN_RETURN_IF_ERROR(WriteMetrics(number, scalars));
       if (!options_.tty) {
-        Log(absl::StrFormat("step %d/%d loss %.4f lr %.3g grad_norm %.3g %.0f ex/s", number,
-                            c.steps, m.loss, m.lr, m.grad_norm, ex_s));
+        Log(absl::StrFormat("step %d/%d loss %.4f lr %.3g grad_norm %.3g %.0f ex/s%s", number,
+                            c.steps, m.loss, m.lr, m.grad_norm, ex_s, tok));
       }
       window_time = 0;
       window_steps = 0;
@@ -763,10 +823,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     if (c.eval_every > 0 && number % c.eval_every == 0) {
       auto s = profiler_.Scope("eval", "evaluate");
       KILN_ASSIGN_OR_RETURN(EvalResult e, Evaluate(c.eval_batches));
-      KILN_RETURN_IF_ERROR(
-          WriteMetrics(number, {{"eval/loss", e.loss}, {"eval/accuracy", e.accuracy}}));
-      Log(absl::StrFormat("eval at step %d: loss %.4f accuracy %.4f (%d examples)", number, e.loss,
-                          e.accuracy, e.examples));
+      KILN_RETURN_IF_ERROR(WriteMetrics(number, EvalScalars(e)));
+      Log(absl::StrFormat("eval at step %d: loss %.4f%s accuracy %.4f (%d examples)", number,
+                          e.loss, PerplexityText(e), e.accuracy, e.examples));
       result.final_eval = e;
       evaluated_last = true;
     }
@@ -787,6 +846,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     if (options_.stop_after_steps > 0 && ran >= options_.stop_after_steps) RequestStop();
   }
   profiler_.set_enabled(false);
+  step_->mutable_executable().set_thunk_observer(nullptr);
 
   // Final checkpoint: synchronous, so "exit 75" / "done" means it is committed.
   if (last_saved_step_ != step_->step() || ran > 0) {
@@ -797,8 +857,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   result.checkpoint = absl::StrCat(ckpt_->root(), "/step_", step_->step());
   if (!result.preempted && !evaluated_last) {
     KILN_ASSIGN_OR_RETURN(EvalResult e, Evaluate(c.eval_batches));
-    KILN_RETURN_IF_ERROR(
-        WriteMetrics(step_->step(), {{"eval/loss", e.loss}, {"eval/accuracy", e.accuracy}}));
+    KILN_RETURN_IF_ERROR(WriteMetrics(step_->step(), EvalScalars(e)));
     result.final_eval = e;
   }
   KILN_RETURN_IF_ERROR(metrics_->Close());
@@ -806,6 +865,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   if (timed_steps > 0) {
     result.examples_per_second =
         timed_steps * c.data.batch_size / Seconds(Clock::now() - timed_start);
+    result.tokens_per_second = result.examples_per_second * tokens_per_example_;
   }
   (void)run_start;
   if (result.preempted) {
@@ -814,12 +874,21 @@ absl::StatusOr<TrainResult> Trainer::Run() {
                         "(exit %d)",
                         result.final_step, result.checkpoint, kExitPreempted));
   } else {
-    std::string ev = result.final_eval
-                         ? absl::StrFormat(", held-out loss %.4f accuracy %.4f",
-                                           result.final_eval->loss, result.final_eval->accuracy)
-                         : "";
-    Log(absl::StrFormat("done: step %d, %.0f examples/s%s; checkpoint %s", result.final_step,
-                        result.examples_per_second, ev, result.checkpoint));
+    std::string ev =
+        result.final_eval
+            ? absl::StrFormat(", held-out loss %.4f%s accuracy %.4f", result.final_eval->loss,
+                              PerplexityText(*result.final_eval), result.final_eval->accuracy)
+            : "";
+    std::string tok = tokens_per_example_ > 0
+                          ? absl::StrFormat(" (%.0f tokens/s)", result.tokens_per_second)
+                          : "";
+    if (tokens_per_example_ > 0 && !result.losses.empty()) {
+      Log(absl::StrFormat("training loss: %.4f at step %d -> %.4f at step %d",
+                          result.losses.front(), start_step_ + 1, result.losses.back(),
+                          result.final_step));
+    }
+    Log(absl::StrFormat("done: step %d, %.0f examples/s%s%s; checkpoint %s", result.final_step,
+                        result.examples_per_second, tok, ev, result.checkpoint));
   }
   if (profiling) {
     KILN_RETURN_IF_ERROR(ReportProfile(prof_total, prof_input, prof_compute, prof_steps));

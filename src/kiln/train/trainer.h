@@ -73,9 +73,10 @@ struct TrainerOptions {
 };
 
 struct EvalResult {
-  double loss = 0;
-  double accuracy = 0;
-  int64_t examples = 0;
+  double loss = 0;        // mean cross-entropy (per example; per token for gpt), nats
+  double accuracy = 0;    // classifiers: of examples; gpt: next-token accuracy over all positions
+  int64_t examples = 0;   // examples (gpt: sequences of data.seq_len tokens)
+  double perplexity = 0;  // gpt: exp(loss); 0 for classifiers
 };
 
 struct TrainResult {
@@ -84,6 +85,7 @@ struct TrainResult {
   bool preempted = false;          // stopped by a signal / RequestStop before `steps`
   std::vector<float> losses;       // the loss of each step this process ran, in order
   double examples_per_second = 0;  // over the steps this process ran (excluding the first)
+  double tokens_per_second = 0;    // gpt: examples_per_second * data.seq_len; 0 otherwise
   std::optional<EvalResult> final_eval;
   std::string checkpoint;          // the last committed checkpoint directory
   std::vector<std::string> notes;  // restore notes (skipped damaged checkpoints, ...)
@@ -134,6 +136,7 @@ class Trainer {
   std::unique_ptr<EvalData> eval_data_;
   std::unique_ptr<runtime::Executable> eval_loss_, eval_predict_;
   int64_t eval_batch_ = 0;
+  int64_t tokens_per_example_ = 0;  // gpt: data.seq_len (inputs "tokens"/"targets"); 0 otherwise
   std::unique_ptr<CheckpointManager> ckpt_;
   std::unique_ptr<MultiSink> metrics_;
   Profiler profiler_;
@@ -149,7 +152,8 @@ class Trainer {
 // Multiply-adds x2 of every dot_general and conv2d (forward and backward) node of `graph`.
 double CountMatmulFlops(const ir::Graph& graph);
 
-// Builds the model a config describes, for `num_features` inputs and `num_classes` classes.
+// Builds the model a config describes, for `num_features` inputs and `num_classes` classes
+// (gpt: num_features = the sequence length, num_classes = the vocabulary size).
 absl::StatusOr<std::unique_ptr<nn::Model>> BuildModel(const ModelConfig& config,
                                                       int64_t num_features, int64_t num_classes);
 

@@ -1,7 +1,10 @@
 #include "kiln/train/trainer.h"
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "gtest/gtest.h"
@@ -30,6 +33,22 @@ TrainConfig SmallConfig(const std::string& out, const std::string& source = kCsv
       "schedule: {kind: cosine, warmup_steps: 3, min_lr: 0.001}\n"
       "steps: 30\neval_every: 10\ncheckpoint_every: 5\nlog_every: 5\n",
       "test", {"output_dir=" + out, "data.source=" + source});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+// A tiny GPT on the GPL-3 text (Debian base-files) with byte-level tokens; dropout on, so the
+// resumed run must also restore the dropout RNG position.
+constexpr char kText[] = "/usr/share/common-licenses/GPL-3";
+
+TrainConfig GptConfig(const std::string& out) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(
+      "model: {kind: gpt, n_layer: 1, n_head: 2, n_embd: 16, dropout: 0.1}\n"
+      "data: {source: SOURCE, seq_len: 16, batch_size: 4, seed: 3, held_out_fraction: 0.05}\n"
+      "optimizer: {kind: adamw, lr: 0.01, weight_decay: 0.01, clip_norm: 1.0}\n"
+      "schedule: {kind: cosine, warmup_steps: 3, min_lr: 0.001}\n"
+      "steps: 30\neval_every: 10\neval_batches: 2\ncheckpoint_every: 5\nlog_every: 5\n",
+      "test", {"output_dir=" + out, std::string("data.source=text:") + kText});
   EXPECT_TRUE(c.ok()) << c.status();
   return *c;
 }
@@ -71,16 +90,16 @@ TEST(TrainerTest, TrainsWritesOutputsAndEvaluates) {
 
 // N steps straight vs K steps, stop, resume (new Trainer from the checkpoint) to N: same loss at
 // every step and bitwise-equal final parameters and optimizer state.
-void CheckStopAndResumeIsBitIdentical(const std::string& source) {
+void CheckStopAndResumeIsBitIdentical(const std::function<TrainConfig(const std::string&)>& make) {
   auto cpu = runtime::MakeCpuBackend();
   std::string a = TempDir("straight"), b = TempDir("resumed");
-  auto t1 = Trainer::Create(SmallConfig(a, source), {.backend = cpu.get()});
+  auto t1 = Trainer::Create(make(a), {.backend = cpu.get()});
   ASSERT_TRUE(t1.ok()) << t1.status();
   auto straight = (*t1)->Run();
   ASSERT_TRUE(straight.ok()) << straight.status();
 
   // Stop after 12 steps (not a checkpoint_every multiple: the stop writes its own checkpoint).
-  auto t2 = Trainer::Create(SmallConfig(b, source), {.backend = cpu.get(), .stop_after_steps = 12});
+  auto t2 = Trainer::Create(make(b), {.backend = cpu.get(), .stop_after_steps = 12});
   ASSERT_TRUE(t2.ok()) << t2.status();
   auto first = (*t2)->Run();
   ASSERT_TRUE(first.ok()) << first.status();
@@ -89,7 +108,7 @@ void CheckStopAndResumeIsBitIdentical(const std::string& source) {
   EXPECT_TRUE(fs::exists(b + "/checkpoints/step_12/manifest.json"));
   t2->reset();
 
-  auto t3 = Trainer::Create(SmallConfig(b, source), {.backend = cpu.get()});
+  auto t3 = Trainer::Create(make(b), {.backend = cpu.get()});
   ASSERT_TRUE(t3.ok()) << t3.status();
   EXPECT_EQ((*t3)->start_step(), 12);
   auto second = (*t3)->Run();
@@ -118,11 +137,58 @@ void CheckStopAndResumeIsBitIdentical(const std::string& source) {
   fs::remove_all(b);
 }
 
-TEST(TrainerTest, StopAndResumeIsBitIdentical) { CheckStopAndResumeIsBitIdentical(kCsv); }
+TEST(TrainerTest, StopAndResumeIsBitIdentical) {
+  CheckStopAndResumeIsBitIdentical([](const std::string& out) { return SmallConfig(out); });
+}
 
 // The same through data/pipeline.h (prefetch thread on; its state string is checkpointed).
 TEST(TrainerTest, StopAndResumeIsBitIdenticalWithInputPipeline) {
-  CheckStopAndResumeIsBitIdentical(kPipeline);
+  CheckStopAndResumeIsBitIdentical(
+      [](const std::string& out) { return SmallConfig(out, kPipeline); });
+}
+
+// A GPT on a text: source (token windows, dropout RNG, AdamW state) resumes bit for bit.
+TEST(TrainerTest, GptStopAndResumeIsBitIdentical) {
+  if (!fs::exists(kText)) GTEST_SKIP() << "no " << kText;
+  CheckStopAndResumeIsBitIdentical(GptConfig);
+}
+
+TEST(TrainerTest, GptTrainsOnTextAndReportsPerplexity) {
+  if (!fs::exists(kText)) GTEST_SKIP() << "no " << kText;
+  std::string out = TempDir("gpt");
+  auto cpu = runtime::MakeCpuBackend();
+  TrainConfig c = GptConfig(out);
+  c.model.dropout = 0;
+  auto t = Trainer::Create(c, {.backend = cpu.get()});
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto r = (*t)->Run();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->losses.size(), 30u);
+  // Byte-level: uniform over 256 tokens is ln 256 = 5.55 at the start.
+  EXPECT_NEAR(r->losses.front(), std::log(256.0), 0.3);
+  EXPECT_LT(r->losses.back(), r->losses.front() - 1.0);
+  ASSERT_TRUE(r->final_eval.has_value());
+  EXPECT_EQ(r->final_eval->examples, 8);  // eval_batches 2 of 4 sequences
+  EXPECT_NEAR(r->final_eval->perplexity, std::exp(r->final_eval->loss), 1e-9);
+  EXPECT_GT(r->final_eval->accuracy, 0.05);  // next-token accuracy over all positions
+  EXPECT_GT(r->tokens_per_second, 0);
+  EXPECT_NEAR(r->tokens_per_second, 16 * r->examples_per_second, 1e-6 * r->tokens_per_second);
+  std::ifstream m(out + "/metrics.jsonl");
+  std::string line;
+  bool saw_ppl = false, saw_tok = false;
+  while (std::getline(m, line)) {
+    auto j = nlohmann::json::parse(line);
+    saw_ppl |= j.contains("eval/perplexity");
+    saw_tok |= j.contains("tokens_per_second");
+  }
+  EXPECT_TRUE(saw_ppl);
+  EXPECT_TRUE(saw_tok);
+  // The checkpoint holds Hugging Face GPT-2 names.
+  bool wte = false;
+  for (const std::string& n : (*t)->train_step().params().names())
+    wte |= n == "transformer.wte.weight";
+  EXPECT_TRUE(wte);
+  fs::remove_all(out);
 }
 
 TEST(TrainerTest, PipelineSourceTrainsAndEvaluates) {
