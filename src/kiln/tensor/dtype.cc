@@ -15,11 +15,16 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kInfo[kNumDTypes] = {
-    {DType::kF32, "f32", "F32", 4},          {DType::kBF16, "bf16", "BF16", 2},
-    {DType::kF16, "f16", "F16", 2},          {DType::kF8E4M3, "f8e4m3", "F8_E4M3", 1},
-    {DType::kF8E5M2, "f8e5m2", "F8_E5M2", 1}, {DType::kF64, "f64", "F64", 8},
-    {DType::kS8, "s8", "I8", 1},             {DType::kU8, "u8", "U8", 1},
-    {DType::kS32, "s32", "I32", 4},          {DType::kS64, "s64", "I64", 8},
+    {DType::kF32, "f32", "F32", 4},
+    {DType::kBF16, "bf16", "BF16", 2},
+    {DType::kF16, "f16", "F16", 2},
+    {DType::kF8E4M3, "f8e4m3", "F8_E4M3", 1},
+    {DType::kF8E5M2, "f8e5m2", "F8_E5M2", 1},
+    {DType::kF64, "f64", "F64", 8},
+    {DType::kS8, "s8", "I8", 1},
+    {DType::kU8, "u8", "U8", 1},
+    {DType::kS32, "s32", "I32", 4},
+    {DType::kS64, "s64", "I64", 8},
     {DType::kBool, "bool", "BOOL", 1},
 };
 
@@ -47,7 +52,7 @@ uint32_t RoundToSmallFloat(float a, int ebits, int mbits, int bias) {
     // Subnormal in target: value = k * 2^(1 - bias - mbits).
     float scaled = std::ldexp(a, bias - 1 + mbits);
     float r = std::nearbyint(scaled);  // default rounding mode: nearest even
-    return static_cast<uint32_t>(r);  // may round up into the smallest normal: bits still right
+    return static_cast<uint32_t>(r);   // may round up into the smallest normal: bits still right
   }
   float scaled = std::ldexp(m * 2.0f, mbits);  // in [2^mbits, 2^(mbits+1))
   float r = std::nearbyint(scaled);
@@ -163,34 +168,112 @@ T SaturatingCast(double v) {
 
 double LoadAsDouble(const void* base, DType t, int64_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16: return F16ToFloat(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF8E4M3: return F8E4M3ToFloat(static_cast<const uint8_t*>(base)[i]);
-    case DType::kF8E5M2: return F8E5M2ToFloat(static_cast<const uint8_t*>(base)[i]);
-    case DType::kF64: return static_cast<const double*>(base)[i];
-    case DType::kS8: return static_cast<const int8_t*>(base)[i];
-    case DType::kU8: return static_cast<const uint8_t*>(base)[i];
-    case DType::kS32: return static_cast<const int32_t*>(base)[i];
-    case DType::kS64: return static_cast<double>(static_cast<const int64_t*>(base)[i]);
-    case DType::kBool: return static_cast<const uint8_t*>(base)[i] ? 1.0 : 0.0;
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kBF16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return F16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF8E4M3:
+      return F8E4M3ToFloat(static_cast<const uint8_t*>(base)[i]);
+    case DType::kF8E5M2:
+      return F8E5M2ToFloat(static_cast<const uint8_t*>(base)[i]);
+    case DType::kF64:
+      return static_cast<const double*>(base)[i];
+    case DType::kS8:
+      return static_cast<const int8_t*>(base)[i];
+    case DType::kU8:
+      return static_cast<const uint8_t*>(base)[i];
+    case DType::kS32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::kS64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case DType::kBool:
+      return static_cast<const uint8_t*>(base)[i] ? 1.0 : 0.0;
   }
   return 0;
 }
 
 void StoreFromDouble(void* base, DType t, int64_t i, double v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(base)[i] = static_cast<float>(v); return;
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = FloatToBf16(static_cast<float>(v)); return;
-    case DType::kF16: static_cast<uint16_t*>(base)[i] = FloatToF16(static_cast<float>(v)); return;
-    case DType::kF8E4M3: static_cast<uint8_t*>(base)[i] = FloatToF8E4M3(static_cast<float>(v)); return;
-    case DType::kF8E5M2: static_cast<uint8_t*>(base)[i] = FloatToF8E5M2(static_cast<float>(v)); return;
-    case DType::kF64: static_cast<double*>(base)[i] = v; return;
-    case DType::kS8: static_cast<int8_t*>(base)[i] = SaturatingCast<int8_t>(v); return;
-    case DType::kU8: static_cast<uint8_t*>(base)[i] = SaturatingCast<uint8_t>(v); return;
-    case DType::kS32: static_cast<int32_t*>(base)[i] = SaturatingCast<int32_t>(v); return;
-    case DType::kS64: static_cast<int64_t*>(base)[i] = SaturatingCast<int64_t>(v); return;
-    case DType::kBool: static_cast<uint8_t*>(base)[i] = (v != 0.0) ? 1 : 0; return;
+    case DType::kF32:
+      static_cast<float*>(base)[i] = static_cast<float>(v);
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = FloatToBf16(static_cast<float>(v));
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = FloatToF16(static_cast<float>(v));
+      return;
+    case DType::kF8E4M3:
+      static_cast<uint8_t*>(base)[i] = FloatToF8E4M3(static_cast<float>(v));
+      return;
+    case DType::kF8E5M2:
+      static_cast<uint8_t*>(base)[i] = FloatToF8E5M2(static_cast<float>(v));
+      return;
+    case DType::kF64:
+      static_cast<double*>(base)[i] = v;
+      return;
+    case DType::kS8:
+      static_cast<int8_t*>(base)[i] = SaturatingCast<int8_t>(v);
+      return;
+    case DType::kU8:
+      static_cast<uint8_t*>(base)[i] = SaturatingCast<uint8_t>(v);
+      return;
+    case DType::kS32:
+      static_cast<int32_t*>(base)[i] = SaturatingCast<int32_t>(v);
+      return;
+    case DType::kS64:
+      static_cast<int64_t*>(base)[i] = SaturatingCast<int64_t>(v);
+      return;
+    case DType::kBool:
+      static_cast<uint8_t*>(base)[i] = (v != 0.0) ? 1 : 0;
+      return;
+  }
+}
+
+int64_t LoadAsInt64(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kS8:
+      return static_cast<const int8_t*>(base)[i];
+    case DType::kU8:
+      return static_cast<const uint8_t*>(base)[i];
+    case DType::kS32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::kS64:
+      return static_cast<const int64_t*>(base)[i];
+    case DType::kBool:
+      return static_cast<const uint8_t*>(base)[i] ? 1 : 0;
+    default: {
+      double v = LoadAsDouble(base, t, i);
+      if (std::isnan(v)) return 0;
+      if (v >= 9.2233720368547758e18) return std::numeric_limits<int64_t>::max();
+      if (v <= -9.2233720368547758e18) return std::numeric_limits<int64_t>::min();
+      return static_cast<int64_t>(v);
+    }
+  }
+}
+
+void StoreFromInt64(void* base, DType t, int64_t i, int64_t v) {
+  switch (t) {
+    case DType::kS8:
+      static_cast<int8_t*>(base)[i] = static_cast<int8_t>(v);
+      return;
+    case DType::kU8:
+      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v);
+      return;
+    case DType::kS32:
+      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kS64:
+      static_cast<int64_t*>(base)[i] = v;
+      return;
+    case DType::kBool:
+      static_cast<uint8_t*>(base)[i] = v != 0 ? 1 : 0;
+      return;
+    default:
+      StoreFromDouble(base, t, i, static_cast<double>(v));
+      return;
   }
 }
 

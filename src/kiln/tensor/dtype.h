@@ -36,10 +36,10 @@ std::string_view DTypeName(DType t);        // "f32", "bf16", ..., "bool"
 std::string_view SafetensorsName(DType t);  // "F32", "BF16", ..., "BOOL"
 std::optional<DType> DTypeFromName(std::string_view name);
 std::optional<DType> DTypeFromSafetensorsName(std::string_view name);
-int64_t DTypeSize(DType t);  // bytes per element
-bool IsFloating(DType t);    // f32, bf16, f16, f8*, f64
-bool IsInteger(DType t);     // s8, u8, s32, s64
-bool IsStorageOnly(DType t); // f8e4m3, f8e5m2
+int64_t DTypeSize(DType t);   // bytes per element
+bool IsFloating(DType t);     // f32, bf16, f16, f8*, f64
+bool IsInteger(DType t);      // s8, u8, s32, s64
+bool IsStorageOnly(DType t);  // f8e4m3, f8e5m2
 
 // Scalar conversions. Float -> narrow float rounds to nearest even; NaN stays NaN.
 uint16_t FloatToBf16(float f);
@@ -57,6 +57,13 @@ double LoadAsDouble(const void* base, DType t, int64_t i);
 // Stores v into element i, rounding to t. Float -> integer truncates toward zero and saturates;
 // NaN -> 0. Any nonzero -> true for bool.
 void StoreFromDouble(void* base, DType t, int64_t i, double v);
+
+// Element i as an exact int64: integers and bool exactly; floats truncate toward zero and
+// saturate (NaN -> 0).
+int64_t LoadAsInt64(const void* base, DType t, int64_t i);
+// Stores an int64 into element i: integers wrap (two's complement, like a C++ cast), bool is
+// v != 0, floats round from double.
+void StoreFromInt64(void* base, DType t, int64_t i, int64_t v);
 
 }  // namespace kiln
 

@@ -364,41 +364,6 @@ void StoreDoubles(DType t, void* base, int64_t start, int64_t n, const double* i
   }
 }
 
-int64_t LoadIntExact(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kS8:
-      return static_cast<const int8_t*>(p)[i];
-    case DType::kS32:
-      return static_cast<const int32_t*>(p)[i];
-    case DType::kS64:
-      return static_cast<const int64_t*>(p)[i];
-    case DType::kBool:
-      return static_cast<const uint8_t*>(p)[i] != 0;
-    default:
-      return static_cast<const uint8_t*>(p)[i];  // u8
-  }
-}
-
-void StoreIntWrap(void* p, DType t, int64_t i, int64_t v) {
-  switch (t) {
-    case DType::kS8:
-      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
-      return;
-    case DType::kS32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      return;
-    case DType::kS64:
-      static_cast<int64_t*>(p)[i] = v;
-      return;
-    case DType::kBool:
-      static_cast<uint8_t*>(p)[i] = v != 0;
-      return;
-    default:
-      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
-      return;  // u8
-  }
-}
-
 }  // namespace
 
 LowerResult LowerUnaryLoop(const ir::Node& n, LowerContext& lc) {
@@ -509,7 +474,7 @@ LowerResult LowerConvertLoop(const ir::Node& n, LowerContext& lc) {
       const void* x = ctx.buffers[in];
       void* y = ctx.buffers[out];
       ParallelFor(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) StoreIntWrap(y, to, i, LoadIntExact(x, from, i));
+        for (int64_t i = b; i < e; ++i) StoreFromInt64(y, to, i, LoadAsInt64(x, from, i));
       });
     });
   }

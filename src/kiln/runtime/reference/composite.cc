@@ -112,7 +112,7 @@ absl::StatusOr<Kernel> CrossEntropy(const ir::Graph& g, const ir::Node& n) {
   int logits = n.operand(0), labels = n.operand(1), y = n.id();
   return Kernel([=, row = std::vector<double>(c)](RunContext& ctx) mutable {
     for (int64_t r = 0; r < rows; ++r) {
-      int64_t label = LoadInt(In(ctx, labels), lab_t, r);
+      int64_t label = LoadAsInt64(In(ctx, labels), lab_t, r);
       if (label < 0 || label >= c) {
         StoreFromDouble(Out(ctx, y), out_t, r, 0.0);
         continue;

@@ -81,9 +81,9 @@ absl::StatusOr<Kernel> DotGeneral(const ir::Graph& g, const ir::Node& n) {
       if (integer) {
         uint64_t acc = 0;  // wraps like the integer types do
         for (int64_t c = 0; c < c_count; ++c)
-          acc += static_cast<uint64_t>(LoadInt(In(ctx, lhs), l_t, lbase + c_loff[c])) *
-                 static_cast<uint64_t>(LoadInt(In(ctx, rhs), r_t, rbase + c_roff[c]));
-        StoreInt(Out(ctx, y), out_t, o, static_cast<int64_t>(acc));
+          acc += static_cast<uint64_t>(LoadAsInt64(In(ctx, lhs), l_t, lbase + c_loff[c])) *
+                 static_cast<uint64_t>(LoadAsInt64(In(ctx, rhs), r_t, rbase + c_roff[c]));
+        StoreFromInt64(Out(ctx, y), out_t, o, static_cast<int64_t>(acc));
       } else {
         double acc = 0;
         for (int64_t c = 0; c < c_count; ++c)

@@ -49,12 +49,6 @@ inline constexpr unsigned kFloatTypes = 1, kIntTypes = 2, kBoolTypes = 4, kAnyTy
 absl::Status CheckDType(const ir::Node& n, DType t, unsigned allowed, const std::string& what);
 absl::Status Unsupported(const ir::Node& n, const std::string& why);
 
-// Element i of a buffer as an exact int64: integers and bool exactly, floats truncated.
-int64_t LoadInt(const void* base, DType t, int64_t i);
-// Stores an int64 into element i: integers wrap (two's complement, like a C++ cast), bool is
-// v != 0, floats round from double.
-void StoreInt(void* base, DType t, int64_t i, int64_t v);
-
 inline const void* In(const RunContext& ctx, int id) { return ctx.buffers[id]; }
 inline void* Out(RunContext& ctx, int id) { return ctx.buffers[id]; }
 

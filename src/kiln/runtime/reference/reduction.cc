@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kiln/base/status.h"
+#include "kiln/ir/element_semantics.h"
 #include "kiln/runtime/reference/kernels.h"
 
 namespace kiln::runtime::reference {
@@ -90,14 +91,14 @@ absl::StatusOr<Kernel> Reduce(const ir::Graph& g, const ir::Node& n) {
     std::fill(acc.begin(), acc.end(), init);
     std::vector<int64_t> idx;
     for (int64_t i = 0; i < in_count; ++i) {
-      int64_t v = LoadInt(In(ctx, x), in_t, i);
+      int64_t v = LoadAsInt64(In(ctx, x), in_t, i);
       int64_t& a = acc[map(i, idx)];
       if (op == Opcode::kReduceSum)
-        a = static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(v));
+        a = ir::WrapAdd(a, v);
       else if (op == Opcode::kReduceMax ? v > a : v < a)
         a = v;
     }
-    for (int64_t o = 0; o < out_count; ++o) StoreInt(Out(ctx, y), out_t, o, acc[o]);
+    for (int64_t o = 0; o < out_count; ++o) StoreFromInt64(Out(ctx, y), out_t, o, acc[o]);
   });
 }
 
@@ -122,11 +123,11 @@ absl::StatusOr<Kernel> ArgMax(const ir::Graph& g, const ir::Node& n) {
                    b = LoadAsDouble(In(ctx, x), in_t, best_at);
             better = !std::isnan(b) && (std::isnan(v) || v > b);
           } else {
-            better = LoadInt(In(ctx, x), in_t, at) > LoadInt(In(ctx, x), in_t, best_at);
+            better = LoadAsInt64(In(ctx, x), in_t, at) > LoadAsInt64(In(ctx, x), in_t, best_at);
           }
           if (better) best = k;
         }
-        StoreInt(Out(ctx, y), out_t, o * s.inner + i, best);
+        StoreFromInt64(Out(ctx, y), out_t, o * s.inner + i, best);
       }
   });
 }

@@ -25,51 +25,6 @@ absl::Status CheckDType(const ir::Node& n, DType t, unsigned allowed, const std:
   return Unsupported(n, "dtype " + std::string(DTypeName(t)) + " is not supported (" + what + ")");
 }
 
-int64_t LoadInt(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::kS8:
-      return static_cast<const int8_t*>(base)[i];
-    case DType::kU8:
-      return static_cast<const uint8_t*>(base)[i];
-    case DType::kS32:
-      return static_cast<const int32_t*>(base)[i];
-    case DType::kS64:
-      return static_cast<const int64_t*>(base)[i];
-    case DType::kBool:
-      return static_cast<const uint8_t*>(base)[i] ? 1 : 0;
-    default: {
-      double v = LoadAsDouble(base, t, i);
-      if (std::isnan(v)) return 0;
-      if (v >= 9.2233720368547758e18) return std::numeric_limits<int64_t>::max();
-      if (v <= -9.2233720368547758e18) return std::numeric_limits<int64_t>::min();
-      return static_cast<int64_t>(v);
-    }
-  }
-}
-
-void StoreInt(void* base, DType t, int64_t i, int64_t v) {
-  switch (t) {
-    case DType::kS8:
-      static_cast<int8_t*>(base)[i] = static_cast<int8_t>(v);
-      return;
-    case DType::kU8:
-      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v);
-      return;
-    case DType::kS32:
-      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
-      return;
-    case DType::kS64:
-      static_cast<int64_t*>(base)[i] = v;
-      return;
-    case DType::kBool:
-      static_cast<uint8_t*>(base)[i] = v != 0 ? 1 : 0;
-      return;
-    default:
-      StoreFromDouble(base, t, i, static_cast<double>(v));
-      return;
-  }
-}
-
 namespace {
 
 class KernelThunk : public Thunk {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kiln/base/status.h"
+#include "kiln/ir/element_semantics.h"
 #include "kiln/runtime/reference/kernels.h"
 
 namespace kiln::runtime::reference {
@@ -168,7 +169,7 @@ absl::StatusOr<Kernel> Iota(const ir::Node& n) {
     for (int64_t o = 0; o < s.outer; ++o)
       for (int64_t k = 0; k < s.size; ++k)
         for (int64_t i = 0; i < s.inner; ++i)
-          StoreInt(Out(ctx, y), t, (o * s.size + k) * s.inner + i, k);
+          StoreFromInt64(Out(ctx, y), t, (o * s.size + k) * s.inner + i, k);
   });
 }
 
@@ -199,7 +200,7 @@ absl::StatusOr<Kernel> Gather(const ir::Graph& g, const ir::Node& n) {
       return;
     }
     for (int64_t j = 0; j < s.num_indices; ++j) {
-      int64_t k = std::clamp<int64_t>(LoadInt(In(ctx, indices), idx_t, j), 0, s.axis_size - 1);
+      int64_t k = std::clamp<int64_t>(LoadAsInt64(In(ctx, indices), idx_t, j), 0, s.axis_size - 1);
       for (int64_t o = 0; o < s.outer; ++o)
         for (int64_t i = 0; i < s.inner; ++i)
           CopyElement(Out(ctx, y), (o * s.num_indices + j) * s.inner + i, In(ctx, table),
@@ -229,10 +230,10 @@ absl::StatusOr<Kernel> ScatterAdd(const ir::Graph& g, const ir::Node& n) {
       if (floating)
         acc[e] = LoadAsDouble(In(ctx, operand), t, e);
       else
-        iacc[e] = LoadInt(In(ctx, operand), t, e);
+        iacc[e] = LoadAsInt64(In(ctx, operand), t, e);
     }
     for (int64_t j = 0; j < s.num_indices; ++j) {
-      int64_t k = LoadInt(In(ctx, indices), idx_t, j);
+      int64_t k = LoadAsInt64(In(ctx, indices), idx_t, j);
       if (k < 0 || k >= s.axis_size) continue;
       for (int64_t o = 0; o < s.outer; ++o)
         for (int64_t i = 0; i < s.inner; ++i) {
@@ -241,16 +242,14 @@ absl::StatusOr<Kernel> ScatterAdd(const ir::Graph& g, const ir::Node& n) {
           if (floating)
             acc[dst] += LoadAsDouble(In(ctx, updates), upd_t, src);
           else
-            iacc[dst] =
-                static_cast<int64_t>(static_cast<uint64_t>(iacc[dst]) +
-                                     static_cast<uint64_t>(LoadInt(In(ctx, updates), upd_t, src)));
+            iacc[dst] = ir::WrapAdd(iacc[dst], LoadAsInt64(In(ctx, updates), upd_t, src));
         }
     }
     for (int64_t e = 0; e < count; ++e) {
       if (floating)
         StoreFromDouble(Out(ctx, y), t, e, acc[e]);
       else
-        StoreInt(Out(ctx, y), t, e, iacc[e]);
+        StoreFromInt64(Out(ctx, y), t, e, iacc[e]);
     }
   });
 }

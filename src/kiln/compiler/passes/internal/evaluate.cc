@@ -1,11 +1,14 @@
-// Scalar rules below mirror runtime/reference/{elementwise,structural,reduction}.cc one for one;
-// a change there must be made here too (constant_fold_test compares the two bit for bit).
+// Elementwise scalar rules come from ir/element_semantics.h, shared with the reference backend;
+// the structural and reduction loops mirror runtime/reference/{structural,reduction}.cc
+// (constant_fold_test compares the two bit for bit).
 #include "kiln/compiler/passes/internal/evaluate.h"
 
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
+
+#include "kiln/ir/element_semantics.h"
 
 namespace kiln::compiler::internal {
 namespace {
@@ -15,129 +18,15 @@ using ir::Opcode;
 bool IsFloatCompute(DType t) { return IsFloating(t) && !IsStorageOnly(t); }
 bool IsIntOrBool(DType t) { return IsInteger(t) || t == DType::kBool; }
 
-// ---- element access (reference backend: LoadInt / StoreInt) ----
-int64_t LoadInt(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::kS8:
-      return static_cast<const int8_t*>(base)[i];
-    case DType::kU8:
-      return static_cast<const uint8_t*>(base)[i];
-    case DType::kS32:
-      return static_cast<const int32_t*>(base)[i];
-    case DType::kS64:
-      return static_cast<const int64_t*>(base)[i];
-    case DType::kBool:
-      return static_cast<const uint8_t*>(base)[i] ? 1 : 0;
-    default: {
-      double v = LoadAsDouble(base, t, i);
-      if (std::isnan(v)) return 0;
-      if (v >= 9.2233720368547758e18) return std::numeric_limits<int64_t>::max();
-      if (v <= -9.2233720368547758e18) return std::numeric_limits<int64_t>::min();
-      return static_cast<int64_t>(v);
-    }
-  }
-}
-
-void StoreInt(void* base, DType t, int64_t i, int64_t v) {
-  switch (t) {
-    case DType::kS8:
-      static_cast<int8_t*>(base)[i] = static_cast<int8_t>(v);
-      return;
-    case DType::kU8:
-      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v);
-      return;
-    case DType::kS32:
-      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
-      return;
-    case DType::kS64:
-      static_cast<int64_t*>(base)[i] = v;
-      return;
-    case DType::kBool:
-      static_cast<uint8_t*>(base)[i] = v != 0 ? 1 : 0;
-      return;
-    default:
-      StoreFromDouble(base, t, i, static_cast<double>(v));
-      return;
-  }
-}
-
-int64_t WrapAdd(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-}
-int64_t WrapSub(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
-}
-int64_t WrapMul(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
-}
-
 // ---- elementwise unary ----
-using FloatUnary = double (*)(double);
-using IntUnary = int64_t (*)(int64_t);
-
-double GeluErf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
-double GeluTanh(double x) {
-  const double k = std::sqrt(2.0 / M_PI);
-  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
-}
-
-struct Unary {
-  FloatUnary f = nullptr;
-  IntUnary i = nullptr;
-};
-
-Unary UnaryFor(const ir::Node& n) {
-  switch (n.opcode()) {
-    case Opcode::kAbs:
-      return {[](double x) { return std::fabs(x); },
-              [](int64_t x) { return x < 0 ? WrapSub(0, x) : x; }};
-    case Opcode::kCos:
-      return {[](double x) { return std::cos(x); }};
-    case Opcode::kErf:
-      return {[](double x) { return std::erf(x); }};
-    case Opcode::kExp:
-      return {[](double x) { return std::exp(x); }};
-    case Opcode::kGelu: {
-      std::string a = n.has_attr("approximate") ? n.attr_str("approximate") : "none";
-      if (a == "none") return {GeluErf};
-      if (a == "tanh") return {GeluTanh};
-      return {};
-    }
-    case Opcode::kLog:
-      return {[](double x) { return std::log(x); }};
-    case Opcode::kNeg:
-      return {[](double x) { return -x; }, [](int64_t x) { return WrapSub(0, x); }};
-    case Opcode::kRelu:
-      return {[](double x) { return std::isnan(x) ? x : (x > 0 ? x : 0.0); },
-              [](int64_t x) { return x > 0 ? x : int64_t{0}; }};
-    case Opcode::kRsqrt:
-      return {[](double x) { return 1.0 / std::sqrt(x); }};
-    case Opcode::kSigmoid:
-      return {[](double x) { return 1.0 / (1.0 + std::exp(-x)); }};
-    case Opcode::kSign:
-      return {[](double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); },
-              [](int64_t x) { return x > 0 ? int64_t{1} : (x < 0 ? int64_t{-1} : int64_t{0}); }};
-    case Opcode::kSilu:
-      return {[](double x) { return x / (1.0 + std::exp(-x)); }};
-    case Opcode::kSin:
-      return {[](double x) { return std::sin(x); }};
-    case Opcode::kSqrt:
-      return {[](double x) { return std::sqrt(x); }};
-    case Opcode::kTanh:
-      return {[](double x) { return std::tanh(x); }};
-    default:
-      return {};
-  }
-}
-
 std::optional<Tensor> EvalUnary(const ir::Node& n, const Tensor& x) {
-  Unary op = UnaryFor(n);
+  ir::UnaryOp op = ir::UnaryFor(n);
   DType in_t = x.dtype(), out_t = n.type().dtype;
   Tensor out(out_t, n.type().shape);
   int64_t count = out.num_elements();
   if (IsInteger(in_t) && op.i != nullptr) {
     for (int64_t i = 0; i < count; ++i)
-      StoreInt(out.raw_data(), out_t, i, op.i(LoadInt(x.raw_data(), in_t, i)));
+      StoreFromInt64(out.raw_data(), out_t, i, op.i(LoadAsInt64(x.raw_data(), in_t, i)));
     return out;
   }
   if (!IsFloatCompute(in_t) || op.f == nullptr) return std::nullopt;
@@ -147,66 +36,8 @@ std::optional<Tensor> EvalUnary(const ir::Node& n, const Tensor& x) {
 }
 
 // ---- elementwise binary ----
-using FloatBinary = double (*)(double, double);
-using IntBinary = int64_t (*)(int64_t, int64_t);
-
-struct Binary {
-  FloatBinary f = nullptr;
-  IntBinary i = nullptr;
-  bool allows_bool = false;
-};
-
-Binary BinaryFor(Opcode op) {
-  switch (op) {
-    case Opcode::kAdd:
-      return {[](double a, double b) { return a + b; }, WrapAdd};
-    case Opcode::kSub:
-      return {[](double a, double b) { return a - b; }, WrapSub};
-    case Opcode::kMul:
-      return {[](double a, double b) { return a * b; }, WrapMul};
-    case Opcode::kDiv:
-      // Integer division truncates toward zero; x / 0 = -1 (as XLA), MIN / -1 wraps.
-      return {[](double a, double b) { return a / b; },
-              [](int64_t a, int64_t b) -> int64_t {
-                if (b == 0) return -1;
-                if (b == -1) return WrapSub(0, a);
-                return a / b;
-              }};
-    case Opcode::kPow:
-      return {[](double a, double b) { return std::pow(a, b); },
-              [](int64_t a, int64_t b) -> int64_t {
-                if (b < 0) {
-                  if (a == 1) return 1;
-                  if (a == -1) return (b % 2 == 0) ? 1 : -1;
-                  return a == 0 ? -1 : 0;
-                }
-                int64_t result = 1;
-                while (b > 0) {
-                  if (b & 1) result = WrapMul(result, a);
-                  a = WrapMul(a, a);
-                  b >>= 1;
-                }
-                return result;
-              }};
-    case Opcode::kMax:
-      return {[](double a, double b) {
-                if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
-                return a > b ? a : b;
-              },
-              [](int64_t a, int64_t b) { return a > b ? a : b; }, true};
-    case Opcode::kMin:
-      return {[](double a, double b) {
-                if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
-                return a < b ? a : b;
-              },
-              [](int64_t a, int64_t b) { return a < b ? a : b; }, true};
-    default:
-      return {};
-  }
-}
-
 std::optional<Tensor> EvalBinary(const ir::Node& n, const Tensor& a, const Tensor& b) {
-  Binary op = BinaryFor(n.opcode());
+  ir::BinaryOp op = ir::BinaryFor(n.opcode());
   DType at = a.dtype(), bt = b.dtype(), out_t = n.type().dtype;
   auto allowed = [&](DType t) {
     return IsFloatCompute(t) || IsInteger(t) || (op.allows_bool && t == DType::kBool);
@@ -216,8 +47,8 @@ std::optional<Tensor> EvalBinary(const ir::Node& n, const Tensor& a, const Tenso
   int64_t count = out.num_elements();
   if (!IsFloating(at)) {
     for (int64_t i = 0; i < count; ++i)
-      StoreInt(out.raw_data(), out_t, i,
-               op.i(LoadInt(a.raw_data(), at, i), LoadInt(b.raw_data(), bt, i)));
+      StoreFromInt64(out.raw_data(), out_t, i,
+                     op.i(LoadAsInt64(a.raw_data(), at, i), LoadAsInt64(b.raw_data(), bt, i)));
     return out;
   }
   for (int64_t i = 0; i < count; ++i)
@@ -231,34 +62,16 @@ std::optional<Tensor> EvalCompare(const ir::Node& n, const Tensor& a, const Tens
   DType at = a.dtype(), bt = b.dtype();
   auto allowed = [](DType t) { return IsFloatCompute(t) || IsIntOrBool(t); };
   if (!allowed(at) || !allowed(bt)) return std::nullopt;
-  const std::string& dir = n.attr_str("direction");
-  static const char* kDirs[] = {"eq", "ne", "lt", "le", "gt", "ge"};
-  int d = -1;
-  for (int k = 0; k < 6; ++k)
-    if (dir == kDirs[k]) d = k;
+  int d = ir::CompareDirectionIndex(n.attr_str("direction"));
   if (d < 0) return std::nullopt;
-  auto cmp = [d](auto x, auto z) {
-    switch (d) {
-      case 0:
-        return x == z;
-      case 1:
-        return x != z;
-      case 2:
-        return x < z;
-      case 3:
-        return x <= z;
-      case 4:
-        return x > z;
-      default:
-        return x >= z;
-    }
-  };
   bool floating = IsFloating(at) || IsFloating(bt);
   Tensor out(n.type().dtype, n.type().shape);
   for (int64_t i = 0; i < out.num_elements(); ++i) {
-    bool r = floating ? cmp(LoadAsDouble(a.raw_data(), at, i), LoadAsDouble(b.raw_data(), bt, i))
-                      : cmp(LoadInt(a.raw_data(), at, i), LoadInt(b.raw_data(), bt, i));
-    StoreInt(out.raw_data(), out.dtype(), i, r ? 1 : 0);
+    bool r = floating ? ir::CompareValues(d, LoadAsDouble(a.raw_data(), at, i),
+                                          LoadAsDouble(b.raw_data(), bt, i))
+                      : ir::CompareValues(d, LoadAsInt64(a.raw_data(), at, i),
+                                          LoadAsInt64(b.raw_data(), bt, i));
+    StoreFromInt64(out.raw_data(), out.dtype(), i, r ? 1 : 0);
   }
   return out;
 }
@@ -269,15 +82,15 @@ std::optional<Tensor> EvalLogical(const ir::Node& n, const std::vector<const Ten
     if (!IsIntOrBool(t->dtype())) return std::nullopt;
   Tensor out(n.type().dtype, n.type().shape);
   for (int64_t i = 0; i < out.num_elements(); ++i) {
-    bool a = LoadInt(ops[0]->raw_data(), ops[0]->dtype(), i) != 0;
+    bool a = LoadAsInt64(ops[0]->raw_data(), ops[0]->dtype(), i) != 0;
     bool r;
     if (n.opcode() == Opcode::kLogicalNot)
       r = !a;
     else if (n.opcode() == Opcode::kLogicalAnd)
-      r = a && LoadInt(ops[1]->raw_data(), ops[1]->dtype(), i) != 0;
+      r = a && LoadAsInt64(ops[1]->raw_data(), ops[1]->dtype(), i) != 0;
     else
-      r = a || LoadInt(ops[1]->raw_data(), ops[1]->dtype(), i) != 0;
-    StoreInt(out.raw_data(), out.dtype(), i, r ? 1 : 0);
+      r = a || LoadAsInt64(ops[1]->raw_data(), ops[1]->dtype(), i) != 0;
+    StoreFromInt64(out.raw_data(), out.dtype(), i, r ? 1 : 0);
   }
   return out;
 }
@@ -291,7 +104,7 @@ std::optional<Tensor> EvalSelect(const ir::Node& n, const Tensor& p, const Tenso
   int64_t width = DTypeSize(out.dtype());
   auto* dst = static_cast<uint8_t*>(out.raw_data());
   for (int64_t i = 0; i < out.num_elements(); ++i) {
-    const Tensor& src = LoadInt(p.raw_data(), p.dtype(), i) != 0 ? t : f;
+    const Tensor& src = LoadAsInt64(p.raw_data(), p.dtype(), i) != 0 ? t : f;
     std::memcpy(dst + i * width, static_cast<const uint8_t*>(src.raw_data()) + i * width, width);
   }
   return out;
@@ -304,10 +117,10 @@ Tensor EvalConvert(const ir::Node& n, const Tensor& x) {
   int64_t count = out.num_elements();
   for (int64_t i = 0; i < count; ++i) {
     if (!IsFloating(in_t) && !IsFloating(out_t))
-      StoreInt(out.raw_data(), out_t, i, LoadInt(x.raw_data(), in_t, i));
+      StoreFromInt64(out.raw_data(), out_t, i, LoadAsInt64(x.raw_data(), in_t, i));
     else if (!IsFloating(in_t))
       StoreFromDouble(out.raw_data(), out_t, i,
-                      static_cast<double>(LoadInt(x.raw_data(), in_t, i)));
+                      static_cast<double>(LoadAsInt64(x.raw_data(), in_t, i)));
     else
       StoreFromDouble(out.raw_data(), out_t, i, LoadAsDouble(x.raw_data(), in_t, i));
   }
@@ -414,7 +227,7 @@ std::optional<Tensor> EvalIota(const ir::Node& n) {
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t k = 0; k < size; ++k)
       for (int64_t i = 0; i < inner; ++i)
-        StoreInt(out.raw_data(), t, (o * size + k) * inner + i, k);
+        StoreFromInt64(out.raw_data(), t, (o * size + k) * inner + i, k);
   return out;
 }
 
@@ -478,15 +291,15 @@ std::optional<Tensor> EvalReduce(const ir::Node& n, const Tensor& x) {
   int64_t init = op == Opcode::kReduceSum ? 0 : op == Opcode::kReduceMax ? lo : hi;
   std::vector<int64_t> acc(out_count, init);
   for (int64_t i = 0; i < x.num_elements(); ++i) {
-    int64_t v = LoadInt(x.raw_data(), in_t, i);
+    int64_t v = LoadAsInt64(x.raw_data(), in_t, i);
     Unravel(i, in.dims(), idx);
     int64_t& a = acc[Ravel(idx, kept_stride)];
     if (op == Opcode::kReduceSum)
-      a = WrapAdd(a, v);
+      a = ir::WrapAdd(a, v);
     else if (op == Opcode::kReduceMax ? v > a : v < a)
       a = v;
   }
-  for (int64_t o = 0; o < out_count; ++o) StoreInt(out.raw_data(), out_t, o, acc[o]);
+  for (int64_t o = 0; o < out_count; ++o) StoreFromInt64(out.raw_data(), out_t, o, acc[o]);
   return out;
 }
 
