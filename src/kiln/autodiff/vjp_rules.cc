@@ -440,9 +440,11 @@ StatusOr<Cotangents> ReduceSumVjp(const VjpArgs& a) {
 }
 
 // ---- relu ----
+// Reads the output (relu(x) > 0 exactly when x > 0, NaN included), as PyTorch does: the
+// pre-activation can die at the relu, and a matmul + bias + relu fuses into one kernel.
 StatusOr<Cotangents> ReluVjp(const VjpArgs& a) {
-  const Value& x = a.operands[0];
-  return Cotangents{ir::Select(ir::Gt(x, Zero(x)), a.cotangent, Zero(x))};
+  const Value& y = a.out;
+  return Cotangents{ir::Select(ir::Gt(y, Zero(y)), a.cotangent, Zero(y))};
 }
 
 // ---- reshape ----

@@ -200,6 +200,16 @@ std::string CanonicalOptionsString(const CompileOptions& options) {
   }
   s += absl::StrCat("\nmax_fold_elements=", options.max_fold_elements);
   s += absl::StrCat("\nmax_fixed_point_rounds=", options.pipeline.max_fixed_point_rounds);
+  s += absl::StrCat("\nfuse_loops=", options.fuse_loops ? 1 : 0);
+  const RematOptions& r = options.remat;
+  if (r.enabled || r.memory_limit_bytes > 0) {
+    s += absl::StrCat("\nremat=on,memory_limit_bytes=", r.memory_limit_bytes,
+                      ",min_gap=", r.min_gap, ",max_chain=", r.max_chain,
+                      ",max_recomputed=", r.max_recomputed,
+                      ",measure=", r.measure ? "backend" : "model");
+  } else {
+    s += "\nremat=off";
+  }
   return s + "\n";
 }
 

@@ -15,7 +15,8 @@
 //   - kCompilerVersion (version.h),
 //   - CanonicalOptionsString(options): every CompileOptions field that can change the result
 //     (effective disabled passes, including KILN_DISABLE_PASSES when read_env is set; per composite
-//     op whether keep_composite keeps it; the constant-folding limit; the fixed-point round cap),
+//     op whether keep_composite keeps it; the constant-folding limit; the fixed-point round cap;
+//     loop fusion; the remat options, with whether a backend `measure` hook is set),
 //   - the backend key supplied by the caller: backend name and ISA ("cpu/avx512-bf16").
 // Fields that only affect diagnostics (verify_each_pass, dump_dir, env) are left out; but when IR
 // dumps are requested (dump_dir, or KILN_DUMP_IR with read_env) the lookup is skipped so the

@@ -4,7 +4,10 @@
 #include "kiln/compiler/passes/algebraic.h"
 #include "kiln/compiler/passes/cse.h"
 #include "kiln/compiler/passes/dce.h"
+#include "kiln/compiler/passes/fusion.h"
 #include "kiln/compiler/passes/decompose.h"
+#include "kiln/compiler/passes/remat.h"
+#include "kiln/compiler/passes/schedule.h"
 #include "kiln/compiler/passes/transpose_fold.h"
 
 namespace kiln::compiler {
@@ -19,6 +22,11 @@ std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
   simplify.push_back(std::make_unique<TransposeFoldPass>());
   simplify.push_back(std::make_unique<DcePass>());
   p->AddFixedPointGroup("simplify", std::move(simplify));
+  if (options.fuse_loops) p->Add<FusionPass>();
+  if (options.remat.enabled || options.remat.memory_limit_bytes > 0)
+    p->Add<RematPass>(options.remat);
+  // Last: it only reorders, and keeps fusion groups contiguous.
+  p->Add<SchedulePass>();
   return p;
 }
 

@@ -9,6 +9,9 @@
 // DefaultPipeline lists the passes of DESIGN.md §2 that exist, in order:
 //   decompose                 composites the backend lacks (keep_composite decides)
 //   simplify (fixed point):   algebraic, constant-fold, cse, transpose-fold, dce
+//   fusion                    loop fusion groups (only with CompileOptions::fuse_loops)
+//   remat                     rematerialization (only with CompileOptions::remat enabled)
+//   schedule                  memory-minimizing node order (passes/schedule.h)
 // The input is verified first; see pipeline.h for verification after each pass, disabling passes
 // by name (KILN_DISABLE_PASSES) and IR dumps (KILN_DUMP_IR).
 #ifndef KILN_COMPILER_COMPILE_H_
@@ -20,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "kiln/compiler/passes/constant_fold.h"
+#include "kiln/compiler/passes/remat.h"
 #include "kiln/compiler/pipeline.h"
 #include "kiln/ir/graph.h"
 
@@ -32,6 +36,12 @@ struct CompileOptions {
   std::function<bool(ir::Opcode)> keep_composite;
   // Constant folding's result-size limit (elements).
   int64_t max_fold_elements = kDefaultMaxFoldElements;
+  // Append the loop fusion pass ("fusion", passes/fusion.h): for backends that run fusion groups
+  // as one kernel.
+  bool fuse_loops = false;
+  // Rematerialization (passes/remat.h): off unless remat.enabled or remat.memory_limit_bytes > 0.
+  // Its `measure` hook is not part of compile-cache keys (it belongs to the backend's key).
+  RematOptions remat;
 };
 
 // The passes, in order, as a pipeline named "optimize".

@@ -363,7 +363,12 @@ TEST(Pipeline, DefaultPipelineOrder) {
   std::unique_ptr<Pipeline> p = DefaultPipeline();
   EXPECT_EQ(p->name(), "optimize");
   EXPECT_THAT(p->PassNames(), ElementsAre("decompose", "simplify", "algebraic", "constant-fold",
-                                          "cse", "transpose-fold", "dce"));
+                                          "cse", "transpose-fold", "dce", "schedule"));
+  CompileOptions with_fusion;
+  with_fusion.fuse_loops = true;
+  EXPECT_THAT(DefaultPipeline(with_fusion)->PassNames(),
+              ElementsAre("decompose", "simplify", "algebraic", "constant-fold", "cse",
+                          "transpose-fold", "dce", "fusion", "schedule"));
 }
 
 }  // namespace

@@ -107,28 +107,173 @@ std::vector<int64_t> TwoSidedFirstFit(const std::vector<Interval>& intervals, in
   return offset;
 }
 
+// ---- in-place reuse ----
+// Operand indices a one-node kernel may overwrite with its result (buffer_plan.h has the why).
+std::vector<int> InPlaceOperands(ir::Opcode op) {
+  using ir::Opcode;
+  switch (op) {
+    case Opcode::kAbs:
+    case Opcode::kCos:
+    case Opcode::kErf:
+    case Opcode::kExp:
+    case Opcode::kGelu:
+    case Opcode::kLog:
+    case Opcode::kNeg:
+    case Opcode::kRelu:
+    case Opcode::kRsqrt:
+    case Opcode::kSigmoid:
+    case Opcode::kSign:
+    case Opcode::kSilu:
+    case Opcode::kSin:
+    case Opcode::kSqrt:
+    case Opcode::kTanh:
+    case Opcode::kLogicalNot:
+    case Opcode::kAdd:
+    case Opcode::kSub:
+    case Opcode::kMul:
+    case Opcode::kDiv:
+      return {0};
+    case Opcode::kMax:
+    case Opcode::kMin:
+    case Opcode::kPow:
+    case Opcode::kLogicalAnd:
+    case Opcode::kLogicalOr:
+      return {0, 1};
+    default:
+      return {};
+  }
+}
+
 }  // namespace
 
-BufferPlan PlanBuffers(const ir::Graph& graph) {
+BufferPlan PlanBuffers(const ir::Graph& graph, const PlanSchedule* schedule,
+                       const BufferPlanOptions& options) {
   const int n = graph.num_nodes();
   BufferPlan plan;
   plan.offsets.assign(n, -1);
 
-  // Liveness: a value lives from its definition to its last user; graph outputs to the end. A value
-  // nobody uses still needs storage at its own step. Operands and the result of one node overlap
-  // in time (both live at that node), so a kernel never writes over an input it is reading.
+  // Liveness: a value lives from its kernel's step to its last reader's; graph outputs to the end.
+  // A value nobody reads still needs storage at its own step. Operands and the result of one
+  // kernel overlap in time (both live at that step), so a kernel never writes over an input it is
+  // reading, except through the in-place merges below.
+  auto step = [&](int id) { return schedule ? schedule->step[id] : id; };
+  auto reads = [&](int id) -> const std::vector<int>& {
+    return schedule ? schedule->reads[id] : graph.node(id).operands();
+  };
   std::vector<int64_t> last_use(n);
-  for (int i = 0; i < n; ++i) last_use[i] = i;
+  for (int i = 0; i < n; ++i) last_use[i] = step(i);
   for (const ir::Node& node : graph.nodes())
-    for (int op : node.operands()) last_use[op] = std::max<int64_t>(last_use[op], node.id());
+    for (int op : reads(node.id())) last_use[op] = std::max<int64_t>(last_use[op], step(node.id()));
   for (const ir::Output& out : graph.outputs()) last_use[out.node] = n;
+  std::vector<char> in_arena(n, 0);
+  for (const ir::Node& node : graph.nodes())
+    in_arena[node.id()] = NeedsArena(node) && (!schedule || schedule->materialized[node.id()]);
 
-  std::vector<Interval> intervals;
-  for (const ir::Node& node : graph.nodes()) {
-    if (!NeedsArena(node)) continue;
-    intervals.push_back(
-        {node.id(), AlignUp(node.type().byte_size()), node.id(), last_use[node.id()]});
+  // In-place merges: buffer[id] is the node whose buffer `id` uses (itself unless it took a dying
+  // operand's). Steps run in order, so a merged chain's newest member is always its tail.
+  std::vector<int> buffer(n);
+  for (int i = 0; i < n; ++i) buffer[i] = i;
+  if (options.in_place) {
+    std::vector<std::vector<int>> kernel_at(n);  // step -> the nodes its kernel computes
+    for (const ir::Node& node : graph.nodes())
+      if (NeedsArena(node) && step(node.id()) >= 0 && step(node.id()) < n)
+        kernel_at[step(node.id())].push_back(node.id());
+    std::vector<char> taken(n, 0);
+    for (int s = 0; s < n; ++s) {
+      const std::vector<int>& kernel = kernel_at[s];
+      if (kernel.empty()) continue;
+      // Inputs some member reads through a broadcasting view (not as one of its operands): their
+      // elements are read out of order, so no output may take them.
+      // A member operand the kernel does not read (nor computes) was replaced by a view of its
+      // own operands; a read with no matching operand, or more reads of a node than operands
+      // naming it, is such a view too.
+      std::vector<int> viewed;
+      for (int m : kernel) {
+        const std::vector<int>& ops = graph.node(m).operands();
+        const std::vector<int>& rs = reads(m);
+        for (int o : ops) {
+          bool member = std::find(kernel.begin(), kernel.end(), o) != kernel.end();
+          if (!member && std::find(rs.begin(), rs.end(), o) == rs.end())
+            for (int oo : graph.node(o).operands()) viewed.push_back(oo);
+        }
+        for (int r : rs)
+          if (std::count(rs.begin(), rs.end(), r) > std::count(ops.begin(), ops.end(), r))
+            viewed.push_back(r);
+      }
+      // `in` must be read directly by the kernel (a member's operand, in its reads).
+      auto reads_directly = [&](int in) {
+        for (int m : kernel) {
+          const std::vector<int>& ops = graph.node(m).operands();
+          const std::vector<int>& rs = reads(m);
+          if (std::find(ops.begin(), ops.end(), in) != ops.end() &&
+              std::find(rs.begin(), rs.end(), in) != rs.end())
+            return true;
+        }
+        return false;
+      };
+      auto can_take = [&](int out, int in) {
+        const ir::Type& to = graph.node(out).type();
+        const ir::Type& ti = graph.node(in).type();
+        return in_arena[out] && in_arena[in] && !taken[in] && last_use[in] == s &&
+               to.byte_size() > 0 && to.byte_size() == ti.byte_size() && to.shape == ti.shape &&
+               std::find(kernel.begin(), kernel.end(), in) == kernel.end() &&
+               std::find(viewed.begin(), viewed.end(), in) == viewed.end() && reads_directly(in);
+      };
+      auto take = [&](int out, int in) {
+        buffer[out] = buffer[in];
+        taken[in] = 1;
+        ++plan.in_place_reuses;
+      };
+      if (kernel.size() == 1) {
+        const ir::Node& v = graph.node(kernel[0]);
+        for (int i : InPlaceOperands(v.opcode())) {
+          if (i >= static_cast<int>(v.operands().size())) continue;
+          if (can_take(v.id(), v.operand(i))) {
+            take(v.id(), v.operand(i));
+            break;
+          }
+        }
+        continue;
+      }
+      bool all_elementwise = true;
+      for (int m : kernel)
+        all_elementwise &= ir::OpcodeKind(graph.node(m).opcode()) == ir::OpKind::kElementwise;
+      if (!all_elementwise) continue;
+      for (int out : kernel) {
+        bool done = false;
+        for (int m : kernel) {
+          for (int in : graph.node(m).operands()) {
+            if (can_take(out, in)) {
+              take(out, in);
+              done = true;
+              break;
+            }
+          }
+          if (done) break;
+        }
+      }
+    }
   }
+
+  // One interval per buffer (a merged chain is one buffer), in order of definition.
+  std::vector<Interval> intervals;
+  std::vector<int> interval_of(n, -1);
+  for (const ir::Node& node : graph.nodes()) {
+    int id = node.id();
+    if (!in_arena[id]) continue;
+    int b = buffer[id];
+    if (b == id) {
+      interval_of[id] = static_cast<int>(intervals.size());
+      intervals.push_back({id, AlignUp(node.type().byte_size()), step(id), last_use[id]});
+    } else {
+      Interval& iv = intervals[interval_of[b]];
+      iv.end = std::max(iv.end, last_use[id]);
+      iv.start = std::min<int64_t>(iv.start, step(id));
+    }
+  }
+  // Steps need not follow ids under a PlanSchedule: keep definition order by step.
+  std::stable_sort(intervals.begin(), intervals.end(),
+                   [](const Interval& a, const Interval& b) { return a.start < b.start; });
 
   // Lower bound: the most aligned bytes live at any one step (events sorted by time).
   {
@@ -140,22 +285,25 @@ BufferPlan PlanBuffers(const ir::Graph& graph) {
     int64_t live = 0;
     for (const auto& [t, d] : delta) {
       live += d;
-      plan.lower_bound = std::max(plan.lower_bound, live);
+      plan.lower_bound_bytes = std::max(plan.lower_bound_bytes, live);
     }
   }
 
   std::vector<int64_t> offset = BestFitDecreasing(intervals, &plan.arena_bytes);
-  if (plan.arena_bytes > plan.lower_bound) {
+  if (plan.arena_bytes > plan.lower_bound_bytes) {
     // Best-fit decreasing can fragment even on a chain (sizes 3,4,4,2,4 need 10 for a bound of
     // 8). A second, two-sided packing often closes the gap; the smaller arena wins.
     int64_t other_bytes = 0;
-    std::vector<int64_t> other = TwoSidedFirstFit(intervals, plan.lower_bound, &other_bytes);
+    std::vector<int64_t> other = TwoSidedFirstFit(intervals, plan.lower_bound_bytes, &other_bytes);
     if (other_bytes < plan.arena_bytes) {
       offset = std::move(other);
       plan.arena_bytes = other_bytes;
     }
   }
-  for (size_t i = 0; i < intervals.size(); ++i) plan.offsets[intervals[i].node] = offset[i];
+  std::vector<int64_t> by_node(n, -1);
+  for (size_t i = 0; i < intervals.size(); ++i) by_node[intervals[i].node] = offset[i];
+  for (int id = 0; id < n; ++id)
+    if (in_arena[id]) plan.offsets[id] = by_node[buffer[id]];
   return plan;
 }
 

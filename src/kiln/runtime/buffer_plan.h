@@ -1,10 +1,42 @@
-// Buffer assignment: every node that needs arena storage gets an offset in one arena. Liveness
-// intervals come from the node order (a value lives from its definition to its last use; graph
-// outputs live to the end); intervals are packed best-fit, largest first, so two values share
-// bytes only when their lifetimes do not overlap. Best-fit-decreasing alone can miss the lower
-// bound (sizes 3,4,4,2,4 on a chain pack into 10 units, bound 8), so a second packing in
+// Buffer assignment: every node that needs arena storage gets an offset in one arena.
+//
+//   BufferPlan plan = PlanBuffers(graph);              // one kernel per node, in id order
+//   plan.offsets[id];          // byte offset of node id's buffer (-1: not in the arena)
+//   plan.arena_bytes;          // the arena's size
+//   plan.lower_bound_bytes;    // no packing of these lifetimes can use less
+//
+// Liveness: a value lives from the step of its kernel to the step of its last reader (graph
+// outputs to the end); operands and result of one kernel overlap in time, so a kernel never writes
+// over an input it is reading, with one deliberate exception, in-place reuse:
+//
+// In-place reuse (BufferPlanOptions::in_place, on by default). A result takes the buffer of an
+// operand that dies at its kernel (no later reader, not a graph output) when both have the same
+// number of elements and bytes and the kernel is known to be safe with out == in, i.e. it reads
+// element i of that operand only to write element i of the result:
+// - one-node kernels, by opcode (operand indices that may be overwritten):
+//     abs cos erf exp gelu log neg relu rsqrt sigmoid sign silu sin sqrt tanh logical_not: 0
+//     add sub mul div: 0 (oneDNN binary documents in-place for src0 only)
+//     max min pow logical_and logical_or: 0 or 1
+//   Never: dot_general, convolutions, transposes, broadcasts, reductions, convert (oneDNN reorder),
+//   select (the reference kernel memcpy's each element), data movement, composites: they read
+//   other elements than the one they write, or make no promise about out == in.
+// - multi-node kernels (PlanSchedule: several nodes at one step, the cpu backend's fused loops)
+//   whose members are all elementwise ops: the fused loop stores a block's outputs only after
+//   every input read of that block, so an output may take any input it reads directly (not
+//   through a broadcasting view) that dies at the kernel.
+// The two values then form one buffer whose lifetime is the union of theirs; a chain of in-place
+// ops is one buffer. Each dying operand is taken by at most one result.
+//
+// Packing: the buffers (after in-place merging) are packed best-fit, largest first, so two buffers
+// share bytes only when their lifetimes do not overlap. Best-fit-decreasing alone can miss the
+// lower bound (sizes 3,4,4,2,4 on a chain pack into 10 units, bound 8), so a second packing in
 // definition order, placing each buffer on the side away from its live neighbours, is also tried
-// and the smaller arena kept; on chains it reaches the bound. Cost: O(n^2) in the node count.
+// and the smaller arena kept; on chains it reaches the bound.
+//
+// Lower bound: the most bytes (each buffer rounded up to kBufferAlignment) live at any one step,
+// with in-place pairs counted once: every packing of these lifetimes needs at least that much, so
+// arena_bytes / lower_bound_bytes measures the packing's waste (the rest is the schedule's doing,
+// compiler/passes/schedule.h). Cost: O(n^2) in the node count.
 #ifndef KILN_RUNTIME_BUFFER_PLAN_H_
 #define KILN_RUNTIME_BUFFER_PLAN_H_
 
@@ -18,12 +50,33 @@ namespace kiln::runtime {
 inline constexpr int64_t kBufferAlignment = 64;
 
 struct BufferPlan {
-  std::vector<int64_t> offsets;  // per node id; -1 for parameters and constants (not in arena)
-  int64_t arena_bytes = 0;       // total arena size
-  int64_t lower_bound = 0;       // max over time of the bytes simultaneously live
+  std::vector<int64_t> offsets;   // per node id; -1 for parameters and constants (not in arena)
+  int64_t arena_bytes = 0;        // total arena size
+  int64_t lower_bound_bytes = 0;  // max over steps of the bytes simultaneously live (see above)
+  int in_place_reuses = 0;        // results that took a dying operand's buffer
 };
 
-BufferPlan PlanBuffers(const ir::Graph& graph);
+// How a backend actually runs the graph, when that differs from one kernel per node in id order
+// (fused kernels): liveness is then taken from it.
+struct PlanSchedule {
+  // Per node: the step at which its kernel runs (for a fusion group member, the group's last
+  // member's id, where the fused kernel runs).
+  std::vector<int> step;
+  // Per node: the nodes whose buffers its kernel reads at `step` (a fused member reads the
+  // operand of a broadcast it absorbed instead of the broadcast).
+  std::vector<std::vector<int>> reads;
+  // Per node: 0 when the node gets no buffer (nothing reads it: an absorbed broadcast, a fused
+  // intermediate used only inside its group).
+  std::vector<char> materialized;
+};
+
+struct BufferPlanOptions {
+  // Let results take the buffers of dying operands (the rules above).
+  bool in_place = true;
+};
+
+BufferPlan PlanBuffers(const ir::Graph& graph, const PlanSchedule* schedule = nullptr,
+                       const BufferPlanOptions& options = {});
 
 }  // namespace kiln::runtime
 

@@ -1,5 +1,6 @@
 #include "kiln/runtime/buffer_plan.h"
 
+#include <algorithm>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -26,7 +27,8 @@ int Binary(Graph& g, int a, int b, int64_t n) {
 }
 
 // Independently recomputes liveness and checks that no two buffers live at the same step share
-// bytes, that offsets are aligned, and that the arena holds everything.
+// bytes (except a result that took, exactly, the buffer of an operand dying at it, by an op the
+// planner may run in place), that offsets are aligned, and that the arena holds everything.
 void CheckPlan(const Graph& g, const BufferPlan& plan) {
   const int n = g.num_nodes();
   ASSERT_EQ(plan.offsets.size(), static_cast<size_t>(n));
@@ -46,6 +48,15 @@ void CheckPlan(const Graph& g, const BufferPlan& plan) {
     EXPECT_EQ(plan.offsets[i] % kBufferAlignment, 0) << "node " << i;
     EXPECT_LE(plan.offsets[i] + node.type().byte_size(), plan.arena_bytes) << "node " << i;
   }
+  auto in_place = [&](int a, int b) {  // b overwrote a, which died at b
+    const auto& nb = g.node(b);
+    bool elementwise_op = nb.opcode() == Opcode::kNeg ||
+                          (nb.opcode() == Opcode::kAdd && nb.operand(0) == a) ||
+                          nb.opcode() == Opcode::kMax;
+    return elementwise_op && last[a] == b && plan.offsets[a] == plan.offsets[b] &&
+           g.node(a).type() == nb.type() &&
+           std::find(nb.operands().begin(), nb.operands().end(), a) != nb.operands().end();
+  };
   for (int a = 0; a < n; ++a) {
     if (plan.offsets[a] < 0) continue;
     for (int b = a + 1; b < n; ++b) {
@@ -55,11 +66,12 @@ void CheckPlan(const Graph& g, const BufferPlan& plan) {
       int64_t a0 = plan.offsets[a], a1 = a0 + g.node(a).type().byte_size();
       int64_t b0 = plan.offsets[b], b1 = b0 + g.node(b).type().byte_size();
       bool disjoint = a1 <= b0 || b1 <= a0 || a0 == a1 || b0 == b1;  // empty buffers hold nothing
-      EXPECT_TRUE(disjoint) << "nodes " << a << " [" << a0 << "," << a1 << ") and " << b << " ["
-                            << b0 << "," << b1 << ") are live together but share bytes";
+      EXPECT_TRUE(disjoint || in_place(a, b))
+          << "nodes " << a << " [" << a0 << "," << a1 << ") and " << b << " [" << b0 << "," << b1
+          << ") are live together but share bytes";
     }
   }
-  EXPECT_GE(plan.arena_bytes, plan.lower_bound);
+  EXPECT_GE(plan.arena_bytes, plan.lower_bound_bytes);
 }
 
 TEST(BufferPlanTest, ParametersAndConstantsAreNotInTheArena) {
@@ -74,17 +86,20 @@ TEST(BufferPlanTest, ParametersAndConstantsAreNotInTheArena) {
   EXPECT_EQ(plan.offsets[c], -1);
   EXPECT_EQ(plan.offsets[s], 0);
   EXPECT_EQ(plan.arena_bytes, 64);
-  EXPECT_EQ(plan.lower_bound, 64);
+  EXPECT_EQ(plan.lower_bound_bytes, 64);
 }
 
-TEST(BufferPlanTest, OperandAndResultNeverShare) {
+constexpr BufferPlanOptions kNoInPlace{.in_place = false};
+
+TEST(BufferPlanTest, OperandAndResultNeverShareWithoutInPlace) {
   Graph g;
   int p = Param(g, 0, 32);
   int a = Unary(g, p, 32);
   int b = Unary(g, a, 32);
   g.AddOutput("y", b);
-  BufferPlan plan = PlanBuffers(g);
+  BufferPlan plan = PlanBuffers(g, nullptr, kNoInPlace);
   EXPECT_NE(plan.offsets[a], plan.offsets[b]);
+  EXPECT_EQ(plan.in_place_reuses, 0);
   CheckPlan(g, plan);
 }
 
@@ -94,10 +109,181 @@ TEST(BufferPlanTest, ChainReusesBuffers) {
   int x = Param(g, 0, 256);
   for (int i = 0; i < 5; ++i) x = Unary(g, x, 256);
   g.AddOutput("y", x);
+  BufferPlan plan = PlanBuffers(g, nullptr, kNoInPlace);
+  CheckPlan(g, plan);
+  EXPECT_EQ(plan.lower_bound_bytes, 2 * 1024);
+  EXPECT_EQ(plan.arena_bytes, plan.lower_bound_bytes);
+}
+
+TEST(BufferPlanTest, InPlaceChainIsOneBuffer) {
+  // Each neg overwrites its dying operand: the whole chain runs in one buffer, and the lower
+  // bound counts each in-place pair once.
+  Graph g;
+  int x = Param(g, 0, 256);
+  std::vector<int> chain;
+  for (int i = 0; i < 5; ++i) chain.push_back(x = Unary(g, x, 256));
+  g.AddOutput("y", x);
   BufferPlan plan = PlanBuffers(g);
   CheckPlan(g, plan);
-  EXPECT_EQ(plan.lower_bound, 2 * 1024);
-  EXPECT_EQ(plan.arena_bytes, plan.lower_bound);
+  EXPECT_EQ(plan.in_place_reuses, 4);  // the first reads a parameter, which is not in the arena
+  for (int id : chain) EXPECT_EQ(plan.offsets[id], 0);
+  EXPECT_EQ(plan.lower_bound_bytes, 1024);
+  EXPECT_EQ(plan.arena_bytes, 1024);
+}
+
+TEST(BufferPlanTest, InPlaceNeedsADyingOperandOfTheSameType) {
+  Graph g;
+  int p = Param(g, 0, 64);
+  int a = Unary(g, p, 64);
+  int b = Unary(g, a, 64);      // a is still read by d: no reuse
+  int c = Unary(g, b, 32);      // different size: no reuse
+  int d = Binary(g, a, b, 64);  // a and b die here: add may overwrite operand 0 (a)
+  g.AddOutput("c", c);
+  g.AddOutput("d", d);
+  BufferPlan plan = PlanBuffers(g);
+  CheckPlan(g, plan);
+  EXPECT_NE(plan.offsets[b], plan.offsets[a]);
+  EXPECT_NE(plan.offsets[c], plan.offsets[b]);
+  EXPECT_EQ(plan.offsets[d], plan.offsets[a]);
+  EXPECT_EQ(plan.in_place_reuses, 1);
+}
+
+TEST(BufferPlanTest, InPlaceOperandIndicesFollowTheWhitelist) {
+  // add may overwrite only operand 0 (oneDNN binary's in-place contract), max either one.
+  for (Opcode op : {Opcode::kAdd, Opcode::kMax}) {
+    Graph g;
+    int p = Param(g, 0, 64);
+    int a = Unary(g, p, 64);
+    int s = g.AddNode(op, {p, a}, Type{DType::kF32, Shape{64}}, {});  // a dies here, as operand 1
+    g.AddOutput("s", s);
+    BufferPlan plan = PlanBuffers(g);
+    CheckPlan(g, plan);
+    if (op == Opcode::kAdd)
+      EXPECT_NE(plan.offsets[s], plan.offsets[a]);
+    else
+      EXPECT_EQ(plan.offsets[s], plan.offsets[a]);
+  }
+}
+
+TEST(BufferPlanTest, NoInPlaceForOpsThatReadOtherElements) {
+  // Same size and a dying operand, but these kernels read other elements than the one they
+  // write (or are library calls without an in-place contract).
+  struct Case {
+    Opcode op;
+    ir::AttrMap attrs;
+  };
+  std::vector<Case> cases = {
+      {Opcode::kTranspose, {{"permutation", std::vector<int64_t>{1, 0}}}},
+      {Opcode::kDotGeneral, {}},
+      {Opcode::kBroadcastInDim, {}},
+      {Opcode::kReduceSum, {}},
+      {Opcode::kConvert, {}},
+      {Opcode::kSoftmax, {{"axis", int64_t{1}}}},
+  };
+  for (const Case& c : cases) {
+    Graph g;
+    int p = g.AddNode(Opcode::kParameter, {}, Type{DType::kF32, Shape{8, 8}},
+                      {{"index", int64_t{0}}, {"name", "p"}});
+    int a = g.AddNode(Opcode::kNeg, {p}, Type{DType::kF32, Shape{8, 8}}, {});
+    int b = g.AddNode(c.op, {a}, Type{DType::kF32, Shape{8, 8}}, c.attrs);
+    g.AddOutput("b", b);
+    BufferPlan plan = PlanBuffers(g);
+    EXPECT_NE(plan.offsets[a], plan.offsets[b]) << ir::OpcodeName(c.op);
+    EXPECT_EQ(plan.in_place_reuses, 0) << ir::OpcodeName(c.op);
+  }
+}
+
+TEST(BufferPlanTest, GraphOutputsAreNeverOverwritten) {
+  Graph g;
+  int p = Param(g, 0, 64);
+  int a = Unary(g, p, 64);
+  int b = Unary(g, a, 64);  // a's last reader, but a is an output
+  g.AddOutput("a", a);
+  g.AddOutput("b", b);
+  BufferPlan plan = PlanBuffers(g);
+  CheckPlan(g, plan);
+  EXPECT_NE(plan.offsets[a], plan.offsets[b]);
+}
+
+// A hand-made fused kernel: members m1 = add(a, bcast(q)), m2 = mul(m1, c) run as one kernel at
+// m2's step, reading a, c and q (through the broadcast's view); only m2 is stored.
+TEST(BufferPlanTest, FusedKernelOutputTakesADirectlyReadInput) {
+  Graph g;
+  int p = Param(g, 0, 64);
+  int q = Param(g, 1, 1);
+  int a = Unary(g, p, 64);
+  int c = Unary(g, p, 64);
+  int bq = g.AddNode(
+      Opcode::kBroadcastInDim, {q}, Type{DType::kF32, Shape{64}},
+      {{"broadcast_dimensions", std::vector<int64_t>{}}, {"shape", std::vector<int64_t>{64}}});
+  int m1 = Binary(g, a, bq, 64);
+  int m2 = g.AddNode(Opcode::kMul, {m1, c}, Type{DType::kF32, Shape{64}}, {});
+  g.AddOutput("y", m2);
+  PlanSchedule s;
+  const int n = g.num_nodes();
+  s.step.resize(n);
+  s.reads.resize(n);
+  s.materialized.assign(n, 1);
+  for (int i = 0; i < n; ++i) {
+    s.step[i] = i;
+    s.reads[i] = g.node(i).operands();
+  }
+  s.step[m1] = m2;
+  s.reads[m1] = {a, q};
+  s.reads[m2] = {c};
+  s.materialized[m1] = 0;
+  s.materialized[bq] = 0;
+  BufferPlan plan = PlanBuffers(g, &s);
+  EXPECT_EQ(plan.offsets[m1], -1);
+  EXPECT_EQ(plan.offsets[bq], -1);
+  EXPECT_EQ(plan.in_place_reuses, 1);
+  EXPECT_TRUE(plan.offsets[m2] == plan.offsets[a] || plan.offsets[m2] == plan.offsets[c]);
+  EXPECT_NE(plan.offsets[a], plan.offsets[c]);
+  EXPECT_EQ(plan.arena_bytes, 2 * 256);
+  EXPECT_EQ(plan.lower_bound_bytes, 2 * 256);
+
+  // The same two nodes at one step but one of them a contraction: not a fused loop, no reuse.
+  Graph h;
+  int hp = h.AddNode(Opcode::kParameter, {}, Type{DType::kF32, Shape{8, 8}},
+                     {{"index", int64_t{0}}, {"name", "p"}});
+  int ha = h.AddNode(Opcode::kNeg, {hp}, Type{DType::kF32, Shape{8, 8}}, {});
+  int hd = h.AddNode(Opcode::kDotGeneral, {ha, ha}, Type{DType::kF32, Shape{8, 8}}, {});
+  int hr = h.AddNode(Opcode::kRelu, {hd}, Type{DType::kF32, Shape{8, 8}}, {});
+  h.AddOutput("y", hr);
+  PlanSchedule hs;
+  hs.step = {0, 1, 3, 3};
+  hs.reads = {{}, {hp}, {ha}, {}};
+  hs.materialized = {1, 1, 0, 1};
+  BufferPlan hplan = PlanBuffers(h, &hs);
+  EXPECT_EQ(hplan.in_place_reuses, 0);
+  EXPECT_NE(hplan.offsets[hr], hplan.offsets[ha]);
+}
+
+TEST(BufferPlanTest, AnInputReadThroughABroadcastViewIsNeverOverwritten) {
+  // m = add(a, bcast(a)) with bcast an identity-shaped view of a: the kernel reads a both
+  // directly and through the view, so m must not take a's buffer.
+  Graph g;
+  int p = Param(g, 0, 64);
+  int a = Unary(g, p, 64);
+  int ba = g.AddNode(
+      Opcode::kBroadcastInDim, {a}, Type{DType::kF32, Shape{64}},
+      {{"broadcast_dimensions", std::vector<int64_t>{0}}, {"shape", std::vector<int64_t>{64}}});
+  int m = Binary(g, a, ba, 64);
+  g.AddOutput("y", m);
+  PlanSchedule s;
+  const int n = g.num_nodes();
+  s.step.resize(n);
+  s.reads.resize(n);
+  s.materialized.assign(n, 1);
+  for (int i = 0; i < n; ++i) {
+    s.step[i] = i;
+    s.reads[i] = g.node(i).operands();
+  }
+  s.reads[m] = {a, a};
+  s.materialized[ba] = 0;
+  BufferPlan plan = PlanBuffers(g, &s);
+  EXPECT_EQ(plan.in_place_reuses, 0);
+  EXPECT_NE(plan.offsets[m], plan.offsets[a]);
 }
 
 TEST(BufferPlanTest, FragmentingChainMeetsTheLowerBound) {
@@ -106,9 +292,9 @@ TEST(BufferPlanTest, FragmentingChainMeetsTheLowerBound) {
   int x = Param(g, 0, 16);
   for (int units : {3, 4, 4, 2, 4}) x = Unary(g, x, units * 16);
   g.AddOutput("y", x);
-  BufferPlan plan = PlanBuffers(g);
+  BufferPlan plan = PlanBuffers(g, nullptr, kNoInPlace);
   CheckPlan(g, plan);
-  EXPECT_EQ(plan.lower_bound, 8 * 64);
+  EXPECT_EQ(plan.lower_bound_bytes, 8 * 64);
   EXPECT_EQ(plan.arena_bytes, 8 * 64);
 }
 
@@ -120,9 +306,12 @@ TEST(BufferPlanTest, RandomChainsMeetTheLowerBound) {
     int x = Param(g, 0, 1 + rng() % 100);
     for (int i = 0; i < len; ++i) x = Unary(g, x, 1 + rng() % 300);
     g.AddOutput("y", x);
-    BufferPlan plan = PlanBuffers(g);
+    BufferPlan plan = PlanBuffers(g, nullptr, kNoInPlace);
     CheckPlan(g, plan);
-    EXPECT_EQ(plan.arena_bytes, plan.lower_bound) << "trial " << trial;
+    EXPECT_EQ(plan.arena_bytes, plan.lower_bound_bytes) << "trial " << trial;
+    BufferPlan in_place = PlanBuffers(g);
+    CheckPlan(g, in_place);
+    EXPECT_LE(in_place.lower_bound_bytes, plan.lower_bound_bytes) << "trial " << trial;
   }
 }
 
@@ -157,10 +346,13 @@ TEST(BufferPlanTest, RandomDagsNeverOverlapLiveBuffers) {
       auto pick = [&] {
         return rng() % 3 == 0 ? int(rng() % n) : std::max(0, n - 1 - int(rng() % 3));
       };
+      // Some ops keep an operand's size so in-place reuse gets exercised.
+      int a = pick(), b = pick();
+      if (rng() % 2) size = g.node(a).type().shape.num_elements();
       if (rng() % 2)
-        Unary(g, pick(), size);
+        Unary(g, a, size);
       else
-        Binary(g, pick(), pick(), size);
+        Binary(g, a, b, size);
     }
     int num_outputs = 1 + rng() % 3;
     for (int i = 0; i < num_outputs; ++i)
@@ -176,7 +368,7 @@ TEST(BufferPlanTest, EmptyGraph) {
   BufferPlan plan = PlanBuffers(g);
   EXPECT_TRUE(plan.offsets.empty());
   EXPECT_EQ(plan.arena_bytes, 0);
-  EXPECT_EQ(plan.lower_bound, 0);
+  EXPECT_EQ(plan.lower_bound_bytes, 0);
 }
 
 }  // namespace

@@ -50,7 +50,8 @@ Executable::Executable(ir::Graph graph, BufferPlan plan, std::vector<std::unique
       continue;
     }
     int64_t off = n.id() < static_cast<int>(plan_.offsets.size()) ? plan_.offsets[n.id()] : -1;
-    KILN_CHECK(off >= 0 && off + n.type().byte_size() <= plan_.arena_bytes);
+    if (off < 0) continue;  // not materialized (e.g. inside a fused kernel): no buffer
+    KILN_CHECK(off + n.type().byte_size() <= plan_.arena_bytes);
     ctx_.buffers[n.id()] = arena_.get() + off;
   }
 }

@@ -1,13 +1,21 @@
 #include "kiln/runtime/cpu/cpu_backend.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/cache.h"
 #include "kiln/compiler/compile.h"
+#include "kiln/compiler/passes/fusion.h"
 #include "kiln/ir/verifier.h"
 #include "kiln/runtime/buffer_plan.h"
 #include "kiln/runtime/cpu/internal/common.h"
+#include "kiln/runtime/cpu/internal/fused_loop.h"
 
 namespace kiln::runtime {
 namespace cpu {
@@ -150,35 +158,183 @@ class CpuBackend : public Backend {
     if (!options_.optimize) return Lower(input);
     compiler::CompileOptions copts;
     copts.keep_composite = LowersNatively;
-    absl::StatusOr<ir::Graph> optimized = compiler::Optimize(input, copts);
+    copts.fuse_loops = options_.fuse && !options_.prefer_loops;
+    copts.remat.enabled = options_.remat || options_.remat_memory_limit_bytes > 0;
+    copts.remat.memory_limit_bytes = options_.remat_memory_limit_bytes;
+    // The process-wide cache: memory, plus disk only where the user asked for it.
+    static compiler::CompileCache* const default_cache = [] {
+      const char* dir = std::getenv("KILN_CACHE_DIR");
+      const char* log = std::getenv("KILN_CACHE_LOG");
+      compiler::CompileCacheOptions o;
+      o.use_disk = dir != nullptr && *dir != '\0';
+      bool verbose = o.use_disk || (log != nullptr && std::string(log) == "1");
+      o.log = [verbose](const std::string& m) {
+        if (verbose || m.find("WARNING") != std::string::npos)
+          std::fprintf(stderr, "%s\n", m.c_str());
+      };
+      return new compiler::CompileCache(std::move(o));
+    }();
+    // Optimize's result does not depend on the ISA today, but lowering choices may come to.
+    static const std::string backend_key = [] {
+      dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+      const std::pair<dnnl::cpu_isa, const char*> names[] = {
+          {dnnl::cpu_isa::sse41, "sse41"},
+          {dnnl::cpu_isa::avx, "avx"},
+          {dnnl::cpu_isa::avx2, "avx2"},
+          {dnnl::cpu_isa::avx2_vnni, "avx2_vnni"},
+          {dnnl::cpu_isa::avx512_core, "avx512_core"},
+          {dnnl::cpu_isa::avx512_core_vnni, "avx512_core_vnni"},
+          {dnnl::cpu_isa::avx512_core_bf16, "avx512_core_bf16"},
+          {dnnl::cpu_isa::avx512_core_amx, "avx512_core_amx"}};
+      for (const auto& [value, name] : names)
+        if (isa == value) return std::string("cpu/") + name;
+      return "cpu/isa-" + std::to_string(static_cast<int>(isa));
+    }();
+    compiler::CompileCache* cache = options_.compile_cache ? options_.compile_cache : default_cache;
+    absl::StatusOr<ir::Graph> optimized = options_.use_compile_cache
+                                              ? cache->GetOrOptimize(input, copts, backend_key)
+                                              : compiler::Optimize(input, copts);
     KILN_RETURN_IF_ERROR(Annotate(optimized.status(), "cpu backend: optimizing"));
-    return Lower(*optimized);
+    absl::StatusOr<std::unique_ptr<Executable>> exe = Lower(*optimized);
+    if (exe.ok() && options_.remat_memory_limit_bytes > 0 &&
+        (*exe)->plan().arena_bytes > options_.remat_memory_limit_bytes) {
+      std::fprintf(stderr,
+                   "kiln cpu backend: graph '%s' needs a %.1f MiB arena, over the remat memory "
+                   "limit of %.1f MiB: nothing left worth recomputing\n",
+                   input.name().c_str(), (*exe)->plan().arena_bytes / 1048576.0,
+                   options_.remat_memory_limit_bytes / 1048576.0);
+    }
+    return exe;
   }
 
  private:
   absl::StatusOr<std::unique_ptr<Executable>> Lower(const ir::Graph& graph) {
     auto ctx = std::make_shared<CpuContext>();
     LowerContext lc{graph, ctx, options_};
+    const int n = graph.num_nodes();
+    for (const ir::Node& node : graph.nodes()) {
+      if (node.type().shape.rank() > kMaxRank)
+        return Unimplemented(node, absl::StrCat("rank above ", kMaxRank));
+    }
+
+    // Loop fusion groups (the fusion pass leaves each group's members contiguous). A member reads
+    // the operand of a broadcast_in_dim directly, through a broadcasting view.
+    PlanSchedule sched;
+    sched.step.resize(n);
+    sched.reads.resize(n);
+    sched.materialized.assign(n, 0);
+    std::vector<int> group_of(n, -1);
+    std::map<int, std::vector<int>> groups;
+    for (const ir::Node& node : graph.nodes()) {
+      sched.step[node.id()] = node.id();
+      auto it = node.attrs().find(compiler::kFusionAttr);
+      if (it == node.attrs().end() || !std::holds_alternative<int64_t>(it->second)) continue;
+      int gid = static_cast<int>(std::get<int64_t>(it->second));
+      std::vector<int>& members = groups[gid];
+      if (!members.empty() && members.back() != node.id() - 1)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cpu backend: fusion group ", gid, " is not contiguous (at %", node.id(),
+            "); run the fusion pass last"));
+      members.push_back(node.id());
+      group_of[node.id()] = gid;
+    }
+    // Output fusions (first member a dot_general) run as one matmul with post-ops; loop groups
+    // must hold only loop-fusible ops. A group this backend cannot run fused is lowered node by
+    // node instead.
+    std::map<int, bool> is_output_fusion;
+    for (auto it = groups.begin(); it != groups.end();) {
+      const std::vector<int>& members = it->second;
+      bool output = graph.node(members[0]).opcode() == Opcode::kDotGeneral;
+      bool ok = output ? CanLowerMatmulEpilogue(members, lc) : true;
+      if (!output)
+        for (int m : members) ok = ok && compiler::IsLoopFusible(graph, graph.node(m));
+      if (!ok) {
+        for (int m : members) group_of[m] = -1;
+        it = groups.erase(it);
+        continue;
+      }
+      is_output_fusion[it->first] = output;
+      ++it;
+    }
+    FusionReads reads;
+    for (auto& [gid, members] : groups) {
+      for (int m : members) {
+        sched.step[m] = members.back();
+        std::vector<FusionReads::Read>& r = reads.by_member[m];
+        for (int op : graph.node(m).operands()) {
+          const ir::Node& o = graph.node(op);
+          FusionReads::Read read{op, nullptr};
+          if (group_of[op] == gid) {
+            r.push_back(read);
+            continue;  // inside the kernel
+          }
+          bool absorb = is_output_fusion[gid] ? IsBiasBroadcast(graph, op)
+                                              : o.opcode() == Opcode::kBroadcastInDim;
+          if (absorb && group_of[op] < 0) {
+            read.node = o.operand(0);
+            read.broadcast_dims = &o.attr_ints("broadcast_dimensions");
+          }
+          r.push_back(read);
+          sched.reads[m].push_back(read.node);
+        }
+      }
+    }
+    for (const ir::Node& node : graph.nodes())
+      if (group_of[node.id()] < 0) sched.reads[node.id()] = node.operands();
+
+    // What must run: graph outputs and whatever a running kernel reads (reverse order; a group
+    // runs when any member is needed, and then reads all its members' inputs).
+    std::vector<char>& needed = sched.materialized;
+    for (const ir::Output& o : graph.outputs()) needed[o.node] = 1;
+    std::vector<char> group_runs(n, 0);  // by root id
+    for (int id = n - 1; id >= 0; --id) {
+      int gid = group_of[id];
+      if (gid >= 0) {
+        const std::vector<int>& members = groups[gid];
+        if (id != members.back()) continue;
+        bool runs = false;
+        for (int m : members) runs |= needed[m] != 0;
+        if (!runs) continue;
+        group_runs[id] = 1;
+        for (int m : members)
+          for (int r : sched.reads[m]) needed[r] = 1;
+        continue;
+      }
+      if (!needed[id]) continue;
+      for (int r : sched.reads[id]) needed[r] = 1;
+    }
+
     std::vector<std::unique_ptr<Thunk>> thunks;
-    for (const ir::Node& n : graph.nodes()) {
-      if (n.opcode() == Opcode::kParameter || n.opcode() == Opcode::kConstant) continue;
-      if (n.type().shape.num_elements() == 0) continue;  // nothing to compute
-      if (n.type().shape.rank() > kMaxRank)
-        return Unimplemented(n, absl::StrCat("rank above ", kMaxRank));
-      for (int op : n.operands())
-        if (graph.node(op).type().shape.rank() > kMaxRank)
-          return Unimplemented(n, absl::StrCat("operand rank above ", kMaxRank));
+    for (const ir::Node& node : graph.nodes()) {
+      if (node.opcode() == Opcode::kParameter || node.opcode() == Opcode::kConstant) continue;
+      if (node.type().shape.num_elements() == 0) continue;  // nothing to compute
       LowerResult thunk;
-      try {
-        thunk = LowerNode(n, lc);
-      } catch (const dnnl::error& e) {
-        thunk = Unimplemented(n, absl::StrCat("oneDNN: ", e.what()));
+      int gid = group_of[node.id()];
+      if (gid >= 0) {
+        if (!group_runs[node.id()]) continue;  // not the root, or nothing needs the group
+        try {
+          thunk = is_output_fusion[gid] ? LowerMatmulEpilogue(groups[gid], lc)
+                                        : LowerFusedLoop(groups[gid], reads, needed, lc);
+        } catch (const dnnl::error& e) {
+          thunk = Unimplemented(node, absl::StrCat("oneDNN: ", e.what()));
+        }
+      } else {
+        if (!needed[node.id()]) continue;  // e.g. a broadcast every consumer absorbed
+        for (int op : node.operands())
+          if (graph.node(op).type().shape.rank() > kMaxRank)
+            return Unimplemented(node, absl::StrCat("operand rank above ", kMaxRank));
+        try {
+          thunk = LowerNode(node, lc);
+        } catch (const dnnl::error& e) {
+          thunk = Unimplemented(node, absl::StrCat("oneDNN: ", e.what()));
+        }
       }
       if (!thunk.ok()) return thunk.status();
       if (*thunk) thunks.push_back(std::move(*thunk));
     }
     ctx->AllocateWorkspace();
-    return std::make_unique<Executable>(graph, PlanBuffers(graph), std::move(thunks), "cpu");
+    return std::make_unique<Executable>(graph, PlanBuffers(graph, &sched), std::move(thunks),
+                                        "cpu");
   }
 
   CpuBackendOptions options_;

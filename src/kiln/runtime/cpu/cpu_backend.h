@@ -15,7 +15,8 @@
 // backend lowers natively (softmax, log_softmax, layer_norm, rms_norm, cross_entropy, attention).
 // CpuBackendOptions::optimize = false compiles the graph as given; KILN_DISABLE_PASSES=cse,dce
 // skips single passes (see compiler/pipeline.h). The executable's graph() is the optimized one,
-// with the same parameters and outputs as the input.
+// with the same parameters and outputs as the input. A graph compiled before with the same options
+// skips the pipeline: the optimized graph comes from a compile cache (use_compile_cache).
 //
 // Dtypes: f32 and bf16 everywhere (bf16 computes in f32 and rounds to nearest even on store;
 // oneDNN accumulates bf16 matmul/conv in f32); f16 and f64 in the loops; integers and bool where
@@ -24,9 +25,14 @@
 #ifndef KILN_RUNTIME_CPU_CPU_BACKEND_H_
 #define KILN_RUNTIME_CPU_CPU_BACKEND_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "kiln/runtime/executable.h"
+
+namespace kiln::compiler {
+class CompileCache;
+}  // namespace kiln::compiler
 
 namespace kiln::runtime {
 
@@ -36,6 +42,23 @@ struct CpuBackendOptions {
   bool prefer_loops = false;
   // Run compiler::Optimize before lowering. Off: lower the graph exactly as given.
   bool optimize = true;
+  // Run the loop fusion pass last (with optimize): chains of cheap elementwise ops become one
+  // fused loop kernel each (fused_loop.cc). Off with prefer_loops, so those tests keep checking
+  // the per-op loops.
+  bool fuse = true;
+  // Look the optimized graph up in a compile cache (compiler/cache.h) before running the pipeline;
+  // the key covers the graph, the compiler version, the options above and oneDNN's ISA. Null
+  // `compile_cache`: the process-wide cpu cache, in memory, and on disk only when $KILN_CACHE_DIR
+  // is set (it never writes to ~/.cache by default). Its misses are logged to stderr when
+  // $KILN_CACHE_DIR or KILN_CACHE_LOG=1 is set; repeated recompiles always warn.
+  bool use_compile_cache = true;
+  compiler::CompileCache* compile_cache = nullptr;
+  // Rematerialization (compiler/passes/remat.h): recompute cheap forward values next to their
+  // late (backward) readers instead of keeping them alive. remat_memory_limit_bytes > 0 also
+  // recomputes until the arena should fit that many bytes; a result that still does not fit is
+  // reported on stderr.
+  bool remat = false;
+  int64_t remat_memory_limit_bytes = 0;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options = {});

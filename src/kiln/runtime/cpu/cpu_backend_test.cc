@@ -539,7 +539,8 @@ TEST(CpuBackendTest, HotOpsLowerToOneDnn) {
     auto graph = b.Build();
     ASSERT_TRUE(graph.ok()) << graph.status();
     for (bool loops : {false, true}) {
-      auto exe = MakeCpuBackend({.prefer_loops = loops})->Compile(*graph);
+      // Without fusion: fused elementwise groups replace the per-op relu/add/convert thunks.
+      auto exe = MakeCpuBackend({.prefer_loops = loops, .fuse = false})->Compile(*graph);
       ASSERT_TRUE(exe.ok()) << exe.status();
       std::string names;
       for (int i = 0; i < (*exe)->num_thunks(); ++i) names += (*exe)->thunk(i).name() + "\n";
@@ -600,6 +601,84 @@ TEST(CpuBackendOptimizeTest, PipelineRunsUnlessDisabled) {
   auto p = (*plain)->Run({in});
   ASSERT_TRUE(a.ok() && p.ok());
   EXPECT_TRUE((*a)[0].BitwiseEquals((*p)[0]));
+}
+
+
+// Output fusion: matmul + bias + activation + residual as one oneDNN matmul with post-ops,
+// checked against the reference backend (and the per-op loops) like every op.
+TEST(CpuBackendFusionTest, MatmulEpilogues) {
+  Check("dense_bias_relu", {U({8, 32}), U({32, 16}), U({16})},
+        [](Builder&, const std::vector<Value>& p) { return ir::Relu(ir::MatMul(p[0], p[1]) + p[2]); });
+  Check("dense_bias_gelu_residual", {U({8, 32}), U({32, 32}), U({32}), U({8, 32})},
+        [](Builder&, const std::vector<Value>& p) {
+          return ir::Gelu(ir::MatMul(p[0], p[1]) + p[2]) + p[3];
+        });
+  Check("batched_bias_tanh", {U({2, 8, 16}), U({16, 8}), U({8})},
+        [](Builder&, const std::vector<Value>& p) { return ir::Tanh(ir::MatMul(p[0], p[1]) + p[2]); });
+  Check("residual_only", {U({8, 16}), U({16, 16}), U({8, 16})},
+        [](Builder&, const std::vector<Value>& p) { return p[2] + ir::MatMul(p[0], p[1]); });
+
+  Builder b("mlp");
+  Value x = b.Parameter("x", DType::kF32, {8, 32});
+  Value w = b.Parameter("w", DType::kF32, {32, 16});
+  Value bias = b.Parameter("b", DType::kF32, {16});
+  b.Output("y", ir::Relu(ir::MatMul(x, w) + bias));
+  auto g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto exe = MakeCpuBackend()->Compile(*g);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  ASSERT_EQ((*exe)->num_thunks(), 1);
+  EXPECT_NE((*exe)->thunk(0).name().find("onednn matmul+bias+relu"), std::string::npos)
+      << (*exe)->thunk(0).name();
+}
+
+// Fusion: an AdamW-like update with scalar, row and column broadcasts, bf16 rounding, compare and
+// select runs as fused loop kernels, bit-identical to the per-op loops, in fewer thunks, and
+// absorbed broadcasts get no arena buffer.
+TEST(CpuBackendFusionTest, FusedLoopsMatchPerOpLoopsBitForBit) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int64_t rows : {int64_t{3}, int64_t{300}}) {  // one block, and many blocks and threads
+      ir::Builder b("adamw_like");
+      Value w = b.Parameter("w", dt, {rows, 257});
+      Value g = b.Parameter("g", dt, {rows, 257});
+      Value m = b.Parameter("m", dt, {rows, 257});
+      Value bias = b.Parameter("bias", dt, {257});
+      Value col = b.Parameter("col", dt, {rows, 1});
+      Value lr = b.Parameter("lr", dt, {});
+      Value m2 = m * 0.9 + g * 0.1;
+      Value v = g * g + 1e-3;
+      Value upd = m2 / (ir::Sqrt(v) + 1e-8);
+      Value w2 = w - (upd + w * 0.01) * lr;
+      Value shifted = ir::Relu(w2 + bias) - col;
+      Value masked = ir::Select(ir::Compare(shifted, ir::Abs(g), ir::CompareDirection::kGt), shifted, -g);
+      b.Output("w", w2);
+      b.Output("m", m2);
+      b.Output("y", masked);
+      b.Output("mask_any", ir::Compare(ir::Max(masked, ir::Min(w, g)), w, ir::CompareDirection::kGe));
+      auto graph = b.Build();
+      ASSERT_TRUE(graph.ok()) << graph.status();
+      auto fused = MakeCpuBackend()->Compile(*graph);
+      auto loops = MakeCpuBackend({.prefer_loops = true})->Compile(*graph);
+      ASSERT_TRUE(fused.ok()) << fused.status();
+      ASSERT_TRUE(loops.ok()) << loops.status();
+      EXPECT_LT((*fused)->num_thunks(), (*loops)->num_thunks() / 3);
+      bool saw_fusion = false;
+      for (int i = 0; i < (*fused)->num_thunks(); ++i)
+        saw_fusion |= (*fused)->thunk(i).name().find("(loop:") != std::string::npos;
+      EXPECT_TRUE(saw_fusion);
+      EXPECT_LT((*fused)->plan().arena_bytes, (*loops)->plan().arena_bytes);
+      std::mt19937 rng(7);
+      std::vector<Tensor> in;
+      for (int id : graph->parameters()) in.push_back(Draw(U(graph->node(id).type().shape), dt, rng));
+      auto a = (*fused)->Run(in);
+      auto c = (*loops)->Run(in);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(c.ok()) << c.status();
+      for (size_t k = 0; k < a->size(); ++k)
+        EXPECT_TRUE((*a)[k].BitwiseEquals((*c)[k]))
+            << graph->outputs()[k].name << " " << DTypeName(dt) << " rows " << rows;
+    }
+  }
 }
 
 }  // namespace

@@ -157,8 +157,21 @@ absl::StatusOr<int> OperandMemory(DnnlThunkBuilder& b, int node, const OperandVi
   return b.Reorder(t, PlainDesc(sizes, compute));
 }
 
+// Post-ops fused into the matmul (an output fusion group, compiler/passes/fusion.h): dst =
+// residual + act(dot + bias), written to node `out`.
+struct Epilogue {
+  int bias = -1;  // node of the rank-1 bias [N], or -1
+  bool has_act = false;
+  dnnl::algorithm act = dnnl::algorithm::eltwise_relu;
+  float alpha = 0.f;
+  int residual = -1;  // node of the same-shaped residual, or -1
+  int out = -1;       // node whose buffer receives the result (-1: the dot itself)
+  std::string label;  // " +bias+relu+residual"
+};
+
 absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerContext& lc,
-                                                    const DotPlan& p, bool force_copy) {
+                                                    const DotPlan& p, bool force_copy,
+                                                    const Epilogue& ep = {}) {
   const ir::Type& lt = lc.operand_type(n, 0);
   const ir::Type& rt = lc.operand_type(n, 1);
   DType odt = n.type().dtype;
@@ -177,15 +190,38 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerCont
 
   // bf16 computes natively (f32 accumulation inside oneDNN); f16 only where the ISA has it, else
   // through f32 with reorders.
+  const int out_node = ep.out >= 0 ? ep.out : n.id();
+  std::vector<int64_t> bias_dims(dst_dims.size(), 1);
+  bias_dims.back() = p.N;
   for (auto compute : {user_dt, dnnl::memory::data_type::f32}) {
-    DnnlThunkBuilder b(lc, n, "onednn matmul");
+    DnnlThunkBuilder b(lc, n, "onednn matmul" + ep.label);
     KILN_ASSIGN_OR_RETURN(int src, OperandMemory(b, n.operand(0), lv, user_dt, compute, batched));
     KILN_ASSIGN_OR_RETURN(int wei, OperandMemory(b, n.operand(1), rv, user_dt, compute, batched));
     dnnl::memory::desc dst_md = PlainDesc(dst_dims, compute);
+    int bias = -1, residual = -1;
+    dnnl::primitive_attr attr = DnnlThunkBuilder::Attr();
+    dnnl::post_ops ops;
+    int residual_index = -1;
+    if (ep.has_act) ops.append_eltwise(1.f, ep.act, ep.alpha, 0.f);
+    if (ep.residual >= 0) {
+      residual_index = ops.len();
+      ops.append_binary(dnnl::algorithm::binary_add, PlainDesc(dst_dims, user_dt));
+      residual = b.NodeMemory(ep.residual, PlainDesc(dst_dims, user_dt));
+    }
+    if (ops.len() > 0) attr.set_post_ops(ops);
+    if (ep.bias >= 0) {
+      dnnl::memory::desc user_bias = PlainDesc(bias_dims, user_dt);
+      KILN_ASSIGN_OR_RETURN(bias, b.Input(ep.bias, user_bias, WithType(user_bias, compute)));
+    }
     dnnl::matmul::primitive_desc pd;
     try {
-      dnnl::matmul::desc desc(b.Desc(src), b.Desc(wei), dst_md);
-      pd = dnnl::matmul::primitive_desc(desc, DnnlThunkBuilder::Attr(), lc.cpu->engine());
+      if (bias >= 0) {
+        dnnl::matmul::desc desc(b.Desc(src), b.Desc(wei), b.Desc(bias), dst_md);
+        pd = dnnl::matmul::primitive_desc(desc, attr, lc.cpu->engine());
+      } else {
+        dnnl::matmul::desc desc(b.Desc(src), b.Desc(wei), dst_md);
+        pd = dnnl::matmul::primitive_desc(desc, attr, lc.cpu->engine());
+      }
     } catch (const dnnl::error&) {
       if (compute != dnnl::memory::data_type::f32) continue;  // retry in f32
       return Unimplemented(n, "oneDNN matmul rejects these layouts");
@@ -194,13 +230,16 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerCont
       // Narrow floats: compute in f32 instead. Strided operands: copy them to plain layouts.
       if (compute != dnnl::memory::data_type::f32) continue;
       if (!force_copy && (lv.in_place || rv.in_place))
-        return OneDnnMatmul(n, lc, p, /*force_copy=*/true);
+        return OneDnnMatmul(n, lc, p, /*force_copy=*/true, ep);
     }
     b.NameImpl(pd);
-    KILN_ASSIGN_OR_RETURN(int dst, b.Output(n.id(), PlainDesc(dst_dims, user_dt), dst_md));
-    b.AddStepWithScratchpad(dnnl::matmul(pd),
-                            {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}},
-                            pd.scratchpad_desc());
+    KILN_ASSIGN_OR_RETURN(int dst, b.Output(out_node, PlainDesc(dst_dims, user_dt), dst_md));
+    std::vector<std::pair<int, int>> args = {
+        {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+    if (bias >= 0) args.push_back({DNNL_ARG_BIAS, bias});
+    if (residual >= 0)
+      args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(residual_index) | DNNL_ARG_SRC_1, residual});
+    b.AddStepWithScratchpad(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
     return b.Finish();
   }
   return Unimplemented(n, "oneDNN matmul");
@@ -265,6 +304,80 @@ LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc) {
       lt.dtype,
       [&](auto tag) -> LowerResult { return LoopMatmul<typename decltype(tag)::type>(n, p); },
       UnsupportedDType(n, lt.dtype));
+}
+
+// ---- dot_general + bias + activation + residual (output fusion) ----
+bool IsBiasBroadcast(const ir::Graph& g, int id) {
+  const ir::Node& b = g.node(id);
+  if (b.opcode() != ir::Opcode::kBroadcastInDim) return false;
+  const ir::Type& src = g.node(b.operand(0)).type();
+  int64_t rank = b.type().shape.rank();
+  return src.shape.rank() == 1 && rank >= 1 &&
+         b.attr_ints("broadcast_dimensions") == std::vector<int64_t>{rank - 1} &&
+         src.shape.dim(0) == b.type().shape.dims().back() && src.dtype == b.type().dtype;
+}
+
+bool CanLowerMatmulEpilogue(const std::vector<int>& members, const LowerContext& lc) {
+  const ir::Graph& g = lc.graph;
+  if (members.size() < 2 || lc.options.prefer_loops) return false;
+  const ir::Node& dot = g.node(members[0]);
+  if (dot.opcode() != ir::Opcode::kDotGeneral) return false;
+  DType dt = dot.type().dtype;
+  if (dt != DType::kF32 && dt != DType::kBF16) return false;
+  DotPlan p = MakePlan(dot, g.node(dot.operand(0)).type(), g.node(dot.operand(1)).type());
+  // The bias runs along the matmul's N: the output's last dim must be all of N.
+  return p.K > 0 && dot.type().shape.rank() >= 1 && dot.type().shape.dims().back() == p.N;
+}
+
+LowerResult LowerMatmulEpilogue(const std::vector<int>& members, LowerContext& lc) {
+  const ir::Graph& g = lc.graph;
+  const ir::Node& dot = g.node(members[0]);
+  Epilogue ep;
+  ep.out = members.back();
+  int prev = dot.id();
+  for (size_t i = 1; i < members.size(); ++i) {
+    const ir::Node& m = g.node(members[i]);
+    int other = m.operands().size() == 2 ? (m.operand(0) == prev ? m.operand(1) : m.operand(0))
+                                         : -1;
+    if (m.opcode() == ir::Opcode::kAdd && ep.bias < 0 && !ep.has_act && ep.residual < 0 &&
+        IsBiasBroadcast(g, other)) {
+      ep.bias = g.node(other).operand(0);
+      ep.label += "+bias";
+    } else if (m.opcode() == ir::Opcode::kAdd && ep.residual < 0) {
+      ep.residual = other;
+      ep.label += "+residual";
+    } else if (!ep.has_act && ep.residual < 0 && m.operands().size() == 1) {
+      ep.has_act = true;
+      switch (m.opcode()) {
+        case ir::Opcode::kRelu:
+          ep.act = dnnl::algorithm::eltwise_relu;
+          break;
+        case ir::Opcode::kGelu:
+          ep.act = m.has_attr("approximate") && m.attr_str("approximate") == "tanh"
+                       ? dnnl::algorithm::eltwise_gelu_tanh
+                       : dnnl::algorithm::eltwise_gelu_erf;
+          break;
+        case ir::Opcode::kTanh:
+          ep.act = dnnl::algorithm::eltwise_tanh;
+          break;
+        case ir::Opcode::kSigmoid:
+          ep.act = dnnl::algorithm::eltwise_logistic;
+          break;
+        case ir::Opcode::kSilu:
+          ep.act = dnnl::algorithm::eltwise_swish;
+          ep.alpha = 1.f;
+          break;
+        default:
+          return Unimplemented(m, "not a matmul epilogue activation");
+      }
+      ep.label += "+" + std::string(ir::OpcodeName(m.opcode()));
+    } else {
+      return Unimplemented(m, "not a matmul epilogue step");
+    }
+    prev = m.id();
+  }
+  DotPlan p = MakePlan(dot, g.node(dot.operand(0)).type(), g.node(dot.operand(1)).type());
+  return OneDnnMatmul(dot, lc, p, /*force_copy=*/false, ep);
 }
 
 }  // namespace kiln::runtime::cpu

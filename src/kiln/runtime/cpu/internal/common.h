@@ -352,6 +352,12 @@ std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims);
 using LowerResult = absl::StatusOr<std::unique_ptr<Thunk>>;
 
 LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc);       // matmul.cc
+// An output fusion group [dot_general, (bias add), (activation), (residual add)] as one oneDNN
+// matmul with bias and post-ops, writing the last member's buffer (matmul.cc).
+// A rank-1 vector broadcast along the last dim (a bias the matmul reads directly).
+bool IsBiasBroadcast(const ir::Graph& g, int id);
+bool CanLowerMatmulEpilogue(const std::vector<int>& members, const LowerContext& lc);
+LowerResult LowerMatmulEpilogue(const std::vector<int>& members, LowerContext& lc);
 LowerResult LowerConv(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
 LowerResult LowerPool(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
 LowerResult LowerOneDnnUnary(const ir::Node& n, LowerContext& lc);      // onednn_ops.cc

@@ -1,0 +1,72 @@
+// Fusion ("fusion"): output fusion of matmul epilogues, then loop fusion. Groups chains of cheap elementwise ops of one shape into fusion groups
+// that a backend runs as ONE kernel making a single pass over memory, and orders the graph so each
+// group's members are contiguous.
+//
+//   %3 = mul(%g, %lr)                         %3 = mul(%g, %lr) {fusion=0}
+//   %4 = sub(%w, %3)                    ->    %4 = sub(%w, %3) {fusion=0}
+//   %5 = dot_general(%4, %x) {...}            %5 = dot_general(%4, %x) {...}
+//
+// Output fusion (first): a dot_general (f32 or bf16) followed by any of, in this order, an add of
+// a rank-1 bias broadcast along the last dim, an activation (relu gelu tanh sigmoid silu) and an
+// add of a same-shaped residual, each the only user of the step before, becomes one group whose
+// first member is the dot_general: a backend runs it as one matmul with post-ops (oneDNN bias,
+// eltwise and binary post-ops). A bare dot_general stays unmarked.
+//
+// Loop fusion: every node whose op is one of the cheap elementwise ops (add sub mul div max min
+// neg abs relu sqrt rsqrt sign compare select convert logical_and logical_or logical_not) on f32,
+// bf16 and bool values gets an integer attribute `fusion` naming its group (0, 1, ... in order).
+// A node joins the groups of its operands that have its shape; groups merge through it. A group
+// member used outside the group (or as a graph output) is one of the group's outputs: fusion never
+// duplicates work (multi-output fusion instead of recomputing a producer), so no expensive
+// producer is ever computed twice. broadcast_in_dim nodes are left unmarked: a backend reads
+// their operand through a broadcasting view inside the kernel and materializes the broadcast only
+// for consumers outside fusion groups. Even a single node forms a group: the fused loop has no
+// per-op library dispatch.
+//
+// What it leaves alone: transcendental ops (exp, log, tanh, erf, gelu, sigmoid, silu, sin, cos,
+// pow), which the cpu backend runs faster through oneDNN's vectorized eltwise; integer and f16/f64
+// arithmetic; reductions, data movement, contractions and composites. A merge that would make the
+// group graph cyclic (an outside node that both consumes from and feeds the group) is refused, as
+// is one that would exceed `max_group_size` members.
+//
+// Order: the result is a topological order of the groups (each group placed where its last
+// member was, as far as dependencies allow), members of a group contiguous and in source order.
+// Run it last before scheduling-sensitive consumers (lowering): later rewrites may break the
+// contiguity. Idempotent: existing `fusion` attributes are recomputed, and a graph that already
+// carries exactly these groups in this order is reported unchanged.
+// Cost: O(n * m) where m is the number of merges (a cycle check walks the graph per merge).
+#ifndef KILN_COMPILER_PASSES_FUSION_H_
+#define KILN_COMPILER_PASSES_FUSION_H_
+
+#include <string>
+
+#include "kiln/compiler/pass.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln::compiler {
+
+// The attribute a fusion group member carries.
+inline constexpr char kFusionAttr[] = "fusion";
+
+struct FusionOptions {
+  int max_group_size = 64;
+  // Output fusion: dot_general followed by a bias add, an activation and a residual add.
+  bool fuse_matmul_epilogues = true;
+};
+
+// True for the ops (and types) FusionPass puts into loop fusion groups.
+bool IsLoopFusible(const ir::Graph& graph, const ir::Node& n);
+
+class FusionPass : public Pass {
+ public:
+  explicit FusionPass(FusionOptions options = {}) : options_(options) {}
+  std::string name() const override { return "fusion"; }
+  absl::StatusOr<bool> Run(ir::Graph& graph) override;
+
+ private:
+  FusionOptions options_;
+};
+
+}  // namespace kiln::compiler
+
+#endif  // KILN_COMPILER_PASSES_FUSION_H_

@@ -1,0 +1,292 @@
+#include "kiln/compiler/passes/fusion.h"
+
+#include "gtest/gtest.h"
+#include "kiln/compiler/passes/internal/pass_test_util.h"
+#include "kiln/ir/parser.h"
+#include "kiln/ir/verifier.h"
+
+namespace kiln::compiler {
+namespace {
+
+using testing::ExpectRewrite;
+using testing::ExpectUnchanged;
+
+TEST(Fusion, ChainBecomesOneGroupWithBroadcastsLeftUnmarked) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @sgd {
+      %w = parameter() {index=0, name="w"} : f32[4,3]
+      %g = parameter() {index=1, name="g"} : f32[4,3]
+      %lr = parameter() {index=2, name="lr"} : f32[]
+      %b = broadcast_in_dim(%lr) {broadcast_dimensions=[], shape=[4,3]}
+      %s = mul(%g, %b)
+      %n = sub(%w, %s)
+      return w=%n
+    })",
+                R"(
+    graph @sgd {
+      %0 = parameter() {index=0, name="w"} : f32[4,3]
+      %1 = parameter() {index=1, name="g"} : f32[4,3]
+      %2 = parameter() {index=2, name="lr"} : f32[]
+      %3 = broadcast_in_dim(%2) {broadcast_dimensions=[], shape=[4,3]}
+      %4 = mul(%1, %3) {fusion=0}
+      %5 = sub(%0, %4) {fusion=0}
+      return w=%5
+    })");
+}
+
+TEST(Fusion, LeavesTranscendentalsContractionsAndIntegersAlone) {
+  FusionPass fusion(FusionOptions{.fuse_matmul_epilogues = false});
+  ExpectRewrite(fusion, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[2,2]
+      %i = parameter() {index=1, name="i"} : s32[2]
+      %e = exp(%x)
+      %a = add(%e, %x)
+      %d = dot_general(%a, %a) {lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
+      %r = relu(%d)
+      %j = add(%i, %i)
+      return r=%r, j=%j
+    })",
+                R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[2,2]
+      %1 = parameter() {index=1, name="i"} : s32[2]
+      %2 = exp(%0)
+      %3 = add(%2, %0) {fusion=0}
+      %4 = dot_general(%3, %3) {lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
+      %5 = relu(%4) {fusion=1}
+      %6 = add(%1, %1)
+      return r=%5, j=%6
+    })");
+}
+
+// An outside node between two elementwise ops (a -> exp -> b, with a -> b as well) would have to
+// run both before and after the group: the merge is refused and the two stay separate.
+TEST(Fusion, RefusesMergesThatWouldCreateACycle) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[8]
+      %a = neg(%x)
+      %e = exp(%a)
+      %b = add(%a, %e)
+      return b=%b
+    })",
+                R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[8]
+      %1 = neg(%0) {fusion=0}
+      %2 = exp(%1)
+      %3 = add(%1, %2) {fusion=1}
+      return b=%3
+    })");
+}
+
+// A member used outside the group is an output of the group; the consumer that came before the
+// group's last member in the source moves after the group.
+TEST(Fusion, MultiOutputGroupsReorderOutsideConsumers) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[8]
+      %y = parameter() {index=1, name="y"} : f32[8]
+      %a = mul(%x, %y)
+      %e = exp(%a)
+      %b = sub(%a, %y)
+      return e=%e, b=%b
+    })",
+                R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[8]
+      %1 = parameter() {index=1, name="y"} : f32[8]
+      %2 = mul(%0, %1) {fusion=0}
+      %3 = sub(%2, %1) {fusion=0}
+      %4 = exp(%2)
+      return e=%4, b=%3
+    })");
+}
+
+TEST(Fusion, DifferentShapesAreDifferentGroups) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[4]
+      %s = parameter() {index=1, name="s"} : f32[]
+      %t = mul(%s, %s)
+      %b = broadcast_in_dim(%t) {broadcast_dimensions=[], shape=[4]}
+      %y = add(%x, %b)
+      return y=%y
+    })",
+                R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[4]
+      %1 = parameter() {index=1, name="s"} : f32[]
+      %2 = mul(%1, %1) {fusion=0}
+      %3 = broadcast_in_dim(%2) {broadcast_dimensions=[], shape=[4]}
+      %4 = add(%0, %3) {fusion=1}
+      return y=%4
+    })");
+}
+
+TEST(Fusion, CompareSelectAndConvertFuseAcrossBoolAndBf16) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @relu_grad {
+      %x = parameter() {index=0, name="x"} : bf16[6]
+      %g = parameter() {index=1, name="g"} : f32[6]
+      %z = constant() {value=0.0} : bf16[]
+      %zb = broadcast_in_dim(%z) {broadcast_dimensions=[], shape=[6]}
+      %p = compare(%x, %zb) {direction="gt"}
+      %c = convert(%x) : f32[6]
+      %m = mul(%g, %c)
+      %zf = convert(%zb) : f32[6]
+      %s = select(%p, %m, %zf)
+      return s=%s
+    })",
+                R"(
+    graph @relu_grad {
+      %0 = parameter() {index=0, name="x"} : bf16[6]
+      %1 = parameter() {index=1, name="g"} : f32[6]
+      %2 = constant() {value=0.0} : bf16[]
+      %3 = broadcast_in_dim(%2) {broadcast_dimensions=[], shape=[6]}
+      %4 = compare(%0, %3) {direction="gt", fusion=0}
+      %5 = convert(%0) {fusion=0} : f32[6]
+      %6 = mul(%1, %5) {fusion=0}
+      %7 = convert(%3) {fusion=0} : f32[6]
+      %8 = select(%4, %6, %7) {fusion=0}
+      return s=%8
+    })");
+}
+
+TEST(Fusion, GroupSizeIsCapped) {
+  FusionPass fusion(FusionOptions{.max_group_size = 2});
+  ExpectRewrite(fusion, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[4]
+      %a = neg(%x)
+      %b = neg(%a)
+      %c = neg(%b)
+      return c=%c
+    })",
+                R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[4]
+      %1 = neg(%0) {fusion=0}
+      %2 = neg(%1) {fusion=0}
+      %3 = neg(%2) {fusion=1}
+      return c=%3
+    })");
+}
+
+TEST(Fusion, IdempotentAndUnchangedWithoutFusibleOps) {
+  FusionPass fusion;
+  ExpectUnchanged(fusion, R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[4]
+      %1 = neg(%0) {fusion=0}
+      %2 = exp(%1)
+      return y=%2
+    })");
+  ExpectUnchanged(fusion, R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[4]
+      %1 = exp(%0)
+      return y=%1
+    })");
+}
+
+// dot + bias + relu + residual: one output fusion group led by the dot; the bias broadcast stays
+// unmarked (the backend reads the bias vector directly).
+TEST(Fusion, MatmulEpilogueWithBiasActivationAndResidual) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @ffn {
+      %x = parameter() {index=0, name="x"} : f32[4,8]
+      %w = parameter() {index=1, name="w"} : f32[8,8]
+      %b = parameter() {index=2, name="b"} : f32[8]
+      %d = dot_general(%x, %w) {lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
+      %bb = broadcast_in_dim(%b) {broadcast_dimensions=[1], shape=[4,8]}
+      %a = add(%d, %bb)
+      %r = relu(%a)
+      %y = add(%x, %r)
+      %z = neg(%y)
+      return z=%z
+    })",
+                R"(
+    graph @ffn {
+      %0 = parameter() {index=0, name="x"} : f32[4,8]
+      %1 = parameter() {index=1, name="w"} : f32[8,8]
+      %2 = parameter() {index=2, name="b"} : f32[8]
+      %3 = broadcast_in_dim(%2) {broadcast_dimensions=[1], shape=[4,8]}
+      %4 = dot_general(%0, %1) {fusion=0, lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
+      %5 = add(%4, %3) {fusion=0}
+      %6 = relu(%5) {fusion=0}
+      %7 = add(%0, %6) {fusion=0}
+      %8 = neg(%7) {fusion=1}
+      return z=%8
+    })");
+}
+
+// The pre-activation is also read elsewhere (an output here): only dot + bias fuse, and the relu
+// joins a loop group. A broadcast along the wrong dim is neither a bias nor a residual.
+TEST(Fusion, MatmulEpilogueStopsAtSharedValuesAndNonBiasBroadcasts) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[4,4]
+      %b = parameter() {index=1, name="b"} : f32[4]
+      %d = dot_general(%x, %x) {lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
+      %bb = broadcast_in_dim(%b) {broadcast_dimensions=[1], shape=[4,4]}
+      %a = add(%d, %bb)
+      %r = relu(%a)
+      %e = dot_general(%r, %x) {lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
+      %cb = broadcast_in_dim(%b) {broadcast_dimensions=[0], shape=[4,4]}
+      %f = add(%e, %cb)
+      return a=%a, r=%r, f=%f
+    })",
+                R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[4,4]
+      %1 = parameter() {index=1, name="b"} : f32[4]
+      %2 = broadcast_in_dim(%1) {broadcast_dimensions=[1], shape=[4,4]}
+      %3 = dot_general(%0, %0) {fusion=0, lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
+      %4 = add(%3, %2) {fusion=0}
+      %5 = relu(%4) {fusion=1}
+      %6 = dot_general(%5, %0) {lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
+      %7 = broadcast_in_dim(%1) {broadcast_dimensions=[0], shape=[4,4]}
+      %8 = add(%6, %7) {fusion=2}
+      return a=%4, r=%5, f=%8
+    })");
+}
+
+// Two matmul chains meeting in one add: it is the residual of neither (which one would depend on
+// their order), and runs as a loop group; the second chain keeps its bias.
+TEST(Fusion, AnAddOfTwoMatmulChainsIsNobodysResidual) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[4,4]
+      %b = parameter() {index=1, name="b"} : f32[4]
+      %d1 = dot_general(%x, %x) {lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
+      %d2 = dot_general(%x, %x) {lhs_batch=[], lhs_contracting=[0], rhs_batch=[], rhs_contracting=[1]}
+      %bb = broadcast_in_dim(%b) {broadcast_dimensions=[1], shape=[4,4]}
+      %a2 = add(%d2, %bb)
+      %s = add(%d1, %a2)
+      return s=%s
+    })",
+                R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[4,4]
+      %1 = parameter() {index=1, name="b"} : f32[4]
+      %2 = dot_general(%0, %0) {lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
+      %3 = broadcast_in_dim(%1) {broadcast_dimensions=[1], shape=[4,4]}
+      %4 = dot_general(%0, %0) {fusion=0, lhs_batch=[], lhs_contracting=[0], rhs_batch=[], rhs_contracting=[1]}
+      %5 = add(%4, %3) {fusion=0}
+      %6 = add(%2, %5) {fusion=1}
+      return s=%6
+    })");
+}
+
+}  // namespace
+}  // namespace kiln::compiler

@@ -1,0 +1,81 @@
+// Memory-minimizing scheduling ("schedule"): reorders the nodes (the order an executable runs its
+// kernels in) so that fewer bytes are live at the worst moment, which is what the buffer planner
+// (runtime/buffer_plan.h) has to fit into the arena.
+//
+//   %2 = exp(%x) : f32[1024]          # big, read last             %3 = reduce_sum(%x) : f32[]
+//   %3 = reduce_sum(%x) : f32[]                              ->    %4 = mul(%3, %3) : f32[]
+//   %4 = mul(%3, %3) : f32[]                                       %2 = exp(%x) : f32[1024]
+//   %5 = add(%2, %b) : f32[1024]                                   %5 = add(%2, %b) : f32[1024]
+//
+// Memory model (the planner's liveness, before in-place reuse): every node that is not a parameter
+// or constant owns a buffer of its byte size rounded up to 64, live from the step of its kernel to
+// the step of its last reader; graph outputs live to the end. Fusion groups (the `fusion`
+// attribute, passes/fusion.h: loop groups and matmul epilogues) are one kernel at one step that
+// stores only the members read outside the group, and a broadcast_in_dim read only by fused
+// members is a view, never stored: the model follows that contract, and the pass keeps every
+// fusion group contiguous and in member order, so it can run after the fusion pass. A graph whose
+// groups are not contiguous is left as it is.
+//
+// Candidates: the input order; a greedy list schedule (among the ready kernels, the one that
+// allocates the least net of what it frees; ties to the earlier input position, so it is
+// deterministic); and a depth-first post-order from the outputs that visits the costliest operand
+// subgraphs first. The order with the smallest peak wins; the input order is kept unless another
+// is strictly better, so the pass never makes the peak worse. The greedy schedule is re-run from
+// the winner until it stops improving, so a second Run changes nothing (idempotent).
+// What it leaves alone: node contents, parameters (names and indices), outputs (names and order).
+// Cost: O(n * r) per candidate where r is the number of ready kernels (at most n).
+#ifndef KILN_COMPILER_PASSES_SCHEDULE_H_
+#define KILN_COMPILER_PASSES_SCHEDULE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kiln/compiler/pass.h"
+#include "kiln/ir/graph.h"
+
+namespace kiln::compiler {
+
+// The most bytes live at once when `graph` runs in id order, under the model above.
+int64_t PeakLiveBytes(const ir::Graph& graph);
+
+// Per node, under the model above, for `graph` run in id order: the bytes it keeps stored (0 for
+// sources, broadcast views and fused intermediates), the step its kernel runs at (a fusion group
+// runs at its last member's id) and the step of its last reader (num_nodes() for graph outputs;
+// `start` when nothing reads it).
+struct LiveInterval {
+  int64_t bytes = 0;
+  int start = 0;
+  int end = 0;
+};
+std::vector<LiveInterval> LiveIntervals(const ir::Graph& graph);
+
+// `graph` with its nodes in `order` (every id once, operands before users), renumbered; same
+// parameters and outputs. InvalidArgument when `order` is not such a permutation.
+absl::StatusOr<ir::Graph> ReorderNodes(const ir::Graph& graph, const std::vector<int>& order);
+
+// What the last Run found: the peak of the input order and of the chosen one, and which
+// candidate won ("input", "greedy", "dfs").
+struct ScheduleReport {
+  int64_t input_peak_bytes = 0;
+  int64_t peak_bytes = 0;
+  std::string chosen = "input";
+};
+
+class SchedulePass : public Pass {
+ public:
+  std::string name() const override { return "schedule"; }
+  absl::StatusOr<bool> Run(ir::Graph& graph) override;
+  const ScheduleReport& last_report() const { return report_; }
+
+ private:
+  ScheduleReport report_;
+};
+
+// The order SchedulePass would choose (node ids of `graph`), and its report.
+std::vector<int> MemorySchedule(const ir::Graph& graph, ScheduleReport* report = nullptr);
+
+}  // namespace kiln::compiler
+
+#endif  // KILN_COMPILER_PASSES_SCHEDULE_H_

@@ -1,0 +1,582 @@
+// Loop fusion groups (compiler/passes/fusion.h) as one kernel: a small register program run over
+// blocks of kBlock elements. Each block loads the group's inputs (converting bf16/bool to f32, and
+// reading broadcast_in_dim operands through a broadcasting view), runs the members' ops over
+// per-thread scratch registers that stay in L1, then stores the members that are used outside the
+// group. One pass over memory for the whole chain, one thunk, no per-op library dispatch.
+//
+// Semantics match the unfused loops bit for bit: values compute in f32; a bf16 member rounds to
+// bf16 (nearest even) after its op, exactly as storing and reloading it would; bool values are
+// 0/1 floats. Outputs are stored at the end of each block, after every input read of that block,
+// so an output may share its buffer with a same-shaped input that dies at the group.
+//
+// The block routine is compiled for several ISAs (GCC target_clones) and picked at load time, so
+// the loops use AVX-512 or AVX2 where the machine has it without -march=native.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/compiler/passes/fusion.h"
+#include "kiln/runtime/cpu/internal/common.h"
+#include "kiln/runtime/cpu/internal/fused_loop.h"
+
+namespace kiln::runtime::cpu {
+namespace {
+
+using ir::Opcode;
+
+constexpr int64_t kBlock = 256;
+// Scratch registers plus direct-input slots; the fusion pass caps groups at 64 members, so a
+// program needs at most a few hundred.
+constexpr int kMaxSlots = 512;
+
+enum class FOp : uint8_t {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kMax,
+  kMin,
+  kNeg,
+  kAbs,
+  kRelu,
+  kSqrt,
+  kRsqrt,
+  kSign,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kSelect,
+  kAnd,
+  kOr,
+  kNot,
+  kToBool,
+  kRoundBf16,
+};
+
+struct Instr {
+  FOp op;
+  int16_t dst, a, b, c;
+};
+
+// How an input is read, in elements of the output index space.
+enum class View : uint8_t {
+  kContiguous,  // in[i]
+  kScalar,      // in[0]
+  kRows,        // in[i % inner]          (a [inner] vector repeated over rows)
+  kCols,        // in[(i / inner) % outer] (one value per row of `inner`, rows repeat)
+  kStrided,     // general: collapsed dims and strides
+};
+
+struct Input {
+  int node = -1;
+  DType dtype = DType::kF32;
+  View view = View::kContiguous;
+  int64_t inner = 1, outer = 1;
+  std::vector<int64_t> dims, strides;  // kStrided only (collapsed)
+  int16_t reg = -1;
+  // f32 and contiguous: the ops read the buffer in place (reg is a pointer slot past the scratch
+  // registers, not scratch).
+  bool direct = false;
+};
+
+struct Output {
+  int node;
+  DType dtype;
+  int16_t reg;
+};
+
+struct Program {
+  std::vector<Input> inputs;
+  std::vector<Instr> code;
+  std::vector<Output> outputs;
+  int num_regs = 0;   // scratch registers (kBlock floats each, per thread)
+  int num_slots = 0;  // num_regs + one pointer slot per direct input
+  int64_t count = 0;
+};
+
+// Reads elements [start, start+n) of `in` as floats into r.
+inline void LoadInput(const Input& in, const void* base, int64_t start, int64_t n, float* r) {
+  auto load_at = [&](int64_t idx) -> float {
+    switch (in.dtype) {
+      case DType::kF32:
+        return static_cast<const float*>(base)[idx];
+      case DType::kBF16:
+        return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[idx]);
+      default:
+        return static_cast<const uint8_t*>(base)[idx] ? 1.0f : 0.0f;
+    }
+  };
+  switch (in.view) {
+    case View::kContiguous:
+      switch (in.dtype) {
+        case DType::kF32:
+          std::memcpy(r, static_cast<const float*>(base) + start, n * sizeof(float));
+          return;
+        case DType::kBF16: {
+          const uint16_t* p = static_cast<const uint16_t*>(base) + start;
+          for (int64_t j = 0; j < n; ++j) r[j] = Bf16BitsToFloat(p[j]);
+          return;
+        }
+        default: {
+          const uint8_t* p = static_cast<const uint8_t*>(base) + start;
+          for (int64_t j = 0; j < n; ++j) r[j] = p[j] ? 1.0f : 0.0f;
+          return;
+        }
+      }
+    case View::kScalar: {
+      float v = load_at(0);
+      for (int64_t j = 0; j < n; ++j) r[j] = v;
+      return;
+    }
+    case View::kRows: {
+      int64_t k = start % in.inner;
+      for (int64_t j = 0; j < n; ++j) {
+        r[j] = load_at(k);
+        if (++k == in.inner) k = 0;
+      }
+      return;
+    }
+    case View::kCols: {
+      int64_t row = start / in.inner, col = start % in.inner;
+      float v = load_at(row % in.outer);
+      for (int64_t j = 0; j < n; ++j) {
+        r[j] = v;
+        if (++col == in.inner) {
+          col = 0;
+          ++row;
+          v = load_at(row % in.outer);
+        }
+      }
+      return;
+    }
+    case View::kStrided: {
+      const int rank = static_cast<int>(in.dims.size());
+      int64_t idx[kMaxRank];
+      int64_t rem = start, off = 0;
+      for (int d = rank - 1; d >= 0; --d) {
+        idx[d] = rem % in.dims[d];
+        rem /= in.dims[d];
+        off += idx[d] * in.strides[d];
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        r[j] = load_at(off);
+        for (int d = rank - 1; d >= 0; --d) {
+          off += in.strides[d];
+          if (++idx[d] < in.dims[d]) break;
+          off -= in.strides[d] * in.dims[d];
+          idx[d] = 0;
+        }
+      }
+      return;
+    }
+  }
+}
+
+// The ops over one block. Registers never alias within an instruction (the allocator frees an
+// operand's register only after the instruction that last reads it).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void RunCode(
+    const Instr* code, int num_instrs, float* const* slot, int64_t n) {
+  for (int k = 0; k < num_instrs; ++k) {
+    const Instr& in = code[k];
+    // No __restrict: a rounding step runs in place (d == a).
+    float* d = slot[in.dst];
+    const float* a = slot[in.a];
+    const float* b = in.b >= 0 ? slot[in.b] : a;
+    const float* c = in.c >= 0 ? slot[in.c] : a;
+    switch (in.op) {
+      case FOp::kAdd:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] + b[j];
+        break;
+      case FOp::kSub:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] - b[j];
+        break;
+      case FOp::kMul:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] * b[j];
+        break;
+      case FOp::kDiv:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] / b[j];
+        break;
+      case FOp::kMax:
+        for (int64_t j = 0; j < n; ++j) d[j] = (a[j] > b[j] || a[j] != a[j]) ? a[j] : b[j];
+        break;
+      case FOp::kMin:
+        for (int64_t j = 0; j < n; ++j) d[j] = (a[j] < b[j] || a[j] != a[j]) ? a[j] : b[j];
+        break;
+      case FOp::kNeg:
+        for (int64_t j = 0; j < n; ++j) d[j] = -a[j];
+        break;
+      case FOp::kAbs:
+        for (int64_t j = 0; j < n; ++j) d[j] = std::fabs(a[j]);
+        break;
+      case FOp::kRelu:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] < 0.0f ? 0.0f : a[j];
+        break;
+      case FOp::kSqrt:
+        for (int64_t j = 0; j < n; ++j) d[j] = std::sqrt(a[j]);
+        break;
+      case FOp::kRsqrt:
+        for (int64_t j = 0; j < n; ++j) d[j] = 1.0f / std::sqrt(a[j]);
+        break;
+      case FOp::kSign:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] > 0.0f ? 1.0f : (a[j] < 0.0f ? -1.0f : 0.0f);
+        break;
+      case FOp::kEq:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] == b[j] ? 1.0f : 0.0f;
+        break;
+      case FOp::kNe:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] != b[j] ? 1.0f : 0.0f;
+        break;
+      case FOp::kLt:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] < b[j] ? 1.0f : 0.0f;
+        break;
+      case FOp::kLe:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] <= b[j] ? 1.0f : 0.0f;
+        break;
+      case FOp::kGt:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] > b[j] ? 1.0f : 0.0f;
+        break;
+      case FOp::kGe:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] >= b[j] ? 1.0f : 0.0f;
+        break;
+      case FOp::kSelect:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] != 0.0f ? b[j] : c[j];
+        break;
+      case FOp::kAnd:
+        for (int64_t j = 0; j < n; ++j) d[j] = (a[j] != 0.0f && b[j] != 0.0f) ? 1.0f : 0.0f;
+        break;
+      case FOp::kOr:
+        for (int64_t j = 0; j < n; ++j) d[j] = (a[j] != 0.0f || b[j] != 0.0f) ? 1.0f : 0.0f;
+        break;
+      case FOp::kNot:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] == 0.0f ? 1.0f : 0.0f;
+        break;
+      case FOp::kToBool:
+        for (int64_t j = 0; j < n; ++j) d[j] = a[j] != 0.0f ? 1.0f : 0.0f;
+        break;
+      case FOp::kRoundBf16:
+        for (int64_t j = 0; j < n; ++j) d[j] = Bf16BitsToFloat(FloatToBf16Bits(a[j]));
+        break;
+    }
+  }
+}
+
+void StoreOutput(const Output& o, void* base, int64_t start, int64_t n, const float* r) {
+  switch (o.dtype) {
+    case DType::kF32:
+      std::memcpy(static_cast<float*>(base) + start, r, n * sizeof(float));
+      return;
+    case DType::kBF16: {
+      uint16_t* p = static_cast<uint16_t*>(base) + start;
+      for (int64_t j = 0; j < n; ++j) p[j] = FloatToBf16Bits(r[j]);
+      return;
+    }
+    default: {
+      uint8_t* p = static_cast<uint8_t*>(base) + start;
+      for (int64_t j = 0; j < n; ++j) p[j] = r[j] != 0.0f ? 1 : 0;
+      return;
+    }
+  }
+}
+
+// The view that reads `src` (of shape src_dims) broadcast into `out_dims` through
+// broadcast_in_dim's `dims` (operand dim i -> output dim dims[i]; size-1 operand dims repeat).
+void MakeBroadcastView(const std::vector<int64_t>& src_dims, const std::vector<int64_t>& dims,
+                       const std::vector<int64_t>& out_dims, Input& in) {
+  std::vector<int64_t> src_strides = RowMajorStrides(src_dims);
+  std::vector<int64_t> strides(out_dims.size(), 0);
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (src_dims[i] != 1) strides[dims[i]] = src_strides[i];
+  // Collapse: drop unit dims, merge neighbours that are both broadcast or contiguous together.
+  std::vector<int64_t> cd, cs;
+  for (size_t d = 0; d < out_dims.size(); ++d) {
+    if (out_dims[d] == 1) continue;
+    if (!cd.empty()) {
+      bool both_zero = cs.back() == 0 && strides[d] == 0;
+      bool contiguous = strides[d] != 0 && cs.back() == strides[d] * out_dims[d];
+      if (both_zero || contiguous) {
+        cd.back() *= out_dims[d];
+        cs.back() = strides[d];
+        continue;
+      }
+    }
+    cd.push_back(out_dims[d]);
+    cs.push_back(strides[d]);
+  }
+  if (cd.empty() || (cd.size() == 1 && cs[0] == 0)) {
+    in.view = View::kScalar;
+  } else if (cd.size() == 1 && cs[0] == 1) {
+    in.view = View::kContiguous;
+  } else if (cd.size() == 2 && cs[0] == 0 && cs[1] == 1) {
+    in.view = View::kRows;
+    in.inner = cd[1];
+  } else if (cd.size() == 2 && cs[0] == 1 && cs[1] == 0) {
+    in.view = View::kCols;
+    in.inner = cd[1];
+    in.outer = cd[0];
+  } else if (cd.size() == 3 && cs[0] == 0 && cs[1] == 1 && cs[2] == 0) {
+    in.view = View::kCols;  // [outer-repeat, rows, inner-repeat]
+    in.inner = cd[2];
+    in.outer = cd[1];
+  } else {
+    in.view = View::kStrided;
+    in.dims = cd;
+    in.strides = cs;
+  }
+}
+
+FOp CompareOp(const std::string& dir) {
+  if (dir == "eq") return FOp::kEq;
+  if (dir == "ne") return FOp::kNe;
+  if (dir == "lt") return FOp::kLt;
+  if (dir == "le") return FOp::kLe;
+  if (dir == "gt") return FOp::kGt;
+  return FOp::kGe;
+}
+
+class FusedLoopThunk : public Thunk {
+ public:
+  FusedLoopThunk(std::string name, Program program, std::shared_ptr<CpuContext> cpu,
+                 int threads)
+      : name_(std::move(name)), p_(std::move(program)), cpu_(std::move(cpu)), threads_(threads) {}
+
+  void Run(RunContext& ctx) override {
+    std::vector<const void*>& in_ptrs = in_ptrs_;
+    for (size_t i = 0; i < p_.inputs.size(); ++i) in_ptrs[i] = ctx.buffers[p_.inputs[i].node];
+    for (size_t i = 0; i < p_.outputs.size(); ++i) out_ptrs_[i] = ctx.buffers[p_.outputs[i].node];
+    const int64_t count = p_.count;
+    const int64_t blocks = (count + kBlock - 1) / kBlock;
+    const int64_t per_thread_blocks = std::max<int64_t>(1, kElementwiseGrain / kBlock);
+    int max_threads = omp_in_parallel() ? 1 : std::min(threads_, omp_get_max_threads());
+    int64_t chunks = std::min<int64_t>(max_threads, (blocks + per_thread_blocks - 1) /
+                                                        per_thread_blocks);
+    auto work = [&](int t, int64_t b0, int64_t b1) {
+      float* regs = reinterpret_cast<float*>(cpu_->workspace()) +
+                    static_cast<int64_t>(t) * p_.num_regs * kBlock;
+      float* slot[kMaxSlots];
+      for (int r = 0; r < p_.num_regs; ++r) slot[r] = regs + r * kBlock;
+      // Scalars are the same for every block: fill their (never reused) registers once.
+      for (size_t i = 0; i < p_.inputs.size(); ++i)
+        if (p_.inputs[i].view == View::kScalar)
+          LoadInput(p_.inputs[i], in_ptrs[i], 0, kBlock, slot[p_.inputs[i].reg]);
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        int64_t start = blk * kBlock, n = std::min(kBlock, count - start);
+        for (size_t i = 0; i < p_.inputs.size(); ++i) {
+          const Input& in = p_.inputs[i];
+          if (in.direct)
+            slot[in.reg] = const_cast<float*>(static_cast<const float*>(in_ptrs[i])) + start;
+          else if (in.view != View::kScalar)
+            LoadInput(in, in_ptrs[i], start, n, slot[in.reg]);
+        }
+        RunCode(p_.code.data(), static_cast<int>(p_.code.size()), slot, n);
+        for (size_t i = 0; i < p_.outputs.size(); ++i)
+          StoreOutput(p_.outputs[i], out_ptrs_[i], start, n, slot[p_.outputs[i].reg]);
+      }
+    };
+    if (chunks <= 1) {
+      work(0, 0, blocks);
+      return;
+    }
+#pragma omp parallel num_threads(static_cast <int>(chunks))
+    {
+      int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+      if (b0 < b1) work(t, b0, b1);
+    }
+  }
+  std::string name() const override { return name_; }
+
+  void Prepare() {
+    in_ptrs_.resize(p_.inputs.size());
+    out_ptrs_.resize(p_.outputs.size());
+  }
+
+ private:
+  std::string name_;
+  Program p_;
+  std::shared_ptr<CpuContext> cpu_;
+  int threads_;
+  std::vector<const void*> in_ptrs_;
+  std::vector<void*> out_ptrs_;
+};
+
+}  // namespace
+
+LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& reads,
+                           const std::vector<char>& needed, LowerContext& lc) {
+  const ir::Graph& g = lc.graph;
+  const ir::Node& root = g.node(members.back());
+  Program p;
+  p.count = root.type().shape.num_elements();
+  const std::vector<int64_t>& out_dims = root.type().shape.dims();
+
+  // Value numbering: group member -> register (after allocation); inputs first.
+  std::map<int, int> member_index;
+  for (size_t i = 0; i < members.size(); ++i) member_index[members[i]] = static_cast<int>(i);
+  // Values: 0..members-1 are members; members + k is input k. A convert between f32 and bf16 in
+  // the f32 -> bf16 direction rounds; bf16 -> f32 and bool -> float conversions are free.
+  const int nm = static_cast<int>(members.size());
+  std::vector<int> value_of_member(nm, -1);  // a member may alias another value (free convert)
+  auto input_value = [&](int member, int operand_index) -> int {
+    const FusionReads::Read& r = reads.at(member)[operand_index];
+    // The same node read through a different view is a different input.
+    for (size_t k = 0; k < p.inputs.size(); ++k) {
+      const Input& in = p.inputs[k];
+      if (in.node != r.node) continue;
+      Input probe;
+      probe.node = r.node;
+      if (r.broadcast_dims) {
+        MakeBroadcastView(g.node(r.node).type().shape.dims(), *r.broadcast_dims, out_dims, probe);
+      }
+      if (probe.view == in.view && probe.inner == in.inner && probe.outer == in.outer &&
+          probe.dims == in.dims && probe.strides == in.strides)
+        return nm + static_cast<int>(k);
+    }
+    Input in;
+    in.node = r.node;
+    in.dtype = g.node(r.node).type().dtype;
+    if (r.broadcast_dims)
+      MakeBroadcastView(g.node(r.node).type().shape.dims(), *r.broadcast_dims, out_dims, in);
+    p.inputs.push_back(in);
+    return nm + static_cast<int>(p.inputs.size()) - 1;
+  };
+
+  struct Pending {
+    FOp op;
+    int dst, a, b, c;  // value numbers
+  };
+  std::vector<Pending> code;
+  for (int i = 0; i < nm; ++i) {
+    const ir::Node& n = g.node(members[i]);
+    std::vector<int> ops;
+    for (int k = 0; k < static_cast<int>(n.operands().size()); ++k) {
+      int o = n.operand(k);
+      auto it = member_index.find(o);
+      ops.push_back(it != member_index.end() ? value_of_member[it->second] : input_value(n.id(), k));
+    }
+    DType t = n.type().dtype;
+    auto emit = [&](FOp op, int a, int b = -1, int c = -1) {
+      code.push_back({op, i, a, b, c});
+      value_of_member[i] = i;
+      if (t == DType::kBF16 && op != FOp::kRoundBf16) code.push_back({FOp::kRoundBf16, i, i, -1, -1});
+    };
+    switch (n.opcode()) {
+      case Opcode::kAdd: emit(FOp::kAdd, ops[0], ops[1]); break;
+      case Opcode::kSub: emit(FOp::kSub, ops[0], ops[1]); break;
+      case Opcode::kMul: emit(FOp::kMul, ops[0], ops[1]); break;
+      case Opcode::kDiv: emit(FOp::kDiv, ops[0], ops[1]); break;
+      case Opcode::kMax: emit(FOp::kMax, ops[0], ops[1]); break;
+      case Opcode::kMin: emit(FOp::kMin, ops[0], ops[1]); break;
+      case Opcode::kNeg: emit(FOp::kNeg, ops[0]); break;
+      case Opcode::kAbs: emit(FOp::kAbs, ops[0]); break;
+      case Opcode::kRelu: emit(FOp::kRelu, ops[0]); break;
+      case Opcode::kSqrt: emit(FOp::kSqrt, ops[0]); break;
+      case Opcode::kRsqrt: emit(FOp::kRsqrt, ops[0]); break;
+      case Opcode::kSign: emit(FOp::kSign, ops[0]); break;
+      case Opcode::kCompare: emit(CompareOp(n.attr_str("direction")), ops[0], ops[1]); break;
+      case Opcode::kSelect: emit(FOp::kSelect, ops[0], ops[1], ops[2]); break;
+      case Opcode::kLogicalAnd: emit(FOp::kAnd, ops[0], ops[1]); break;
+      case Opcode::kLogicalOr: emit(FOp::kOr, ops[0], ops[1]); break;
+      case Opcode::kLogicalNot: emit(FOp::kNot, ops[0]); break;
+      case Opcode::kConvert: {
+        DType from = g.node(n.operand(0)).type().dtype;
+        if (t == DType::kBool) {
+          emit(FOp::kToBool, ops[0]);
+        } else if (t == DType::kBF16 && from == DType::kF32) {
+          emit(FOp::kRoundBf16, ops[0]);
+          code.back().op = FOp::kRoundBf16;
+        } else {
+          value_of_member[i] = ops[0];  // widening or bool -> float: the same value
+        }
+        break;
+      }
+      default:
+        return Unimplemented(n, "not a loop-fusible op");
+    }
+  }
+
+  // Outputs: members needed outside the group.
+  std::vector<int> out_values;
+  for (int i = 0; i < nm; ++i) {
+    int id = members[i];
+    if (!needed[id]) continue;
+    p.outputs.push_back({id, g.node(id).type().dtype, 0});
+    out_values.push_back(value_of_member[i]);
+  }
+
+  // Register allocation over value numbers: a value's register is freed after its last read
+  // (outputs and inputs stay live to the end of the block: stores run last; inputs load first).
+  const int nv = nm + static_cast<int>(p.inputs.size());
+  std::vector<int> last_use(nv, -1);
+  for (size_t k = 0; k < code.size(); ++k)
+    for (int v : {code[k].a, code[k].b, code[k].c})
+      if (v >= 0) last_use[v] = std::max<int>(last_use[v], static_cast<int>(k));
+  for (int v : out_values) last_use[v] = static_cast<int>(code.size()) + 1;
+  std::vector<int> reg(nv, -1), free_regs;
+  int num_regs = 0;
+  auto alloc = [&]() {
+    if (!free_regs.empty()) {
+      int r = free_regs.back();
+      free_regs.pop_back();
+      return r;
+    }
+    return num_regs++;
+  };
+  // f32 contiguous inputs are read in place (pointer slots numbered after the registers);
+  // scalar inputs keep their register for the whole run (filled once per thread).
+  std::vector<char> pinned(nv, 0);
+  for (int k = 0; k < static_cast<int>(p.inputs.size()); ++k) {
+    Input& in = p.inputs[k];
+    in.direct = in.view == View::kContiguous && in.dtype == DType::kF32;
+    if (in.direct) continue;
+    reg[nm + k] = alloc();
+    if (in.view == View::kScalar) pinned[nm + k] = 1;
+  }
+  for (size_t k = 0; k < code.size(); ++k) {
+    Pending& c = code[k];
+    if (reg[c.dst] < 0) reg[c.dst] = alloc();
+    // Operands whose last read is this instruction free their register afterwards, unless the
+    // destination is the same value (a rounding step in place).
+    for (int v : {c.a, c.b, c.c})
+      if (v >= 0 && v != c.dst && reg[v] >= 0 && !pinned[v] && last_use[v] == static_cast<int>(k)) {
+        bool dup = false;
+        for (int r : free_regs) dup |= r == reg[v];
+        if (!dup) free_regs.push_back(reg[v]);
+      }
+  }
+  // Direct inputs take the slots after the scratch registers.
+  int num_slots = num_regs;
+  for (int k = 0; k < static_cast<int>(p.inputs.size()); ++k)
+    if (p.inputs[k].direct) reg[nm + k] = num_slots++;
+  if (num_slots > kMaxSlots)
+    return Unimplemented(root, absl::StrCat("fusion group needs ", num_slots,
+                                            " registers; the kernel has ", kMaxSlots));
+  for (size_t k = 0; k < code.size(); ++k) {
+    const Pending& c = code[k];
+    p.code.push_back({c.op, static_cast<int16_t>(reg[c.dst]), static_cast<int16_t>(reg[c.a]),
+                      static_cast<int16_t>(c.b >= 0 ? reg[c.b] : -1),
+                      static_cast<int16_t>(c.c >= 0 ? reg[c.c] : -1)});
+  }
+  for (size_t k = 0; k < p.inputs.size(); ++k) p.inputs[k].reg = static_cast<int16_t>(reg[nm + k]);
+  for (size_t k = 0; k < p.outputs.size(); ++k)
+    p.outputs[k].reg = static_cast<int16_t>(reg[out_values[k]]);
+  p.num_regs = std::max(num_regs, 1);
+  p.num_slots = std::max(num_slots, 1);
+
+  int threads = std::max(1, omp_get_max_threads());
+  lc.cpu->RequireWorkspace(static_cast<int64_t>(threads) * p.num_regs * kBlock * sizeof(float));
+  std::string name = absl::StrCat("fusion ", root.attr_int(compiler::kFusionAttr), " %",
+                                  members.front(), "..%", members.back(), " (loop: ", nm,
+                                  " ops, ", p.inputs.size(), " in, ", p.outputs.size(), " out)");
+  auto thunk = std::make_unique<FusedLoopThunk>(std::move(name), std::move(p), lc.cpu, threads);
+  thunk->Prepare();
+  return std::unique_ptr<Thunk>(std::move(thunk));
+}
+
+}  // namespace kiln::runtime::cpu
