@@ -79,9 +79,27 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
   }
   KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngSeedInput));
   KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngStepInput));
+  // Mixed precision rewrites the loss graph before autodiff, so the backward pass inherits the
+  // bf16 compute while the f32 parameters (master weights) get f32 gradients.
+  const ir::Graph* loss = &loss_graph;
+  ir::Graph low_precision_loss;
+  if (options.precision != compiler::PrecisionPolicy::kF32) {
+    for (const ParamSpec& p : param_specs) {
+      if (p.dtype != DType::kF32) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TrainStep: precision ", compiler::PrecisionPolicyName(options.precision),
+            " keeps f32 master weights, but parameter '", p.name, "' is ",
+            std::string(DTypeName(p.dtype)), " (use precision f32 for a non-f32 model)"));
+      }
+    }
+    low_precision_loss = loss_graph;
+    compiler::MixedPrecisionPass pass(options.precision);
+    KILN_RETURN_IF_ERROR(pass.Run(low_precision_loss).status());
+    loss = &low_precision_loss;
+  }
   KILN_ASSIGN_OR_RETURN(
       ir::Graph step_graph,
-      BuildTrainStep(loss_graph, initial.names(), options.optimizer, options.loss_output));
+      BuildTrainStep(*loss, initial.names(), options.optimizer, options.loss_output));
 
   std::unique_ptr<TrainStep> t(new TrainStep());
   t->options_ = options;

@@ -15,6 +15,13 @@
 // so a step allocates nothing. The step counter t (fed as "opt/step" and, when the loss graph
 // has dropout, as "rng/step" with "rng/seed" = rng_seed) advances by one per Run; a run resumed
 // with Restore(..., t) therefore computes bit-identical steps.
+//
+// Mixed precision: options.precision other than kF32 runs compiler::MixedPrecisionPass on the
+// loss graph before autodiff (the JAX/jmp recipe). Matmuls and convolutions (and, under kBf16,
+// elementwise math) compute in bf16 forward and backward, through convert's VJP; parameters stay
+// f32 master weights, their gradients arrive in f32, and the optimizer update and its state stay
+// f32. Reductions, softmax, norms and the loss stay f32. The loss graph must take f32 parameters
+// then (InvalidArgument otherwise: a policy is for f32 models).
 #ifndef KILN_NN_TRAIN_STEP_H_
 #define KILN_NN_TRAIN_STEP_H_
 
@@ -25,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kiln/compiler/passes/mixed_precision.h"
 #include "kiln/ir/graph.h"
 #include "kiln/nn/optim.h"
 #include "kiln/nn/params.h"
@@ -36,6 +44,8 @@ struct TrainStepOptions {
   OptimizerConfig optimizer;
   std::string loss_output = "loss";
   uint64_t rng_seed = 0;  // fed to "rng/seed" when the loss graph takes it
+  // Compute precision of the loss and its gradient (see the header comment).
+  compiler::PrecisionPolicy precision = compiler::PrecisionPolicy::kF32;
 };
 
 struct StepMetrics {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/passes/mixed_precision.h"
 #include "yaml-cpp/yaml.h"
 
 namespace kiln::train {
@@ -195,7 +196,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
     KILN_RETURN_IF_ERROR(s.Get("min_lr", &c->schedule.min_lr));
     KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
   }
-  KILN_RETURN_IF_ERROR(top.Get("precision", &c->precision));
+  KILN_RETURN_IF_ERROR(top.GetEnum("precision", {"f32", "mixed_bf16", "bf16"}, &c->precision));
   KILN_RETURN_IF_ERROR(top.Get("steps", &c->steps));
   KILN_RETURN_IF_ERROR(top.Get("eval_every", &c->eval_every));
   KILN_RETURN_IF_ERROR(top.Get("eval_batches", &c->eval_batches));
@@ -323,10 +324,11 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
                     absl::StrCat("must be < steps (", c.steps, ") for a decaying schedule, got ",
                                  c.schedule.warmup_steps));
   }
-  if (c.precision != "f32") {
-    return KeyError("precision", absl::StrCat("'", c.precision,
-                                              "' is not supported yet; allowed: f32 (bf16 mixed "
-                                              "precision is planned)"));
+  // The policy keeps the parameters f32 (master weights; the models are built in f32, there is no
+  // model dtype key) and rewrites the compute (compiler/passes/mixed_precision.h).
+  if (!compiler::ParsePrecisionPolicy(c.precision).ok()) {
+    return KeyError("precision",
+                    absl::StrCat("'", c.precision, "' is not one of f32, mixed_bf16, bf16"));
   }
   KILN_RETURN_IF_ERROR(Positive("steps", c.steps));
   KILN_RETURN_IF_ERROR(NonNegative("eval_every", c.eval_every));

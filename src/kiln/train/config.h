@@ -80,7 +80,9 @@ struct TrainConfig {
   DataConfig data;
   OptimizerSection optimizer;
   ScheduleSection schedule;
-  std::string precision = "f32";  // only f32 for now
+  // f32 | mixed_bf16 | bf16: the compute precision of the train step (compiler::PrecisionPolicy,
+  // applied by nn::TrainStep). Parameters and optimizer state stay f32 under every policy.
+  std::string precision = "f32";
   int64_t steps = 100;
   int64_t eval_every = 0;        // 0: only at the end
   int64_t eval_batches = 0;      // 0: the whole held-out split (full batches)

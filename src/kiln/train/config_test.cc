@@ -26,6 +26,29 @@ TEST(ConfigTest, ParsesAndFillsDefaults) {
   EXPECT_EQ(c->precision, "f32");
 }
 
+TEST(ConfigTest, PrecisionPolicies) {
+  for (const char* p : {"f32", "mixed_bf16", "bf16"}) {
+    absl::StatusOr<TrainConfig> c =
+        ParseTrainConfig(kBase, "t.yaml", {std::string("precision=") + p});
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->precision, p);
+    // It is part of the resolved config, so it changes the hash.
+    absl::StatusOr<TrainConfig> back = ParseTrainConfig(ConfigToYaml(*c), "resolved.yaml");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->precision, p);
+  }
+  absl::StatusOr<TrainConfig> f32 = ParseTrainConfig(kBase, "t.yaml");
+  absl::StatusOr<TrainConfig> mixed = ParseTrainConfig(kBase, "t.yaml", {"precision=mixed_bf16"});
+  ASSERT_TRUE(f32.ok() && mixed.ok());
+  EXPECT_NE(ConfigHash(*f32), ConfigHash(*mixed));
+  // ValidateTrainConfig checks configs built in code too.
+  TrainConfig c = *f32;
+  c.precision = "f16";
+  absl::Status s = ValidateTrainConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("precision: 'f16' is not one of f32, mixed_bf16, bf16"));
+}
+
 TEST(ConfigTest, OverridesApplyAndCreateSections) {
   absl::StatusOr<TrainConfig> c = ParseTrainConfig(
       kBase, "t.yaml",
@@ -53,7 +76,8 @@ TEST(ConfigTest, BadValuesNameKeyAndAllowedValues) {
   };
   EXPECT_THAT(err("optimizer.kind=adam"),
               HasSubstr("optimizer.kind: 'adam' is not one of sgd, adamw"));
-  EXPECT_THAT(err("precision=bf16"), HasSubstr("precision: 'bf16' is not supported yet"));
+  EXPECT_THAT(err("precision=fp16"),
+              HasSubstr("precision: 'fp16' is not one of f32, mixed_bf16, bf16"));
   EXPECT_THAT(err("steps=abc"), HasSubstr("steps: expected an integer"));
   EXPECT_THAT(err("steps=0"), HasSubstr("steps: must be >= 1"));
   EXPECT_THAT(err("data.held_out_fraction=1.5"), HasSubstr("data.held_out_fraction"));

@@ -511,6 +511,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   nn::TrainStepOptions step_opts;
   step_opts.optimizer = BuildOptimizerConfig(c);
   step_opts.rng_seed = c.seed;
+  KILN_ASSIGN_OR_RETURN(step_opts.precision, compiler::ParsePrecisionPolicy(c.precision));
   // Compile events land in the trace of a profiled run (the profiler is off otherwise).
   if (t->options_.profile_steps.has_value()) t->profiler_.set_enabled(true);
   {

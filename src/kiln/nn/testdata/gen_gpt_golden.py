@@ -11,6 +11,9 @@ finfo.min where j > i, softmaxed in f32; act is gelu_new (tanh); layer norm eps 
 LM head is tied to wte. The loss is HF's shifted cross-entropy for labels=input_ids.
 
 Run from the repository root:  /usr/bin/python3 src/kiln/nn/testdata/gen_gpt_golden.py
+
+The model code (gpt2_logits) is also imported by scripts/check_gpt_torch.py, which loads a
+checkpoint Kiln wrote into it by name and compares logits (the Kiln -> torch direction).
 """
 import json
 import math
@@ -61,28 +64,32 @@ def gelu_new(x):  # transformers.activations.NewGELUActivation
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
-def attention(p, h, x):
-    B, S, _ = x.shape
-    dh = D // HEADS
+def attention(p, h, x, n_head=HEADS):
+    B, S, D = x.shape
+    dh = D // n_head
     q, k, v = conv1d(x, p[h + "attn.c_attn.weight"], p[h + "attn.c_attn.bias"]).split(D, dim=2)
-    split = lambda t: t.view(B, S, HEADS, dh).permute(0, 2, 1, 3)
+    split = lambda t: t.view(B, S, n_head, dh).permute(0, 2, 1, 3)
     q, k, v = split(q), split(k), split(v)
     w = torch.matmul(q, k.transpose(-1, -2))
     w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype)
-    causal = torch.tril(torch.ones((CTX, CTX), dtype=torch.bool)).view(1, 1, CTX, CTX)[:, :, :S, :S]
+    ctx = p["transformer.wpe.weight"].shape[0]  # HF's causal-mask buffer is n_positions square
+    causal = torch.tril(torch.ones((ctx, ctx), dtype=torch.bool)).view(1, 1, ctx, ctx)[:, :, :S, :S]
     w = torch.where(causal, w, torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype))
     w = torch.softmax(w, dim=-1)
     o = torch.matmul(w, v).permute(0, 2, 1, 3).contiguous().view(B, S, D)
     return conv1d(o, p[h + "attn.c_proj.weight"], p[h + "attn.c_proj.bias"])
 
 
-def gpt2_logits(p, ids):
+def gpt2_logits(p, ids, n_head=HEADS, n_layer=LAYERS, eps=1e-5):
+    """GPT2LMHeadModel's logits for token ids [B, S], from a state dict `p` keyed by Hugging Face
+    names (the widths come from the tensors; the head and layer counts are not in the shapes)."""
     B, S = ids.shape
-    ln = lambda t, name: torch.nn.functional.layer_norm(t, (D,), p[name + ".weight"], p[name + ".bias"], 1e-5)
+    D = p["transformer.wte.weight"].shape[1]
+    ln = lambda t, name: torch.nn.functional.layer_norm(t, (D,), p[name + ".weight"], p[name + ".bias"], eps)
     x = p["transformer.wte.weight"][ids] + p["transformer.wpe.weight"][torch.arange(S)].unsqueeze(0)
-    for i in range(LAYERS):
+    for i in range(n_layer):
         h = f"transformer.h.{i}."
-        x = x + attention(p, h, ln(x, h + "ln_1"))
+        x = x + attention(p, h, ln(x, h + "ln_1"), n_head)
         m = ln(x, h + "ln_2")
         m = conv1d(gelu_new(conv1d(m, p[h + "mlp.c_fc.weight"], p[h + "mlp.c_fc.bias"])),
                    p[h + "mlp.c_proj.weight"], p[h + "mlp.c_proj.bias"])
