@@ -53,7 +53,7 @@ std::string IsaName(dnnl_cpu_isa_t isa) {
   }
 }
 
-nlohmann::json RunInfo(const std::string& backend) {
+nlohmann::json RunInfo(const std::string& backend, const std::string& precision) {
   const dnnl_version_t* v = dnnl_version();
   nlohmann::json j;
   j["kiln_version"] = KilnVersion();
@@ -62,7 +62,12 @@ nlohmann::json RunInfo(const std::string& backend) {
   j["isa"] = IsaName(dnnl_get_effective_cpu_isa());
   j["threads"] = omp_get_max_threads();
   j["hardware_threads"] = std::thread::hardware_concurrency();
-  j["compiler_options"] = {{"backend", backend}, {"precision", "f32"}};
+  // The cpu backend's defaults (runtime/cpu/cpu_backend.h): the optimize pipeline with loop and
+  // matmul-epilogue fusion; the precision policy comes from the config.
+  j["compiler_options"] = {{"backend", backend},
+                           {"precision", precision},
+                           {"optimize", true},
+                           {"fusion", backend == "cpu"}};
   return j;
 }
 
@@ -176,7 +181,7 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
   opts.log = &out;
   opts.tty = &out == &std::cout && isatty(STDOUT_FILENO);
   opts.resume = !no_resume_;
-  opts.run_info = RunInfo(backend_);
+  opts.run_info = RunInfo(backend_, config->precision);
   train::InstallPreemptionHandlers();
   absl::StatusOr<std::unique_ptr<train::Trainer>> trainer = train::Trainer::Create(*config, opts);
   if (!trainer.ok()) return Fail(err, "train", trainer.status());
