@@ -9,7 +9,20 @@ Protocol, one line per command and one line per reply:
     (start)               -> "ready <torch version> blas=<library paths>"
     setup <bench>         -> "ok" (model built, warmed up) or "skip <reason>"
     run <bench> <reps>    -> "times <ms> <ms> ..."
+    rss <bench>           -> "rss <peak delta bytes> <baseline bytes> <peak bytes>", or
+                             "rss unavailable <why>"; then the benchmark is released
     quit
+
+Memory ("rss"): what a benchmark costs this process at its worst. Just before its setup, the
+peer frees what it can (gc, then glibc's malloc_trim, so freed heap pages of earlier benchmarks
+are returned to the OS and cannot be silently reused), reads VmRSS (the baseline) and resets the
+kernel's peak-RSS counter (writing "5" to /proc/self/clear_refs); after the driver's last run of
+that benchmark, VmHWM (peak resident set since the reset) minus the baseline is the reported
+delta. It covers everything the benchmark made resident: model parameters, gradients, optimizer
+state, inputs, activations and autograd temporaries at the step's peak, allocator slack, and the
+pages of any code or library first touched by it (e.g. oneDNN/OpenBLAS kernels). The Kiln side
+reports its planned arena (activations and temporaries of one step) and, separately, its resident
+parameters and optimizer state.
 
 Benchmarks (identical to the Kiln side):
     mlp_train_f32 / mlp_train_bf16: 1024->1024->1024->1024->10 ReLU, batch 256, cross-entropy,
@@ -20,6 +33,8 @@ Benchmarks (identical to the Kiln side):
     mlp_infer_b{1,256}, encoder_infer_b{1,256}: forward under torch.inference_mode().
     dispatch_2000_tiny_ops: y = y * a + b, 1000 times, on float32[8] (2000 eager ops).
 """
+import ctypes
+import gc
 import os
 import sys
 import time
@@ -115,8 +130,38 @@ def blas_library():
     return ",".join(sorted(libs)) or "unknown"
 
 
+def status_bytes(field):
+    """A "<field>: <n> kB" line of /proc/self/status, in bytes (None if absent)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def release_memory():
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+def reset_peak_rss():
+    """Frees what can be freed, resets VmHWM to the current RSS and returns that baseline (bytes),
+    or None when the kernel does not let this process reset its peak."""
+    release_memory()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return status_bytes("VmRSS")
+
+
 def main():
     steps = {}
+    baselines = {}
     print("ready " + torch.__version__ + " blas=" + blas_library(), flush=True)
     for line in sys.stdin:
         words = line.split()
@@ -125,6 +170,7 @@ def main():
         if words[0] == "quit":
             break
         if words[0] == "setup":
+            baselines[words[1]] = reset_peak_rss()
             fn, warmup = make(words[1])
             if fn is None:
                 print("skip unknown benchmark", flush=True)
@@ -146,6 +192,17 @@ def main():
                     fn()
                     times.append((time.perf_counter() - t0) * 1e3)
             print("times " + " ".join("%.4f" % t for t in times), flush=True)
+        elif words[0] == "rss":
+            base, peak = baselines.get(words[1]), status_bytes("VmHWM")
+            if words[1] not in steps:
+                print("rss unavailable benchmark not set up", flush=True)
+            elif base is None or peak is None:
+                print("rss unavailable cannot reset the peak RSS (/proc/self/clear_refs)",
+                      flush=True)
+            else:
+                print("rss %d %d %d" % (peak - base, base, peak), flush=True)
+            steps.pop(words[1], None)
+            release_memory()
         else:
             print("skip unknown command", flush=True)
 

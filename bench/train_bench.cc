@@ -2,6 +2,10 @@
 //
 //   train_bench [--threads=2] [--rounds=5] [--max-seconds=20] [--peer=bench/peer_torch.py]
 //               [--peer-blas-dir=DIR] [--no-peer] [--out=bench/out/results.json]
+//               [--only=SUBSTRING] [--profile]
+//
+// --only runs the benchmarks whose name contains SUBSTRING; --profile prints, after each one,
+// Kiln's time per kind of thunk (from Executable's thunk observer).
 //
 // The peer (peer_torch.py, Debian's python3-torch under /usr/bin/python3) runs as ONE persistent
 // subprocess started with its tuned environment (OMP/OpenBLAS threads = --threads, passive OMP
@@ -190,6 +194,12 @@ struct Workload {
   double compile_s = 0;
   int thunks = 0;
   int64_t arena_bytes = 0;
+  // Train steps only, for the compile and memory report: the backend compile alone, cold and on a
+  // compile-cache hit (into fresh memory, then into memory a freed executable left behind); the
+  // arena's lower bound; the resident parameters and optimizer state (both ping-pong sets).
+  double compile_backend_s = 0, compile_hit_s = 0, compile_hit_recycled_s = 0;
+  int64_t lower_bound_bytes = 0, state_bytes = 0;
+  runtime::Executable* exe = nullptr;  // for --profile
 };
 
 constexpr int64_t kMlpWidth = 1024;
@@ -266,7 +276,19 @@ absl::StatusOr<Workload> TrainWorkload(runtime::Backend& backend, const ir::Grap
   w.flops = flops;
   w.compile_s = t1 - t0;
   w.thunks = h->train->executable().num_thunks();
+  w.exe = &h->train->mutable_executable();
   w.arena_bytes = h->train->executable().plan().arena_bytes;
+  w.lower_bound_bytes = h->train->executable().plan().lower_bound_bytes;
+  for (const nn::ParamStore* store : {&h->train->params(), &h->train->optimizer_state()})
+    for (int i = 0; i < store->size(); ++i) w.state_bytes += 2 * store->value(i).byte_size();
+  w.compile_backend_s = h->train->compile_seconds();
+  for (double* hit : {&w.compile_hit_s, &w.compile_hit_recycled_s}) {
+    KILN_ASSIGN_OR_RETURN(nn::ParamStore again_params, nn::InitParams(specs, 0));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<nn::TrainStep> again,
+                          nn::TrainStep::Create(backend, loss, std::move(again_params),
+                                                h->train->options()));
+    *hit = again->compile_seconds();
+  }
   return w;
 }
 
@@ -306,6 +328,7 @@ absl::StatusOr<Workload> InferWorkload(runtime::Backend& backend, const ir::Grap
   w.flops = flops;
   w.compile_s = t1 - t0;
   w.thunks = h->exe->num_thunks();
+  w.exe = h->exe.get();
   w.arena_bytes = h->exe->plan().arena_bytes;
   return w;
 }
@@ -348,6 +371,73 @@ double BareOneDnnMatmulSeconds(DType dt, int64_t n, int reps) {
     if (i >= 3) t.push_back(Seconds() - t0);
   }
   return Median(t);
+}
+
+// Runs `steps` steps with a thunk observer and prints where the time goes, grouped by the
+// thunk's name without its node id ("add %12 (onednn binary)" -> "add (onednn binary)").
+void PrintProfile(const std::string& name, Workload& w, int steps) {
+  if (!w.exe) return;
+  std::unordered_map<std::string, std::pair<double, int>> by_kind;
+  std::vector<double> per_thunk(w.exe->num_thunks(), 0);
+  std::vector<std::string> kinds(w.exe->num_thunks());
+  for (int i = 0; i < w.exe->num_thunks(); ++i) {
+    std::string n = w.exe->thunk(i).name();
+    size_t pct = n.find(" %");
+    if (pct != std::string::npos) {
+      size_t sp = n.find(' ', pct + 1);
+      n = n.substr(0, pct) + (sp == std::string::npos ? "" : n.substr(sp));
+    }
+    kinds[i] = n;
+  }
+  double total = 0;
+  w.exe->set_thunk_observer([&](int t, int64_t s, int64_t e) {
+    auto& [ms, count] = by_kind[kinds[t]];
+    ms += (e - s) * 1e-6;
+    per_thunk[t] += (e - s) * 1e-6;
+    ++count;
+    total += (e - s) * 1e-6;
+  });
+  double t0 = Seconds();
+  for (int i = 0; i < steps; ++i) w.step();
+  double wall = (Seconds() - t0) * 1e3 / steps;
+  w.exe->set_thunk_observer(nullptr);
+  std::vector<std::pair<double, std::string>> sorted;
+  for (auto& [k, v] : by_kind) sorted.push_back({v.first / steps, k});
+  std::sort(sorted.rbegin(), sorted.rend());
+  std::printf("profile %s: %.3f ms/step wall, %.3f ms in %d thunks\n", name.c_str(), wall,
+              total / steps, w.exe->num_thunks());
+  for (size_t i = 0; i < sorted.size() && i < 16; ++i)
+    std::printf("  %8.3f ms %5.1f%%  x%-4d %s\n", sorted[i].first,
+                100 * sorted[i].first / (total / steps), by_kind[sorted[i].second].second / steps,
+                sorted[i].second.c_str());
+  // The slowest single thunks, with their operand types (matmuls also with their rate).
+  const ir::Graph& g = w.exe->graph();
+  std::vector<std::pair<double, int>> slow;
+  for (int t = 0; t < w.exe->num_thunks(); ++t) slow.push_back({per_thunk[t] / steps, t});
+  std::sort(slow.rbegin(), slow.rend());
+  std::printf("  slowest thunks:\n");
+  for (size_t i = 0; i < slow.size() && i < 12; ++i) {
+    std::string name = w.exe->thunk(slow[i].second).name();
+    std::string detail;
+    size_t pct = name.find('%');
+    int id = pct == std::string::npos ? -1 : std::atoi(name.c_str() + pct + 1);
+    if (id >= 0 && id < g.num_nodes()) {
+      const ir::Node& n = g.node(id);
+      for (int op : n.operands()) detail += " " + g.node(op).type().ToString();
+      detail += " -> " + n.type().ToString();
+      if (n.opcode() == ir::Opcode::kDotGeneral) {
+        // 2 * output elements * contracted size.
+        int64_t k = 1;
+        for (int64_t d : n.attr_ints("lhs_contracting"))
+          k *= g.node(n.operand(0)).type().shape.dim(d);
+        double flops = 2.0 * n.type().shape.num_elements() * k;
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), "  %.0f GFLOP/s", flops / (slow[i].first * 1e-3) * 1e-9);
+        detail += buf;
+      }
+    }
+    std::printf("    %8.3f ms  %s |%s\n", slow[i].first, name.c_str(), detail.c_str());
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -423,7 +513,8 @@ int Main(int argc, char** argv) {
   int threads = 2, rounds = 5;
   double max_seconds = 20;
   std::string peer_script = "bench/peer_torch.py", out_path = "bench/out/results.json";
-  bool use_peer = true;
+  bool use_peer = true, profile = false;
+  std::string only;
   // Debian's OpenBLAS (libopenblas0-pthread) when installed; --peer-blas-dir overrides.
   std::string blas_dir = "/usr/lib/x86_64-linux-gnu/openblas-pthread";
   if (!std::filesystem::exists(blas_dir + "/libblas.so.3")) blas_dir.clear();
@@ -441,13 +532,17 @@ int Main(int argc, char** argv) {
       blas_dir = a.substr(16);
     else if (a == "--no-peer")
       use_peer = false;
+    else if (a == "--profile")
+      profile = true;
+    else if (a.rfind("--only=", 0) == 0)
+      only = a.substr(7);
     else if (a.rfind("--out=", 0) == 0)
       out_path = a.substr(6);
     else {
       std::fprintf(stderr,
                    "usage: %s [--threads=2] [--rounds=5] [--max-seconds=20] "
                    "[--peer=bench/peer_torch.py] [--peer-blas-dir=DIR] [--no-peer] "
-                   "[--out=bench/out/results.json]\n",
+                   "[--out=bench/out/results.json] [--only=SUBSTRING] [--profile]\n",
                    argv[0]);
       return 2;
     }
@@ -482,9 +577,18 @@ int Main(int argc, char** argv) {
   std::unique_ptr<runtime::Backend> cpu = runtime::MakeCpuBackend();
   std::vector<Row> rows;
   std::vector<std::pair<std::string, double>> compile_times;
-  std::vector<std::pair<std::string, int64_t>> arenas;
+  struct Memory {
+    std::string name;
+    Workload w;      // compile times and memory only (its step closure is not run again)
+    std::string peer_rss;  // the peer's "rss ..." reply
+  };
+  std::vector<Memory> memory;
+  auto selected = [&](const std::string& name) {
+    return only.empty() || name.find(only) != std::string::npos;
+  };
   auto add = [&](const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup,
                  double rate) {
+    if (!only.empty() && name.find(only) == std::string::npos) return;
     if (!w.ok()) {
       std::printf("%-22s kiln failed: %s\n", name.c_str(),
                   std::string(w.status().message()).c_str());
@@ -492,10 +596,14 @@ int Main(int argc, char** argv) {
       return;
     }
     compile_times.push_back({name, w->compile_s});
-    arenas.push_back({name, w->arena_bytes});
+    memory.push_back({name, *w, ""});
+    memory.back().w.step = nullptr;  // keep the numbers, not the executable
+    memory.back().w.exe = nullptr;
     Row r = RunPair(name, *w, peer.get(), rounds, reps, warmup, max_seconds);
     r.bf16 = rate == mm_bf16;
     rows.push_back(r);
+    if (r.peer_ms > 0) memory.back().peer_rss = peer->Command("rss " + name);
+    if (profile) PrintProfile(name, *w, reps);
     std::printf("%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  rounds %d  %.1f GFLOP/s %s\n",
                 r.name.c_str(), r.kiln_ms,
                 r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
@@ -512,6 +620,7 @@ int Main(int argc, char** argv) {
                            .activation = nn::Activation::kRelu,
                            .dtype = dt});
     std::string name = std::string("mlp_train_") + std::string(DTypeName(dt));
+    if (!selected(name)) continue;
     absl::StatusOr<ir::Graph> loss = mlp.LossGraph(256);
     absl::StatusOr<Workload> w =
         loss.ok()
@@ -530,6 +639,7 @@ int Main(int argc, char** argv) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     nn::TransformerBlock block = EncoderBlock(dt);
     std::string name = std::string("encoder_train_") + std::string(DTypeName(dt));
+    if (!selected(name)) continue;
     absl::StatusOr<ir::Graph> loss = EncoderGraph(kEncBatch, /*loss=*/true, dt);
     absl::StatusOr<Workload> w =
         loss.ok() ? TrainWorkload(*cpu, *loss, block.Params(),
@@ -546,6 +656,7 @@ int Main(int argc, char** argv) {
   }
   // Inference at batch 1 and 256.
   for (int64_t batch : {int64_t{1}, int64_t{256}}) {
+    if (!selected("mlp_infer_b" + std::to_string(batch))) continue;
     nn::MlpClassifier mlp({.in_features = kMlpWidth, .hidden = kMlpHidden, .num_classes = 10});
     absl::StatusOr<ir::Graph> g = MlpForwardGraph(mlp, batch);
     absl::StatusOr<Workload> w =
@@ -556,6 +667,7 @@ int Main(int argc, char** argv) {
     add("mlp_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 50 : 8, 5, mm_f32);
   }
   for (int64_t batch : {int64_t{1}, int64_t{256}}) {
+    if (!selected("encoder_infer_b" + std::to_string(batch))) continue;
     nn::TransformerBlock block = EncoderBlock();
     absl::StatusOr<ir::Graph> g = EncoderGraph(batch, /*loss=*/false);
     absl::StatusOr<Workload> w =
@@ -565,38 +677,37 @@ int Main(int argc, char** argv) {
                : absl::StatusOr<Workload>(g.status());
     add("encoder_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 20 : 1, 1, mm_f32);
   }
-  // Dispatch overhead: many tiny ops.
-  {
+  // Dispatch overhead: a graph of many tiny ops. The default backend fuses the chain into a few
+  // loop kernels; the prefer_loops backend (no fusion) runs one thunk per op, which is what the
+  // per-thunk figure measures.
+  if (selected("dispatch")) {
     constexpr int kOps = 2000;
     absl::StatusOr<Workload> w = DispatchWorkload(*cpu, kOps);
-    if (w.ok()) {
+    std::unique_ptr<runtime::Backend> loops_backend =
+        runtime::MakeCpuBackend({.prefer_loops = true});
+    absl::StatusOr<Workload> wl = DispatchWorkload(*loops_backend, kOps);
+    if (w.ok() && wl.ok()) {
       Row r = RunPair("dispatch_2000_tiny_ops", *w, peer.get(), rounds, 20, 20, max_seconds);
+      Row rl = RunPair("dispatch_loops", *wl, nullptr, rounds, 20, 20, max_seconds);
+      double per_thunk = rl.kiln_ms * 1e3 / std::max(1, wl->thunks);
       std::printf(
-          "%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  kiln %.3f us/thunk (%d thunks)%s\n",
+          "%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  (kiln: %d ops in %d fused thunks, %.4f "
+          "us/op; one thunk per op: %.4f us/thunk over %d thunks%s)\n",
           r.name.c_str(), r.kiln_ms, r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
-          r.peer_ms > 0 ? JsonNumber(r.kiln_ms / r.peer_ms, true).c_str() : "-",
-          r.kiln_ms * 1e3 / std::max(1, w->thunks), w->thunks,
-          r.peer_ms > 0 ? (", peer " + JsonNumber(r.peer_ms * 1e3 / kOps, true) + " us/op").c_str()
+          r.peer_ms > 0 ? JsonNumber(r.kiln_ms / r.peer_ms, true).c_str() : "-", kOps, w->thunks,
+          r.kiln_ms * 1e3 / kOps, per_thunk, wl->thunks,
+          r.peer_ms > 0 ? ("; peer " + JsonNumber(r.peer_ms * 1e3 / kOps, true) + " us/op").c_str()
                         : "");
-      char buf[96];
-      std::snprintf(buf, sizeof(buf), "kiln %.3f us/thunk over %d thunks",
-                    r.kiln_ms * 1e3 / std::max(1, w->thunks), w->thunks);
+      char buf[160];
+      std::snprintf(buf, sizeof(buf),
+                    "kiln %d fused thunks, %.4f us/op; one thunk per op: %.4f us/thunk", w->thunks,
+                    r.kiln_ms * 1e3 / kOps, per_thunk);
       r.note = r.note.empty() ? buf : r.note + "; " + buf;
-      // The same graph with Kiln's loops instead of oneDNN primitives for the tiny ops.
-      std::unique_ptr<runtime::Backend> loops_backend =
-          runtime::MakeCpuBackend({.prefer_loops = true});
-      absl::StatusOr<Workload> wl = DispatchWorkload(*loops_backend, kOps);
-      if (wl.ok()) {
-        Row rl = RunPair("dispatch_loops", *wl, nullptr, rounds, 20, 20, max_seconds);
-        std::printf("%-22s kiln %9.3f ms  (prefer_loops backend) %.3f us/thunk\n", "dispatch_loops",
-                    rl.kiln_ms, rl.kiln_ms * 1e3 / std::max(1, wl->thunks));
-        std::snprintf(buf, sizeof(buf), "; prefer_loops: %.3f us/thunk",
-                      rl.kiln_ms * 1e3 / std::max(1, wl->thunks));
-        r.note += buf;
-      }
       rows.push_back(r);
+      rows.push_back({"dispatch_us_per_thunk", per_thunk, 0, 0, "us per thunk, not ms"});
     } else {
-      std::printf("dispatch failed: %s\n", std::string(w.status().message()).c_str());
+      std::printf("dispatch failed: %s\n",
+                  std::string((w.ok() ? wl.status() : w.status()).message()).c_str());
     }
   }
   // Shares of the bare matmul rate.
@@ -628,9 +739,52 @@ int Main(int argc, char** argv) {
     std::printf(" %s %.0f ms;", name.c_str(), s * 1e3);
     rows.push_back({"compile_cold_" + name, s * 1e3, 0, 0, "kiln only"});
   }
-  std::printf("\nKiln arena (one per executable; train steps add params + state outside it):");
-  for (auto& [name, bytes] : arenas) std::printf(" %s %.1f MiB;", name.c_str(), bytes / 1048576.0);
-  std::printf("\ncompile cache hit: not yet (no compile cache); peer peak RSS: not measured\n");
+  std::printf("\n");
+  // Compile cache hits: the same train step compiled again in this process. The backend compile
+  // alone (the cold number above also builds the step graph and allocates parameters and state).
+  std::printf("compile, backend only: cold / cache hit / cache hit into recycled memory:\n");
+  for (const Memory& m : memory) {
+    if (m.w.compile_hit_s <= 0) continue;
+    std::printf("  %-22s %7.1f ms / %6.1f ms / %6.1f ms%s\n", m.name.c_str(),
+                m.w.compile_backend_s * 1e3, m.w.compile_hit_s * 1e3,
+                m.w.compile_hit_recycled_s * 1e3,
+                m.w.compile_hit_s <= 0.050 ? "" : "  (target 50 ms: arena first touch dominates)");
+    char note[160];
+    std::snprintf(note, sizeof(note),
+                  "kiln only; backend compile %.1f ms cold; %.1f ms on a hit into recycled memory",
+                  m.w.compile_backend_s * 1e3, m.w.compile_hit_recycled_s * 1e3);
+    rows.push_back({"compile_hit_" + m.name, m.w.compile_hit_s * 1e3, 0, 0, note});
+  }
+  // Memory per step: Kiln's planned arena (every activation and temporary of one step; the
+  // parameters and optimizer state live outside it) against the growth of the peer's peak resident
+  // set over its baseline while it set up and ran the same benchmark (peer_torch.py, "rss").
+  std::printf("memory per training step: Kiln arena (lower bound) + resident params/state; "
+              "peer peak RSS increase:\n");
+  for (const Memory& m : memory) {
+    if (m.name.find("_train_") == std::string::npos) {
+      std::printf("  %-22s arena %.1f MiB\n", m.name.c_str(), m.w.arena_bytes / 1048576.0);
+      continue;
+    }
+    double arena = m.w.arena_bytes / 1048576.0, bound = m.w.lower_bound_bytes / 1048576.0;
+    double state = m.w.state_bytes / 1048576.0, peer_mib = 0;
+    std::istringstream in(m.peer_rss);
+    std::string word;
+    long long delta = 0;
+    bool have_peer = (in >> word) && word == "rss" && (in >> delta);
+    if (have_peer) peer_mib = delta / 1048576.0;
+    char peer_text[96];
+    std::snprintf(peer_text, sizeof(peer_text), "%.1f MiB", peer_mib);
+    std::printf("  %-22s arena %7.1f MiB (lower bound %7.1f, x%.3f) + %6.1f MiB params/state; "
+                "peer +%s\n",
+                m.name.c_str(), arena, bound, bound > 0 ? arena / bound : 0.0, state,
+                have_peer ? peer_text : (m.peer_rss.empty() ? "not run" : m.peer_rss.c_str()));
+    char note[200];
+    std::snprintf(note, sizeof(note),
+                  "MiB, not ms: kiln arena (lower bound %.1f MiB; params+state %.1f MiB outside "
+                  "it) vs peer peak RSS increase",
+                  bound, state);
+    rows.push_back({"memory_" + m.name, arena, have_peer ? peer_mib : 0, 0, note});
+  }
   rows.push_back({"onednn_matmul_1024_f32_gflops", mm_f32 * 1e-9, 0, 0, "GFLOP/s, not ms"});
   rows.push_back({"onednn_matmul_1024_bf16_gflops", mm_bf16 * 1e-9, 0, 0, "GFLOP/s, not ms"});
 
