@@ -41,6 +41,7 @@
 #define KILN_RUNTIME_BUFFER_PLAN_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kiln/ir/graph.h"
@@ -54,6 +55,10 @@ struct BufferPlan {
   int64_t arena_bytes = 0;        // total arena size
   int64_t lower_bound_bytes = 0;  // max over steps of the bytes simultaneously live (see above)
   int in_place_reuses = 0;        // results that took a dying operand's buffer
+  // (node, source) pairs: `node` has no buffer of its own and reads as `source`'s buffer (e.g. a
+  // reshape, which is the same bytes); bound by the executable on every run. Set by backends.
+  using Aliases = std::vector<std::pair<int, int>>;
+  Aliases aliases;
 };
 
 // How a backend actually runs the graph, when that differs from one kernel per node in id order

@@ -54,6 +54,11 @@ Executable::Executable(ir::Graph graph, BufferPlan plan, std::vector<std::unique
     KILN_CHECK(off + n.type().byte_size() <= plan_.arena_bytes);
     ctx_.buffers[n.id()] = arena_.get() + off;
   }
+  arena_ptr_.assign(graph_.num_nodes(), nullptr);
+  for (const ir::Node& n : graph_.nodes())
+    if (n.opcode() != ir::Opcode::kParameter && n.opcode() != ir::Opcode::kConstant)
+      arena_ptr_[n.id()] = ctx_.buffers[n.id()];
+  direct_.assign(graph_.outputs().size(), 0);
 }
 
 absl::StatusOr<std::vector<Tensor>> Executable::Run(const std::vector<Tensor>& inputs) {
@@ -125,6 +130,33 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
 
   for (size_t i = 0; i < params_.size(); ++i)
     ctx_.buffers[params_[i]] = const_cast<void*>(inputs[i]->raw_data());  // thunks only read them
+  // Outputs computed into the arena are computed straight into the caller's tensors instead
+  // (no copy after the run), unless a tensor overlaps an input or an output already bound that
+  // way: then the kernel writes the arena and the result is copied as before.
+  auto overlaps = [](const void* a, int64_t na, const void* b, int64_t nb) {
+    const uint8_t* pa = static_cast<const uint8_t*>(a);
+    const uint8_t* pb = static_cast<const uint8_t*>(b);
+    return pa < pb + nb && pb < pa + na;
+  };
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    direct_[i] = 0;
+    const ir::Output& o = graph_.outputs()[i];
+    const ir::Node& n = graph_.node(o.node);
+    int64_t bytes = n.type().byte_size();
+    if (bytes == 0 || arena_ptr_[o.node] == nullptr || ctx_.buffers[o.node] != arena_ptr_[o.node])
+      continue;  // a parameter, a constant, unplanned, or bound by an earlier output
+    void* dst = outputs[i]->raw_data();
+    bool clash = false;
+    for (size_t k = 0; k < inputs.size() && !clash; ++k)
+      clash = overlaps(dst, bytes, inputs[k]->raw_data(), inputs[k]->byte_size());
+    for (size_t k = 0; k < i && !clash; ++k)
+      clash = direct_[k] && overlaps(dst, bytes, outputs[k]->raw_data(), outputs[k]->byte_size());
+    if (clash) continue;
+    ctx_.buffers[o.node] = dst;
+    direct_[i] = 1;
+  }
+  // Aliases (reshapes) read their source's buffer, wherever it was bound above.
+  for (const auto& [node, source] : plan_.aliases) ctx_.buffers[node] = ctx_.buffers[source];
   if (!observer_) {
     for (const std::unique_ptr<Thunk>& t : thunks_) t->Run(ctx_);
   } else {
@@ -135,14 +167,17 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
     }
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
+    if (direct_[i]) continue;
     const ir::Output& o = graph_.outputs()[i];
     size_t bytes = static_cast<size_t>(graph_.node(o.node).type().byte_size());
     const void* src = ctx_.buffers[o.node];
     if (bytes > 0 && src != outputs[i]->raw_data())
       std::memmove(outputs[i]->raw_data(), src, bytes);
   }
-  // Parameter pointers are only valid for this call.
+  // Parameter and caller output pointers are only valid for this call.
   for (int id : params_) ctx_.buffers[id] = nullptr;
+  for (const ir::Output& o : graph_.outputs())
+    if (arena_ptr_[o.node] != nullptr) ctx_.buffers[o.node] = arena_ptr_[o.node];
   return absl::OkStatus();
 }
 

@@ -57,7 +57,9 @@ class Executable {
   // Inputs and outputs by name.
   absl::StatusOr<std::map<std::string, Tensor>> RunNamed(
       const std::map<std::string, Tensor>& inputs);
-  // The allocation-free path: outputs must already have the right dtype and shape.
+  // The allocation-free path: outputs must already have the right dtype and shape. Kernels write
+  // each output straight into its tensor (no copy) unless that tensor overlaps an input or
+  // another output; then it is computed in the arena and copied.
   absl::Status RunInto(const std::vector<const Tensor*>& inputs,
                        const std::vector<Tensor*>& outputs);
 
@@ -74,6 +76,8 @@ class Executable {
   std::shared_ptr<uint8_t> arena_;
   RunContext ctx_;
   std::vector<int> params_;  // parameter node ids in index order
+  std::vector<void*> arena_ptr_;  // per node: its arena buffer (null: parameter, constant, none)
+  std::vector<char> direct_;      // per output, during RunInto: computed into the caller's tensor
   ThunkObserver observer_;
 };
 

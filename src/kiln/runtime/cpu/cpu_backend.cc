@@ -282,6 +282,24 @@ class CpuBackend : public Backend {
     for (const ir::Node& node : graph.nodes())
       if (group_of[node.id()] < 0) sched.reads[node.id()] = node.operands();
 
+    // A reshape of a dense row-major buffer is the same bytes: it gets no kernel and no buffer,
+    // and reads of it are reads of its (root) operand's buffer (an alias the executable binds
+    // each run). Graph outputs keep their own buffer.
+    std::vector<char> is_output(n, 0);
+    for (const ir::Output& o : graph.outputs()) is_output[o.node] = 1;
+    std::vector<int> alias_root(n);
+    BufferPlan::Aliases aliases;
+    for (const ir::Node& node : graph.nodes()) {
+      alias_root[node.id()] = node.id();
+      if (node.opcode() == Opcode::kReshape && group_of[node.id()] < 0 && !is_output[node.id()] &&
+          graph.node(node.operand(0)).type().dtype == node.type().dtype) {
+        alias_root[node.id()] = alias_root[node.operand(0)];
+        aliases.push_back({node.id(), alias_root[node.id()]});
+      }
+    }
+    for (std::vector<int>& rs : sched.reads)
+      for (int& r : rs) r = alias_root[r];
+
     // What must run: graph outputs and whatever a running kernel reads (reverse order; a group
     // runs when any member is needed, and then reads all its members' inputs).
     std::vector<char>& needed = sched.materialized;
@@ -333,8 +351,9 @@ class CpuBackend : public Backend {
       if (*thunk) thunks.push_back(std::move(*thunk));
     }
     ctx->AllocateWorkspace();
-    return std::make_unique<Executable>(graph, PlanBuffers(graph, &sched), std::move(thunks),
-                                        "cpu");
+    BufferPlan plan = PlanBuffers(graph, &sched);
+    plan.aliases = std::move(aliases);
+    return std::make_unique<Executable>(graph, std::move(plan), std::move(thunks), "cpu");
   }
 
   CpuBackendOptions options_;

@@ -604,6 +604,26 @@ TEST(CpuBackendOptimizeTest, PipelineRunsUnlessDisabled) {
 }
 
 
+// Reshapes are aliases of their operand's buffer (no copy, no arena bytes), including chains of
+// them and reshapes of parameters; a reshape that is a graph output keeps its own buffer.
+TEST(CpuBackendFusionTest, ReshapesAreAliases) {
+  Check("reshape_alias", {U({4, 6}), U({6, 3})}, [](Builder&, const std::vector<Value>& p) {
+    Value r = ir::Reshape(ir::Reshape(p[0], Shape{24}), Shape{6, 4});
+    Value e = ir::Exp(r) + r;
+    Value z = ir::MatMul(ir::Reshape(e, Shape{4, 6}), p[1]);
+    return ir::Reshape(z, Shape{12});
+  });
+  Builder b("alias");
+  Value x = b.Parameter("x", DType::kF32, {4, 6});
+  b.Output("y", ir::Exp(ir::Reshape(x, Shape{24})));
+  auto g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto exe = MakeCpuBackend()->Compile(*g);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ((*exe)->num_thunks(), 1);  // the exp; the reshape is an alias of x
+  EXPECT_EQ((*exe)->plan().aliases.size(), 1u);
+}
+
 // Output fusion: matmul + bias + activation + residual as one oneDNN matmul with post-ops,
 // checked against the reference backend (and the per-op loops) like every op.
 TEST(CpuBackendFusionTest, MatmulEpilogues) {
