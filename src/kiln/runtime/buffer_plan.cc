@@ -237,7 +237,8 @@ BufferPlan PlanBuffers(const ir::Graph& graph, const PlanSchedule* schedule,
       }
       bool all_elementwise = true;
       for (int m : kernel)
-        all_elementwise &= ir::OpcodeKind(graph.node(m).opcode()) == ir::OpKind::kElementwise;
+        all_elementwise &= ir::OpcodeKind(graph.node(m).opcode()) == ir::OpKind::kElementwise ||
+                           graph.node(m).opcode() == ir::Opcode::kReduceSum;  // a fused sink
       if (!all_elementwise) continue;
       for (int out : kernel) {
         bool done = false;

@@ -68,6 +68,15 @@ bool CreatesCycle(const ir::Graph& g, const Groups& groups, int group, std::vect
 
 }  // namespace
 
+bool IsLoopReduction(const ir::Graph& graph, const ir::Node& n) {
+  if (n.opcode() != Opcode::kReduceSum) return false;
+  DType t = n.type().dtype;
+  if ((t != DType::kF32 && t != DType::kBF16) || graph.node(n.operand(0)).type().dtype != t)
+    return false;
+  return n.type().shape.num_elements() <= kMaxFusedReductionOutputs &&
+         graph.node(n.operand(0)).type().shape.num_elements() > 0;
+}
+
 bool IsLoopFusible(const ir::Graph& graph, const ir::Node& n) {
   switch (n.opcode()) {
     case Opcode::kAdd:
@@ -244,6 +253,24 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
         groups.members[mine].resize(saved_size);
         groups.members[c] = saved_c;
         for (int m : saved_c) groups.group_of[m] = c;
+      }
+    }
+  }
+
+  // Reductions: a reduce_sum of a loop group member joins the group as a sink (the kernel
+  // accumulates it while the values are in registers: the reduced tensor is never stored unless
+  // something else reads it).
+  if (options_.fuse_reductions) {
+    for (const ir::Node& node : g.nodes()) {
+      if (!IsLoopReduction(g, node) || groups.group_of[node.id()] >= 0) continue;
+      int go = groups.group_of[node.operand(0)];
+      if (go < num_output_groups || go < 0) continue;
+      if (groups.members[go].size() + 1 > static_cast<size_t>(options_.max_group_size)) continue;
+      groups.members[go].push_back(node.id());
+      groups.group_of[node.id()] = go;
+      if (CreatesCycle(g, groups, go, stamp, epoch)) {
+        groups.members[go].pop_back();
+        groups.group_of[node.id()] = -1;
       }
     }
   }

@@ -29,6 +29,12 @@
 // group graph cyclic (an outside node that both consumes from and feeds the group) is refused, as
 // is one that would exceed `max_group_size` members.
 //
+// Reductions: a reduce_sum (f32 or bf16, at most 4096 outputs) whose operand is a loop group member
+// joins that group as a sink: the kernel accumulates it (in f64 per thread, combined in thread
+// order, so the result is deterministic for a given thread count) while the values are in
+// registers, and the reduced tensor is stored only if something else reads it. Nothing in the
+// group reads the reduction's result.
+//
 // Order: the result is a topological order of the groups (each group placed where its last
 // member was, as far as dependencies allow), members of a group contiguous and in source order.
 // Run it last before scheduling-sensitive consumers (lowering): later rewrites may break the
@@ -48,14 +54,23 @@ namespace kiln::compiler {
 // The attribute a fusion group member carries.
 inline constexpr char kFusionAttr[] = "fusion";
 
+// The most outputs a reduction fused into a loop group may have (the kernel keeps one
+// accumulator per output and thread).
+inline constexpr int64_t kMaxFusedReductionOutputs = 4096;
+
 struct FusionOptions {
   int max_group_size = 64;
+  // Let a reduce_sum of a loop group member join the group (a sink accumulated in the kernel).
+  bool fuse_reductions = true;
   // Output fusion: dot_general followed by a bias add, an activation and a residual add.
   bool fuse_matmul_epilogues = true;
 };
 
 // True for the ops (and types) FusionPass puts into loop fusion groups.
 bool IsLoopFusible(const ir::Graph& graph, const ir::Node& n);
+// True for a reduce_sum (f32 or bf16, at most kMaxFusedReductionOutputs outputs) that may join the
+// loop group of its operand.
+bool IsLoopReduction(const ir::Graph& graph, const ir::Node& n);
 
 class FusionPass : public Pass {
  public:

@@ -288,5 +288,33 @@ TEST(Fusion, AnAddOfTwoMatmulChainsIsNobodysResidual) {
     })");
 }
 
+// A reduce_sum of a member joins the group as a sink: the squared gradient of a global norm is
+// accumulated in the kernel, never stored. A reduction of a parameter has no group to join.
+TEST(Fusion, ReductionsJoinTheirOperandsGroup) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @g {
+      %w = parameter() {index=0, name="w"} : f32[4,8]
+      %g = parameter() {index=1, name="g"} : f32[4,8]
+      %sq = mul(%g, %g)
+      %n = reduce_sum(%sq) {dimensions=[0,1]}
+      %cols = reduce_sum(%g) {dimensions=[0]}
+      %u = sub(%w, %g)
+      %s = sqrt(%n)
+      return w=%u, norm=%s, cols=%cols
+    })",
+                R"(
+    graph @g {
+      %0 = parameter() {index=0, name="w"} : f32[4,8]
+      %1 = parameter() {index=1, name="g"} : f32[4,8]
+      %2 = mul(%1, %1) {fusion=0}
+      %3 = reduce_sum(%2) {dimensions=[0,1], fusion=0}
+      %4 = reduce_sum(%1) {dimensions=[0]}
+      %5 = sub(%0, %1) {fusion=1}
+      %6 = sqrt(%3) {fusion=2}
+      return w=%5, norm=%6, cols=%4
+    })");
+}
+
 }  // namespace
 }  // namespace kiln::compiler

@@ -247,7 +247,9 @@ class CpuBackend : public Backend {
       bool output = graph.node(members[0]).opcode() == Opcode::kDotGeneral;
       bool ok = output ? CanLowerMatmulEpilogue(members, lc) : true;
       if (!output)
-        for (int m : members) ok = ok && compiler::IsLoopFusible(graph, graph.node(m));
+        for (int m : members)
+          ok = ok && (compiler::IsLoopFusible(graph, graph.node(m)) ||
+                      compiler::IsLoopReduction(graph, graph.node(m)));
       if (!ok) {
         for (int m : members) group_of[m] = -1;
         it = groups.erase(it);

@@ -624,6 +624,28 @@ TEST(CpuBackendFusionTest, ReshapesAreAliases) {
   EXPECT_EQ((*exe)->plan().aliases.size(), 1u);
 }
 
+// Reductions fused into loop groups: full, over the last dims (rows), over the leading dims
+// (columns) and over middle dims, in one block and across many blocks and threads.
+TEST(CpuBackendFusionTest, FusedReductions) {
+  for (Shape shape : {Shape{3, 5, 7}, Shape{64, 40, 33}}) {
+    for (std::vector<int64_t> dims : std::vector<std::vector<int64_t>>{{0, 1, 2}, {2}, {1, 2}, {0}, {0, 1}, {1}}) {
+      Check("fused_reduce", {U(shape), U(shape)}, [dims](Builder&, const std::vector<Value>& p) {
+        Value prod = p[0] * p[1] + p[0];
+        return ir::ReduceSum(prod, dims);
+      });
+    }
+  }
+  Builder b("norm");
+  Value g = b.Parameter("g", DType::kF32, {64, 64});
+  b.Output("n", ir::Sqrt(ir::ReduceSum(g * g, {0, 1})));
+  auto graph = b.Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto exe = MakeCpuBackend()->Compile(*graph);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  // One kernel squares and sums (the squares are never stored), one takes the square root.
+  EXPECT_EQ((*exe)->num_thunks(), 2);
+}
+
 // Output fusion: matmul + bias + activation + residual as one oneDNN matmul with post-ops,
 // checked against the reference backend (and the per-op loops) like every op.
 TEST(CpuBackendFusionTest, MatmulEpilogues) {

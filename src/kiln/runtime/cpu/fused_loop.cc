@@ -92,7 +92,20 @@ struct Output {
   int16_t reg;
 };
 
+// A reduce_sum member: its operand's register is accumulated into per-thread f64 accumulators
+// indexed through `view` (group index -> output index, the reduce's kept dims).
+struct Reduction {
+  int node;
+  DType dtype;
+  int16_t reg = -1;  // the reduced value's slot
+  Input view;        // kScalar, kRows, kCols, kStrided or kContiguous over the output
+  int64_t out_count = 1;
+  int64_t acc_offset = 0;  // in doubles, within one thread's accumulators
+};
+
 struct Program {
+  std::vector<Reduction> reductions;
+  int64_t acc_per_thread = 0;  // doubles
   std::vector<Input> inputs;
   std::vector<Instr> code;
   std::vector<Output> outputs;
@@ -267,6 +280,75 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   }
 }
 
+// acc[view(start + j)] += r[j] for j < n.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void Accumulate(const Reduction& red, int64_t start, int64_t n, const float* r, double* acc) {
+  const Input& v = red.view;
+  switch (v.view) {
+    case View::kScalar: {
+      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; ++k) part[k] += r[j + k];
+      double s = 0;
+      for (int k = 0; k < 8; ++k) s += part[k];
+      for (; j < n; ++j) s += r[j];
+      acc[0] += s;
+      return;
+    }
+    case View::kContiguous:
+      for (int64_t j = 0; j < n; ++j) acc[start + j] += r[j];
+      return;
+    case View::kRows: {
+      // Runs of consecutive outputs: acc[k..] += r[j..], vectorized.
+      int64_t k = start % v.inner;
+      for (int64_t j = 0; j < n;) {
+        int64_t run = std::min(n - j, v.inner - k);
+        double* a = acc + k;
+        const float* x = r + j;
+        for (int64_t t = 0; t < run; ++t) a[t] += x[t];
+        j += run;
+        k = 0;
+      }
+      return;
+    }
+    case View::kCols: {
+      int64_t row = start / v.inner, col = start % v.inner;
+      double s = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        s += r[j];
+        if (++col == v.inner) {
+          acc[row % v.outer] += s;
+          s = 0;
+          col = 0;
+          ++row;
+        }
+      }
+      if (col != 0) acc[row % v.outer] += s;
+      return;
+    }
+    case View::kStrided: {
+      const int rank = static_cast<int>(v.dims.size());
+      int64_t idx[kMaxRank];
+      int64_t rem = start, off = 0;
+      for (int d = rank - 1; d >= 0; --d) {
+        idx[d] = rem % v.dims[d];
+        rem /= v.dims[d];
+        off += idx[d] * v.strides[d];
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        acc[off] += r[j];
+        for (int d = rank - 1; d >= 0; --d) {
+          off += v.strides[d];
+          if (++idx[d] < v.dims[d]) break;
+          off -= v.strides[d] * v.dims[d];
+          idx[d] = 0;
+        }
+      }
+      return;
+    }
+  }
+}
+
 void StoreOutput(const Output& o, void* base, int64_t start, int64_t n, const float* r) {
   switch (o.dtype) {
     case DType::kF32:
@@ -361,6 +443,8 @@ class FusedLoopThunk : public Thunk {
                     static_cast<int64_t>(t) * p_.num_regs * kBlock;
       float* slot[kMaxSlots];
       for (int r = 0; r < p_.num_regs; ++r) slot[r] = regs + r * kBlock;
+      double* acc = AccBase() + static_cast<int64_t>(t) * p_.acc_per_thread;
+      std::fill(acc, acc + p_.acc_per_thread, 0.0);
       // Scalars are the same for every block: fill their (never reused) registers once.
       for (size_t i = 0; i < p_.inputs.size(); ++i)
         if (p_.inputs[i].view == View::kScalar)
@@ -375,21 +459,44 @@ class FusedLoopThunk : public Thunk {
             LoadInput(in, in_ptrs[i], start, n, slot[in.reg]);
         }
         RunCode(p_.code.data(), static_cast<int>(p_.code.size()), slot, n);
+        for (const Reduction& red : p_.reductions)
+          Accumulate(red, start, n, slot[red.reg], acc + red.acc_offset);
         for (size_t i = 0; i < p_.outputs.size(); ++i)
           StoreOutput(p_.outputs[i], out_ptrs_[i], start, n, slot[p_.outputs[i].reg]);
       }
     };
+    int used = 1;
     if (chunks <= 1) {
       work(0, 0, blocks);
-      return;
-    }
+    } else {
 #pragma omp parallel num_threads(static_cast <int>(chunks))
-    {
-      int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
-      if (b0 < b1) work(t, b0, b1);
+      {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+        work(t, b0, b1);  // even an empty range zeroes its accumulators
+#pragma omp single
+        used = nt;
+      }
+    }
+    // Reductions: the threads' partial sums, combined in thread order (deterministic for a
+    // given thread count), rounded once on store.
+    for (const Reduction& red : p_.reductions) {
+      void* out = ctx.buffers[red.node];
+      for (int64_t k = 0; k < red.out_count; ++k) {
+        double s = 0;
+        for (int t = 0; t < used; ++t) s += AccBase()[t * p_.acc_per_thread + red.acc_offset + k];
+        float f = static_cast<float>(s);
+        if (red.dtype == DType::kBF16)
+          static_cast<uint16_t*>(out)[k] = FloatToBf16Bits(f);
+        else
+          static_cast<float*>(out)[k] = f;
+      }
     }
   }
+  double* AccBase() const {
+    return reinterpret_cast<double*>(cpu_->workspace() + acc_workspace_offset_);
+  }
+  int64_t acc_workspace_offset_ = 0;
   std::string name() const override { return name_; }
 
   void Prepare() {
@@ -413,8 +520,15 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
   const ir::Graph& g = lc.graph;
   const ir::Node& root = g.node(members.back());
   Program p;
-  p.count = root.type().shape.num_elements();
-  const std::vector<int64_t>& out_dims = root.type().shape.dims();
+  // The group's index space: its elementwise members' shape (a reduction may come last).
+  const ir::Node* shaped = &root;
+  for (int m : members)
+    if (g.node(m).opcode() != Opcode::kReduceSum) {
+      shaped = &g.node(m);
+      break;
+    }
+  p.count = shaped->type().shape.num_elements();
+  const std::vector<int64_t>& out_dims = shaped->type().shape.dims();
 
   // Value numbering: group member -> register (after allocation); inputs first.
   std::map<int, int> member_index;
@@ -452,6 +566,7 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
     int dst, a, b, c;  // value numbers
   };
   std::vector<Pending> code;
+  std::vector<int> reduction_values;  // per reduction: the value it accumulates
   for (int i = 0; i < nm; ++i) {
     const ir::Node& n = g.node(members[i]);
     std::vector<int> ops;
@@ -496,16 +611,33 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
         }
         break;
       }
+      case Opcode::kReduceSum: {
+        // A sink: accumulated after the block's ops, through a view of its kept dims.
+        Reduction red;
+        red.node = n.id();
+        red.dtype = t;
+        red.out_count = n.type().shape.num_elements();
+        const std::vector<int64_t>& reduced = n.attr_ints("dimensions");
+        std::vector<int64_t> kept;
+        for (int64_t d = 0; d < static_cast<int64_t>(out_dims.size()); ++d)
+          if (std::find(reduced.begin(), reduced.end(), d) == reduced.end()) kept.push_back(d);
+        MakeBroadcastView(n.type().shape.dims(), kept, out_dims, red.view);
+        red.acc_offset = p.acc_per_thread;
+        p.acc_per_thread += red.out_count;
+        p.reductions.push_back(red);
+        reduction_values.push_back(ops[0]);
+        break;
+      }
       default:
         return Unimplemented(n, "not a loop-fusible op");
     }
   }
 
-  // Outputs: members needed outside the group.
+  // Outputs: members needed outside the group (reductions store their own results).
   std::vector<int> out_values;
   for (int i = 0; i < nm; ++i) {
     int id = members[i];
-    if (!needed[id]) continue;
+    if (!needed[id] || g.node(id).opcode() == Opcode::kReduceSum) continue;
     p.outputs.push_back({id, g.node(id).type().dtype, 0});
     out_values.push_back(value_of_member[i]);
   }
@@ -518,6 +650,7 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
     for (int v : {code[k].a, code[k].b, code[k].c})
       if (v >= 0) last_use[v] = std::max<int>(last_use[v], static_cast<int>(k));
   for (int v : out_values) last_use[v] = static_cast<int>(code.size()) + 1;
+  for (int v : reduction_values) last_use[v] = static_cast<int>(code.size()) + 1;
   std::vector<int> reg(nv, -1), free_regs;
   int num_regs = 0;
   auto alloc = [&]() {
@@ -566,15 +699,20 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
   for (size_t k = 0; k < p.inputs.size(); ++k) p.inputs[k].reg = static_cast<int16_t>(reg[nm + k]);
   for (size_t k = 0; k < p.outputs.size(); ++k)
     p.outputs[k].reg = static_cast<int16_t>(reg[out_values[k]]);
+  for (size_t k = 0; k < p.reductions.size(); ++k)
+    p.reductions[k].reg = static_cast<int16_t>(reg[reduction_values[k]]);
   p.num_regs = std::max(num_regs, 1);
   p.num_slots = std::max(num_slots, 1);
 
   int threads = std::max(1, omp_get_max_threads());
-  lc.cpu->RequireWorkspace(static_cast<int64_t>(threads) * p.num_regs * kBlock * sizeof(float));
+  const int64_t acc_offset = AlignUp(static_cast<int64_t>(threads) * p.num_regs * kBlock * 4);
+  lc.cpu->RequireWorkspace(acc_offset +
+                           static_cast<int64_t>(threads) * p.acc_per_thread * sizeof(double));
   std::string name = absl::StrCat("fusion ", root.attr_int(compiler::kFusionAttr), " %",
                                   members.front(), "..%", members.back(), " (loop: ", nm,
                                   " ops, ", p.inputs.size(), " in, ", p.outputs.size(), " out)");
   auto thunk = std::make_unique<FusedLoopThunk>(std::move(name), std::move(p), lc.cpu, threads);
+  thunk->acc_workspace_offset_ = acc_offset;
   thunk->Prepare();
   return std::unique_ptr<Thunk>(std::move(thunk));
 }
