@@ -59,6 +59,11 @@ struct BufferPlan {
   // reshape, which is the same bytes); bound by the executable on every run. Set by backends.
   using Aliases = std::vector<std::pair<int, int>>;
   Aliases aliases;
+  // Graph outputs kept out of the arena (set by backends): the executable computes them straight
+  // into the caller's output tensors. Per node, the offset of its slot in a staging buffer used
+  // only when the caller's tensor overlaps an input or another output (-1: not such an output).
+  std::vector<int64_t> staging_offsets;
+  int64_t staging_bytes = 0;
 };
 
 // How a backend actually runs the graph, when that differs from one kernel per node in id order

@@ -143,7 +143,11 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
     const ir::Output& o = graph_.outputs()[i];
     const ir::Node& n = graph_.node(o.node);
     int64_t bytes = n.type().byte_size();
-    if (bytes == 0 || arena_ptr_[o.node] == nullptr || ctx_.buffers[o.node] != arena_ptr_[o.node])
+    int64_t staged = o.node < static_cast<int>(plan_.staging_offsets.size())
+                         ? plan_.staging_offsets[o.node]
+                         : -1;
+    if (bytes == 0 || (arena_ptr_[o.node] == nullptr && staged < 0) ||
+        ctx_.buffers[o.node] != arena_ptr_[o.node])
       continue;  // a parameter, a constant, unplanned, or bound by an earlier output
     void* dst = outputs[i]->raw_data();
     bool clash = false;
@@ -151,9 +155,14 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
       clash = overlaps(dst, bytes, inputs[k]->raw_data(), inputs[k]->byte_size());
     for (size_t k = 0; k < i && !clash; ++k)
       clash = direct_[k] && overlaps(dst, bytes, outputs[k]->raw_data(), outputs[k]->byte_size());
-    if (clash) continue;
-    ctx_.buffers[o.node] = dst;
-    direct_[i] = 1;
+    if (!clash) {
+      ctx_.buffers[o.node] = dst;
+      direct_[i] = 1;
+    } else if (staged >= 0) {
+      // No arena slot: compute into the staging buffer (allocated once, on first need).
+      if (!staging_) staging_ = AllocateArena(plan_.staging_bytes);
+      ctx_.buffers[o.node] = staging_.get() + staged;
+    }
   }
   // Aliases (reshapes) read their source's buffer, wherever it was bound above.
   for (const auto& [node, source] : plan_.aliases) ctx_.buffers[node] = ctx_.buffers[source];
@@ -177,7 +186,9 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
   // Parameter and caller output pointers are only valid for this call.
   for (int id : params_) ctx_.buffers[id] = nullptr;
   for (const ir::Output& o : graph_.outputs())
-    if (arena_ptr_[o.node] != nullptr) ctx_.buffers[o.node] = arena_ptr_[o.node];
+    if (graph_.node(o.node).opcode() != ir::Opcode::kParameter &&
+        graph_.node(o.node).opcode() != ir::Opcode::kConstant)
+      ctx_.buffers[o.node] = arena_ptr_[o.node];
   return absl::OkStatus();
 }
 

@@ -59,7 +59,8 @@ class Executable {
       const std::map<std::string, Tensor>& inputs);
   // The allocation-free path: outputs must already have the right dtype and shape. Kernels write
   // each output straight into its tensor (no copy) unless that tensor overlaps an input or
-  // another output; then it is computed in the arena and copied.
+  // another output; then it is computed in the arena (or, for outputs the plan keeps out of the
+  // arena, in a staging buffer allocated on the first such call) and copied.
   absl::Status RunInto(const std::vector<const Tensor*>& inputs,
                        const std::vector<Tensor*>& outputs);
 
@@ -78,6 +79,7 @@ class Executable {
   std::vector<int> params_;  // parameter node ids in index order
   std::vector<void*> arena_ptr_;  // per node: its arena buffer (null: parameter, constant, none)
   std::vector<char> direct_;      // per output, during RunInto: computed into the caller's tensor
+  std::shared_ptr<uint8_t> staging_;  // outputs kept out of the arena, when a tensor overlaps
   ThunkObserver observer_;
 };
 

@@ -304,7 +304,7 @@ class CpuBackend : public Backend {
 
     // What must run: graph outputs and whatever a running kernel reads (reverse order; a group
     // runs when any member is needed, and then reads all its members' inputs).
-    std::vector<char>& needed = sched.materialized;
+    std::vector<char> needed(n, 0);
     for (const ir::Output& o : graph.outputs()) needed[o.node] = 1;
     std::vector<char> group_runs(n, 0);  // by root id
     for (int id = n - 1; id >= 0; --id) {
@@ -353,8 +353,23 @@ class CpuBackend : public Backend {
       if (*thunk) thunks.push_back(std::move(*thunk));
     }
     ctx->AllocateWorkspace();
+    // Graph outputs computed by a kernel live in the caller's tensors, not in the arena.
+    sched.materialized = needed;
+    std::vector<int64_t> staging(n, -1);
+    int64_t staging_bytes = 0;
+    for (const ir::Output& o : graph.outputs()) {
+      const ir::Node& node = graph.node(o.node);
+      if (node.opcode() == Opcode::kParameter || node.opcode() == Opcode::kConstant ||
+          staging[o.node] >= 0 || node.type().byte_size() == 0)
+        continue;
+      sched.materialized[o.node] = 0;
+      staging[o.node] = staging_bytes;
+      staging_bytes += AlignUp(node.type().byte_size());
+    }
     BufferPlan plan = PlanBuffers(graph, &sched);
     plan.aliases = std::move(aliases);
+    plan.staging_offsets = std::move(staging);
+    plan.staging_bytes = staging_bytes;
     return std::make_unique<Executable>(graph, std::move(plan), std::move(thunks), "cpu");
   }
 

@@ -646,6 +646,34 @@ TEST(CpuBackendFusionTest, FusedReductions) {
   EXPECT_EQ((*exe)->num_thunks(), 2);
 }
 
+// Graph outputs live in the caller's tensors, not the arena; an output tensor that is also an
+// input (an in-place update) is computed in a staging buffer and copied, with the same result.
+TEST(CpuBackendFusionTest, OutputsOutsideTheArena) {
+  Builder b("sgd");
+  Value w = b.Parameter("w", DType::kF32, {64, 64});
+  Value g = b.Parameter("g", DType::kF32, {64, 64});
+  Value h = ir::MatMul(w, g);
+  b.Output("w", w - g * 0.5);
+  b.Output("h", h);
+  b.Output("h_again", h);
+  auto graph = b.Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto exe = MakeCpuBackend()->Compile(*graph);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ((*exe)->plan().arena_bytes, 0);  // both results go straight to the caller
+  std::mt19937 rng(3);
+  Tensor wt = Draw(U(Shape{64, 64}), DType::kF32, rng), gt = Draw(U(Shape{64, 64}), DType::kF32, rng);
+  auto want = (*exe)->Run({wt, gt});
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int rep = 0; rep < 2; ++rep) {
+    Tensor w_inout = wt.Clone(), h(DType::kF32, Shape{64, 64}), h2(DType::kF32, Shape{64, 64});
+    ASSERT_TRUE((*exe)->RunInto({&w_inout, &gt}, {&w_inout, &h, &h2}).ok());
+    EXPECT_TRUE(w_inout.BitwiseEquals((*want)[0]));
+    EXPECT_TRUE(h.BitwiseEquals((*want)[1]));
+    EXPECT_TRUE(h2.BitwiseEquals((*want)[2]));
+  }
+}
+
 // Output fusion: matmul + bias + activation + residual as one oneDNN matmul with post-ops,
 // checked against the reference backend (and the per-op loops) like every op.
 TEST(CpuBackendFusionTest, MatmulEpilogues) {
