@@ -42,6 +42,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -470,9 +471,14 @@ Row RunPair(const std::string& name, Workload& w, Peer* peer, int rounds, int re
       tk.push_back((Seconds() - t0) * 1e3);
     }
   };
+  // OpenBLAS's worker threads spin for a long time after each call (THREAD_TIMEOUT, 2^28 cycles
+  // by default), which would steal the cores from whichever side runs next: a pause after each
+  // side's round lets them go to sleep, so neither side pays for the other.
+  auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); };
   auto peer_round = [&] {
     std::vector<double> t = peer->Run(name, reps);
     tp.insert(tp.end(), t.begin(), t.end());
+    settle();
   };
   // Under a time cap (a loaded machine), stop after the round that crosses it, but never before
   // two rounds (one in each order).
@@ -482,10 +488,14 @@ Row RunPair(const std::string& name, Workload& w, Peer* peer, int rounds, int re
     ++row.rounds;
     if (r % 2 == 0 || !with_peer) {
       kiln_round();
-      if (with_peer) peer_round();
+      if (with_peer) {
+        settle();
+        peer_round();
+      }
     } else {
       peer_round();
       kiln_round();
+      settle();
     }
   }
   row.kiln_ms = Median(tk);
