@@ -115,7 +115,11 @@ struct Program {
 };
 
 // Reads elements [start, start+n) of `in` as floats into r.
-inline void LoadInput(const Input& in, const void* base, int64_t start, int64_t n, float* r) {
+// The per-block pieces are always inlined into RunBlocks, which is compiled once per ISA.
+#define KILN_BLOCK_INLINE inline __attribute__((always_inline))
+
+KILN_BLOCK_INLINE void LoadInput(const Input& in, const void* base, int64_t start, int64_t n,
+                                 float* r) {
   auto load_at = [&](int64_t idx) -> float {
     switch (in.dtype) {
       case DType::kF32:
@@ -194,8 +198,7 @@ inline void LoadInput(const Input& in, const void* base, int64_t start, int64_t 
 
 // The ops over one block. Registers never alias within an instruction (the allocator frees an
 // operand's register only after the instruction that last reads it).
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void RunCode(
-    const Instr* code, int num_instrs, float* const* slot, int64_t n) {
+KILN_BLOCK_INLINE void RunCode(const Instr* code, int num_instrs, float* const* slot, int64_t n) {
   for (int k = 0; k < num_instrs; ++k) {
     const Instr& in = code[k];
     // No __restrict: a rounding step runs in place (d == a).
@@ -281,7 +284,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
 }
 
 // acc[view(start + j)] += r[j] for j < n.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void Accumulate(const Reduction& red, int64_t start, int64_t n, const float* r, double* acc) {
+KILN_BLOCK_INLINE void Accumulate(const Reduction& red, int64_t start, int64_t n, const float* r, double* acc) {
   const Input& v = red.view;
   switch (v.view) {
     case View::kScalar: {
@@ -349,7 +352,8 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   }
 }
 
-void StoreOutput(const Output& o, void* base, int64_t start, int64_t n, const float* r) {
+KILN_BLOCK_INLINE void StoreOutput(const Output& o, void* base, int64_t start, int64_t n,
+                                   const float* r) {
   switch (o.dtype) {
     case DType::kF32:
       std::memcpy(static_cast<float*>(base) + start, r, n * sizeof(float));
@@ -364,6 +368,28 @@ void StoreOutput(const Output& o, void* base, int64_t start, int64_t n, const fl
       for (int64_t j = 0; j < n; ++j) p[j] = r[j] != 0.0f ? 1 : 0;
       return;
     }
+  }
+}
+
+// Blocks [b0, b1) of a program: load, compute, accumulate, store. Compiled for AVX-512, AVX2 and
+// the baseline ISA (GCC target_clones, picked once at load time), with every piece inlined.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void RunBlocks(
+    const Program& p, const void* const* in_ptrs, void* const* out_ptrs, float** slot,
+    double* acc, int64_t b0, int64_t b1) {
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    int64_t start = blk * kBlock, n = std::min(kBlock, p.count - start);
+    for (size_t i = 0; i < p.inputs.size(); ++i) {
+      const Input& in = p.inputs[i];
+      if (in.direct)
+        slot[in.reg] = const_cast<float*>(static_cast<const float*>(in_ptrs[i])) + start;
+      else if (in.view != View::kScalar)
+        LoadInput(in, in_ptrs[i], start, n, slot[in.reg]);
+    }
+    RunCode(p.code.data(), static_cast<int>(p.code.size()), slot, n);
+    for (const Reduction& red : p.reductions)
+      Accumulate(red, start, n, slot[red.reg], acc + red.acc_offset);
+    for (size_t i = 0; i < p.outputs.size(); ++i)
+      StoreOutput(p.outputs[i], out_ptrs[i], start, n, slot[p.outputs[i].reg]);
   }
 }
 
@@ -449,21 +475,7 @@ class FusedLoopThunk : public Thunk {
       for (size_t i = 0; i < p_.inputs.size(); ++i)
         if (p_.inputs[i].view == View::kScalar)
           LoadInput(p_.inputs[i], in_ptrs[i], 0, kBlock, slot[p_.inputs[i].reg]);
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        int64_t start = blk * kBlock, n = std::min(kBlock, count - start);
-        for (size_t i = 0; i < p_.inputs.size(); ++i) {
-          const Input& in = p_.inputs[i];
-          if (in.direct)
-            slot[in.reg] = const_cast<float*>(static_cast<const float*>(in_ptrs[i])) + start;
-          else if (in.view != View::kScalar)
-            LoadInput(in, in_ptrs[i], start, n, slot[in.reg]);
-        }
-        RunCode(p_.code.data(), static_cast<int>(p_.code.size()), slot, n);
-        for (const Reduction& red : p_.reductions)
-          Accumulate(red, start, n, slot[red.reg], acc + red.acc_offset);
-        for (size_t i = 0; i < p_.outputs.size(); ++i)
-          StoreOutput(p_.outputs[i], out_ptrs_[i], start, n, slot[p_.outputs[i].reg]);
-      }
+      RunBlocks(p_, in_ptrs.data(), out_ptrs_.data(), slot, acc, b0, b1);
     };
     int used = 1;
     if (chunks <= 1) {
