@@ -102,18 +102,7 @@ class AttentionThunk : public Thunk {
                     float* row = s + r * Sk;
                     int64_t i = r % Sq;
                     int64_t visible = causal ? std::clamp<int64_t>(i + shift + 1, 0, Sk) : Sk;
-                    float m = -std::numeric_limits<float>::infinity();
-                    for (int64_t j = 0; j < visible; ++j) {
-                      row[j] *= scale;
-                      m = std::max(m, row[j]);
-                    }
-                    float sum = 0.f;
-                    for (int64_t j = 0; j < visible; ++j) {
-                      row[j] = std::exp(row[j] - m);
-                      sum += row[j];
-                    }
-                    float inv = 1.f / sum;
-                    for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
+                    SoftmaxRowF32(row, visible, scale);
                     // A query that sees no key gets NaN, as in the reference and PyTorch.
                     float fill = visible > 0 ? 0.f : std::numeric_limits<float>::quiet_NaN();
                     for (int64_t j = visible; j < Sk; ++j) row[j] = fill;
@@ -121,6 +110,38 @@ class AttentionThunk : public Thunk {
                 });
   }
 };
+
+}  // namespace
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void SoftmaxRowF32(
+    float* row, int64_t n, float scale) {
+  if (n <= 0) return;
+  float mp[8];
+  for (int k = 0; k < 8; ++k) mp[k] = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) {
+      row[j + k] *= scale;
+      mp[k] = std::max(mp[k], row[j + k]);
+    }
+  float m = -std::numeric_limits<float>::infinity();
+  for (int k = 0; k < 8; ++k) m = std::max(m, mp[k]);
+  for (; j < n; ++j) {
+    row[j] *= scale;
+    m = std::max(m, row[j]);
+  }
+  for (int64_t i = 0; i < n; ++i) row[i] = FastExp(row[i] - m);
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) part[k] += row[j + k];
+  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  for (; j < n; ++j) sum += row[j];
+  float inv = 1.f / sum;
+  for (int64_t i = 0; i < n; ++i) row[i] *= inv;
+}
+
+namespace {
 
 absl::Status MakeMatmul(const ir::Node& n, CpuContext& cpu, WorkspaceLayout& layout,
                         const dnnl::memory::desc& a, const dnnl::memory::desc& b,

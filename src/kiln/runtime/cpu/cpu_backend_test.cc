@@ -3,6 +3,7 @@
 // op takes them), through both the default lowering (oneDNN where it applies) and the loops
 // (CpuBackendOptions::prefer_loops). The full op-consistency table lives in tests/.
 #include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/runtime/cpu/internal/common.h"
 
 #include <cmath>
 #include <functional>
@@ -672,6 +673,24 @@ TEST(CpuBackendFusionTest, OutputsOutsideTheArena) {
     EXPECT_TRUE(h.BitwiseEquals((*want)[1]));
     EXPECT_TRUE(h2.BitwiseEquals((*want)[2]));
   }
+}
+
+// The vectorizable exp of the attention softmax: within 2 ulp of libm over its range, exact
+// limits outside it.
+TEST(CpuBackendFusionTest, FastExpMatchesLibm) {
+  double worst = 0;
+  for (int i = 0; i <= 2000000; ++i) {
+    float x = -87.0f + 175.0f * static_cast<float>(i) / 2000000.0f;
+    double want = std::exp(static_cast<double>(x));
+    double got = cpu::FastExp(x);
+    worst = std::max(worst, std::fabs(got - want) / want);
+  }
+  EXPECT_LT(worst, 2.5e-7);  // 2 ulp of f32
+  EXPECT_EQ(cpu::FastExp(0.f), 1.f);
+  EXPECT_EQ(cpu::FastExp(-200.f), 0.f);
+  EXPECT_EQ(cpu::FastExp(-std::numeric_limits<float>::infinity()), 0.f);
+  EXPECT_TRUE(std::isinf(cpu::FastExp(100.f)));
+  EXPECT_TRUE(std::isnan(cpu::FastExp(std::numeric_limits<float>::quiet_NaN())));
 }
 
 // Output fusion: matmul + bias + activation + residual as one oneDNN matmul with post-ops,

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -85,6 +86,33 @@ struct Elem<f16_t> {
   static float Load(f16_t x) { return F16ToFloat(x.bits); }
   static f16_t Store(float c) { return f16_t{FloatToF16(c)}; }
 };
+
+// exp(x) for f32 in a form the compiler vectorizes (no libm call): Cephes' range reduction and
+// degree-6 polynomial, within 2 ulp of expf for x in [-87.3, 88.3]; 0 below (the true value is
+// under 1.2e-38), +inf above 88.72, NaN stays NaN. For softmax-style uses (x <= 0).
+inline float FastExp(float x) {
+  float xc = std::min(std::max(x, -87.3f), 88.3f);  // NaN passes through both
+  float t = xc * 1.44269504088896341f + 12582912.f;  // round(x / ln2) via the 1.5 * 2^23 trick
+  float n = t - 12582912.f;
+  float r = xc - n * 0.693359375f - n * -2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.f;
+  int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, 4);
+  float result = y * scale;
+  result = x < -87.3f ? 0.f : result;
+  return x > 88.72f ? std::numeric_limits<float>::infinity() : result;
+}
+
+// Softmax of one row in place (with a scale applied first): max, exp(x - max) with FastExp, and
+// a sum with 8 partial accumulators, all vectorized (runtime ISA dispatch; attention.cc).
+void SoftmaxRowF32(float* row, int64_t n, float scale);
 
 template <typename T>
 struct TypeTag {
