@@ -19,7 +19,9 @@
 //   run <bench> <reps>   -> "times <ms> <ms> ..." (one timing per rep)
 //   quit
 // Each benchmark runs `rounds` rounds; a round is a few reps of Kiln, then the same reps of the
-// peer (the order flips every round), so both sides see the same machine noise. Reported: medians
+// peer (the order flips every round), so both sides see the same machine noise. Each side's
+// round starts with one untimed step, and a 300 ms pause separates the sides (OpenBLAS workers
+// spin after a call). Reported: medians
 // of all reps and the ratio Kiln / peer (< 1: Kiln faster). Also printed, Kiln only: the bare
 // oneDNN matmul rate on the same threads (each model's FLOP/s as a share of it), cold compile
 // time, and the per-thunk dispatch overhead of a graph of many tiny ops.
@@ -464,7 +466,10 @@ Row RunPair(const std::string& name, Workload& w, Peer* peer, int rounds, int re
   bool with_peer = skip.empty();
   if (!with_peer) row.note = "peer: " + skip;
   std::vector<double> tk, tp;
+  // Each round starts with one untimed step on each side: the first step after the other side
+  // ran (cold caches, sleeping threads) is not the steady state either side is measured in.
   auto kiln_round = [&] {
+    w.step();
     for (int i = 0; i < reps; ++i) {
       double t0 = Seconds();
       w.step();
@@ -476,7 +481,8 @@ Row RunPair(const std::string& name, Workload& w, Peer* peer, int rounds, int re
   // side's round lets them go to sleep, so neither side pays for the other.
   auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); };
   auto peer_round = [&] {
-    std::vector<double> t = peer->Run(name, reps);
+    std::vector<double> t = peer->Run(name, reps + 1);
+    if (!t.empty()) t.erase(t.begin());
     tp.insert(tp.end(), t.begin(), t.end());
     settle();
   };
@@ -674,7 +680,7 @@ int Main(int argc, char** argv) {
                                {RandomTensor(DType::kF32, Shape{batch, kMlpWidth}, 9)},
                                MlpForwardFlops(batch))
                : absl::StatusOr<Workload>(g.status());
-    add("mlp_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 50 : 8, 5, mm_f32);
+    add("mlp_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 50 : 24, 5, mm_f32);
   }
   for (int64_t batch : {int64_t{1}, int64_t{256}}) {
     if (!selected("encoder_infer_b" + std::to_string(batch))) continue;
