@@ -66,6 +66,8 @@ class Simplifier {
   absl::StatusOr<std::optional<int>> Convert(const ir::Node& n);
   absl::StatusOr<std::optional<int>> Select(const ir::Node& n);
   std::optional<int> Slice(const ir::Node& n);
+  std::optional<int> Pad(const ir::Node& n);
+  absl::StatusOr<std::optional<int>> AddOfPads(const ir::Node& n);
 
   GraphEditor& e_;
   std::unordered_map<const Tensor*, std::optional<double>> splat_;
@@ -83,7 +85,7 @@ absl::StatusOr<std::optional<int>> Simplifier::Simplify(const ir::Node& n) {
     case Opcode::kAdd:
       if (IsZero(Op(n, 1))) return Op(n, 0);
       if (IsZero(Op(n, 0))) return Op(n, 1);
-      return std::nullopt;
+      return AddOfPads(n);
     // ---- sub ----
     case Opcode::kSub:
       if (IsZero(Op(n, 1))) return Op(n, 0);
@@ -117,6 +119,9 @@ absl::StatusOr<std::optional<int>> Simplifier::Simplify(const ir::Node& n) {
       return Select(n);
     case Opcode::kSlice:
       return Slice(n);
+    // ---- pad ----
+    case Opcode::kPad:
+      return Pad(n);
     default:
       return std::nullopt;
   }
@@ -208,6 +213,75 @@ std::optional<int> Simplifier::Slice(const ir::Node& n) {
     for (int64_t s : n.attr_ints("stride"))
       if (s != 1) return std::nullopt;
   return x;
+}
+
+// pad with no padding at all is its operand.
+std::optional<int> Simplifier::Pad(const ir::Node& n) {
+  for (const char* a : {"low", "high", "interior"})
+    for (int64_t v : n.attr_ints(a))
+      if (v != 0) return std::nullopt;
+  return Op(n, 0);
+}
+
+// add(pad(x), pad(y)) where both pad with 0 along one dim d only and x's slot ends where y's
+// begins: pad(concatenate(x, y), low of x, high of y). The sum of the pads a slice's gradient
+// makes (fused q/k/v projections) becomes one concatenate instead of full-size pads and adds.
+// Exact up to the sign of zero, the trade add(x, 0) -> x already makes.
+absl::StatusOr<std::optional<int>> Simplifier::AddOfPads(const ir::Node& n) {
+  if (!IsFloating(n.type().dtype) && !IsInteger(n.type().dtype)) return std::nullopt;
+  const ir::Node& a = OpNode(n, 0);
+  const ir::Node& b = OpNode(n, 1);
+  auto plain_pad = [&](const ir::Node& p) {
+    if (p.opcode() != Opcode::kPad || p.type() != n.type() || p.attr_float("value") != 0.0)
+      return false;
+    for (int64_t v : p.attr_ints("interior"))
+      if (v != 0) return false;
+    return true;
+  };
+  if (!plain_pad(a) || !plain_pad(b)) return std::nullopt;
+  const std::vector<int64_t>& alo = a.attr_ints("low");
+  const std::vector<int64_t>& ahi = a.attr_ints("high");
+  const std::vector<int64_t>& blo = b.attr_ints("low");
+  const std::vector<int64_t>& bhi = b.attr_ints("high");
+  int d = -1;
+  for (size_t i = 0; i < alo.size(); ++i) {
+    if (alo[i] == 0 && ahi[i] == 0 && blo[i] == 0 && bhi[i] == 0) continue;
+    if (d >= 0) return std::nullopt;  // padded along two dims
+    d = static_cast<int>(i);
+  }
+  if (d < 0) return std::nullopt;
+  int x = e_.operand(a.id(), 0), y = e_.operand(b.id(), 0);
+  int64_t x_end = alo[d] + e_.type(x).shape.dim(d), y_end = blo[d] + e_.type(y).shape.dim(d);
+  int first, second;
+  int64_t low, high;
+  if (x_end == blo[d]) {
+    first = x, second = y, low = alo[d], high = bhi[d];
+  } else if (y_end == alo[d]) {
+    first = y, second = x, low = blo[d], high = ahi[d];
+  } else {
+    return std::nullopt;  // overlapping or with a gap
+  }
+  // Splice the parts of a concatenate along d (from an earlier application of this rule).
+  std::vector<int> parts;
+  for (int part : {first, second}) {
+    const ir::Node& pn = e_.node(part);
+    if (pn.opcode() == Opcode::kConcatenate && pn.attr_int("dimension") == d) {
+      for (int k = 0; k < static_cast<int>(pn.operands().size()); ++k)
+        parts.push_back(e_.operand(part, k));
+    } else {
+      parts.push_back(part);
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(int cat, e_.Add(Opcode::kConcatenate, parts,
+                                        {{"dimension", static_cast<int64_t>(d)}}));
+  std::vector<int64_t> lo(alo.size(), 0), hi(alo.size(), 0), in(alo.size(), 0);
+  lo[d] = low;
+  hi[d] = high;
+  if (low == 0 && high == 0) return cat;
+  KILN_ASSIGN_OR_RETURN(int padded, e_.Add(Opcode::kPad, {cat},
+                                           {{"low", lo}, {"high", hi}, {"interior", in},
+                                            {"value", 0.0}}));
+  return padded;
 }
 
 }  // namespace

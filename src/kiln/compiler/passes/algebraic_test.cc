@@ -368,5 +368,54 @@ TEST(Algebraic, RewritesOnlyOrphanedNodes) {
     })");
 }
 
+// The gradient of three slices of a fused projection: a sum of zero pads that tile the last dim
+// becomes one concatenate (in slot order, whatever the add order), and an empty pad goes away.
+TEST(Algebraic, SumOfTilingPadsIsAConcatenate) {
+  AlgebraicSimplifierPass pass;
+  ExpectRewrite(pass, R"(
+    graph @g {
+      %q = parameter() {index=0, name="q"} : f32[2,4]
+      %k = parameter() {index=1, name="k"} : f32[2,4]
+      %v = parameter() {index=2, name="v"} : f32[2,4]
+      %pv = pad(%v) {high=[0,0], interior=[0,0], low=[0,8], value=0.0}
+      %pk = pad(%k) {high=[0,4], interior=[0,0], low=[0,4], value=0.0}
+      %pq = pad(%q) {high=[0,8], interior=[0,0], low=[0,0], value=0.0}
+      %s1 = add(%pv, %pk)
+      %s2 = add(%s1, %pq)
+      %same = pad(%q) {high=[0,0], interior=[0,0], low=[0,0], value=1.0}
+      return g=%s2, same=%same
+    })",
+                R"(
+    graph @g {
+      %0 = parameter() {index=0, name="q"} : f32[2,4]
+      %1 = parameter() {index=1, name="k"} : f32[2,4]
+      %2 = parameter() {index=2, name="v"} : f32[2,4]
+      %3 = concatenate(%0, %1, %2) {dimension=1}
+      return g=%3, same=%0
+    })");
+}
+
+// Overlapping slots, a gap, padding along two dims, or a nonzero pad value stay as they are.
+TEST(Algebraic, PadsThatDoNotTileStay) {
+  AlgebraicSimplifierPass pass;
+  ExpectUnchanged(pass, R"(
+    graph @g {
+      %0 = parameter() {index=0, name="a"} : f32[2,4]
+      %1 = pad(%0) {high=[0,4], interior=[0,0], low=[0,0], value=0.0}
+      %2 = pad(%0) {high=[0,2], interior=[0,0], low=[0,2], value=0.0}
+      %3 = add(%1, %2)
+      %4 = pad(%0) {high=[0,5], interior=[0,0], low=[0,0], value=0.0}
+      %5 = pad(%0) {high=[0,0], interior=[0,0], low=[0,5], value=0.0}
+      %6 = add(%4, %5)
+      %7 = pad(%0) {high=[1,4], interior=[0,0], low=[0,0], value=0.0}
+      %8 = pad(%0) {high=[0,0], interior=[0,0], low=[1,4], value=0.0}
+      %9 = add(%7, %8)
+      %10 = pad(%0) {high=[0,4], interior=[0,0], low=[0,0], value=1.0}
+      %11 = pad(%0) {high=[0,0], interior=[0,0], low=[0,4], value=0.0}
+      %12 = add(%10, %11)
+      return a=%3, b=%6, c=%9, d=%12
+    })");
+}
+
 }  // namespace
 }  // namespace kiln::compiler
