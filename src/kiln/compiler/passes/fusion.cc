@@ -125,16 +125,17 @@ bool IsEpilogueActivation(Opcode op) {
   }
 }
 
-// A rank-1 bias broadcast along the last dim of `shape`: broadcast_in_dim(b[N]) with
-// broadcast_dimensions=[rank-1].
-bool IsLastDimBiasBroadcast(const ir::Graph& g, int id, const ir::Type& type) {
+// A rank-1 bias broadcast along dim `axis` of `type`: broadcast_in_dim(b[N]) with
+// broadcast_dimensions=[axis].
+bool IsBiasBroadcastAlong(const ir::Graph& g, int id, const ir::Type& type, int64_t axis) {
   const ir::Node& b = g.node(id);
-  if (b.opcode() != Opcode::kBroadcastInDim || b.type() != type || type.shape.rank() < 1)
+  if (b.opcode() != Opcode::kBroadcastInDim || b.type() != type || axis < 0 ||
+      axis >= type.shape.rank())
     return false;
   const ir::Type& bt = g.node(b.operand(0)).type();
   return bt.shape.rank() == 1 && bt.dtype == type.dtype &&
-         b.attr_ints("broadcast_dimensions") == std::vector<int64_t>{type.shape.rank() - 1} &&
-         bt.shape.dim(0) == type.shape.dims().back();
+         b.attr_ints("broadcast_dimensions") == std::vector<int64_t>{axis} &&
+         bt.shape.dim(0) == type.shape.dim(static_cast<int>(axis));
 }
 
 absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
@@ -163,7 +164,11 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
   if (options_.fuse_matmul_epilogues) {
     std::vector<std::pair<int, int>> chains;  // (group, last member)
     for (const ir::Node& dot : g.nodes()) {
-      if (dot.opcode() != Opcode::kDotGeneral) continue;
+      // Heads: dot_general (bias along the last dim) and conv2d (bias along channels, no
+      // residual: oneDNN's convolution takes it only in its own blocked layout).
+      bool conv = dot.opcode() == Opcode::kConv2d;
+      if (dot.opcode() != Opcode::kDotGeneral && !conv) continue;
+      const int64_t bias_axis = conv ? 1 : dot.type().shape.rank() - 1;
       DType dt = dot.type().dtype;
       if (dt != DType::kF32 && dt != DType::kBF16) continue;
       if (g.node(dot.operand(0)).type().dtype != dt || g.node(dot.operand(1)).type().dtype != dt)
@@ -189,12 +194,17 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
       if (u >= 0 && g.node(u).opcode() == Opcode::kAdd && g.node(u).type() == type) {
         const ir::Node& add = g.node(u);
         int other = add.operand(0) == last ? add.operand(1) : add.operand(0);
-        if (add.operand(0) != add.operand(1) && IsLastDimBiasBroadcast(g, other, type)) try_add(u);
+        if (add.operand(0) != add.operand(1) && IsBiasBroadcastAlong(g, other, type, bias_axis))
+          try_add(u);
       }
       u = sole_user(last);
       if (u >= 0 && IsEpilogueActivation(g.node(u).opcode()) && g.node(u).type() == type)
         try_add(u);
-      chains.push_back({gi, last});
+      if (!conv) chains.push_back({gi, last});
+      if (conv && groups.members[gi].size() == 1) {  // a bare convolution
+        groups.group_of[dot.id()] = -1;
+        groups.members[gi].clear();
+      }
     }
     std::vector<char> chain_end(n, 0);
     for (auto [gi, last] : chains) chain_end[last] = 1;

@@ -10,7 +10,8 @@
 // a rank-1 bias broadcast along the last dim, an activation (relu gelu tanh sigmoid silu) and an
 // add of a same-shaped residual, each the only user of the step before, becomes one group whose
 // first member is the dot_general: a backend runs it as one matmul with post-ops (oneDNN bias,
-// eltwise and binary post-ops). A bare dot_general stays unmarked.
+// eltwise and binary post-ops). A conv2d takes a bias along its channels (dim 1) and an
+// activation the same way (no residual). A bare dot_general or conv2d stays unmarked.
 //
 // Loop fusion: every node whose op is one of the cheap elementwise ops (add sub mul div max min
 // neg abs relu sqrt rsqrt sign compare select convert logical_and logical_or logical_not) on f32,

@@ -316,5 +316,34 @@ TEST(Fusion, ReductionsJoinTheirOperandsGroup) {
     })");
 }
 
+// A convolution takes a bias along its channels and an activation; a residual add stays a loop.
+TEST(Fusion, ConvolutionEpilogueBiasAndActivation) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @cnn {
+      %x = parameter() {index=0, name="x"} : f32[1,2,4,4]
+      %f = parameter() {index=1, name="f"} : f32[3,2,3,3]
+      %b = parameter() {index=2, name="b"} : f32[3]
+      %c = conv2d(%x, %f) {dilation=[1,1], groups=1, padding=[1,1,1,1], strides=[1,1]}
+      %bb = broadcast_in_dim(%b) {broadcast_dimensions=[1], shape=[1,3,4,4]}
+      %a = add(%c, %bb)
+      %r = relu(%a)
+      %y = add(%r, %r)
+      return y=%y
+    })",
+                R"(
+    graph @cnn {
+      %0 = parameter() {index=0, name="x"} : f32[1,2,4,4]
+      %1 = parameter() {index=1, name="f"} : f32[3,2,3,3]
+      %2 = parameter() {index=2, name="b"} : f32[3]
+      %3 = broadcast_in_dim(%2) {broadcast_dimensions=[1], shape=[1,3,4,4]}
+      %4 = conv2d(%0, %1) {dilation=[1,1], fusion=0, groups=1, padding=[1,1,1,1], strides=[1,1]}
+      %5 = add(%4, %3) {fusion=0}
+      %6 = relu(%5) {fusion=0}
+      %7 = add(%6, %6) {fusion=1}
+      return y=%7
+    })");
+}
+
 }  // namespace
 }  // namespace kiln::compiler

@@ -48,7 +48,8 @@ dnnl::memory::desc Any(const std::vector<int64_t>& dims, dt t) {
 // ---- conv2d ----
 // ---- conv2d_backward_input ----
 // ---- conv2d_backward_filter ----
-LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute) {
+LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
+                         const Epilogue* ep = nullptr) {
   DType t = n.type().dtype;
   dt user = DnnlType(t);
   Shape input, filter, output;
@@ -76,22 +77,45 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute) {
   auto attr = DnnlThunkBuilder::Attr();
   const auto& eng = lc.cpu->engine();
   auto alg = dnnl::algorithm::convolution_direct;
-  DnnlThunkBuilder b(lc, n, "onednn convolution");
+  DnnlThunkBuilder b(lc, n, "onednn convolution" + (ep ? ep->label : std::string()));
 
   if (n.opcode() == Opcode::kConv2d) {
+    // Epilogue (an output fusion group): bias through the primitive's bias argument, the
+    // activation as an eltwise post-op; the result goes to the group's last member.
+    bool has_bias = ep && ep->bias >= 0;
+    if (ep && ep->has_act) {
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.f, ep->act, ep->alpha, 0.f);
+      attr.set_post_ops(ops);
+    }
+    dnnl::memory::desc bias_user = PlainDesc({g.dst[1]}, user);
     dnnl::convolution_forward::primitive_desc pd;
     KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
-      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_any, wei_any,
-                                        dst_any, g.strides, g.dilates, g.pad_l, g.pad_r);
-      pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
+      if (has_bias) {
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_any,
+                                          wei_any, WithType(bias_user, compute), dst_any,
+                                          g.strides, g.dilates, g.pad_l, g.pad_r);
+        pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
+      } else {
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_any,
+                                          wei_any, dst_any, g.strides, g.dilates, g.pad_l,
+                                          g.pad_r);
+        pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
+      }
     }));
     if (compute != dt::f32 && IsRefImpl(pd)) return Unimplemented(n, "reference bf16/f16 conv");
     b.NameImpl(pd);
     KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
     KILN_ASSIGN_OR_RETURN(int wei, b.Input(n.operand(1), wei_user, pd.weights_desc()));
-    KILN_ASSIGN_OR_RETURN(int dst, b.Output(n.id(), dst_user, pd.dst_desc()));
-    b.AddStepWithScratchpad(dnnl::convolution_forward(pd),
-                            {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}},
+    std::vector<std::pair<int, int>> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}};
+    if (has_bias) {
+      KILN_ASSIGN_OR_RETURN(int bias, b.Input(ep->bias, bias_user, WithType(bias_user, compute)));
+      args.push_back({DNNL_ARG_BIAS, bias});
+    }
+    int out_node = ep && ep->out >= 0 ? ep->out : n.id();
+    KILN_ASSIGN_OR_RETURN(int dst, b.Output(out_node, dst_user, pd.dst_desc()));
+    args.push_back({DNNL_ARG_DST, dst});
+    b.AddStepWithScratchpad(dnnl::convolution_forward(pd), std::move(args),
                             pd.scratchpad_desc());
     return b.Finish();
   }
@@ -150,6 +174,30 @@ LowerResult LowerConv(const ir::Node& n, LowerContext& lc) {
     if (r.ok() || r.status().code() != absl::StatusCode::kUnimplemented) return r;
   }
   return ConvWithType(n, lc, dt::f32);  // f32, or narrow floats through f32
+}
+
+// ---- conv2d + bias + activation (output fusion) ----
+bool CanLowerConvEpilogue(const std::vector<int>& members, const LowerContext& lc) {
+  const ir::Graph& g = lc.graph;
+  if (members.size() < 2 || lc.options.prefer_loops) return false;
+  const ir::Node& conv = g.node(members[0]);
+  if (conv.opcode() != Opcode::kConv2d) return false;
+  DType t = conv.type().dtype;
+  if (t != DType::kF32 && t != DType::kBF16) return false;
+  for (int i = 0; i < 2; ++i)
+    if (g.node(conv.operand(i)).type().dtype != t) return false;
+  absl::StatusOr<Epilogue> ep = ParseEpilogue(members, g);
+  return ep.ok() && ep->residual < 0;
+}
+
+LowerResult LowerConvEpilogue(const std::vector<int>& members, LowerContext& lc) {
+  const ir::Node& conv = lc.graph.node(members[0]);
+  KILN_ASSIGN_OR_RETURN(Epilogue ep, ParseEpilogue(members, lc.graph));
+  if (conv.type().dtype != DType::kF32) {
+    LowerResult r = ConvWithType(conv, lc, DnnlType(conv.type().dtype), &ep);
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnimplemented) return r;
+  }
+  return ConvWithType(conv, lc, dt::f32, &ep);
 }
 
 // ---- max_pool2d ----

@@ -244,8 +244,11 @@ class CpuBackend : public Backend {
     std::map<int, bool> is_output_fusion;
     for (auto it = groups.begin(); it != groups.end();) {
       const std::vector<int>& members = it->second;
-      bool output = graph.node(members[0]).opcode() == Opcode::kDotGeneral;
-      bool ok = output ? CanLowerMatmulEpilogue(members, lc) : true;
+      Opcode head = graph.node(members[0]).opcode();
+      bool output = head == Opcode::kDotGeneral || head == Opcode::kConv2d;
+      bool ok = !output                         ? true
+                : head == Opcode::kDotGeneral ? CanLowerMatmulEpilogue(members, lc)
+                                              : CanLowerConvEpilogue(members, lc);
       if (!output)
         for (int m : members)
           ok = ok && (compiler::IsLoopFusible(graph, graph.node(m)) ||
@@ -270,7 +273,8 @@ class CpuBackend : public Backend {
             r.push_back(read);
             continue;  // inside the kernel
           }
-          bool absorb = is_output_fusion[gid] ? IsBiasBroadcast(graph, op)
+          bool absorb = is_output_fusion[gid]
+                            ? IsBiasBroadcast(graph, op, EpilogueBiasAxis(graph.node(members[0])))
                                               : o.opcode() == Opcode::kBroadcastInDim;
           if (absorb && group_of[op] < 0) {
             read.node = o.operand(0);
@@ -333,8 +337,13 @@ class CpuBackend : public Backend {
       if (gid >= 0) {
         if (!group_runs[node.id()]) continue;  // not the root, or nothing needs the group
         try {
-          thunk = is_output_fusion[gid] ? LowerMatmulEpilogue(groups[gid], lc)
-                                        : LowerFusedLoop(groups[gid], reads, needed, lc);
+          const std::vector<int>& members = groups[gid];
+          if (!is_output_fusion[gid])
+            thunk = LowerFusedLoop(members, reads, needed, lc);
+          else if (graph.node(members[0]).opcode() == Opcode::kConv2d)
+            thunk = LowerConvEpilogue(members, lc);
+          else
+            thunk = LowerMatmulEpilogue(members, lc);
         } catch (const dnnl::error& e) {
           thunk = Unimplemented(node, absl::StrCat("oneDNN: ", e.what()));
         }

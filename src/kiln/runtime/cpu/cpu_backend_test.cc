@@ -704,6 +704,13 @@ TEST(CpuBackendFusionTest, MatmulEpilogues) {
         });
   Check("batched_bias_tanh", {U({2, 8, 16}), U({16, 8}), U({8})},
         [](Builder&, const std::vector<Value>& p) { return ir::Tanh(ir::MatMul(p[0], p[1]) + p[2]); });
+  Check("conv_bias_relu", {U({2, 3, 9, 9}), U({8, 3, 3, 3}), U({8})},
+        [](Builder&, const std::vector<Value>& p) {
+          Value c = ir::Conv2d(p[0], p[1]);
+          return ir::Relu(c + ir::BroadcastInDim(p[2], c.shape(), {1}));
+        });
+  Check("conv_tanh", {U({2, 3, 9, 9}), U({4, 3, 3, 3})},
+        [](Builder&, const std::vector<Value>& p) { return ir::Tanh(ir::Conv2d(p[0], p[1])); });
   Check("residual_only", {U({8, 16}), U({16, 16}), U({8, 16})},
         [](Builder&, const std::vector<Value>& p) { return p[2] + ir::MatMul(p[0], p[1]); });
 
@@ -719,6 +726,20 @@ TEST(CpuBackendFusionTest, MatmulEpilogues) {
   ASSERT_EQ((*exe)->num_thunks(), 1);
   EXPECT_NE((*exe)->thunk(0).name().find("onednn matmul+bias+relu"), std::string::npos)
       << (*exe)->thunk(0).name();
+
+  Builder cb("cnn");
+  Value cx = cb.Parameter("x", DType::kF32, {2, 3, 9, 9});
+  Value cw = cb.Parameter("w", DType::kF32, {8, 3, 3, 3});
+  Value cbias = cb.Parameter("b", DType::kF32, {8});
+  Value conv = ir::Conv2d(cx, cw);
+  cb.Output("y", ir::Relu(conv + ir::BroadcastInDim(cbias, conv.shape(), {1})));
+  auto cg = cb.Build();
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  auto cexe = MakeCpuBackend()->Compile(*cg);
+  ASSERT_TRUE(cexe.ok()) << cexe.status();
+  ASSERT_EQ((*cexe)->num_thunks(), 1);
+  EXPECT_NE((*cexe)->thunk(0).name().find("onednn convolution+bias+relu"), std::string::npos)
+      << (*cexe)->thunk(0).name();
 }
 
 // Fusion: an AdamW-like update with scalar, row and column broadcasts, bf16 rounding, compare and

@@ -157,18 +157,6 @@ absl::StatusOr<int> OperandMemory(DnnlThunkBuilder& b, int node, const OperandVi
   return b.Reorder(t, PlainDesc(sizes, compute));
 }
 
-// Post-ops fused into the matmul (an output fusion group, compiler/passes/fusion.h): dst =
-// residual + act(dot + bias), written to node `out`.
-struct Epilogue {
-  int bias = -1;  // node of the rank-1 bias [N], or -1
-  bool has_act = false;
-  dnnl::algorithm act = dnnl::algorithm::eltwise_relu;
-  float alpha = 0.f;
-  int residual = -1;  // node of the same-shaped residual, or -1
-  int out = -1;       // node whose buffer receives the result (-1: the dot itself)
-  std::string label;  // " +bias+relu+residual"
-};
-
 absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerContext& lc,
                                                     const DotPlan& p, bool force_copy,
                                                     const Epilogue& ep = {}) {
@@ -307,40 +295,33 @@ LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc) {
 }
 
 // ---- dot_general + bias + activation + residual (output fusion) ----
-bool IsBiasBroadcast(const ir::Graph& g, int id) {
+bool IsBiasBroadcast(const ir::Graph& g, int id, int64_t axis) {
   const ir::Node& b = g.node(id);
   if (b.opcode() != ir::Opcode::kBroadcastInDim) return false;
   const ir::Type& src = g.node(b.operand(0)).type();
   int64_t rank = b.type().shape.rank();
-  return src.shape.rank() == 1 && rank >= 1 &&
-         b.attr_ints("broadcast_dimensions") == std::vector<int64_t>{rank - 1} &&
-         src.shape.dim(0) == b.type().shape.dims().back() && src.dtype == b.type().dtype;
+  return src.shape.rank() == 1 && axis >= 0 && axis < rank &&
+         b.attr_ints("broadcast_dimensions") == std::vector<int64_t>{axis} &&
+         src.shape.dim(0) == b.type().shape.dim(static_cast<int>(axis)) &&
+         src.dtype == b.type().dtype;
 }
 
-bool CanLowerMatmulEpilogue(const std::vector<int>& members, const LowerContext& lc) {
-  const ir::Graph& g = lc.graph;
-  if (members.size() < 2 || lc.options.prefer_loops) return false;
-  const ir::Node& dot = g.node(members[0]);
-  if (dot.opcode() != ir::Opcode::kDotGeneral) return false;
-  DType dt = dot.type().dtype;
-  if (dt != DType::kF32 && dt != DType::kBF16) return false;
-  DotPlan p = MakePlan(dot, g.node(dot.operand(0)).type(), g.node(dot.operand(1)).type());
-  // The bias runs along the matmul's N: the output's last dim must be all of N.
-  return p.K > 0 && dot.type().shape.rank() >= 1 && dot.type().shape.dims().back() == p.N;
+int64_t EpilogueBiasAxis(const ir::Node& head) {
+  return head.opcode() == ir::Opcode::kConv2d ? 1 : head.type().shape.rank() - 1;
 }
 
-LowerResult LowerMatmulEpilogue(const std::vector<int>& members, LowerContext& lc) {
-  const ir::Graph& g = lc.graph;
-  const ir::Node& dot = g.node(members[0]);
+absl::StatusOr<Epilogue> ParseEpilogue(const std::vector<int>& members, const ir::Graph& g) {
+  const ir::Node& head = g.node(members[0]);
+  int64_t axis = EpilogueBiasAxis(head);
   Epilogue ep;
   ep.out = members.back();
-  int prev = dot.id();
+  int prev = head.id();
   for (size_t i = 1; i < members.size(); ++i) {
     const ir::Node& m = g.node(members[i]);
     int other = m.operands().size() == 2 ? (m.operand(0) == prev ? m.operand(1) : m.operand(0))
                                          : -1;
     if (m.opcode() == ir::Opcode::kAdd && ep.bias < 0 && !ep.has_act && ep.residual < 0 &&
-        IsBiasBroadcast(g, other)) {
+        IsBiasBroadcast(g, other, axis)) {
       ep.bias = g.node(other).operand(0);
       ep.label += "+bias";
     } else if (m.opcode() == ir::Opcode::kAdd && ep.residual < 0) {
@@ -368,14 +349,33 @@ LowerResult LowerMatmulEpilogue(const std::vector<int>& members, LowerContext& l
           ep.alpha = 1.f;
           break;
         default:
-          return Unimplemented(m, "not a matmul epilogue activation");
+          return Unimplemented(m, "not an epilogue activation");
       }
       ep.label += "+" + std::string(ir::OpcodeName(m.opcode()));
     } else {
-      return Unimplemented(m, "not a matmul epilogue step");
+      return Unimplemented(m, "not an epilogue step");
     }
     prev = m.id();
   }
+  return ep;
+}
+
+bool CanLowerMatmulEpilogue(const std::vector<int>& members, const LowerContext& lc) {
+  const ir::Graph& g = lc.graph;
+  if (members.size() < 2 || lc.options.prefer_loops) return false;
+  const ir::Node& dot = g.node(members[0]);
+  if (dot.opcode() != ir::Opcode::kDotGeneral) return false;
+  DType dt = dot.type().dtype;
+  if (dt != DType::kF32 && dt != DType::kBF16) return false;
+  DotPlan p = MakePlan(dot, g.node(dot.operand(0)).type(), g.node(dot.operand(1)).type());
+  // The bias runs along the matmul's N: the output's last dim must be all of N.
+  return p.K > 0 && dot.type().shape.rank() >= 1 && dot.type().shape.dims().back() == p.N;
+}
+
+LowerResult LowerMatmulEpilogue(const std::vector<int>& members, LowerContext& lc) {
+  const ir::Graph& g = lc.graph;
+  const ir::Node& dot = g.node(members[0]);
+  KILN_ASSIGN_OR_RETURN(Epilogue ep, ParseEpilogue(members, g));
   DotPlan p = MakePlan(dot, g.node(dot.operand(0)).type(), g.node(dot.operand(1)).type());
   return OneDnnMatmul(dot, lc, p, /*force_copy=*/false, ep);
 }

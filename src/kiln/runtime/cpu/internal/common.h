@@ -382,10 +382,28 @@ using LowerResult = absl::StatusOr<std::unique_ptr<Thunk>>;
 LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc);       // matmul.cc
 // An output fusion group [dot_general, (bias add), (activation), (residual add)] as one oneDNN
 // matmul with bias and post-ops, writing the last member's buffer (matmul.cc).
-// A rank-1 vector broadcast along the last dim (a bias the matmul reads directly).
-bool IsBiasBroadcast(const ir::Graph& g, int id);
+// A rank-1 vector broadcast along dim `axis` (a bias a matmul or convolution reads directly).
+bool IsBiasBroadcast(const ir::Graph& g, int id, int64_t axis);
+// The dim an output fusion's bias runs along: the last for dot_general, channels for conv2d.
+int64_t EpilogueBiasAxis(const ir::Node& head);
+// The post-ops of an output fusion group [head, (bias add), (activation), (residual add)]:
+// dst = residual + act(head + bias), written to node `out`.
+struct Epilogue {
+  int bias = -1;  // node of the rank-1 bias, or -1
+  bool has_act = false;
+  dnnl::algorithm act = dnnl::algorithm::eltwise_relu;
+  float alpha = 0.f;
+  int residual = -1;  // node of the same-shaped residual, or -1
+  int out = -1;       // node whose buffer receives the result (-1: the head itself)
+  std::string label;  // "+bias+relu+residual"
+};
+absl::StatusOr<Epilogue> ParseEpilogue(const std::vector<int>& members, const ir::Graph& g);
 bool CanLowerMatmulEpilogue(const std::vector<int>& members, const LowerContext& lc);
 LowerResult LowerMatmulEpilogue(const std::vector<int>& members, LowerContext& lc);
+// conv2d [+ bias] [+ activation] as one oneDNN convolution with bias and an eltwise post-op
+// (conv_pool.cc).
+bool CanLowerConvEpilogue(const std::vector<int>& members, const LowerContext& lc);
+LowerResult LowerConvEpilogue(const std::vector<int>& members, LowerContext& lc);
 LowerResult LowerConv(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
 LowerResult LowerPool(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
 LowerResult LowerOneDnnUnary(const ir::Node& n, LowerContext& lc);      // onednn_ops.cc
