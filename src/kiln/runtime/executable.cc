@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "kiln/base/memory.h"
 #include "kiln/base/status.h"
 
 namespace kiln::runtime {
@@ -18,13 +19,7 @@ int64_t SteadyNowNs() {
 }
 
 std::shared_ptr<uint8_t> AllocateArena(int64_t bytes) {
-  size_t n = static_cast<size_t>(bytes);
-  n = (n + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
-  if (n == 0) n = kBufferAlignment;  // every arena pointer stays valid, even for empty graphs
-  void* p = std::aligned_alloc(kBufferAlignment, n);
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, n);
-  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+  return AllocatePopulated(bytes, kBufferAlignment);  // zeroed, every page mapped
 }
 
 std::string ParamName(const ir::Node& n) {

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/memory.h"
 #include "kiln/base/status.h"
 #include "kiln/ir/opcode.h"
 
@@ -10,16 +11,15 @@ namespace kiln::runtime::cpu {
 
 CpuContext::CpuContext() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
 
-CpuContext::~CpuContext() { std::free(workspace_); }
+CpuContext::~CpuContext() = default;
 
 void CpuContext::AllocateWorkspace() {
-  std::free(workspace_);
+  workspace_memory_.reset();
   workspace_ = nullptr;
   if (workspace_bytes_ == 0) return;
-  int64_t bytes = AlignUp(workspace_bytes_);
-  workspace_ = static_cast<uint8_t*>(std::aligned_alloc(kBufferAlignment, bytes));
-  KILN_CHECK(workspace_ != nullptr);
-  std::memset(workspace_, 0, bytes);  // touch every page now, not while running
+  // Zeroed with every page mapped now, so running never page-faults.
+  workspace_memory_ = AllocatePopulated(AlignUp(workspace_bytes_), kBufferAlignment);
+  workspace_ = workspace_memory_.get();
 }
 
 std::string ThunkName(const ir::Node& n, const std::string& how) {

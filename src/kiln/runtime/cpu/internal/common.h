@@ -211,6 +211,7 @@ class CpuContext {
   dnnl::engine engine_;
   dnnl::stream stream_;
   int64_t workspace_bytes_ = 0;
+  std::shared_ptr<uint8_t> workspace_memory_;
   uint8_t* workspace_ = nullptr;
 };
 
