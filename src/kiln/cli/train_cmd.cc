@@ -14,6 +14,7 @@
 #include "kiln/cli/backends.h"
 #include "kiln/compiler/artifact.h"
 #include "kiln/ir/printer.h"
+#include "kiln/nn/gpt.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/config.h"
 #include "kiln/train/supervisor.h"
@@ -145,6 +146,11 @@ TrainCommands::TrainCommands(CLI::App& app) {
   export_->add_option("checkpoint", checkpoint_, "Run directory (latest checkpoint) or step_N dir")
       ->required();
   export_->add_option("--out", export_out_, "Artifact directory to write")->required();
+  export_->add_option("--format", export_format_,
+                      "kiln: the compiler artifact (manifest.json, program.ir, "
+                      "weights.safetensors); hf: a Hugging Face GPT-2 directory (config.json, "
+                      "model.safetensors) for GPT models")
+      ->check(CLI::IsMember({"kiln", "hf"}));
   export_->add_option("--batch", export_batch_, "Batch size of the exported program")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -230,6 +236,24 @@ int TrainCommands::RunExport(std::ostream& out, std::ostream& err) {
   opts.restore_step = where->second;
   absl::StatusOr<std::unique_ptr<train::Trainer>> t = train::Trainer::Create(*config, opts);
   if (!t.ok()) return Fail(err, "export", t.status());
+  if (export_format_ == "hf") {
+    const auto* gpt = dynamic_cast<const nn::Gpt*>(&(*t)->model());
+    if (gpt == nullptr)
+      return Fail(err, "export",
+                  absl::InvalidArgumentError("--format hf exports GPT models only; this run is " +
+                                             (*t)->model().Describe()));
+    std::error_code ec;
+    std::filesystem::create_directories(export_out_, ec);
+    if (ec)
+      return Fail(err, "export",
+                  absl::InternalError("cannot create " + export_out_ + ": " + ec.message()));
+    absl::Status s = gpt->ExportHuggingFace((*t)->train_step().params(), export_out_);
+    if (!s.ok()) return Fail(err, "export", s);
+    out << "exported step " << (*t)->train_step().step() << " of " << (*t)->model().Describe()
+        << " to " << export_out_
+        << " (config.json, model.safetensors: GPT2LMHeadModel.from_pretrained loads it)\n";
+    return 0;
+  }
   absl::StatusOr<ir::Graph> program = (*t)->model().PredictGraph(export_batch_);
   if (!program.ok()) return Fail(err, "export", program.status());
   std::map<std::string, Tensor> weights;

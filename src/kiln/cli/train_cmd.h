@@ -50,6 +50,7 @@ class TrainCommands {
   int64_t eval_batches_ = 0;
   std::string export_out_;
   int64_t export_batch_ = 1;
+  std::string export_format_ = "kiln";
 };
 
 }  // namespace kiln::cli
