@@ -118,6 +118,29 @@ struct Program {
 // The per-block pieces are always inlined into RunBlocks, which is compiled once per ISA.
 #define KILN_BLOCK_INLINE inline __attribute__((always_inline))
 
+// Calls f(j, offset) for the elements start + j (j < n) of a strided view, in order, walking the
+// multi-index incrementally.
+template <typename F>
+KILN_BLOCK_INLINE void ForEachStrided(const Input& v, int64_t start, int64_t n, F&& f) {
+  const int rank = static_cast<int>(v.dims.size());
+  int64_t idx[kMaxRank];
+  int64_t rem = start, off = 0;
+  for (int d = rank - 1; d >= 0; --d) {
+    idx[d] = rem % v.dims[d];
+    rem /= v.dims[d];
+    off += idx[d] * v.strides[d];
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    f(j, off);
+    for (int d = rank - 1; d >= 0; --d) {
+      off += v.strides[d];
+      if (++idx[d] < v.dims[d]) break;
+      off -= v.strides[d] * v.dims[d];
+      idx[d] = 0;
+    }
+  }
+}
+
 KILN_BLOCK_INLINE void LoadInput(const Input& in, const void* base, int64_t start, int64_t n,
                                  float* r) {
   auto load_at = [&](int64_t idx) -> float {
@@ -173,26 +196,9 @@ KILN_BLOCK_INLINE void LoadInput(const Input& in, const void* base, int64_t star
       }
       return;
     }
-    case View::kStrided: {
-      const int rank = static_cast<int>(in.dims.size());
-      int64_t idx[kMaxRank];
-      int64_t rem = start, off = 0;
-      for (int d = rank - 1; d >= 0; --d) {
-        idx[d] = rem % in.dims[d];
-        rem /= in.dims[d];
-        off += idx[d] * in.strides[d];
-      }
-      for (int64_t j = 0; j < n; ++j) {
-        r[j] = load_at(off);
-        for (int d = rank - 1; d >= 0; --d) {
-          off += in.strides[d];
-          if (++idx[d] < in.dims[d]) break;
-          off -= in.strides[d] * in.dims[d];
-          idx[d] = 0;
-        }
-      }
+    case View::kStrided:
+      ForEachStrided(in, start, n, [&](int64_t j, int64_t off) { r[j] = load_at(off); });
       return;
-    }
   }
 }
 
@@ -329,26 +335,9 @@ KILN_BLOCK_INLINE void Accumulate(const Reduction& red, int64_t start, int64_t n
       if (col != 0) acc[row % v.outer] += s;
       return;
     }
-    case View::kStrided: {
-      const int rank = static_cast<int>(v.dims.size());
-      int64_t idx[kMaxRank];
-      int64_t rem = start, off = 0;
-      for (int d = rank - 1; d >= 0; --d) {
-        idx[d] = rem % v.dims[d];
-        rem /= v.dims[d];
-        off += idx[d] * v.strides[d];
-      }
-      for (int64_t j = 0; j < n; ++j) {
-        acc[off] += r[j];
-        for (int d = rank - 1; d >= 0; --d) {
-          off += v.strides[d];
-          if (++idx[d] < v.dims[d]) break;
-          off -= v.strides[d] * v.dims[d];
-          idx[d] = 0;
-        }
-      }
+    case View::kStrided:
+      ForEachStrided(v, start, n, [&](int64_t j, int64_t off) { acc[off] += r[j]; });
       return;
-    }
   }
 }
 
@@ -505,18 +494,21 @@ class FusedLoopThunk : public Thunk {
       }
     }
   }
-  double* AccBase() const {
-    return reinterpret_cast<double*>(cpu_->workspace() + acc_workspace_offset_);
-  }
-  int64_t acc_workspace_offset_ = 0;
   std::string name() const override { return name_; }
 
-  void Prepare() {
+  // `acc_offset`: where the reductions' per-thread accumulators start in the workspace.
+  void Prepare(int64_t acc_offset) {
+    acc_workspace_offset_ = acc_offset;
     in_ptrs_.resize(p_.inputs.size());
     out_ptrs_.resize(p_.outputs.size());
   }
 
  private:
+  double* AccBase() const {
+    return reinterpret_cast<double*>(cpu_->workspace() + acc_workspace_offset_);
+  }
+
+  int64_t acc_workspace_offset_ = 0;
   std::string name_;
   Program p_;
   std::shared_ptr<CpuContext> cpu_;
@@ -724,8 +716,7 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
                                   members.front(), "..%", members.back(), " (loop: ", nm,
                                   " ops, ", p.inputs.size(), " in, ", p.outputs.size(), " out)");
   auto thunk = std::make_unique<FusedLoopThunk>(std::move(name), std::move(p), lc.cpu, threads);
-  thunk->acc_workspace_offset_ = acc_offset;
-  thunk->Prepare();
+  thunk->Prepare(acc_offset);
   return std::unique_ptr<Thunk>(std::move(thunk));
 }
 
