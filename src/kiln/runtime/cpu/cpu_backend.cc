@@ -230,13 +230,22 @@ class CpuBackend : public Backend {
       auto it = node.attrs().find(compiler::kFusionAttr);
       if (it == node.attrs().end() || !std::holds_alternative<int64_t>(it->second)) continue;
       int gid = static_cast<int>(std::get<int64_t>(it->second));
-      std::vector<int>& members = groups[gid];
-      if (!members.empty() && members.back() != node.id() - 1)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "cpu backend: fusion group ", gid, " is not contiguous (at %", node.id(),
-            "); run the fusion pass last"));
-      members.push_back(node.id());
+      groups[gid].push_back(node.id());
       group_of[node.id()] = gid;
+    }
+    // The attribute is a hint: a group whose members are not contiguous (a graph rewritten after
+    // the fusion pass, e.g. a loaded artifact compiled with KILN_DISABLE_PASSES=fusion) is simply
+    // lowered node by node below.
+    for (auto it = groups.begin(); it != groups.end();) {
+      const std::vector<int>& members = it->second;
+      bool contiguous = true;
+      for (size_t i = 1; i < members.size(); ++i) contiguous &= members[i] == members[i - 1] + 1;
+      if (contiguous) {
+        ++it;
+        continue;
+      }
+      for (int m : members) group_of[m] = -1;
+      it = groups.erase(it);
     }
     // Output fusions (first member a dot_general) run as one matmul with post-ops; loop groups
     // must hold only loop-fusible ops. A group this backend cannot run fused is lowered node by

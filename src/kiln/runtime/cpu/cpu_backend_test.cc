@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kiln/ir/builder.h"
+#include "kiln/ir/parser.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::runtime {
@@ -691,6 +692,32 @@ TEST(CpuBackendFusionTest, FastExpMatchesLibm) {
   EXPECT_EQ(cpu::FastExp(-std::numeric_limits<float>::infinity()), 0.f);
   EXPECT_TRUE(std::isinf(cpu::FastExp(100.f)));
   EXPECT_TRUE(std::isnan(cpu::FastExp(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// The fusion attribute is a hint: hand-written, stale or non-contiguous groups (a graph
+// rewritten after the fusion pass) still compile, node by node, with the same results.
+TEST(CpuBackendFusionTest, StaleFusionAttributesAreOnlyHints) {
+  absl::StatusOr<ir::Graph> g = ir::ParseGraph(R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[40]
+      %1 = neg(%0) {fusion=0}
+      %2 = exp(%1)
+      %3 = add(%1, %2) {fusion=0}
+      %4 = dot_general(%3, %3) {fusion=1, lhs_batch=[], lhs_contracting=[0], rhs_batch=[], rhs_contracting=[0]}
+      return y=%3, z=%4
+    })");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto plain = MakeCpuBackend({.optimize = false})->Compile(*g);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  std::mt19937 rng(5);
+  Tensor x = Draw(U(Shape{40}), DType::kF32, rng);
+  auto got = (*plain)->Run({x});
+  auto want = MakeReferenceBackend()->Compile(*g);
+  ASSERT_TRUE(got.ok() && want.ok());
+  auto ref = (*want)->Run({x});
+  ASSERT_TRUE(ref.ok());
+  ExpectClose((*got)[0], (*ref)[0], 1e-5, "y");
+  ExpectClose((*got)[1], (*ref)[1], 1e-5, "z");
 }
 
 // Output fusion: matmul + bias + activation + residual as one oneDNN matmul with post-ops,
