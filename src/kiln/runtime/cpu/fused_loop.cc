@@ -616,7 +616,9 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
         break;
       }
       case Opcode::kReduceSum: {
-        // A sink: accumulated after the block's ops, through a view of its kept dims.
+        // A sink: accumulated after the block's ops, through a view of its kept dims. One that
+        // nothing reads (dead code the pipeline kept) has no buffer and is skipped.
+        if (!needed[n.id()]) break;
         Reduction red;
         red.node = n.id();
         red.dtype = t;

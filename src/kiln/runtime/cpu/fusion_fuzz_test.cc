@@ -4,6 +4,7 @@
 // scalar broadcasts, reductions, matmuls, reshapes, converts and transcendentals, at sizes that
 // span one block up to several blocks per thread. Deterministic: the seed is in every failure.
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -155,7 +156,10 @@ TEST(FusionFuzz, RandomGraphsMatchTheReferenceAndTheUnfusedBackend) {
       }
     }
   }
-  EXPECT_GT(fused_groups, 100);  // the generator really exercises fusion
+  // The generator really exercises fusion (unless CTest reruns the suite without the pass).
+  const char* disabled = std::getenv("KILN_DISABLE_PASSES");
+  if (disabled == nullptr || std::string(disabled).find("fusion") == std::string::npos)
+    EXPECT_GT(fused_groups, 100);
 }
 
 }  // namespace
