@@ -254,8 +254,13 @@ int TrainCommands::RunExport(std::ostream& out, std::ostream& err) {
         << " (config.json, model.safetensors: GPT2LMHeadModel.from_pretrained loads it)\n";
     return 0;
   }
-  absl::StatusOr<ir::Graph> program = (*t)->model().PredictGraph(export_batch_);
-  if (!program.ok()) return Fail(err, "export", program.status());
+  absl::StatusOr<ir::Graph> predict = (*t)->model().PredictGraph(export_batch_);
+  if (!predict.ok()) return Fail(err, "export", predict.status());
+  // The artifact holds the optimized program: what the cpu backend's pipeline makes of the
+  // predict graph (an executable's graph() is its optimized graph, same parameters and outputs).
+  absl::StatusOr<std::unique_ptr<runtime::Executable>> compiled = (*backend)->Compile(*predict);
+  if (!compiled.ok()) return Fail(err, "export", compiled.status());
+  const ir::Graph* program = &(*compiled)->graph();
   std::map<std::string, Tensor> weights;
   const nn::ParamStore& p = (*t)->train_step().params();
   for (int i = 0; i < p.size(); ++i) weights[p.names()[i]] = p.value(i);
