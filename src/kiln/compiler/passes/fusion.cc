@@ -125,17 +125,19 @@ bool IsEpilogueActivation(Opcode op) {
   }
 }
 
-// A rank-1 bias broadcast along dim `axis` of `type`: broadcast_in_dim(b[N]) with
-// broadcast_dimensions=[axis].
-bool IsBiasBroadcastAlong(const ir::Graph& g, int id, const ir::Type& type, int64_t axis) {
+bool IsBiasBroadcast(const ir::Graph& g, int id, int64_t axis) {
   const ir::Node& b = g.node(id);
-  if (b.opcode() != Opcode::kBroadcastInDim || b.type() != type || axis < 0 ||
-      axis >= type.shape.rank())
-    return false;
-  const ir::Type& bt = g.node(b.operand(0)).type();
-  return bt.shape.rank() == 1 && bt.dtype == type.dtype &&
+  if (b.opcode() != Opcode::kBroadcastInDim) return false;
+  const ir::Type& src = g.node(b.operand(0)).type();
+  int64_t rank = b.type().shape.rank();
+  return src.shape.rank() == 1 && axis >= 0 && axis < rank &&
          b.attr_ints("broadcast_dimensions") == std::vector<int64_t>{axis} &&
-         bt.shape.dim(0) == type.shape.dim(static_cast<int>(axis));
+         src.shape.dim(0) == b.type().shape.dim(static_cast<int>(axis)) &&
+         src.dtype == b.type().dtype;
+}
+
+int64_t EpilogueBiasAxis(const ir::Node& head) {
+  return head.opcode() == Opcode::kConv2d ? 1 : head.type().shape.rank() - 1;
 }
 
 absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
@@ -156,6 +158,16 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
     if (is_output[id] || users[id].size() != 1) return -1;
     return users[id][0];
   };
+  // Adds ungrouped node `id` to `group` unless that makes the group graph cyclic.
+  auto join = [&](int group, int id) {
+    if (groups.group_of[id] >= 0) return false;
+    groups.members[group].push_back(id);
+    groups.group_of[id] = group;
+    if (!CreatesCycle(g, groups, group, stamp, epoch)) return true;
+    groups.members[group].pop_back();
+    groups.group_of[id] = -1;
+    return false;
+  };
 
   // Output fusion: dot_general [+ bias] [+ activation] [+ residual], each step the only user of
   // the one before, becomes one group the backend runs as a matmul with post-ops. Residuals come
@@ -168,7 +180,6 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
       // residual: oneDNN's convolution takes it only in its own blocked layout).
       bool conv = dot.opcode() == Opcode::kConv2d;
       if (dot.opcode() != Opcode::kDotGeneral && !conv) continue;
-      const int64_t bias_axis = conv ? 1 : dot.type().shape.rank() - 1;
       DType dt = dot.type().dtype;
       if (dt != DType::kF32 && dt != DType::kBF16) continue;
       if (g.node(dot.operand(0)).type().dtype != dt || g.node(dot.operand(1)).type().dtype != dt)
@@ -178,28 +189,19 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
       groups.members.push_back({dot.id()});
       groups.group_of[dot.id()] = gi;
       int last = dot.id();
-      auto try_add = [&](int id) {
-        if (groups.group_of[id] >= 0) return false;
-        groups.members[gi].push_back(id);
-        groups.group_of[id] = gi;
-        if (CreatesCycle(g, groups, gi, stamp, epoch)) {
-          groups.members[gi].pop_back();
-          groups.group_of[id] = -1;
-          return false;
-        }
-        last = id;
-        return true;
-      };
       int u = sole_user(last);
       if (u >= 0 && g.node(u).opcode() == Opcode::kAdd && g.node(u).type() == type) {
         const ir::Node& add = g.node(u);
         int other = add.operand(0) == last ? add.operand(1) : add.operand(0);
-        if (add.operand(0) != add.operand(1) && IsBiasBroadcastAlong(g, other, type, bias_axis))
-          try_add(u);
+        if (add.operand(0) != add.operand(1) && g.node(other).type() == type &&
+            IsBiasBroadcast(g, other, EpilogueBiasAxis(dot)) &&
+            join(gi, u))
+          last = u;
       }
       u = sole_user(last);
-      if (u >= 0 && IsEpilogueActivation(g.node(u).opcode()) && g.node(u).type() == type)
-        try_add(u);
+      if (u >= 0 && IsEpilogueActivation(g.node(u).opcode()) && g.node(u).type() == type &&
+          join(gi, u))
+        last = u;
       if (!conv) chains.push_back({gi, last});
       if (conv && groups.members[gi].size() == 1) {  // a bare convolution
         groups.group_of[dot.id()] = -1;
@@ -220,12 +222,7 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
       if (g.node(other).type() != type || g.node(other).opcode() == Opcode::kBroadcastInDim ||
           chain_end[other])
         continue;
-      groups.members[gi].push_back(u);
-      groups.group_of[u] = gi;
-      if (CreatesCycle(g, groups, gi, stamp, epoch)) {
-        groups.members[gi].pop_back();
-        groups.group_of[u] = -1;
-      }
+      join(gi, u);
     }
     for (auto [gi, last] : chains) {
       if (groups.members[gi].size() == 1) {  // a bare matmul: nothing to fuse
@@ -276,12 +273,7 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
       int go = groups.group_of[node.operand(0)];
       if (go < num_output_groups || go < 0) continue;
       if (groups.members[go].size() + 1 > static_cast<size_t>(options_.max_group_size)) continue;
-      groups.members[go].push_back(node.id());
-      groups.group_of[node.id()] = go;
-      if (CreatesCycle(g, groups, go, stamp, epoch)) {
-        groups.members[go].pop_back();
-        groups.group_of[node.id()] = -1;
-      }
+      join(go, node.id());
     }
   }
 

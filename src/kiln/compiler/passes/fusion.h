@@ -69,6 +69,11 @@ struct FusionOptions {
 
 // True for the ops (and types) FusionPass puts into loop fusion groups.
 bool IsLoopFusible(const ir::Graph& graph, const ir::Node& n);
+// True for broadcast_in_dim(b) of a rank-1 `b` (same dtype) along dim `axis` only: a bias an
+// output fusion's head reads directly.
+bool IsBiasBroadcast(const ir::Graph& graph, int id, int64_t axis);
+// The dim an output fusion's bias runs along: channels (1) for conv2d, the last for dot_general.
+int64_t EpilogueBiasAxis(const ir::Node& head);
 // True for a reduce_sum (f32 or bf16, at most kMaxFusedReductionOutputs outputs) that may join the
 // loop group of its operand.
 bool IsLoopReduction(const ir::Graph& graph, const ir::Node& n);

@@ -283,7 +283,8 @@ class CpuBackend : public Backend {
             continue;  // inside the kernel
           }
           bool absorb = is_output_fusion[gid]
-                            ? IsBiasBroadcast(graph, op, EpilogueBiasAxis(graph.node(members[0])))
+                            ? compiler::IsBiasBroadcast(
+                                  graph, op, compiler::EpilogueBiasAxis(graph.node(members[0])))
                                               : o.opcode() == Opcode::kBroadcastInDim;
           if (absorb && group_of[op] < 0) {
             read.node = o.operand(0);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/compiler/passes/fusion.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
 namespace kiln::runtime::cpu {
@@ -295,24 +296,9 @@ LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc) {
 }
 
 // ---- dot_general + bias + activation + residual (output fusion) ----
-bool IsBiasBroadcast(const ir::Graph& g, int id, int64_t axis) {
-  const ir::Node& b = g.node(id);
-  if (b.opcode() != ir::Opcode::kBroadcastInDim) return false;
-  const ir::Type& src = g.node(b.operand(0)).type();
-  int64_t rank = b.type().shape.rank();
-  return src.shape.rank() == 1 && axis >= 0 && axis < rank &&
-         b.attr_ints("broadcast_dimensions") == std::vector<int64_t>{axis} &&
-         src.shape.dim(0) == b.type().shape.dim(static_cast<int>(axis)) &&
-         src.dtype == b.type().dtype;
-}
-
-int64_t EpilogueBiasAxis(const ir::Node& head) {
-  return head.opcode() == ir::Opcode::kConv2d ? 1 : head.type().shape.rank() - 1;
-}
-
 absl::StatusOr<Epilogue> ParseEpilogue(const std::vector<int>& members, const ir::Graph& g) {
   const ir::Node& head = g.node(members[0]);
-  int64_t axis = EpilogueBiasAxis(head);
+  int64_t axis = compiler::EpilogueBiasAxis(head);
   Epilogue ep;
   ep.out = members.back();
   int prev = head.id();
@@ -321,7 +307,7 @@ absl::StatusOr<Epilogue> ParseEpilogue(const std::vector<int>& members, const ir
     int other = m.operands().size() == 2 ? (m.operand(0) == prev ? m.operand(1) : m.operand(0))
                                          : -1;
     if (m.opcode() == ir::Opcode::kAdd && ep.bias < 0 && !ep.has_act && ep.residual < 0 &&
-        IsBiasBroadcast(g, other, axis)) {
+        compiler::IsBiasBroadcast(g, other, axis)) {
       ep.bias = g.node(other).operand(0);
       ep.label += "+bias";
     } else if (m.opcode() == ir::Opcode::kAdd && ep.residual < 0) {

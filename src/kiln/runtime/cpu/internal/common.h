@@ -383,11 +383,8 @@ using LowerResult = absl::StatusOr<std::unique_ptr<Thunk>>;
 LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc);       // matmul.cc
 // An output fusion group [dot_general, (bias add), (activation), (residual add)] as one oneDNN
 // matmul with bias and post-ops, writing the last member's buffer (matmul.cc).
-// A rank-1 vector broadcast along dim `axis` (a bias a matmul or convolution reads directly).
-bool IsBiasBroadcast(const ir::Graph& g, int id, int64_t axis);
-// The dim an output fusion's bias runs along: the last for dot_general, channels for conv2d.
-int64_t EpilogueBiasAxis(const ir::Node& head);
-// The post-ops of an output fusion group [head, (bias add), (activation), (residual add)]:
+// The post-ops of an output fusion group [head, (bias add), (activation), (residual add)] (the
+// bias recognized by compiler::IsBiasBroadcast):
 // dst = residual + act(head + bias), written to node `out`.
 struct Epilogue {
   int bias = -1;  // node of the rank-1 bias, or -1
