@@ -5,6 +5,7 @@
 #   scripts/op-index.sh            # every op
 #   scripts/op-index.sh conv2d     # one op
 #   scripts/op-index.sh --check    # exit 1 if any op lacks a piece (run by CTest: op_index_check)
+# A name that is not an op is an error (exit 2) with the nearest op names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 check=0
@@ -33,6 +34,19 @@ if [ "${1:-}" = "--check" ]; then check=1; shift; fi
   END {
     split(want, w, " "); for (i in w) wanted[w[i]] = 1
     bad = 0
+    for (op in wanted) {
+      if (op in enum_of) continue
+      # Suggest ops that contain the name or that it contains ("conv" -> conv2d, conv2d_grad...).
+      near = ""
+      for (i = 1; i <= n; i++)
+        if (index(name[i], op) || index(op, name[i]) && length(name[i]) > 2)
+          near = near (near == "" ? "" : ", ") name[i]
+      msg = "op-index.sh: unknown op \x27" op "\x27"
+      if (near != "") msg = msg " (did you mean: " near "?)"
+      print msg "; ops are the KILN_OP names in src/kiln/ir/opcodes.def (run with no arguments to list them)" > "/dev/stderr"
+      bad = 2
+    }
+    if (bad) exit bad
     for (i = 1; i <= n; i++) {
       op = name[i]
       if (want != "" && !(op in wanted)) continue

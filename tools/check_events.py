@@ -21,7 +21,8 @@ file (e.g. data shards).
 Exit status: 0 when every record is well formed; 1 on the first malformed record (CRC mismatch,
 bad protobuf, wrong wire type for a known field, truncated record unless
 --allow-truncated-tail), with a message naming the file and byte offset on stderr; 2 when a file
-cannot be read or nothing matched. Standard library only.
+cannot be read or nothing matched; 141 when stdout is closed early (`| head`), without a traceback.
+Standard library only.
 """
 
 import argparse
@@ -292,4 +293,12 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        code = main(sys.argv[1:])
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`check_events.py DIR | head`): stop quietly, as grep or cat would.
+        # Point stdout at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 128 + 13  # what a shell reports for a process ended by SIGPIPE
+    sys.exit(code)
