@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kiln/base/crc32c.h"
+#include "kiln/base/status.h"
 #include "kiln/compiler/internal/sha256.h"
 #include "kiln/compiler/version.h"
 #include "kiln/ir/opcode.h"
@@ -203,10 +204,10 @@ std::string CanonicalOptionsString(const CompileOptions& options) {
   s += absl::StrCat("\nfuse_loops=", options.fuse_loops ? 1 : 0);
   const RematOptions& r = options.remat;
   if (r.enabled || r.memory_limit_bytes > 0) {
-    s += absl::StrCat("\nremat=on,memory_limit_bytes=", r.memory_limit_bytes,
-                      ",min_gap=", r.min_gap, ",max_chain=", r.max_chain,
-                      ",max_recomputed=", r.max_recomputed,
-                      ",measure=", r.measure ? "backend" : "model");
+    s +=
+        absl::StrCat("\nremat=on,memory_limit_bytes=", r.memory_limit_bytes, ",min_gap=", r.min_gap,
+                     ",max_chain=", r.max_chain, ",max_recomputed=", r.max_recomputed,
+                     ",measure=", r.measure ? "backend" : "model");
   } else {
     s += "\nremat=off";
   }
@@ -461,6 +462,9 @@ absl::StatusOr<ir::Graph> CompileCache::GetOrOptimize(const ir::Graph& graph,
                                                       const CompileOptions& options,
                                                       const std::string& backend_key,
                                                       CacheStats* stats) {
+  // A typo in KILN_DISABLE_PASSES (or disabled_passes) is an error whether or not the entry is
+  // cached, not a silent hit on a program that ran every pass.
+  KILN_RETURN_IF_ERROR(DefaultPipeline(options)->CheckDisabledPasses());
   auto t0 = std::chrono::steady_clock::now();
   CacheStats delta;
   KeyParts parts = MakeKeyParts(graph, options, backend_key);

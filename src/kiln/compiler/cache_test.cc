@@ -176,6 +176,26 @@ TEST(CompileCacheTest, EnvDisabledPassesArePartOfTheKeyWhenReadEnv) {
   EXPECT_NE(before, after);
 }
 
+TEST(CompileCacheTest, UnknownPassInEnvironmentIsAnErrorEvenWhenCached) {
+  Fixture f;
+  CompileCache cache(f.Options());
+  ir::Graph g = Model("net", 4);
+  CompileOptions o = Opts();
+  o.pipeline.read_env = true;
+  unsetenv("KILN_DISABLE_PASSES");
+  ASSERT_TRUE(cache.GetOrOptimize(g, o, "cpu").ok());
+  setenv("KILN_DISABLE_PASSES", "csee", 1);
+  absl::StatusOr<ir::Graph> typo = cache.GetOrOptimize(g, o, "cpu");
+  unsetenv("KILN_DISABLE_PASSES");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_EQ(typo.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(typo.status().message()), HasSubstr("unknown pass 'csee'"));
+  // Disabling a real pass still works and is a different entry.
+  setenv("KILN_DISABLE_PASSES", "cse", 1);
+  EXPECT_TRUE(cache.GetOrOptimize(g, o, "cpu").ok());
+  unsetenv("KILN_DISABLE_PASSES");
+}
+
 TEST(CompileCacheTest, ComputeCacheKeyCoversEveryFieldUnambiguously) {
   const std::string k = ComputeCacheKey("ir", "v1", "opts", "cpu");
   EXPECT_EQ(k, ComputeCacheKey("ir", "v1", "opts", "cpu"));

@@ -4,8 +4,8 @@
 #include "kiln/compiler/passes/algebraic.h"
 #include "kiln/compiler/passes/cse.h"
 #include "kiln/compiler/passes/dce.h"
-#include "kiln/compiler/passes/fusion.h"
 #include "kiln/compiler/passes/decompose.h"
+#include "kiln/compiler/passes/fusion.h"
 #include "kiln/compiler/passes/remat.h"
 #include "kiln/compiler/passes/schedule.h"
 #include "kiln/compiler/passes/transpose_fold.h"
@@ -13,7 +13,10 @@
 namespace kiln::compiler {
 
 std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
-  auto p = std::make_unique<Pipeline>("optimize", options.pipeline);
+  // KILN_DISABLE_PASSES may also name the optional passes this configuration leaves out.
+  PipelineOptions pipeline_options = options.pipeline;
+  pipeline_options.env_pass_names = {FusionPass().name(), RematPass().name()};
+  auto p = std::make_unique<Pipeline>("optimize", std::move(pipeline_options));
   p->Add<DecomposePass>(options.keep_composite);
   std::vector<std::unique_ptr<Pass>> simplify;
   simplify.push_back(std::make_unique<AlgebraicSimplifierPass>());

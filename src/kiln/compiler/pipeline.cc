@@ -1,6 +1,8 @@
 #include "kiln/compiler/pipeline.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +41,25 @@ std::string FileSafe(const std::string& path) {
   for (char& c : out)
     if (c == '/') c = '.';
   return out;
+}
+
+// A graph name as a folder name: letters, digits, '_', '-' and '.' kept, anything else '_'.
+std::string FolderSafe(const std::string& name) {
+  std::string out = name.empty() ? "graph" : name;
+  for (char& c : out) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') c = '_';
+  }
+  if (out == "." || out == "..") out = "graph";
+  return out;
+}
+
+// Numbers the dump folders of every Run in this process (KILN_DUMP_IR=dir/0001-<graph>/...).
+std::atomic<int> dump_sequence{0};
+
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string list;
+  for (const std::string& k : names) list += (list.empty() ? "" : ", ") + k;
+  return list;
 }
 
 }  // namespace
@@ -88,7 +109,8 @@ void Pipeline::Dump(const std::string& when, const std::string& path, int round,
       st.dump_dir, absl::StrFormat("%03d-%s-%s.ir", st.dump_index++, when, FileSafe(path)));
   std::string text = absl::StrCat("# kiln IR dump: ", when, " ", path);
   if (round > 0) absl::StrAppend(&text, " (round ", round, ")");
-  absl::StrAppend(&text, ", pipeline ", name_, "\n", ir::PrintGraph(graph));
+  absl::StrAppend(&text, ", pipeline ", name_, ", graph ", graph.name(), "\n",
+                  ir::PrintGraph(graph));
   absl::Status s = WriteStringToFile(st.env, text, file);
   if (!s.ok()) {
     st.dump_failed = true;  // one report per run, not one per pass
@@ -128,24 +150,40 @@ absl::StatusOr<bool> Pipeline::RunPass(Pass& pass, const std::string& path, int 
   return *changed;
 }
 
+absl::Status Pipeline::CheckDisabledPasses() const {
+  std::vector<std::string> known = PassNames();
+  for (const std::string& d : options_.disabled_passes) {
+    if (std::find(known.begin(), known.end(), d) == known.end()) {
+      return absl::InvalidArgumentError("pipeline " + name_ + ": cannot disable unknown pass '" +
+                                        d + "' (passes: " + JoinNames(known) + ")");
+    }
+  }
+  if (!options_.read_env) return absl::OkStatus();
+  const char* v = std::getenv("KILN_DISABLE_PASSES");
+  if (v == nullptr) return absl::OkStatus();
+  for (const std::string& k : options_.env_pass_names) {
+    if (std::find(known.begin(), known.end(), k) == known.end()) known.push_back(k);
+  }
+  for (const std::string& d : SplitNames(v)) {
+    if (std::find(known.begin(), known.end(), d) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KILN_DISABLE_PASSES names unknown pass '", d, "' (KILN_DISABLE_PASSES=", v,
+          "); the passes are ", JoinNames(known), ": fix the name or unset KILN_DISABLE_PASSES"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> Pipeline::Run(ir::Graph& graph) {
   records_.clear();
   dump_status_ = absl::OkStatus();
+  KILN_RETURN_IF_ERROR(CheckDisabledPasses());
 
   RunState st;
   st.verify = options_.verify_each_pass;
   st.dump_dir = options_.dump_dir;
   st.env = options_.env != nullptr ? options_.env : Env::Default();
-  std::vector<std::string> known = PassNames();
-  for (const std::string& d : options_.disabled_passes) {
-    if (std::find(known.begin(), known.end(), d) == known.end()) {
-      std::string list;
-      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-      return absl::InvalidArgumentError("pipeline " + name_ + ": cannot disable unknown pass '" +
-                                        d + "' (passes: " + list + ")");
-    }
-    st.disabled.insert(d);
-  }
+  st.disabled.insert(options_.disabled_passes.begin(), options_.disabled_passes.end());
   if (options_.read_env) {
     if (const char* v = std::getenv("KILN_DISABLE_PASSES"))
       for (const std::string& d : SplitNames(v)) st.disabled.insert(d);
@@ -155,12 +193,20 @@ absl::StatusOr<bool> Pipeline::Run(ir::Graph& graph) {
       st.verify = std::string(v) != "0";
   }
   if (!st.dump_dir.empty()) {
-    absl::Status s = st.env->CreateDir(st.dump_dir);
+    // This run's own folder: the next number whose folder does not exist yet (an earlier process
+    // may have dumped into the same dir).
+    const std::string graph_part = FolderSafe(graph.name());
+    std::string folder;
+    do {
+      folder = JoinPath(st.dump_dir, absl::StrFormat("%04d-%s", ++dump_sequence, graph_part));
+    } while (st.env->FileExists(folder));
+    absl::Status s = st.env->CreateDir(folder);
     if (!s.ok()) {
       st.dump_failed = true;
-      dump_status_ = Annotate(s, "KILN_DUMP_IR: cannot create " + st.dump_dir);
+      dump_status_ = Annotate(s, "KILN_DUMP_IR: cannot create " + folder);
       std::fprintf(stderr, "kiln: warning: %s (no IR dumps)\n", dump_status_.ToString().c_str());
     }
+    st.dump_dir = folder;
   }
 
   KILN_RETURN_IF_ERROR(Annotate(ir::Verify(graph), "pipeline " + name_ + ": input graph"));

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/base/env.h"
@@ -23,6 +24,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 
 ir::Graph Parse(const char* text) {
   absl::StatusOr<ir::Graph> g = ir::ParseGraph(text);
@@ -217,15 +219,45 @@ TEST(Pipeline, DisablePassesByNameFromOptions) {
 TEST(Pipeline, DisablePassesFromEnvironment) {
   PipelineOptions o = TestOptions();
   o.read_env = true;
-  ScopedEnv disable("KILN_DISABLE_PASSES", " cse , not-a-pass-here,");
+  ScopedEnv disable("KILN_DISABLE_PASSES", " cse , ,");
   ScopedEnv dump("KILN_DUMP_IR", nullptr);
   auto p = SimplifyPipeline(o);
   ir::Graph g = Parse(kTwoRounds);
   absl::Status s = p->Run(g).status();
-  ASSERT_TRUE(s.ok()) << s;  // unknown names in the environment are ignored
+  ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(p->last_run()[2].skipped);
   EXPECT_FALSE(p->last_run()[1].skipped);
   EXPECT_EQ(g.num_nodes(), 5);
+}
+
+TEST(Pipeline, UnknownPassInEnvironmentIsAnErrorListingTheKnownOnes) {
+  PipelineOptions o = TestOptions();
+  o.read_env = true;
+  ScopedEnv disable("KILN_DISABLE_PASSES", "cse,csee");
+  ScopedEnv dump("KILN_DUMP_IR", nullptr);
+  auto p = SimplifyPipeline(o);
+  ir::Graph g = Parse(kTwoRounds);
+  absl::Status s = p->Run(g).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("KILN_DISABLE_PASSES names unknown pass 'csee'"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("the passes are simplify, algebraic, cse, dce"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("unset KILN_DISABLE_PASSES"));
+  EXPECT_EQ(ir::PrintGraph(g), testing::Canonical(kTwoRounds));  // nothing ran
+
+  // Names of passes another configuration has are accepted (one environment, many pipelines):
+  // the default pipeline without fusion accepts KILN_DISABLE_PASSES=fusion, and lists it.
+  ScopedEnv fusion("KILN_DISABLE_PASSES", "fusion");
+  CompileOptions no_fusion;
+  no_fusion.pipeline = TestOptions();
+  no_fusion.pipeline.read_env = true;
+  EXPECT_TRUE(DefaultPipeline(no_fusion)->Run(g).ok());
+  ScopedEnv typo("KILN_DISABLE_PASSES", "fusoin");
+  s = DefaultPipeline(no_fusion)->Run(g).status();
+  EXPECT_THAT(std::string(s.message()), HasSubstr("unknown pass 'fusoin'"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("fusion, remat"));
+  // Without read_env the environment is not consulted at all.
+  no_fusion.pipeline.read_env = false;
+  EXPECT_TRUE(DefaultPipeline(no_fusion)->Run(g).ok());
 }
 
 class TempDir {
@@ -262,6 +294,12 @@ TEST(Pipeline, DumpsIrBeforeAndAfterEachPass) {
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(p.dump_status().ok()) << p.dump_status();
 
+  // One folder for this run, named by a process-wide sequence number and the graph.
+  absl::StatusOr<std::vector<std::string>> runs = Env::Default()->GetChildren(dir);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->size(), 1u);
+  EXPECT_THAT((*runs)[0], MatchesRegex("[0-9][0-9][0-9][0-9]-g"));
+  dir += "/" + (*runs)[0];
   absl::StatusOr<std::vector<std::string>> files = Env::Default()->GetChildren(dir);
   ASSERT_TRUE(files.ok()) << files.status();
   // dce; then the group (rounds: algebraic+cse change, algebraic changes (select), nothing).
@@ -276,7 +314,7 @@ TEST(Pipeline, DumpsIrBeforeAndAfterEachPass) {
   // Each dump is parseable IR; the first is the input, the last the result.
   absl::StatusOr<std::string> first = ReadFileToString(Env::Default(), dir + "/000-before-dce.ir");
   ASSERT_TRUE(first.ok());
-  EXPECT_THAT(*first, HasSubstr("# kiln IR dump: before dce, pipeline test\n"));
+  EXPECT_THAT(*first, HasSubstr("# kiln IR dump: before dce, pipeline test, graph g\n"));
   absl::StatusOr<ir::Graph> in = ir::ParseGraph(*first);
   ASSERT_TRUE(in.ok()) << in.status();
   EXPECT_EQ(ir::PrintGraph(*in), testing::Canonical(kTwoRounds));
@@ -290,6 +328,54 @@ TEST(Pipeline, DumpsIrBeforeAndAfterEachPass) {
   absl::StatusOr<ir::Graph> out = ir::ParseGraph(*last);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(ir::PrintGraph(*out), ir::PrintGraph(g));
+}
+
+TEST(Pipeline, EveryRunDumpsIntoItsOwnFolder) {
+  TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp.path() + "/dumps";
+  PipelineOptions o = TestOptions();
+  o.dump_dir = dir;
+  Pipeline p("test", o);
+  p.Add<DcePass>();
+  // A folder left by an earlier process with the number this run would take next must survive.
+  ir::Graph first = Parse(kTwoRounds);
+  ASSERT_TRUE(p.Run(first).ok());
+  absl::StatusOr<std::vector<std::string>> runs = Env::Default()->GetChildren(dir);
+  ASSERT_TRUE(runs.ok() && runs->size() == 1u);
+  const int n = std::stoi((*runs)[0].substr(0, 4));
+  const std::string squatter = dir + absl::StrFormat("/%04d-g", n + 1);
+  ASSERT_TRUE(Env::Default()->CreateDir(squatter).ok());
+  ASSERT_TRUE(WriteStringToFile(Env::Default(), "keep", squatter + "/000-before-dce.ir").ok());
+
+  // The same graph again, and a graph whose name needs cleaning for a folder name.
+  ir::Graph again = Parse(kTwoRounds);
+  ASSERT_TRUE(p.Run(again).ok());
+  ir::Graph other = Parse(kTwoRounds);
+  other.set_name("my model/v2");
+  ASSERT_TRUE(p.Run(other).ok());
+  EXPECT_TRUE(p.dump_status().ok()) << p.dump_status();
+
+  runs = Env::Default()->GetChildren(dir);
+  ASSERT_TRUE(runs.ok());
+  EXPECT_THAT(*runs, ElementsAre(absl::StrFormat("%04d-g", n), absl::StrFormat("%04d-g", n + 1),
+                                 absl::StrFormat("%04d-g", n + 2),
+                                 absl::StrFormat("%04d-my_model_v2", n + 3)));
+  absl::StatusOr<std::string> kept =
+      ReadFileToString(Env::Default(), squatter + "/000-before-dce.ir");
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(*kept, "keep");
+  for (const std::string& run : *runs) {
+    absl::StatusOr<std::vector<std::string>> files = Env::Default()->GetChildren(dir + "/" + run);
+    ASSERT_TRUE(files.ok());
+    if (run != Basename(squatter)) {
+      EXPECT_THAT(*files, ElementsAre("000-before-dce.ir", "001-after-dce.ir"));
+    }
+  }
+  absl::StatusOr<std::string> text = ReadFileToString(
+      Env::Default(), dir + absl::StrFormat("/%04d-my_model_v2/000-before-dce.ir", n + 3));
+  ASSERT_TRUE(text.ok());
+  EXPECT_THAT(*text, HasSubstr("graph my model/v2\n"));
 }
 
 TEST(Pipeline, DumpErrorsAreReportedNotFatal) {
