@@ -1,7 +1,9 @@
 #include "kiln/cli/demo.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <utility>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "kiln/base/env.h"
 #include "kiln/base/status.h"
 #include "kiln/cli/backends.h"
 #include "kiln/data/dataset.h"
@@ -62,14 +65,55 @@ std::string FormatBytes(int64_t bytes) {
   return absl::StrFormat("%.1f MiB", bytes / (1024.0 * 1024.0));
 }
 
+constexpr char kDigitsData[] = "examples/data/digits.csv.gz";
+
 }  // namespace
+
+std::vector<std::string> DefaultDigitsDataCandidates() {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  auto add = [&out](const fs::path& root) {
+    std::string p = (root / kDigitsData).lexically_normal().string();
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  };
+  std::error_code ec;
+  fs::path cwd = fs::current_path(ec);
+  add(ec ? fs::path(".") : cwd);
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    fs::path dir = exe.parent_path();
+    for (int up = 0; up <= 4 && !dir.empty(); ++up) {
+      add(dir);
+      if (dir == dir.root_path()) break;
+      dir = dir.parent_path();
+    }
+  }
+#ifdef KILN_SOURCE_DIR
+  add(fs::path(KILN_SOURCE_DIR));
+#endif
+  return out;
+}
+
+absl::StatusOr<std::string> FindDefaultDigitsData(const std::vector<std::string>& candidates) {
+  for (const std::string& c : candidates) {
+    if (Env::Default()->FileExists(c)) return c;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "cannot find the digits data ", kDigitsData, "; looked in: ", absl::StrJoin(candidates, ", "),
+      ". Run from the source tree, or pass --data FILE (a digits CSV: 64 pixels 0..16, then the "
+      "label)"));
+}
 
 absl::StatusOr<DemoResult> RunDemo(const DemoOptions& options, std::ostream& out) {
   KILN_RETURN_IF_ERROR(ValidateOptions(options));
   DemoResult result;
 
   // ---- Data ----
-  KILN_ASSIGN_OR_RETURN(data::Dataset all, data::LoadDigitsCsv(options.data));
+  std::string data_path = options.data;
+  if (data_path.empty()) {
+    KILN_ASSIGN_OR_RETURN(data_path, FindDefaultDigitsData(DefaultDigitsDataCandidates()));
+  }
+  KILN_ASSIGN_OR_RETURN(data::Dataset all, data::LoadDigitsCsv(data_path));
   KILN_ASSIGN_OR_RETURN(data::TrainTestSplit split,
                         data::SplitDataset(all, options.held_out_fraction, options.seed));
   if (options.batch > split.train.size()) {
@@ -90,7 +134,7 @@ absl::StatusOr<DemoResult> RunDemo(const DemoOptions& options, std::ostream& out
 
   out << "kiln demo: a " << model.Describe()
       << " MLP (relu) learns handwritten digits, trained end to end by the Kiln engine\n";
-  out << "data:    " << options.data << ": " << all.size() << " images of " << all.num_features()
+  out << "data:    " << data_path << ": " << all.size() << " images of " << all.num_features()
       << " pixels, " << all.num_classes << " classes -> " << split.train.size() << " train / "
       << split.held_out.size() << " held out (split seed " << options.seed << ")\n";
   out << "model:   " << params.size() << " parameter tensors, " << params.num_elements()

@@ -3,7 +3,7 @@
 // once per batch; the held-out set is scored by a second compiled graph.
 //
 //   DemoOptions opts;                  // defaults: 300 steps, batch 64, lr 0.5, hidden 64, cpu
-//   opts.data = "examples/data/digits.csv.gz";
+//   opts.data = "examples/data/digits.csv.gz";   // empty: FindDefaultDigitsData
 //   KILN_ASSIGN_OR_RETURN(DemoResult r, RunDemo(opts, std::cout));
 //   r.held_out_accuracy;               // ~0.95-0.97
 #ifndef KILN_CLI_DEMO_H_
@@ -19,7 +19,8 @@
 namespace kiln::cli {
 
 struct DemoOptions {
-  std::string data = "examples/data/digits.csv.gz";
+  // Empty: the bundled examples/data/digits.csv.gz, found by FindDefaultDigitsData.
+  std::string data;
   int64_t steps = 300;
   int64_t batch = 64;
   double lr = 0.5;
@@ -37,6 +38,15 @@ struct DemoResult {
   double held_out_accuracy = 0;
   double steps_per_second = 0;
 };
+
+// Where the bundled digits data may be, in search order: examples/data/digits.csv.gz under the
+// current directory, under the kiln binary's folder and its four parents (build/src/kiln/cli/kiln
+// sits four levels below the source tree), then under the source tree kiln was built from.
+std::vector<std::string> DefaultDigitsDataCandidates();
+
+// The first of `candidates` that exists; otherwise NotFound listing every place looked and how to
+// pass --data.
+absl::StatusOr<std::string> FindDefaultDigitsData(const std::vector<std::string>& candidates);
 
 // Prints the narration to `out`. Errors: unreadable or malformed data, bad options
 // (InvalidArgument naming the flag), engine failures (annotated with what was being done).
