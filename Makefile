@@ -1,5 +1,5 @@
 # Kiln top-level entry points. Each target installs what it needs, configures and builds.
-#   make test   deps -> configure -> build -> all tests (what .ci/run calls)
+#   make test   deps -> configure -> build -> deps audit -> all tests (what .ci/run calls)
 #   make demo   deps -> build -> train an MLP on the digits data through the engine, then the
 #               single-device playbook (scripts/playbook.sh: verify, train, preempt, resume,
 #               profile, evaluate, export a small CNN)
@@ -23,7 +23,13 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# ../shared/tools/deps-audit.sh (beside the project, where the workplace provides it) fails when the
+# build used a package that neither a new machine nor scripts/install-deps.sh provides.
+DEPS_AUDIT ?= ../shared/tools/deps-audit.sh
+
 test: build
+	@if [ -x $(DEPS_AUDIT) ]; then $(DEPS_AUDIT) $(BUILD_DIR); \
+	 else echo "deps audit skipped: $(DEPS_AUDIT) not found"; fi
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE slow
 
 demo: build

@@ -1,22 +1,45 @@
 #!/usr/bin/env bash
-# Installs every Debian package Kiln's build, tests and demo need. Idempotent: quiet and fast when all
+# Installs every Debian package Kiln needs, by group, so that a new machine (only the packages of
+# ../shared/tools/new-machine-packages.txt) needs nothing else. Idempotent: quiet and fast when all
 # is already there. Needs root (or sudo) only when something is missing.
+#
+#   scripts/install-deps.sh           build + test (what `make test` and `make demo` use)
+#   scripts/install-deps.sh --bench   build + test + bench (what `make bench` adds)
+#
+# Every package a later feature needs goes into the group that uses it (multi-host, serving, ...).
+# ../shared/tools/deps-audit.sh (run by `make test`) reads the arrays below: a package the build
+# used that is in none of them, nor on a new machine, fails the test run.
 set -euo pipefail
 
-PKGS=(
+# Configure and build: compiler, CMake, and the libraries the code links.
+BUILD_PKGS=(
   build-essential cmake ccache pkg-config
   libdnnl-dev            # oneDNN 2.6: matmul, conv, pooling, softmax, norms, eltwise
+  ocl-icd-opencl-dev     # dnnl-config.cmake calls find_package(OpenCL); libdnnl-dev only recommends it
   libabsl-dev            # absl::Status and friends
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   zlib1g-dev             # gzip datasets (digits.csv.gz)
 )
 
-# --bench adds the benchmark peer: Debian's PyTorch and an optimized BLAS for it (without
-# OpenBLAS, torch's f32 matmuls go through the reference BLAS, ~30x slower: an unfair peer).
-if [ "${1:-}" = "--bench" ]; then
-  PKGS=(python3-torch libopenblas0-pthread)
-fi
+# Tests and the demo: the PyTorch oracle that the GPT interop test (gpt_torch_logits) runs; without
+# it that test would skip, and CI would not check what it claims.
+TEST_PKGS=(
+  python3-torch
+)
+
+# make bench: an optimized BLAS for the peer (without OpenBLAS, torch's f32 matmuls go through the
+# reference BLAS, ~30x slower: an unfair peer).
+BENCH_PKGS=(
+  libopenblas0-pthread
+)
+
+PKGS=("${BUILD_PKGS[@]}" "${TEST_PKGS[@]}")
+case "${1:-}" in
+  "") ;;
+  --bench) PKGS+=("${BENCH_PKGS[@]}") ;;
+  *) echo "usage: $0 [--bench]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PKGS[@]}"; do
