@@ -16,6 +16,7 @@
 #include "kiln/runtime/buffer_plan.h"
 #include "kiln/runtime/cpu/internal/common.h"
 #include "kiln/runtime/cpu/internal/fused_loop.h"
+#include "kiln/runtime/cpu/machine.h"
 
 namespace kiln::runtime {
 namespace cpu {
@@ -175,21 +176,7 @@ class CpuBackend : public Backend {
       return new compiler::CompileCache(std::move(o));
     }();
     // Optimize's result does not depend on the ISA today, but lowering choices may come to.
-    static const std::string backend_key = [] {
-      dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-      const std::pair<dnnl::cpu_isa, const char*> names[] = {
-          {dnnl::cpu_isa::sse41, "sse41"},
-          {dnnl::cpu_isa::avx, "avx"},
-          {dnnl::cpu_isa::avx2, "avx2"},
-          {dnnl::cpu_isa::avx2_vnni, "avx2_vnni"},
-          {dnnl::cpu_isa::avx512_core, "avx512_core"},
-          {dnnl::cpu_isa::avx512_core_vnni, "avx512_core_vnni"},
-          {dnnl::cpu_isa::avx512_core_bf16, "avx512_core_bf16"},
-          {dnnl::cpu_isa::avx512_core_amx, "avx512_core_amx"}};
-      for (const auto& [value, name] : names)
-        if (isa == value) return std::string("cpu/") + name;
-      return "cpu/isa-" + std::to_string(static_cast<int>(isa));
-    }();
+    static const std::string backend_key = "cpu/" + OneDnnIsaName();
     compiler::CompileCache* cache = options_.compile_cache ? options_.compile_cache : default_cache;
     absl::StatusOr<ir::Graph> optimized = options_.use_compile_cache
                                               ? cache->GetOrOptimize(input, copts, backend_key)
@@ -255,7 +242,7 @@ class CpuBackend : public Backend {
       const std::vector<int>& members = it->second;
       Opcode head = graph.node(members[0]).opcode();
       bool output = head == Opcode::kDotGeneral || head == Opcode::kConv2d;
-      bool ok = !output                         ? true
+      bool ok = !output                       ? true
                 : head == Opcode::kDotGeneral ? CanLowerMatmulEpilogue(members, lc)
                                               : CanLowerConvEpilogue(members, lc);
       if (!output)
@@ -285,7 +272,7 @@ class CpuBackend : public Backend {
           bool absorb = is_output_fusion[gid]
                             ? compiler::IsBiasBroadcast(
                                   graph, op, compiler::EpilogueBiasAxis(graph.node(members[0])))
-                                              : o.opcode() == Opcode::kBroadcastInDim;
+                            : o.opcode() == Opcode::kBroadcastInDim;
           if (absorb && group_of[op] < 0) {
             read.node = o.operand(0);
             read.broadcast_dims = &o.attr_ints("broadcast_dimensions");
