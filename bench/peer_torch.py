@@ -4,13 +4,20 @@ PyTorch (Debian's python3-torch 1.13), driven over stdin/stdout by the C++ drive
 sides alternate round by round in one run (DESIGN.md section 5).
 
 The driver starts this script with the tuned environment (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS,
-OMP_WAIT_POLICY=PASSIVE, GLIBC_TUNABLES malloc settings, OPENBLAS_CORETYPE/L2_SIZE unset).
+OMP_WAIT_POLICY=PASSIVE, GLIBC_TUNABLES malloc settings, OPENBLAS_L2_SIZE unset, OPENBLAS_CORETYPE
+unset or, where OpenBLAS fell back to generic kernels on this CPU, the newest core type the CPU
+supports: see bench/peer_blas.h).
 Protocol, one line per command and one line per reply:
     (start)               -> "ready <torch version> blas=<library paths>"
     setup <bench>         -> "ok" (model built, warmed up) or "skip <reason>"
     run <bench> <reps>    -> "times <ms> <ms> ..."
     rss <bench>           -> "rss <peak delta bytes> <baseline bytes> <peak bytes>", or
                              "rss unavailable <why>"; then the benchmark is released
+    blas                  -> "blas core=<OpenBLAS core type> config=<openblas_get_config>"
+                             ("core=unknown" when the BLAS is not OpenBLAS)
+    matmul <n> <reps>     -> "matmul <GFLOP/s> <max error>": the median rate of an n^3 float32
+                             matmul, and the worst error of a float32 matmul against a float64
+                             product computed without BLAS, relative to sum_k |a_ik b_kj|
     quit
 
 Memory ("rss"): what a benchmark costs this process at its worst. Just before its setup, the
@@ -130,6 +137,41 @@ def blas_library():
     return ",".join(sorted(libs)) or "unknown"
 
 
+def openblas_info():
+    """(core type, config) of the OpenBLAS that torch's matmuls run on, from openblas_get_corename
+    and openblas_get_config (exported by Debian's OpenBLAS, also from its libblas.so.3);
+    ("unknown", "") when the BLAS is not OpenBLAS."""
+    for path in blas_library().split(","):
+        try:
+            lib = ctypes.CDLL(path)
+            core, config = lib.openblas_get_corename, lib.openblas_get_config
+        except (OSError, AttributeError):
+            continue
+        core.restype = config.restype = ctypes.c_char_p
+        return core().decode(), config().decode()
+    return "unknown", ""
+
+
+def matmul_check(n, reps):
+    """Median GFLOP/s of an n^3 float32 matmul, and the worst relative error of a float32 matmul
+    (odd shapes, so edge kernels run too) against float64 products summed without BLAS."""
+    torch.manual_seed(1)
+    a, b = torch.rand(n, n) * 2 - 1, torch.rand(n, n) * 2 - 1
+    times = []
+    for i in range(reps + 3):
+        t0 = time.perf_counter()
+        a @ b
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    rate = 2.0 * n ** 3 / times[len(times) // 2] * 1e-9
+    x, y = torch.rand(161, 97) * 2 - 1, torch.rand(97, 131) * 2 - 1
+    exact = (x.double()[:, :, None] * y.double()[None, :, :])
+    scale = exact.abs().sum(1)
+    err = ((x @ y).double() - exact.sum(1)).abs() / scale
+    return rate, float(err.max())
+
+
 def status_bytes(field):
     """A "<field>: <n> kB" line of /proc/self/status, in bytes (None if absent)."""
     with open("/proc/self/status") as f:
@@ -203,6 +245,12 @@ def main():
                 print("rss %d %d %d" % (peak - base, base, peak), flush=True)
             steps.pop(words[1], None)
             release_memory()
+        elif words[0] == "blas":
+            core, config = openblas_info()
+            print("blas core=%s config=%s" % (core, config.replace(" ", "_")), flush=True)
+        elif words[0] == "matmul":
+            rate, err = matmul_check(int(words[1]), int(words[2]))
+            print("matmul %.2f %.3g" % (rate, err), flush=True)
         else:
             print("skip unknown command", flush=True)
 

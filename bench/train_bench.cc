@@ -1,11 +1,20 @@
 // Training and inference against the PyTorch peer, in one run, alternating (DESIGN.md §5).
 //
 //   train_bench [--threads=2] [--rounds=5] [--max-seconds=20] [--peer=bench/peer_torch.py]
-//               [--peer-blas-dir=DIR] [--no-peer] [--out=bench/out/results.json]
-//               [--only=SUBSTRING] [--profile]
+//               [--peer-blas-dir=DIR] [--peer-coretype=auto|NAME] [--no-peer]
+//               [--out=bench/out/results.json] [--only=SUBSTRING] [--profile]
 //
 // --only runs the benchmarks whose name contains SUBSTRING; --profile prints, after each one,
 // Kiln's time per kind of thunk (from Executable's thunk observer).
+//
+// The peer's OpenBLAS kernels (bench/peer_blas.h): the driver asks the peer which core type
+// OpenBLAS picked and measures its 1024^3 f32 matmul beside oneDNN's. When OpenBLAS fell back to
+// generic kernels (or to kernels older than the CPU runs), a second peer is started with
+// OPENBLAS_CORETYPE set to the newest core type the CPU supports; it replaces the first when its
+// matmul checks out against a float64 product and (unless the first was a generic fallback) is
+// faster. --peer-coretype=NAME forces a core type instead (e.g. Prescott, to see the fallback).
+// When the peer's matmul still runs at under half of oneDNN's rate, its ratios are printed and
+// written as not comparable.
 //
 // The peer (peer_torch.py, Debian's python3-torch under /usr/bin/python3) runs as ONE persistent
 // subprocess started with its tuned environment (OMP/OpenBLAS threads = --threads, passive OMP
@@ -43,11 +52,13 @@
 #include <random>
 #include <sstream>
 #include <string>
-#include <unordered_map>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "bench/peer_blas.h"
 #include "kiln/base/status.h"
 #include "kiln/ir/builder.h"
 #include "kiln/nn/layers.h"
@@ -56,7 +67,7 @@
 #include "kiln/nn/train_step.h"
 #include "kiln/nn/transformer.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
-#include "oneapi/dnnl/dnnl.hpp"
+#include "kiln/runtime/cpu/machine.h"
 
 namespace kiln {
 namespace {
@@ -80,8 +91,9 @@ class Peer {
   // Starts `script` under the tuned environment; nullopt (with a message) if it cannot start.
   // `blas_dir` (may be empty) goes first on the peer's LD_LIBRARY_PATH, so torch's libblas.so.3
   // resolves to the OpenBLAS there instead of whatever the system alternative is.
+  // `coretype` (may be empty: OpenBLAS picks) becomes OPENBLAS_CORETYPE.
   static std::unique_ptr<Peer> Start(const std::string& script, int threads,
-                                     const std::string& blas_dir) {
+                                     const std::string& blas_dir, const std::string& coretype) {
     int to_child[2], from_child[2];
     if (pipe(to_child) != 0 || pipe(from_child) != 0) return nullptr;
     pid_t pid = fork();
@@ -96,8 +108,11 @@ class Peer {
       const char* old_path = std::getenv("LD_LIBRARY_PATH");
       std::string ld = "LD_LIBRARY_PATH=" + blas_dir;
       if (old_path && *old_path) ld += (blas_dir.empty() ? "" : ":") + std::string(old_path);
-      execl("/usr/bin/env", "env", "-u", "OPENBLAS_CORETYPE", "-u", "OPENBLAS_L2_SIZE", ld.c_str(),
-            omp.c_str(), blas.c_str(), "OMP_WAIT_POLICY=PASSIVE",
+      // OPENBLAS_CORETYPE=X (or unset it, when empty: `env -u X` then the harmless `A=` pair).
+      std::string core_unset = coretype.empty() ? "OPENBLAS_CORETYPE" : "KILN_UNUSED";
+      std::string core_set = coretype.empty() ? "KILN_UNUSED=" : "OPENBLAS_CORETYPE=" + coretype;
+      execl("/usr/bin/env", "env", "-u", core_unset.c_str(), "-u", "OPENBLAS_L2_SIZE",
+            core_set.c_str(), ld.c_str(), omp.c_str(), blas.c_str(), "OMP_WAIT_POLICY=PASSIVE",
             "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296",
             "/usr/bin/python3", script.c_str(), static_cast<char*>(nullptr));
       _exit(127);
@@ -156,6 +171,25 @@ class Peer {
 
   const std::string& version() const { return version_; }
 
+  // OpenBLAS's core type ("unknown" when the BLAS is not OpenBLAS).
+  std::string BlasCore() {
+    std::string r = Command("blas");
+    size_t at = r.find("core="), end = r.find(' ', at);
+    return at == std::string::npos ? "unknown" : r.substr(at + 5, end - at - 5);
+  }
+
+  // The peer's n^3 f32 matmul: GFLOP/s and its worst relative error against float64.
+  struct MatmulCheck {
+    double gflops = 0, max_error = 1;
+  };
+  MatmulCheck Matmul(int n, int reps) {
+    std::istringstream in(Command("matmul " + std::to_string(n) + " " + std::to_string(reps)));
+    std::string word;
+    MatmulCheck c;
+    if (!(in >> word >> c.gflops >> c.max_error) || word != "matmul") return MatmulCheck{};
+    return c;
+  }
+
  private:
   Peer() = default;
   pid_t pid_ = -1;
@@ -163,6 +197,70 @@ class Peer {
   FILE* out_ = nullptr;
   std::string version_;
 };
+
+// What the peer's BLAS runs on, as chosen by StartTunedPeer (results.json "peer_blas").
+struct PeerBlas {
+  std::string default_core;   // the core type OpenBLAS picked by itself ("" when forced)
+  std::string core;           // the core type the peer runs ("unknown": not OpenBLAS)
+  std::string coretype;       // OPENBLAS_CORETYPE given to the peer ("": none)
+  double default_gflops = 0;  // its 1024^3 f32 matmul with default_core
+  Peer::MatmulCheck matmul;   // its 1024^3 f32 matmul as it runs, and its error
+  std::string note;
+};
+
+// Starts the peer with its best BLAS setup (the header comment; bench/peer_blas.h).
+std::unique_ptr<Peer> StartTunedPeer(const std::string& script, int threads,
+                                     const std::string& blas_dir, const std::string& coretype_flag,
+                                     const bench::CpuInfo& cpu, PeerBlas* info) {
+  info->coretype = coretype_flag == "auto" ? "" : coretype_flag;
+  std::unique_ptr<Peer> peer = Peer::Start(script, threads, blas_dir, info->coretype);
+  if (!peer) return nullptr;
+  info->core = peer->BlasCore();
+  info->matmul = peer->Matmul(1024, 10);
+  if (!info->coretype.empty()) {
+    info->note = "core type forced by --peer-coretype";
+    return peer;
+  }
+  info->default_core = info->core;
+  info->default_gflops = info->matmul.gflops;
+  std::string best = bench::BestOpenBlasCore(cpu);
+  bool generic = bench::IsGenericOpenBlasCore(info->core, cpu);
+  int level = bench::OpenBlasCoreLevel(info->core);
+  bool older = level >= 0 && level < bench::CpuBlasLevel(cpu);
+  if (info->core == "unknown" || best.empty() || !(generic || older)) return peer;
+  std::printf(
+      "peer: OpenBLAS picked %s kernels (%.1f GFLOP/s) on a CPU that runs %s's%s; "
+      "trying OPENBLAS_CORETYPE=%s\n",
+      info->core.c_str(), info->matmul.gflops, best.c_str(), generic ? " (a generic fallback)" : "",
+      best.c_str());
+  std::unique_ptr<Peer> alt = Peer::Start(script, threads, blas_dir, best);
+  if (!alt) {
+    info->note = "a peer with OPENBLAS_CORETYPE=" + best + " did not start";
+    return peer;
+  }
+  std::string alt_core = alt->BlasCore();
+  Peer::MatmulCheck m = alt->Matmul(1024, 10);
+  char buf[256];
+  if (alt_core != best || m.max_error > 1e-5) {
+    std::snprintf(buf, sizeof(buf),
+                  "OPENBLAS_CORETYPE=%s rejected (runs %s, max relative error %.3g > 1e-5)",
+                  best.c_str(), alt_core.c_str(), m.max_error);
+  } else if (!generic && m.gflops <= 1.05 * info->matmul.gflops) {
+    std::snprintf(buf, sizeof(buf), "OPENBLAS_CORETYPE=%s not faster (%.1f vs %.1f GFLOP/s)",
+                  best.c_str(), m.gflops, info->matmul.gflops);
+  } else {
+    std::snprintf(buf, sizeof(buf),
+                  "OPENBLAS_CORETYPE=%s: %.1f GFLOP/s (was %.1f with %s), max relative error %.3g",
+                  best.c_str(), m.gflops, info->matmul.gflops, info->core.c_str(), m.max_error);
+    peer = std::move(alt);
+    info->core = alt_core;
+    info->coretype = best;
+    info->matmul = m;
+  }
+  info->note = buf;
+  std::printf("peer: %s\n", buf);
+  return peer;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Kiln workloads.
@@ -287,9 +385,9 @@ absl::StatusOr<Workload> TrainWorkload(runtime::Backend& backend, const ir::Grap
   w.compile_backend_s = h->train->compile_seconds();
   for (double* hit : {&w.compile_hit_s, &w.compile_hit_recycled_s}) {
     KILN_ASSIGN_OR_RETURN(nn::ParamStore again_params, nn::InitParams(specs, 0));
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<nn::TrainStep> again,
-                          nn::TrainStep::Create(backend, loss, std::move(again_params),
-                                                h->train->options()));
+    KILN_ASSIGN_OR_RETURN(
+        std::unique_ptr<nn::TrainStep> again,
+        nn::TrainStep::Create(backend, loss, std::move(again_params), h->train->options()));
     *hit = again->compile_seconds();
   }
   return w;
@@ -351,29 +449,6 @@ absl::StatusOr<Workload> DispatchWorkload(runtime::Backend& backend, int ops) {
                         Tensor::FromDoubles(DType::kF32, Shape{8}, std::vector<double>(8, 0.5)),
                         RandomTensor(DType::kF32, Shape{8}, 2)},
                        0);
-}
-
-// The bare oneDNN matmul (the primitive matmul_benchmark measures) on n x n x n: median seconds.
-double BareOneDnnMatmulSeconds(DType dt, int64_t n, int reps) {
-  Tensor x = RandomTensor(dt, Shape{n, n}, 3), w = RandomTensor(dt, Shape{n, n}, 4);
-  Tensor y(dt, Shape{n, n});
-  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  dnnl::stream stream(eng);
-  auto ddt = dt == DType::kF32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
-  dnnl::memory::desc md({n, n}, ddt, dnnl::memory::format_tag::ab);
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), eng);
-  dnnl::matmul prim(pd);
-  dnnl::memory ms(md, eng, x.raw_data()), mw(md, eng, w.raw_data()), mo(md, eng, y.raw_data());
-  std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, mo}};
-  std::vector<double> t;
-  for (int i = 0; i < reps + 3; ++i) {
-    double t0 = Seconds();
-    prim.execute(stream, args);
-    stream.wait();
-    if (i >= 3) t.push_back(Seconds() - t0);
-  }
-  return Median(t);
 }
 
 // Runs `steps` steps with a thunk observer and prints where the time goes, grouped by the
@@ -455,6 +530,19 @@ struct Row {
   bool bf16 = false;  // its FLOP/s is a share of the bf16 matmul rate
 };
 
+// Whether Kiln / peer ratios mean anything: false when the peer's matmul runs at under half of
+// oneDNN's (a crippled BLAS), set once both rates are measured.
+bool g_peer_comparable = true;
+
+// The ratio column: "-" without a peer, "n/c" when the peer is not comparable.
+std::string RatioText(double kiln_ms, double peer_ms) {
+  if (peer_ms <= 0 || kiln_ms <= 0) return "-";
+  if (!g_peer_comparable) return "n/c";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4f", kiln_ms / peer_ms);
+  return buf;
+}
+
 // Alternating rounds: Kiln then peer, peer then Kiln, ... `reps` timed steps per side per round
 // after `warmup` untimed Kiln steps (the peer warms up in its setup).
 Row RunPair(const std::string& name, Workload& w, Peer* peer, int rounds, int reps, int warmup,
@@ -529,6 +617,7 @@ int Main(int argc, char** argv) {
   int threads = 2, rounds = 5;
   double max_seconds = 20;
   std::string peer_script = "bench/peer_torch.py", out_path = "bench/out/results.json";
+  std::string peer_coretype = "auto";
   bool use_peer = true, profile = false;
   std::string only;
   // Debian's OpenBLAS (libopenblas0-pthread) when installed; --peer-blas-dir overrides.
@@ -546,6 +635,8 @@ int Main(int argc, char** argv) {
       max_seconds = std::atof(a.c_str() + 14);
     else if (a.rfind("--peer-blas-dir=", 0) == 0)
       blas_dir = a.substr(16);
+    else if (a.rfind("--peer-coretype=", 0) == 0)
+      peer_coretype = a.substr(16);
     else if (a == "--no-peer")
       use_peer = false;
     else if (a == "--profile")
@@ -557,16 +648,22 @@ int Main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--threads=2] [--rounds=5] [--max-seconds=20] "
-                   "[--peer=bench/peer_torch.py] [--peer-blas-dir=DIR] [--no-peer] "
+                   "[--peer=bench/peer_torch.py] [--peer-blas-dir=DIR] "
+                   "[--peer-coretype=auto|NAME] [--no-peer] "
                    "[--out=bench/out/results.json] [--only=SUBSTRING] [--profile]\n",
                    argv[0]);
       return 2;
     }
   }
   omp_set_num_threads(threads);
+  bench::CpuInfo cpu_info = bench::ReadCpuInfo();
+  std::string isa = runtime::OneDnnIsaName();
+  std::printf("cpu: %s; oneDNN ISA %s; flags: %s\n", cpu_info.model.c_str(), isa.c_str(),
+              bench::SimdFlags(cpu_info).c_str());
   std::unique_ptr<Peer> peer;
+  PeerBlas peer_blas;
   if (use_peer) {
-    peer = Peer::Start(peer_script, threads, blas_dir);
+    peer = StartTunedPeer(peer_script, threads, blas_dir, peer_coretype, cpu_info, &peer_blas);
     if (!peer) std::fprintf(stderr, "running without the peer\n");
   }
   std::printf("train_bench: %d threads, %d alternating rounds; peer: %s\n", threads, rounds,
@@ -583,19 +680,43 @@ int Main(int argc, char** argv) {
   // physical limit the models' shares are taken of (a load spike only lowers a measurement).
   auto matmul_rates = [] {
     return std::pair<double, double>(
-        2.0 * 1024 * 1024 * 1024 / BareOneDnnMatmulSeconds(DType::kF32, 1024, 20),
-        2.0 * 1024 * 1024 * 1024 / BareOneDnnMatmulSeconds(DType::kBF16, 1024, 20));
+        2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kF32, 1024, 20),
+        2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kBF16, 1024, 20));
   };
   auto [mm_f32, mm_bf16] = matmul_rates();
   std::printf("bare oneDNN matmul 1024^3 (start): f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n",
               mm_f32 * 1e-9, mm_bf16 * 1e-9);
+  if (peer) {
+    std::printf(
+        "peer matmul 1024^3 f32: %.1f GFLOP/s on OpenBLAS core %s%s (%.0f%% of oneDNN's)\n",
+        peer_blas.matmul.gflops, peer_blas.core.c_str(),
+        peer_blas.coretype.empty() ? "" : (" via OPENBLAS_CORETYPE=" + peer_blas.coretype).c_str(),
+        100 * peer_blas.matmul.gflops / (mm_f32 * 1e-9));
+    if (peer_blas.matmul.gflops < 0.5 * mm_f32 * 1e-9) {
+      g_peer_comparable = false;
+      std::printf(
+          "\n"
+          "WARNING: THE PEER IS NOT A TUNED BASELINE. Its f32 matmul runs at %.1f GFLOP/s, under\n"
+          "         half of oneDNN's %.1f on the same threads (OpenBLAS core %s). Every Kiln/peer\n"
+          "         ratio below is marked n/c (not comparable) and written as null.\n\n",
+          peer_blas.matmul.gflops, mm_f32 * 1e-9, peer_blas.core.c_str());
+    }
+  }
+  // What mixed_bf16 buys here (docs/compiler.md): bf16 halves activation and weight bytes; it is
+  // faster only where oneDNN's bf16 kernels outrun its f32 ones (AMX; not avx512_core_bf16 alone).
+  std::printf(
+      "mixed_bf16 on this CPU (oneDNN ISA %s): bf16 matmul %.0f / f32 %.0f GFLOP/s = "
+      "%.2fx: %s\n",
+      isa.c_str(), mm_bf16 * 1e-9, mm_f32 * 1e-9, mm_bf16 / mm_f32,
+      mm_bf16 >= mm_f32 ? "bf16 compute is faster; mixed_bf16 buys speed and memory"
+                        : "bf16 compute is slower; mixed_bf16 buys memory, not speed");
 
   std::unique_ptr<runtime::Backend> cpu = runtime::MakeCpuBackend();
   std::vector<Row> rows;
   std::vector<std::pair<std::string, double>> compile_times;
   struct Memory {
     std::string name;
-    Workload w;      // compile times and memory only (its step closure is not run again)
+    Workload w;            // compile times and memory only (its step closure is not run again)
     std::string peer_rss;  // the peer's "rss ..." reply
   };
   std::vector<Memory> memory;
@@ -623,7 +744,7 @@ int Main(int argc, char** argv) {
     std::printf("%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  rounds %d  %.1f GFLOP/s %s\n",
                 r.name.c_str(), r.kiln_ms,
                 r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
-                r.peer_ms > 0 ? JsonNumber(r.kiln_ms / r.peer_ms, true).c_str() : "-", r.rounds,
+                RatioText(r.kiln_ms, r.peer_ms).c_str(), r.rounds,
                 r.flops / (r.kiln_ms * 1e-3) * 1e-9, r.note.c_str());
     std::fflush(stdout);
   };
@@ -710,8 +831,8 @@ int Main(int argc, char** argv) {
           "%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  (kiln: %d ops in %d fused thunks, %.4f "
           "us/op; one thunk per op: %.4f us/thunk over %d thunks%s)\n",
           r.name.c_str(), r.kiln_ms, r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
-          r.peer_ms > 0 ? JsonNumber(r.kiln_ms / r.peer_ms, true).c_str() : "-", kOps, w->thunks,
-          r.kiln_ms * 1e3 / kOps, per_thunk, wl->thunks,
+          RatioText(r.kiln_ms, r.peer_ms).c_str(), kOps, w->thunks, r.kiln_ms * 1e3 / kOps,
+          per_thunk, wl->thunks,
           r.peer_ms > 0 ? ("; peer " + JsonNumber(r.peer_ms * 1e3 / kOps, true) + " us/op").c_str()
                         : "");
       char buf[160];
@@ -774,8 +895,9 @@ int Main(int argc, char** argv) {
   // Memory per step: Kiln's planned arena (every activation and temporary of one step; the
   // parameters and optimizer state live outside it) against the growth of the peer's peak resident
   // set over its baseline while it set up and ran the same benchmark (peer_torch.py, "rss").
-  std::printf("memory per training step: Kiln arena (lower bound) + resident params/state; "
-              "peer peak RSS increase:\n");
+  std::printf(
+      "memory per training step: Kiln arena (lower bound) + resident params/state; "
+      "peer peak RSS increase:\n");
   for (const Memory& m : memory) {
     if (m.name.find("_train_") == std::string::npos) {
       std::printf("  %-22s arena %.1f MiB\n", m.name.c_str(), m.w.arena_bytes / 1048576.0);
@@ -790,10 +912,11 @@ int Main(int argc, char** argv) {
     if (have_peer) peer_mib = delta / 1048576.0;
     char peer_text[96];
     std::snprintf(peer_text, sizeof(peer_text), "%.1f MiB", peer_mib);
-    std::printf("  %-22s arena %7.1f MiB (lower bound %7.1f, x%.3f) + %6.1f MiB params/state; "
-                "peer +%s\n",
-                m.name.c_str(), arena, bound, bound > 0 ? arena / bound : 0.0, state,
-                have_peer ? peer_text : (m.peer_rss.empty() ? "not run" : m.peer_rss.c_str()));
+    std::printf(
+        "  %-22s arena %7.1f MiB (lower bound %7.1f, x%.3f) + %6.1f MiB params/state; "
+        "peer +%s\n",
+        m.name.c_str(), arena, bound, bound > 0 ? arena / bound : 0.0, state,
+        have_peer ? peer_text : (m.peer_rss.empty() ? "not run" : m.peer_rss.c_str()));
     char note[200];
     std::snprintf(note, sizeof(note),
                   "MiB, not ms: kiln arena (lower bound %.1f MiB; params+state %.1f MiB outside "
@@ -812,18 +935,35 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
     return 1;
   }
-  std::fprintf(
-      f, "{\n  \"threads\": %d,\n  \"rounds\": %d,\n  \"peer\": \"%s\",\n  \"benchmarks\": [\n",
-      threads, rounds, peer ? JsonEscape("torch " + peer->version()).c_str() : "");
+  std::fprintf(f, "{\n  \"threads\": %d,\n  \"rounds\": %d,\n  \"peer\": \"%s\",\n", threads,
+               rounds, peer ? JsonEscape("torch " + peer->version()).c_str() : "");
+  std::fprintf(f, "  \"cpu\": {\"model\": \"%s\", \"flags\": \"%s\", \"onednn_isa\": \"%s\"},\n",
+               JsonEscape(cpu_info.model).c_str(), JsonEscape(bench::SimdFlags(cpu_info)).c_str(),
+               JsonEscape(isa).c_str());
+  std::fprintf(f,
+               "  \"peer_blas\": {\"core\": \"%s\", \"default_core\": \"%s\", "
+               "\"openblas_coretype\": \"%s\", \"matmul_1024_f32_gflops\": %s, "
+               "\"default_core_matmul_1024_f32_gflops\": %s, \"matmul_max_rel_error\": %s, "
+               "\"onednn_matmul_1024_f32_gflops\": %s, \"comparable\": %s, \"note\": \"%s\"},\n",
+               JsonEscape(peer_blas.core).c_str(), JsonEscape(peer_blas.default_core).c_str(),
+               JsonEscape(peer_blas.coretype).c_str(),
+               JsonNumber(peer_blas.matmul.gflops, peer != nullptr).c_str(),
+               JsonNumber(peer_blas.default_gflops, peer && peer_blas.default_gflops > 0).c_str(),
+               peer ? absl::StrFormat("%.3g", peer_blas.matmul.max_error).c_str() : "null",
+               JsonNumber(mm_f32 * 1e-9, true).c_str(),
+               peer ? (g_peer_comparable ? "true" : "false") : "null",
+               JsonEscape(peer_blas.note).c_str());
+  std::fprintf(f, "  \"benchmarks\": [\n");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     bool pp = r.peer_ms > 0 && r.kiln_ms > 0;
     std::fprintf(f,
                  "    {\"name\": \"%s\", \"kiln_median_ms\": %s, \"peer_median_ms\": %s, "
-                 "\"ratio\": %s, \"note\": \"%s\"}%s\n",
+                 "\"ratio\": %s, \"comparable\": %s, \"note\": \"%s\"}%s\n",
                  JsonEscape(r.name).c_str(), JsonNumber(r.kiln_ms, r.kiln_ms > 0).c_str(),
                  JsonNumber(r.peer_ms, r.peer_ms > 0).c_str(),
-                 JsonNumber(pp ? r.kiln_ms / r.peer_ms : 0, pp).c_str(), JsonEscape(r.note).c_str(),
+                 JsonNumber(pp ? r.kiln_ms / r.peer_ms : 0, pp && g_peer_comparable).c_str(),
+                 pp ? (g_peer_comparable ? "true" : "false") : "null", JsonEscape(r.note).c_str(),
                  i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
