@@ -15,6 +15,7 @@
 #include "kiln/compiler/artifact.h"
 #include "kiln/ir/printer.h"
 #include "kiln/nn/gpt.h"
+#include "kiln/runtime/cpu/machine.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/config.h"
 #include "kiln/train/supervisor.h"
@@ -31,36 +32,13 @@ int Fail(std::ostream& err, const std::string& command, const absl::Status& s) {
   return 1;
 }
 
-std::string IsaName(dnnl_cpu_isa_t isa) {
-  switch (isa) {
-    case dnnl_cpu_isa_sse41:
-      return "sse41";
-    case dnnl_cpu_isa_avx:
-      return "avx";
-    case dnnl_cpu_isa_avx2:
-      return "avx2";
-    case dnnl_cpu_isa_avx2_vnni:
-      return "avx2_vnni";
-    case dnnl_cpu_isa_avx512_core:
-      return "avx512_core";
-    case dnnl_cpu_isa_avx512_core_vnni:
-      return "avx512_core_vnni";
-    case dnnl_cpu_isa_avx512_core_bf16:
-      return "avx512_core_bf16";
-    case dnnl_cpu_isa_avx512_core_amx:
-      return "avx512_core_amx";
-    default:
-      return absl::StrFormat("0x%x", static_cast<unsigned>(isa));
-  }
-}
-
 nlohmann::json RunInfo(const std::string& backend, const std::string& precision) {
   const dnnl_version_t* v = dnnl_version();
   nlohmann::json j;
   j["kiln_version"] = KilnVersion();
   j["onednn_version"] = absl::StrFormat("%d.%d.%d", v->major, v->minor, v->patch);
   if (v->hash != nullptr) j["onednn_hash"] = v->hash;
-  j["isa"] = IsaName(dnnl_get_effective_cpu_isa());
+  j["isa"] = runtime::OneDnnIsaName();
   j["threads"] = omp_get_max_threads();
   j["hardware_threads"] = std::thread::hardware_concurrency();
   // The cpu backend's defaults (runtime/cpu/cpu_backend.h): the optimize pipeline with loop and
@@ -188,6 +166,15 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
   opts.tty = &out == &std::cout && isatty(STDOUT_FILENO);
   opts.resume = !no_resume_;
   opts.run_info = RunInfo(backend_, config->precision);
+  // A bf16 policy on a CPU where oneDNN's bf16 matmul is slower than f32 (no AMX): say so once,
+  // with both rates measured now (~0.1 s), and record them (docs/compiler.md).
+  if (backend_ == "cpu" && config->precision != "f32") {
+    runtime::MatmulRates rates = runtime::MeasureMatmulRates(1024, 3);
+    opts.run_info["matmul_gflops"] = {
+        {"f32", rates.f32 * 1e-9}, {"bf16", rates.bf16 * 1e-9}, {"n", rates.n}};
+    std::string warning = runtime::Bf16SlowerWarning(rates, config->precision);
+    if (!warning.empty()) err << "kiln train: warning: " << warning << "\n";
+  }
   train::InstallPreemptionHandlers();
   absl::StatusOr<std::unique_ptr<train::Trainer>> trainer = train::Trainer::Create(*config, opts);
   if (!trainer.ok()) return Fail(err, "train", trainer.status());
