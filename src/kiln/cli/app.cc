@@ -13,6 +13,7 @@
 #include "kiln/cli/backends.h"
 #include "kiln/cli/demo.h"
 #include "kiln/cli/ir_commands.h"
+#include "kiln/cli/predict_cmd.h"
 #include "kiln/cli/train_cmd.h"
 
 #ifndef KILN_VERSION
@@ -152,6 +153,8 @@ int RunKiln(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
     // `kiln train`, `kiln eval`, `kiln export` (train_cmd.h).
     TrainCommands train_cmds(app);
+    // `kiln predict` (predict_cmd.h).
+    PredictCommand predict_cmd(app);
 
     std::vector<std::string> storage(args);
     if (storage.empty()) storage.push_back("kiln");
@@ -173,6 +176,7 @@ int RunKiln(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return r.ok() ? 0 : Fail(err, "demo", r.status());
     }
     if (int rc = train_cmds.Run(storage, out, err); rc >= 0) return rc;
+    if (int rc = predict_cmd.Run(out, err); rc >= 0) return rc;
     if (*ir_print) {
       absl::Status s = IrPrint(ir_path, std::cin, out);
       return s.ok() ? 0 : Fail(err, "ir print", s);
