@@ -1,12 +1,15 @@
 #include "kiln/train/config.h"
 
+#include <cctype>
 #include <cmath>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -35,6 +38,7 @@ class Section {
   absl::Status Get(const std::string& key, T* out) {
     known_.push_back(key);
     if (!node_.IsDefined() || node_.IsNull()) return absl::OkStatus();
+    KILN_RETURN_IF_ERROR(CheckMap());
     YAML::Node v = node_[key];
     if (!v.IsDefined() || v.IsNull()) return absl::OkStatus();
     try {
@@ -57,15 +61,23 @@ class Section {
 
   YAML::Node Child(const std::string& key) {
     known_.push_back(key);
-    if (!node_.IsDefined() || node_.IsNull()) return YAML::Node();
+    if (!node_.IsDefined() || node_.IsNull() || !node_.IsMap()) return YAML::Node();
     return node_[key];
+  }
+
+  // A section given as a scalar or a list (`--set optimizer=5`) is an error naming the section,
+  // not a yaml-cpp subscript exception.
+  absl::Status CheckMap() const {
+    if (!node_.IsDefined() || node_.IsNull() || node_.IsMap()) return absl::OkStatus();
+    return KeyError(path_.empty() ? "(top level)" : path_,
+                    absl::StrCat("expected a mapping of keys (like ",
+                                 path_.empty() ? "steps: 100" : path_ + ": {kind: ...}", "), got '",
+                                 Dump(node_), "'"));
   }
 
   absl::Status CheckMapAndUnknown() const {
     if (!node_.IsDefined() || node_.IsNull()) return absl::OkStatus();
-    if (!node_.IsMap()) {
-      return KeyError(path_.empty() ? "(top level)" : path_, "expected a mapping of keys");
-    }
+    KILN_RETURN_IF_ERROR(CheckMap());
     for (const auto& kv : node_) {
       std::string k = kv.first.as<std::string>();
       if (std::find(known_.begin(), known_.end(), k) == known_.end()) {
@@ -86,6 +98,8 @@ class Section {
   static std::string TypeName() {
     if constexpr (std::is_same_v<T, bool>)
       return "true or false";
+    else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>)
+      return absl::StrCat("a non-negative integer (0 to ", std::numeric_limits<T>::max(), ")");
     else if constexpr (std::is_integral_v<T>)
       return "an integer";
     else if constexpr (std::is_floating_point_v<T>)
@@ -206,6 +220,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
   KILN_RETURN_IF_ERROR(top.Get("log_every", &c->log_every));
   KILN_RETURN_IF_ERROR(top.Get("output_dir", &c->output_dir));
   KILN_RETURN_IF_ERROR(top.Get("seed", &c->seed));
+  KILN_RETURN_IF_ERROR(top.Get("nonfinite_patience", &c->nonfinite_patience));
   return top.CheckMapAndUnknown();
 }
 
@@ -319,10 +334,13 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
     return KeyError("schedule.min_lr",
                     absl::StrCat("must be <= optimizer.lr (", o.lr, "), got ", c.schedule.min_lr));
   }
-  if (c.schedule.kind != "constant" && c.schedule.warmup_steps >= c.steps) {
+  if (c.schedule.kind != "constant" && c.schedule.warmup_steps >= c.steps && c.steps >= 1) {
     return KeyError("schedule.warmup_steps",
-                    absl::StrCat("must be < steps (", c.steps, ") for a decaying schedule, got ",
-                                 c.schedule.warmup_steps));
+                    absl::StrCat("must be < steps (", c.steps, ") for a ", c.schedule.kind,
+                                 " schedule, got ", c.schedule.warmup_steps,
+                                 "; set it lower (e.g. --set "
+                                 "schedule.warmup_steps=",
+                                 c.steps / 10, ") or use schedule.kind constant"));
   }
   // The policy keeps the parameters f32 (master weights; the models are built in f32, there is no
   // model dtype key) and rewrites the compute (compiler/passes/mixed_precision.h).
@@ -337,34 +355,136 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   KILN_RETURN_IF_ERROR(Positive("keep_last", c.keep_last));
   KILN_RETURN_IF_ERROR(NonNegative("keep_every", c.keep_every));
   KILN_RETURN_IF_ERROR(Positive("log_every", c.log_every));
+  KILN_RETURN_IF_ERROR(Positive("nonfinite_patience", c.nonfinite_patience));
   if (c.output_dir.empty()) return KeyError("output_dir", "must not be empty");
   return absl::OkStatus();
 }
 
+namespace {
+
+// yaml-cpp keeps every pair of a mapping but answers lookups with the first one, so a key given
+// twice would silently lose the second value: reject it, naming both lines.
+absl::Status CheckDuplicateKeys(const YAML::Node& node, const std::string& path,
+                                const std::string& source) {
+  if (node.IsMap()) {
+    std::map<std::string, int> line_of;
+    for (const auto& kv : node) {
+      if (!kv.first.IsScalar()) continue;
+      const std::string key = kv.first.Scalar();
+      const std::string dotted = path.empty() ? key : path + "." + key;
+      const int line = kv.first.Mark().line + 1;
+      auto [it, fresh] = line_of.emplace(key, line);
+      if (!fresh) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ":", line, ": ", dotted, ": given twice (line ", it->second, " and line ", line,
+            "); YAML keeps only one of them, so delete the line you do not mean"));
+      }
+      KILN_RETURN_IF_ERROR(CheckDuplicateKeys(kv.second, dotted, source));
+    }
+  } else if (node.IsSequence()) {
+    for (const auto& item : node) KILN_RETURN_IF_ERROR(CheckDuplicateKeys(item, path, source));
+  }
+  return absl::OkStatus();
+}
+
+// The key of an override ("optimizer.lr=0.1" -> "optimizer.lr"), or "" if it has none.
+std::string OverrideKey(const std::string& text) {
+  size_t eq = text.find('=');
+  return eq == std::string::npos ? "" : text.substr(0, eq);
+}
+
+// Which override an error about `key` comes from: one that set the key, a section holding it, or
+// a key inside it. "" when the error is about the text itself.
+std::string BlameOverride(const std::string& key, const std::vector<std::string>& overrides) {
+  std::string best;
+  for (const std::string& o : overrides) {
+    const std::string k = OverrideKey(o);
+    if (k.empty()) continue;
+    const bool covers = key == k || key.rfind(k + ".", 0) == 0 || k.rfind(key + ".", 0) == 0;
+    if (covers) best = o;  // the last one wins, as it does when applied
+  }
+  return best;
+}
+
+// The dotted key an error message starts with ("optimizer.lr: must be ..." -> "optimizer.lr").
+std::string ErrorKey(absl::string_view message) {
+  size_t colon = message.find(": ");
+  if (colon == absl::string_view::npos) return "";
+  std::string key(message.substr(0, colon));
+  for (char ch : key) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.')) return "";
+  }
+  return key;
+}
+
+bool OverridesKey(const std::vector<std::string>& overrides, const std::string& key) {
+  for (const std::string& o : overrides) {
+    if (OverrideKey(o) == key) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 absl::StatusOr<TrainConfig> ParseTrainConfig(const std::string& yaml_text,
                                              const std::string& source,
-                                             const std::vector<std::string>& overrides) {
+                                             const std::vector<std::string>& overrides,
+                                             std::vector<std::string>* notes) {
   TrainConfig c;
+  absl::Status s;
   try {
     YAML::Node root = YAML::Load(yaml_text);
-    for (const std::string& o : overrides) KILN_RETURN_IF_ERROR(ApplyOverride(root, o));
-    KILN_RETURN_IF_ERROR(FromYaml(root, &c));
+    s = CheckDuplicateKeys(root, "", source);
+    if (!s.ok()) return s;
+    for (const std::string& o : overrides) {
+      s = ApplyOverride(root, o);
+      if (!s.ok()) {
+        if (s.message().rfind("--set", 0) == 0) return s;
+        return absl::Status(s.code(), absl::StrCat("--set ", o, ": ", s.message()));
+      }
+    }
+    s = FromYaml(root, &c);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
   }
-  KILN_RETURN_IF_ERROR(ValidateTrainConfig(c));
-  return c;
+  // Shortening a run with --set steps=N below its warmup: clamp the warmup rather than refuse.
+  if (s.ok() && c.schedule.kind != "constant" && c.steps >= 1 &&
+      c.schedule.warmup_steps >= c.steps && OverridesKey(overrides, "steps") &&
+      !OverridesKey(overrides, "schedule.warmup_steps") && !OverridesKey(overrides, "schedule")) {
+    const int64_t was = c.schedule.warmup_steps;
+    c.schedule.warmup_steps = c.steps / 10;
+    if (notes != nullptr) {
+      notes->push_back(
+          absl::StrCat("note: schedule.warmup_steps ", was, " of ", source, " is not below steps ",
+                       c.steps, " (set by --set): using warmup_steps ", c.schedule.warmup_steps,
+                       " (a tenth of the run); --set schedule.warmup_steps=N chooses another"));
+    }
+  }
+  if (s.ok()) s = ValidateTrainConfig(c);
+  if (s.ok()) return c;
+  const std::string blamed = BlameOverride(ErrorKey(s.message()), overrides);
+  return absl::Status(s.code(),
+                      absl::StrCat(blamed.empty() ? source : "--set " + blamed, ": ", s.message()));
 }
 
 absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
-                                            const std::vector<std::string>& overrides) {
+                                            const std::vector<std::string>& overrides,
+                                            std::vector<std::string>* notes) {
+  std::error_code dir_ec;
+  if (std::filesystem::is_directory(path, dir_ec)) {
+    const std::string inside = (std::filesystem::path(path) / "config.yaml").string();
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", path, " is a directory, not a YAML config file",
+                     std::filesystem::exists(inside, dir_ec)
+                         ? absl::StrCat("; to train that run again, pass its config: ", inside)
+                         : "; pass a file such as examples/mlp_digits.yaml"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  absl::StatusOr<TrainConfig> c = ParseTrainConfig(ss.str(), path, overrides);
-  if (!c.ok())
-    return absl::Status(c.status().code(), path + ": " + std::string(c.status().message()));
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(ss.str(), path, overrides, notes);
+  if (!c.ok()) return c.status();
   namespace fs = std::filesystem;
   std::error_code ec;
   std::string prefix, file = c->data.source;
@@ -384,7 +504,11 @@ absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
   return c;
 }
 
-std::string ConfigToYaml(const TrainConfig& c) {
+namespace {
+
+// hash_form: the text ConfigHash hashes, without the keys added after a run's format was fixed
+// (see config.h), so adding a key never changes an existing run's hash.
+std::string EmitYaml(const TrainConfig& c, bool hash_form) {
   YAML::Emitter e;
   auto ints = [&](const std::vector<int64_t>& v) {
     e << YAML::Flow << YAML::BeginSeq;
@@ -409,8 +533,8 @@ std::string ConfigToYaml(const TrainConfig& c) {
   e << YAML::Key << "channels" << YAML::Value << c.model.channels;
   e << YAML::Key << "height" << YAML::Value << c.model.height;
   e << YAML::Key << "width" << YAML::Value << c.model.width;
-  // The gpt keys only for gpt (so older configs keep their hash); they parse back the same.
-  if (c.model.kind == "gpt") {
+  // The gpt keys are hashed only for gpt (so older configs keep their hash).
+  if (!hash_form || c.model.kind == "gpt") {
     e << YAML::Key << "n_layer" << YAML::Value << c.model.n_layer;
     e << YAML::Key << "n_head" << YAML::Value << c.model.n_head;
     e << YAML::Key << "n_embd" << YAML::Value << c.model.n_embd;
@@ -428,7 +552,7 @@ std::string ConfigToYaml(const TrainConfig& c) {
   e << YAML::Key << "shuffle_buffer" << YAML::Value << c.data.shuffle_buffer;
   e << YAML::Key << "prefetch" << YAML::Value << c.data.prefetch;
   e << YAML::Key << "num_classes" << YAML::Value << c.data.num_classes;
-  if (c.data.seq_len != 0 || c.model.kind == "gpt") {
+  if (!hash_form || c.data.seq_len != 0 || c.model.kind == "gpt") {
     e << YAML::Key << "seq_len" << YAML::Value << c.data.seq_len;
   }
   e << YAML::EndMap;
@@ -458,14 +582,21 @@ std::string ConfigToYaml(const TrainConfig& c) {
   e << YAML::Key << "log_every" << YAML::Value << c.log_every;
   e << YAML::Key << "output_dir" << YAML::Value << c.output_dir;
   e << YAML::Key << "seed" << YAML::Value << c.seed;
+  if (!hash_form || c.nonfinite_patience != TrainConfig().nonfinite_patience) {
+    e << YAML::Key << "nonfinite_patience" << YAML::Value << c.nonfinite_patience;
+  }
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }
 
+}  // namespace
+
+std::string ConfigToYaml(const TrainConfig& c) { return EmitYaml(c, /*hash_form=*/false); }
+
 std::string ConfigHash(const TrainConfig& config) {
   TrainConfig c = config;
   c.output_dir.clear();
-  std::string text = ConfigToYaml(c);
+  std::string text = EmitYaml(c, /*hash_form=*/true);
   uint64_t h = 1469598103934665603ULL;
   for (unsigned char ch : text) {
     h ^= ch;

@@ -92,25 +92,38 @@ struct TrainConfig {
   int64_t log_every = 10;
   std::string output_dir = "runs/train";
   uint64_t seed = 0;  // parameter init and dropout
+  // Divergence: training stops with an error once the loss or the gradient norm has been
+  // non-finite (NaN/inf) this many steps in a row, or at once when the parameters themselves
+  // become non-finite. A non-finite checkpoint is never committed.
+  int64_t nonfinite_patience = 3;
 };
 
 // Parses YAML text; `source` names it in errors. `overrides` are "dotted.key=value" strings, the
 // value parsed as YAML (so `model.hidden=[128,64]` works), applied before validation.
+// Errors name where the bad value came from: "SOURCE: key: ..." for the text, "--set k=v: key:
+// ..." for an override, "SOURCE:LINE: ..." for a key given twice in one mapping (yaml-cpp would
+// silently keep the first). When overrides shorten `steps` below schedule.warmup_steps (and do
+// not set the warmup themselves), the warmup is clamped to steps / 10 and `notes` (if given)
+// says so; otherwise warmup_steps >= steps is an error naming the key to set.
 absl::StatusOr<TrainConfig> ParseTrainConfig(const std::string& yaml_text,
                                              const std::string& source,
-                                             const std::vector<std::string>& overrides = {});
+                                             const std::vector<std::string>& overrides = {},
+                                             std::vector<std::string>* notes = nullptr);
 // Reads `path` and parses it. A relative data.source is resolved against the current directory
 // first and then the config file's directory.
 absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
-                                            const std::vector<std::string>& overrides = {});
+                                            const std::vector<std::string>& overrides = {},
+                                            std::vector<std::string>* notes = nullptr);
 
 // Range and consistency checks (also run by Parse/Load). InvalidArgument naming the key.
 absl::Status ValidateTrainConfig(const TrainConfig& config);
 
-// The resolved config as YAML (every field; parses back to the same config).
+// The resolved config as YAML (every field of every model kind; parses back to the same config).
 std::string ConfigToYaml(const TrainConfig& config);
-// 16 lowercase hex digits: FNV-1a 64 of ConfigToYaml(config) with output_dir blanked (moving a run
-// does not change its hash).
+// 16 lowercase hex digits: FNV-1a 64 of the resolved YAML with output_dir blanked (moving a run
+// does not change its hash). Keys added after a model kind existed (the gpt keys for other kinds,
+// data.seq_len when 0, nonfinite_patience at its default) are left out of the hashed text, so a
+// run's hash is the same as before those keys existed.
 std::string ConfigHash(const TrainConfig& config);
 
 }  // namespace kiln::train
