@@ -1,4 +1,8 @@
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -6,6 +10,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/cli/app.h"
+#include "kiln/train/checkpoint.h"
+#include "kiln/train/run_dir.h"
+#include "nlohmann/json.hpp"
 
 namespace kiln::cli {
 namespace {
@@ -13,6 +20,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::Not;
+namespace fs = std::filesystem;
 
 struct Result {
   int code;
@@ -134,6 +142,247 @@ graph @tiny {
   Result missing = Kiln({"ir", "print", "/nonexistent.kir"});
   EXPECT_EQ(missing.code, 1);
   EXPECT_THAT(missing.err, HasSubstr("cannot open /nonexistent.kir"));
+}
+
+// ---- Issue 13: nothing a user does by mistake may destroy their work ----
+
+std::string Example() { return std::string(KILN_SOURCE_DIR) + "/examples/mlp_digits.yaml"; }
+
+std::string FreshDir(const std::string& name) {
+  fs::path p =
+      fs::path(::testing::TempDir()) / ("kiln_cli_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+// A short run of the example: `steps` steps, a checkpoint every `every`.
+Result TrainShort(const std::string& out, int steps, int every,
+                  std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"train",        Example(),
+                                   "--set",        "steps=" + std::to_string(steps),
+                                   "--set",        "checkpoint_every=" + std::to_string(every),
+                                   "--set",        "eval_every=0",
+                                   "--set",        "eval_batches=1",
+                                   "--output-dir", out};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return Kiln(args);
+}
+
+// Every regular file under `dir` with its bytes.
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = ReadFile(e.path());
+  }
+  return files;
+}
+
+std::string RunId(const std::string& dir) {
+  return nlohmann::json::parse(ReadFile(dir + "/run.json")).value("run_id", std::string());
+}
+
+TEST(Cli, ExportNeverTouchesTheRunNorDeletesWhatItDidNotWrite) {
+  const std::string w = FreshDir("export");
+  const std::string run = w + "/run";
+  ASSERT_EQ(TrainShort(run, 4, 2).code, 0);
+  const auto before = Snapshot(run);
+  ASSERT_TRUE(before.count("checkpoints/step_4/manifest.json"));
+
+  // Into the run itself, inside it, or a folder that holds it: refused, the run untouched.
+  for (const std::string& out : {run, run + "/", run + "/checkpoints", run + "/export", w}) {
+    Result r = Kiln({"export", run, "--out", out});
+    EXPECT_EQ(r.code, 1) << out;
+    EXPECT_THAT(r.err, HasSubstr("the run it exports")) << out;
+    EXPECT_THAT(r.err, HasSubstr("Choose a folder outside it")) << out;
+  }
+  EXPECT_EQ(Snapshot(run), before);
+
+  // An existing plain file: refused before anything is written (no renamed file, no artifact).
+  const std::string file = w + "/model.bin";
+  std::ofstream(file) << "precious";
+  Result f = Kiln({"export", run, "--out", file});
+  EXPECT_EQ(f.code, 1);
+  EXPECT_THAT(f.err, HasSubstr("is an existing file, not a folder; nothing was written"));
+  EXPECT_EQ(ReadFile(file), "precious");
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(w)) names.push_back(e.path().filename().string());
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("run", "model.bin"));
+
+  // A folder with the user's files: refused, and --overwrite adds the export next to them.
+  const std::string mine = w + "/mine";
+  fs::create_directories(mine);
+  std::ofstream(mine + "/notes.txt") << "keep me";
+  Result refused = Kiln({"export", run, "--out", mine});
+  EXPECT_EQ(refused.code, 1);
+  EXPECT_THAT(refused.err, HasSubstr("is not empty (1 entry: notes.txt)"));
+  EXPECT_THAT(refused.err, HasSubstr("Choose a new or empty folder, or pass --overwrite"));
+  Result added = Kiln({"export", run, "--out", mine, "--overwrite"});
+  EXPECT_EQ(added.code, 0) << added.err;
+  EXPECT_EQ(ReadFile(mine + "/notes.txt"), "keep me");
+  EXPECT_TRUE(fs::exists(mine + "/manifest.json"));
+
+  // An earlier export: replaced only with --overwrite, and only its own files.
+  Result again = Kiln({"export", run, "--out", mine});
+  EXPECT_EQ(again.code, 1);
+  EXPECT_THAT(again.err,
+              HasSubstr("holds an earlier export; nothing was written. Pass --overwrite"));
+  Result replaced = Kiln({"export", run + "/checkpoints/step_2", "--out", mine, "--overwrite"});
+  EXPECT_EQ(replaced.code, 0) << replaced.err;
+  EXPECT_EQ(ReadFile(mine + "/notes.txt"), "keep me");
+  EXPECT_THAT(ReadFile(mine + "/manifest.json"), HasSubstr("\"step\": \"2\""));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(mine)) left.push_back(e.path().filename().string());
+  EXPECT_THAT(left, ::testing::UnorderedElementsAre("notes.txt", "manifest.json", "program.ir",
+                                                    "weights.safetensors"));
+
+  // A user's file under an export's name is never replaced, even with --overwrite.
+  const std::string clash = w + "/clash";
+  fs::create_directories(clash);
+  std::ofstream(clash + "/manifest.json") << "my own manifest";
+  Result c = Kiln({"export", run, "--out", clash, "--overwrite"});
+  EXPECT_EQ(c.code, 1);
+  EXPECT_THAT(c.err, HasSubstr("which kiln export did not write and will not replace"));
+  EXPECT_EQ(ReadFile(clash + "/manifest.json"), "my own manifest");
+  EXPECT_EQ(Snapshot(run), before);
+  fs::remove_all(w);
+}
+
+TEST(Cli, NoResumeOnAnOlderRunRefusesOrMovesItAside) {
+  const std::string w = FreshDir("noresume");
+  const std::string run = w + "/run";
+  ASSERT_EQ(TrainShort(run, 8, 2).code, 0);  // the old run: step_4, step_6, step_8
+  const std::string old_id = RunId(run);
+  ASSERT_EQ(old_id.size(), 16u);
+  const auto before = Snapshot(run);
+
+  Result refused = TrainShort(run, 4, 2, {"--no-resume"});
+  EXPECT_EQ(refused.code, 1);
+  EXPECT_THAT(refused.err,
+              HasSubstr("already holds run " + old_id + " with checkpoints step_4..step_8"));
+  EXPECT_THAT(refused.err, HasSubstr("add --replace"));
+  EXPECT_EQ(Snapshot(run), before);
+
+  Result fresh = TrainShort(run, 4, 2, {"--no-resume", "--replace"});
+  ASSERT_EQ(fresh.code, 0) << fresh.err;
+  EXPECT_THAT(fresh.out, HasSubstr("moved the earlier run to " + run + "/replaced-"));
+  // The old run is all there, moved aside; the new one has only its own checkpoints.
+  std::string aside;
+  for (const auto& e : fs::directory_iterator(run)) {
+    if (e.path().filename().string().rfind("replaced-", 0) == 0) aside = e.path().string();
+  }
+  ASSERT_FALSE(aside.empty());
+  for (const auto& [name, bytes] : before) {
+    if (name != ".lock") EXPECT_EQ(ReadFile(aside + "/" + name), bytes) << name;
+  }
+  EXPECT_TRUE(fs::exists(run + "/checkpoints/step_2"));
+  EXPECT_TRUE(fs::exists(run + "/checkpoints/step_4"));
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/step_8"));
+  const std::string new_id = RunId(run);
+  EXPECT_NE(new_id, old_id);
+  EXPECT_THAT(ReadFile(run + "/checkpoints/step_4/manifest.json"),
+              HasSubstr("\"run_id\":\"" + new_id + "\""));
+  // Evaluating the folder evaluates the new run.
+  Result eval = Kiln({"eval", run, "--batches", "1"});
+  EXPECT_EQ(eval.code, 0) << eval.err;
+  EXPECT_THAT(eval.out, HasSubstr("step 4:"));
+  // A rerun of a finished run says so instead of "steps 5..4" and "0 examples/s".
+  Result rerun = TrainShort(run, 4, 2);
+  EXPECT_EQ(rerun.code, 0) << rerun.err;
+  EXPECT_THAT(rerun.out, HasSubstr("run already complete"));
+  EXPECT_THAT(rerun.out, Not(HasSubstr("steps 5..4")));
+  EXPECT_THAT(rerun.out, Not(HasSubstr("examples/s")));
+  fs::remove_all(w);
+}
+
+TEST(Cli, ASecondTrainerOnTheSameFolderIsRefusedNamingThePid) {
+  const std::string run = FreshDir("locked");
+  absl::StatusOr<std::unique_ptr<train::RunDirLock>> held = train::RunDirLock::Acquire(run);
+  ASSERT_TRUE(held.ok()) << held.status();
+  Result r = TrainShort(run, 4, 2);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("in use by another kiln train (process " + std::to_string(getpid()) +
+                               " holds"));
+  EXPECT_FALSE(fs::exists(run + "/metrics.jsonl"));
+  held->reset();
+  EXPECT_EQ(TrainShort(run, 4, 2).code, 0);
+  fs::remove_all(run);
+}
+
+TEST(Cli, DivergenceStopsWithAdviceAndCommitsNoNonFiniteCheckpoint) {
+  const std::string run = FreshDir("diverge");
+  Result r =
+      TrainShort(run, 50, 1, {"--set", "optimizer.lr=1e30", "--set", "optimizer.clip_norm=0"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("kiln train: training diverged at step "));
+  EXPECT_THAT(r.err, HasSubstr("try a smaller optimizer.lr (now 1e+30"));
+  EXPECT_THAT(r.out, Not(HasSubstr("done:")));
+  // Every checkpoint it committed holds finite numbers (it stopped before saving any NaN).
+  for (const auto& e : fs::directory_iterator(run + "/checkpoints")) {
+    absl::StatusOr<nlohmann::json> meta = train::ReadCheckpointMetadata(e.path().string());
+    ASSERT_TRUE(meta.ok()) << e.path();
+    EXPECT_LE((*meta)["step"].get<int64_t>(), 1) << e.path();  // only the step before the NaNs
+  }
+  fs::remove_all(run);
+}
+
+TEST(Cli, EvalSaysWhichCheckpointItSkippedAndWhy) {
+  const std::string run = FreshDir("evalcorrupt");
+  ASSERT_EQ(TrainShort(run, 4, 2).code, 0);
+  for (const auto& e : fs::directory_iterator(run + "/checkpoints/step_4")) {
+    if (e.path().extension() == ".safetensors") {
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(-4, std::ios::end);
+      f.write("XXXX", 4);
+    }
+  }
+  Result r = Kiln({"eval", run, "--batches", "1"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("kiln eval: note: skipped step_4: DATA_LOSS"));
+  EXPECT_THAT(r.err, HasSubstr("CRC32C mismatch"));
+  EXPECT_THAT(r.err, HasSubstr("using " + run + "/checkpoints/step_2"));
+  EXPECT_THAT(r.out, HasSubstr("step 2:"));
+  fs::remove_all(run);
+}
+
+TEST(Cli, ACheckpointCopiedOutOfItsRunEvaluatesAndExportsWithConfig) {
+  const std::string w = FreshDir("loose");
+  ASSERT_EQ(TrainShort(w + "/run", 2, 2).code, 0);
+  fs::create_directories(w + "/kept");
+  fs::copy(w + "/run/checkpoints/step_2", w + "/kept/step_2", fs::copy_options::recursive);
+  Result no_config = Kiln({"eval", w + "/kept/step_2"});
+  EXPECT_EQ(no_config.code, 1);
+  EXPECT_THAT(no_config.err, HasSubstr("--config RUNDIR/config.yaml"));
+  Result eval =
+      Kiln({"eval", w + "/kept/step_2", "--config", w + "/run/config.yaml", "--batches", "1"});
+  EXPECT_EQ(eval.code, 0) << eval.err;
+  EXPECT_THAT(eval.out, HasSubstr("step 2:"));
+  Result exp = Kiln(
+      {"export", w + "/kept/step_2", "--config", w + "/run/config.yaml", "--out", w + "/artifact"});
+  EXPECT_EQ(exp.code, 0) << exp.err;
+  EXPECT_TRUE(fs::exists(w + "/artifact/manifest.json"));
+  fs::remove_all(w);
+}
+
+TEST(Cli, TrainErrorsBlameWhatWasWrong) {
+  const std::string w = FreshDir("blame");
+  Result dir = Kiln({"train", w});
+  EXPECT_EQ(dir.code, 1);
+  EXPECT_THAT(dir.err, HasSubstr("is a directory, not a YAML config file"));
+  Result section = Kiln({"train", Example(), "--set", "optimizer=5"});
+  EXPECT_THAT(section.err, HasSubstr("--set optimizer=5: optimizer: expected a mapping of keys"));
+  EXPECT_THAT(section.err, Not(HasSubstr("line 1")));
+  Result seed = Kiln({"train", Example(), "--set", "seed=-1"});
+  EXPECT_THAT(seed.err, HasSubstr("seed: expected a non-negative integer"));
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"train", Example(), "--max-restarts", "-1"},
+        std::vector<std::string>{"export", w, "--out", w + "/x", "--batch", "0"}}) {
+    Result r = Kiln(args);
+    EXPECT_NE(r.code, 0);
+    EXPECT_THAT(r.err, Not(HasSubstr("179769313486231570814527423731704356798070567525844996598")));
+    EXPECT_THAT(r.err, HasSubstr(args[args.size() - 2]));
+  }
+  fs::remove_all(w);
 }
 
 }  // namespace

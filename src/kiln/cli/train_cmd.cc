@@ -3,12 +3,17 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <iostream>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kiln/base/status.h"
 #include "kiln/cli/app.h"
 #include "kiln/cli/backends.h"
@@ -70,23 +75,206 @@ absl::StatusOr<std::pair<int64_t, int64_t>> ParseRange(const std::string& text) 
   return std::make_pair(a, b);
 }
 
-// OUTDIR (holding config.yaml) or OUTDIR/checkpoints/step_N -> (OUTDIR, N or -1 for latest).
-absl::StatusOr<std::pair<std::string, int64_t>> ResolveCheckpoint(const std::string& path) {
+// An integer flag's lower bound, with a message naming it (CLI11's NonNegativeNumber prints the
+// largest double, 309 digits, as the upper end of the range).
+CLI::Validator IntAtLeast(int64_t min) {
+  return CLI::Validator(
+      [min](std::string& v) -> std::string {
+        size_t used = 0;
+        long long x = 0;
+        try {
+          x = std::stoll(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != v.size()) return "expected an integer, got '" + v + "'";
+        if (x < min) return absl::StrCat("must be >= ", min, ", got ", v);
+        return "";
+      },
+      absl::StrCat("INT>=", min));
+}
+
+// What `kiln eval` / `kiln export` read.
+struct Source {
+  std::string run_dir;    // OUTDIR (config.yaml, checkpoints/); for a loose checkpoint its parent
+  int64_t step = -1;      // -1: the newest checkpoint of the run
+  std::string loose_dir;  // a step_N folder outside any run directory (needs --config)
+  std::string config;     // the config file to load
+};
+
+// OUTDIR (holding config.yaml), OUTDIR/checkpoints/step_N, or a step_N folder copied out of its
+// run (with --config).
+absl::StatusOr<Source> ResolveCheckpoint(const std::string& path, const std::string& config) {
   std::error_code ec;
   fs::path p = fs::path(path);
-  if (fs::exists(p / "config.yaml", ec)) return std::make_pair(p.string(), int64_t{-1});
+  Source s;
+  s.config = config;
+  if (fs::exists(p / "config.yaml", ec)) {
+    s.run_dir = p.string();
+    if (s.config.empty()) s.config = (p / "config.yaml").string();
+    return s;
+  }
   fs::path norm = p.lexically_normal();
   if (norm.filename().empty()) norm = norm.parent_path();
   int64_t step = train::ParseCheckpointDirName(norm.filename().string());
   if (step >= 0) {
     fs::path outdir = norm.parent_path().parent_path();
     if (outdir.empty()) outdir = ".";
-    return std::make_pair(outdir.string(), step);
+    const bool in_run =
+        norm.parent_path().filename() == "checkpoints" && fs::exists(outdir / "config.yaml", ec);
+    if (in_run) {
+      s.run_dir = outdir.string();
+      s.step = step;
+      if (s.config.empty()) s.config = (outdir / "config.yaml").string();
+      return s;
+    }
+    if (!fs::exists(norm / train::kCheckpointManifestName, ec)) {
+      return absl::NotFoundError(absl::StrCat("'", path, "' has no ",
+                                              train::kCheckpointManifestName,
+                                              ": it is not a checkpoint directory"));
+    }
+    if (s.config.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", path,
+          "' is a checkpoint outside a run directory (no ../../config.yaml next to it); pass the "
+          "config it was trained with: --config RUNDIR/config.yaml"));
+    }
+    s.loose_dir = norm.string();
+    s.run_dir = norm.parent_path().empty() ? "." : norm.parent_path().string();
+    s.step = step;
+    return s;
   }
   return absl::NotFoundError(
       absl::StrCat("'", path,
                    "' is neither a run directory (with config.yaml) nor a checkpoint directory "
                    "(.../checkpoints/step_N)"));
+}
+
+// The restore notes of a read-only trainer (skipped damaged or foreign checkpoints), on stderr.
+void PrintRestoreNotes(std::ostream& err, const std::string& command, const train::Trainer& t) {
+  for (const std::string& n : t.notes()) err << "kiln " << command << ": note: " << n << "\n";
+  if (!t.notes().empty()) {
+    err << "kiln " << command << ": using " << t.restored_from()
+        << " (the newest checkpoint of the run that verifies)\n";
+  }
+}
+
+// True when `inner` is `outer` or lies inside it (both absolute and normalized).
+bool Within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin(), o = outer.begin();
+  for (; o != outer.end(); ++o, ++i) {
+    if (o->empty()) continue;  // a trailing separator
+    if (i == inner.end() || *i != *o) return false;
+  }
+  return true;
+}
+
+fs::path Resolved(const std::string& p) {
+  std::error_code ec;
+  fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
+  return ec ? fs::absolute(p).lexically_normal() : r;
+}
+
+// The files an export of `format` writes into --out, manifest (the file that makes it valid) last.
+std::vector<std::string> ExportFiles(const std::string& format) {
+  if (format == "hf") return {"model.safetensors", "config.json"};
+  return {"weights.safetensors", "program.ir", "manifest.json"};
+}
+
+// Whether `dir` holds an earlier export of `format` (its own manifest / config says so).
+bool IsPreviousExport(const fs::path& dir, const std::string& format) {
+  std::ifstream f(dir / (format == "hf" ? "config.json" : "manifest.json"), std::ios::binary);
+  if (!f) return false;
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  if (format == "hf") return j.value("model_type", std::string()) == "gpt2";
+  return j.value("format", std::string()) == compiler::kArtifactFormat;
+}
+
+// Checks --out before anything is written: never the run it reads (or a folder holding it), never
+// an existing file, never a non-empty folder that is not an earlier export unless --overwrite may
+// add the export's files there without replacing anything Kiln did not write. Sets *exists.
+absl::Status CheckExportTarget(const std::string& out, const Source& src, const std::string& format,
+                               bool overwrite, bool* exists) {
+  const fs::path o = Resolved(out);
+  std::vector<fs::path> protect = {Resolved(src.run_dir)};
+  if (!src.loose_dir.empty()) protect = {Resolved(src.loose_dir)};
+  for (const fs::path& r : protect) {
+    if (Within(o, r) || Within(r, o)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--out ", out, o == r ? " is " : (Within(o, r) ? " is inside " : " contains "),
+          "the run it exports (", r.string(),
+          "); an export never writes into the run it reads. Choose a folder outside it, e.g. "
+          "--out ",
+          r.string(), "-export"));
+    }
+  }
+  std::error_code ec;
+  *exists = fs::exists(o, ec);
+  if (!*exists) return absl::OkStatus();
+  if (!fs::is_directory(o, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--out ", out,
+        " is an existing file, not a folder; nothing was written. Choose a folder path (an "
+        "export is a directory of files)"));
+  }
+  std::vector<std::string> entries;
+  for (const auto& e : fs::directory_iterator(o, ec))
+    entries.push_back(e.path().filename().string());
+  if (entries.empty()) return absl::OkStatus();
+  std::sort(entries.begin(), entries.end());
+  const bool previous = IsPreviousExport(o, format);
+  std::vector<std::string> clashes;  // the export's file names already taken by other files
+  for (const std::string& f : ExportFiles(format)) {
+    if (fs::exists(o / f, ec) && !previous) clashes.push_back(f);
+  }
+  if (overwrite && clashes.empty()) return absl::OkStatus();
+  std::string listing =
+      absl::StrJoin(std::vector<std::string>(entries.begin(),
+                                             entries.begin() + std::min<size_t>(5, entries.size())),
+                    ", ");
+  if (entries.size() > 5) absl::StrAppend(&listing, ", ...");
+  if (previous) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("--out ", out,
+                     " holds an earlier export; nothing was written. Pass --overwrite to "
+                     "replace that export's files (",
+                     absl::StrJoin(ExportFiles(format), ", "),
+                     "; nothing else there is touched), or choose another folder"));
+  }
+  if (!clashes.empty()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "--out ", out, " is not an earlier export and already has ", absl::StrJoin(clashes, ", "),
+        ", which kiln export did not write and will not replace; nothing was written. Choose a "
+        "new or empty folder"));
+  }
+  return absl::AlreadyExistsError(absl::StrCat(
+      "--out ", out, " is not empty (", entries.size(),
+      entries.size() == 1 ? " entry: " : " entries: ", listing,
+      ") and is not an earlier export; nothing was written. Choose a new or empty folder, or pass "
+      "--overwrite to add the export's files (",
+      absl::StrJoin(ExportFiles(format), ", "), ") next to what is there"));
+}
+
+// Writes an export into --out: straight into a new folder, or, for an existing one, into a
+// private staging folder inside it whose files are then renamed over the export's own names (the
+// manifest last); nothing else in the folder is touched.
+absl::Status WriteExport(const std::string& out, bool exists, const std::string& format,
+                         const std::function<absl::Status(const std::string&)>& write) {
+  if (!exists) return write(out);
+  const fs::path stage =
+      fs::path(out) / absl::StrFormat(".kiln-export-%d-%016x", getpid(),
+                                      static_cast<uint64_t>(std::random_device()()) << 20);
+  absl::Status s = write(stage.string());
+  std::error_code ec;
+  for (const std::string& f : ExportFiles(format)) {
+    if (!s.ok()) break;
+    fs::rename(stage / f, fs::path(out) / f, ec);
+    if (ec)
+      s = absl::InternalError(absl::StrCat("rename ", (stage / f).string(), ": ", ec.message()));
+  }
+  fs::remove_all(stage, ec);  // ours: created by this export, emptied above when all went well
+  return s;
 }
 
 }  // namespace
@@ -103,14 +291,21 @@ TrainCommands::TrainCommands(CLI::App& app) {
       ->add_option("--max-restarts", max_restarts_,
                    "Supervise: restart the worker from the latest checkpoint when it dies, up "
                    "to N times")
-      ->check(CLI::NonNegativeNumber);
+      ->check(IntAtLeast(0));
   train_->add_option("--profile-steps", profile_steps_,
                      "Profile steps A..B-1 (A:B): OUTDIR/trace.json and a time breakdown");
   train_->add_option("--output-dir", output_dir_, "Output directory (overrides output_dir)");
   train_->add_option("--backend", backend_, "Backend: cpu (oneDNN) or reference")
       ->check(CLI::IsMember(BackendNames()))
       ->capture_default_str();
-  train_->add_flag("--no-resume", no_resume_, "Ignore existing checkpoints (start from step 0)");
+  CLI::Option* no_resume = train_->add_flag(
+      "--no-resume", no_resume_,
+      "Start a new run from step 0; refused on a folder holding an earlier run unless --replace");
+  train_
+      ->add_flag("--replace", replace_,
+                 "With --no-resume: move an earlier run in the folder to OUTDIR/replaced-<time>/ "
+                 "(nothing is deleted)")
+      ->needs(no_resume);
 
   eval_ = app.add_subcommand("eval", "Held-out loss and accuracy of a checkpoint");
   eval_->add_option("checkpoint", checkpoint_, "Run directory (latest checkpoint) or step_N dir")
@@ -124,15 +319,19 @@ TrainCommands::TrainCommands(CLI::App& app) {
   export_->add_option("checkpoint", checkpoint_, "Run directory (latest checkpoint) or step_N dir")
       ->required();
   export_->add_option("--out", export_out_, "Artifact directory to write")->required();
-  export_->add_option("--format", export_format_,
-                      "kiln: the compiler artifact (manifest.json, program.ir, "
-                      "weights.safetensors); hf: a Hugging Face GPT-2 directory (config.json, "
-                      "model.safetensors) for GPT models")
+  export_
+      ->add_option("--format", export_format_,
+                   "kiln: the compiler artifact (manifest.json, program.ir, "
+                   "weights.safetensors); hf: a Hugging Face GPT-2 directory (config.json, "
+                   "model.safetensors) for GPT models")
       ->check(CLI::IsMember({"kiln", "hf"}));
   export_->add_option("--batch", export_batch_, "Batch size of the exported program")
-      ->check(CLI::PositiveNumber)
+      ->check(IntAtLeast(1))
       ->capture_default_str();
   export_->add_option("--config", eval_config_, "Config (default: RUNDIR/config.yaml)");
+  export_->add_flag("--overwrite", export_overwrite_,
+                    "Replace the files of an earlier export in --out (or add the export's files to "
+                    "a non-empty folder); nothing else there is touched");
 }
 
 int TrainCommands::Run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -151,8 +350,11 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
   }
   std::vector<std::string> sets = sets_;
   if (!output_dir_.empty()) sets.push_back("output_dir=" + output_dir_);
-  absl::StatusOr<train::TrainConfig> config = train::LoadTrainConfig(config_path_, sets);
+  std::vector<std::string> config_notes;
+  absl::StatusOr<train::TrainConfig> config =
+      train::LoadTrainConfig(config_path_, sets, &config_notes);
   if (!config.ok()) return Fail(err, "train", config.status());
+  for (const std::string& n : config_notes) out << n << "\n";
   train::TrainerOptions opts;
   if (!profile_steps_.empty()) {
     absl::StatusOr<std::pair<int64_t, int64_t>> r = ParseRange(profile_steps_);
@@ -165,6 +367,7 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
   opts.log = &out;
   opts.tty = &out == &std::cout && isatty(STDOUT_FILENO);
   opts.resume = !no_resume_;
+  opts.replace = replace_;
   opts.run_info = RunInfo(backend_, config->precision);
   // A bf16 policy on a CPU where oneDNN's bf16 matmul is slower than f32 (no AMX): say so once,
   // with both rates measured now (~0.1 s), and record them (docs/compiler.md).
@@ -184,57 +387,64 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
 }
 
 int TrainCommands::RunEval(std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::pair<std::string, int64_t>> where = ResolveCheckpoint(checkpoint_);
+  absl::StatusOr<Source> where = ResolveCheckpoint(checkpoint_, eval_config_);
   if (!where.ok()) return Fail(err, "eval", where.status());
   std::vector<std::string> sets = eval_sets_;
-  sets.push_back("output_dir=" + where->first);
-  std::string cfg = eval_config_.empty() ? where->first + "/config.yaml" : eval_config_;
-  absl::StatusOr<train::TrainConfig> config = train::LoadTrainConfig(cfg, sets);
+  sets.push_back("output_dir=" + where->run_dir);
+  absl::StatusOr<train::TrainConfig> config = train::LoadTrainConfig(where->config, sets);
   if (!config.ok()) return Fail(err, "eval", config.status());
   absl::StatusOr<std::unique_ptr<runtime::Backend>> backend = MakeBackendByName("cpu");
   if (!backend.ok()) return Fail(err, "eval", backend.status());
   train::TrainerOptions opts;
   opts.backend = backend->get();
   opts.read_only = true;
-  opts.restore_step = where->second;
+  opts.restore_step = where->step;
+  opts.restore_path = where->loose_dir;
   absl::StatusOr<std::unique_ptr<train::Trainer>> t = train::Trainer::Create(*config, opts);
   if (!t.ok()) return Fail(err, "eval", t.status());
+  PrintRestoreNotes(err, "eval", **t);
   absl::StatusOr<train::EvalResult> e = (*t)->Evaluate(eval_batches_);
   if (!e.ok()) return Fail(err, "eval", e.status());
   out << absl::StrFormat("step %d: held-out loss %.4f accuracy %.4f", (*t)->train_step().step(),
                          e->loss, e->accuracy);
-  if (e->perplexity > 0) out << absl::StrFormat(" perplexity %.2f", e->perplexity);  // language models
+  if (e->perplexity > 0)
+    out << absl::StrFormat(" perplexity %.2f", e->perplexity);  // language models
   out << absl::StrFormat(" (%d examples)\n", e->examples);
   return 0;
 }
 
 int TrainCommands::RunExport(std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::pair<std::string, int64_t>> where = ResolveCheckpoint(checkpoint_);
+  absl::StatusOr<Source> where = ResolveCheckpoint(checkpoint_, eval_config_);
   if (!where.ok()) return Fail(err, "export", where.status());
-  std::string cfg = eval_config_.empty() ? where->first + "/config.yaml" : eval_config_;
+  bool out_exists = false;
+  absl::Status target =
+      CheckExportTarget(export_out_, *where, export_format_, export_overwrite_, &out_exists);
+  if (!target.ok()) return Fail(err, "export", target);
   absl::StatusOr<train::TrainConfig> config =
-      train::LoadTrainConfig(cfg, {"output_dir=" + where->first});
+      train::LoadTrainConfig(where->config, {"output_dir=" + where->run_dir});
   if (!config.ok()) return Fail(err, "export", config.status());
   absl::StatusOr<std::unique_ptr<runtime::Backend>> backend = MakeBackendByName("cpu");
   if (!backend.ok()) return Fail(err, "export", backend.status());
   train::TrainerOptions opts;
   opts.backend = backend->get();
   opts.read_only = true;
-  opts.restore_step = where->second;
+  opts.restore_step = where->step;
+  opts.restore_path = where->loose_dir;
   absl::StatusOr<std::unique_ptr<train::Trainer>> t = train::Trainer::Create(*config, opts);
   if (!t.ok()) return Fail(err, "export", t.status());
+  PrintRestoreNotes(err, "export", **t);
   if (export_format_ == "hf") {
     const auto* gpt = dynamic_cast<const nn::Gpt*>(&(*t)->model());
     if (gpt == nullptr)
       return Fail(err, "export",
                   absl::InvalidArgumentError("--format hf exports GPT models only; this run is " +
                                              (*t)->model().Describe()));
-    std::error_code ec;
-    std::filesystem::create_directories(export_out_, ec);
-    if (ec)
-      return Fail(err, "export",
-                  absl::InternalError("cannot create " + export_out_ + ": " + ec.message()));
-    absl::Status s = gpt->ExportHuggingFace((*t)->train_step().params(), export_out_);
+    absl::Status s = WriteExport(export_out_, out_exists, "hf", [&](const std::string& dir) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec) return absl::InternalError("cannot create " + dir + ": " + ec.message());
+      return gpt->ExportHuggingFace((*t)->train_step().params(), dir);
+    });
     if (!s.ok()) return Fail(err, "export", s);
     out << "exported step " << (*t)->train_step().step() << " of " << (*t)->model().Describe()
         << " to " << export_out_
@@ -253,12 +463,13 @@ int TrainCommands::RunExport(std::ostream& out, std::ostream& err) {
   for (int i = 0; i < p.size(); ++i) weights[p.names()[i]] = p.value(i);
   compiler::ArtifactOptions ao;
   ao.backend = "cpu";
-  ao.overwrite = true;
   ao.metadata = {{"model", (*t)->model().Describe()},
                  {"step", std::to_string((*t)->train_step().step())},
                  {"config_hash", train::ConfigHash(*config)},
                  {"kiln_version", KilnVersion()}};
-  absl::Status s = compiler::WriteArtifact(export_out_, *program, weights, ao);
+  absl::Status s = WriteExport(export_out_, out_exists, "kiln", [&](const std::string& dir) {
+    return compiler::WriteArtifact(dir, *program, weights, ao);
+  });
   if (!s.ok()) return Fail(err, "export", s);
   out << "exported step " << (*t)->train_step().step() << " of " << (*t)->model().Describe()
       << " to " << export_out_ << " (manifest.json, program.ir, weights.safetensors)\n";

@@ -43,6 +43,7 @@ class TrainCommands {
   std::string output_dir_;
   std::string backend_ = "cpu";
   bool no_resume_ = false;
+  bool replace_ = false;
 
   std::string checkpoint_;  // eval / export: OUTDIR or OUTDIR/checkpoints/step_N
   std::string eval_config_;
@@ -51,6 +52,7 @@ class TrainCommands {
   std::string export_out_;
   int64_t export_batch_ = 1;
   std::string export_format_ = "kiln";
+  bool export_overwrite_ = false;
 };
 
 }  // namespace kiln::cli

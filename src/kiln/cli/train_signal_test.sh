@@ -55,6 +55,11 @@ while [ $i -lt 400 ]; do
   sleep 0.05; i=$((i + 1))
 done
 WORKER=$(pgrep -P $SUP | head -1)
+# A second trainer on the same folder is refused while the worker holds its lock, naming the pid.
+"$KILN" train "$CONFIG" --set steps=1500 --output-dir "$W/supervised" > "$W/second_trainer.log" 2>&1
+RC2=$?
+[ $RC2 -eq 1 ] && grep -q "in use by another kiln train (process $WORKER holds" "$W/second_trainer.log" \
+  || { echo "a second trainer was not refused (exit $RC2)"; cat "$W/second_trainer.log"; exit 1; }
 [ -n "$WORKER" ] && kill -KILL "$WORKER"
 wait $SUP; RC=$?
 [ $RC -eq 0 ] || { echo "supervised run exited $RC"; cat "$W/sup.log"; exit 1; }

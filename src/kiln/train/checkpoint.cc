@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(
     return absl::InvalidArgumentError("checkpoint shard_bytes must be > 0");
   }
   std::unique_ptr<CheckpointManager> m(new CheckpointManager(CleanPath(root), options));
+  if (options.read_only) return m;
   // Create the root, and make each new directory's entry durable: otherwise a crash could take
   // the root, and every checkpoint in it, away after saves had returned OK.
   std::vector<std::string> created;
@@ -198,7 +199,7 @@ absl::Status CheckpointManager::Save(int64_t step, const NamedTensors& tensors,
   Job job;
   job.step = step;
   job.tensors = &tensors;
-  job.metadata = metadata;
+  KILN_ASSIGN_OR_RETURN(job.metadata, Stamp(metadata));
   SaveInfo info;
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s = WriteAndCommit(job, &info);
@@ -213,6 +214,7 @@ absl::Status CheckpointManager::SaveAsync(int64_t step, const NamedTensors& tens
   KILN_RETURN_IF_ERROR(ConsumePending(step));
   std::string metadata_text;
   KILN_RETURN_IF_ERROR(ValidateRequest(step, tensors, metadata, &metadata_text));
+  KILN_ASSIGN_OR_RETURN(nlohmann::json stamped, Stamp(metadata));
   const auto t0 = std::chrono::steady_clock::now();
   EnsureStaging(tensors);
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -225,7 +227,7 @@ absl::Status CheckpointManager::SaveAsync(int64_t step, const NamedTensors& tens
   Job job;
   job.step = step;
   job.tensors = &staging_;
-  job.metadata = metadata;
+  job.metadata = std::move(stamped);
   job.blocking_micros = MicrosSince(t0);
   pending_step_ = step;
   try {
@@ -244,6 +246,32 @@ absl::Status CheckpointManager::SaveAsync(int64_t step, const NamedTensors& tens
         absl::StrCat("checkpoint step ", step, ": cannot start the writer thread: ", e.what()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<nlohmann::json> CheckpointManager::Stamp(const nlohmann::json& metadata) const {
+  if (options_.run_id.empty()) return metadata;
+  if (!metadata.is_object()) {
+    return absl::InvalidArgumentError(
+        "checkpoint: metadata must be a JSON object when CheckpointOptions::run_id is set");
+  }
+  nlohmann::json m = metadata;
+  m["run_id"] = options_.run_id;
+  return m;
+}
+
+bool CheckpointManager::OfThisRun(int64_t step, std::string* other) {
+  other->clear();
+  if (options_.run_id.empty()) return true;
+  absl::StatusOr<nlohmann::json> meta =
+      ReadCheckpointMetadata(JoinPath(root_, StepDirName(step)), env_);
+  if (!meta.ok()) {
+    *other = "(unreadable manifest)";
+    return false;
+  }
+  const std::string id = CheckpointRunId(*meta);
+  if (id.empty() || id == options_.run_id) return true;
+  *other = id;
+  return false;
 }
 
 void CheckpointManager::EnsureStaging(const NamedTensors& like) {
@@ -383,12 +411,19 @@ absl::Status CheckpointManager::ApplyRetention(int64_t just_saved, SaveInfo* inf
     info->notes.push_back("retention skipped: " + steps.status().ToString());
     return absl::OkStatus();
   }
-  const size_t n = steps->size();
+  // Only this run's checkpoints count and can go: another run's (or one whose manifest cannot be
+  // read, so whose run is unknown) is never deleted by this one.
+  std::vector<int64_t> own;
+  std::string other;
+  for (int64_t step : *steps) {
+    if (step == just_saved || OfThisRun(step, &other)) own.push_back(step);
+  }
+  const size_t n = own.size();
   const size_t keep_from =
       n > static_cast<size_t>(options_.keep_last) ? n - static_cast<size_t>(options_.keep_last) : 0;
   bool deleted = false;
   for (size_t i = 0; i < keep_from; ++i) {
-    const int64_t step = (*steps)[i];
+    const int64_t step = own[i];
     if (step == just_saved) continue;
     if (options_.keep_every > 0 && step % options_.keep_every == 0) continue;
     absl::Status s = env_->DeleteDir(JoinPath(root_, StepDirName(step)));
@@ -428,7 +463,14 @@ absl::StatusOr<Checkpoint> CheckpointManager::RestoreLatest() {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> steps, Steps());
   if (steps.empty()) return absl::NotFoundError("no checkpoints in " + root_);
   std::vector<std::string> notes;
+  bool damaged = false;
   for (size_t i = steps.size(); i-- > 0;) {
+    std::string other;
+    if (!OfThisRun(steps[i], &other) && other != "(unreadable manifest)") {
+      notes.push_back(absl::StrCat("skipped ", StepDirName(steps[i]), ": it belongs to run ", other,
+                                   ", not to this run (", options_.run_id, ")"));
+      continue;
+    }
     absl::StatusOr<Checkpoint> c = Load(steps[i]);
     if (c.ok()) {
       c->notes = std::move(notes);
@@ -439,9 +481,11 @@ absl::StatusOr<Checkpoint> CheckpointManager::RestoreLatest() {
       return c.status();
     }
     notes.push_back("skipped " + StepDirName(steps[i]) + ": " + c.status().ToString());
+    damaged = true;
   }
   std::string all;
   for (const std::string& n : notes) absl::StrAppend(&all, "\n  ", n);
+  if (!damaged) return absl::NotFoundError("no checkpoints of this run in " + root_ + ":" + all);
   return absl::DataLossError("no checkpoint in " + root_ + " verifies:" + all);
 }
 
@@ -542,6 +586,21 @@ absl::StatusOr<Checkpoint> CheckpointManager::Load(int64_t step) {
     }
   }
   return out;
+}
+
+absl::StatusOr<nlohmann::json> ReadCheckpointMetadata(const std::string& step_dir, Env* env) {
+  if (env == nullptr) env = Env::Default();
+  const std::string path = JoinPath(step_dir, kCheckpointManifestName);
+  KILN_ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, path));
+  KILN_ASSIGN_OR_RETURN(Manifest m, internal::DecodeManifest(text, path));
+  return std::move(m.metadata);
+}
+
+std::string CheckpointRunId(const nlohmann::json& metadata) {
+  if (!metadata.is_object()) return "";
+  auto it = metadata.find("run_id");
+  if (it == metadata.end() || !it->is_string()) return "";
+  return it->get<std::string>();
 }
 
 }  // namespace kiln::train

@@ -59,6 +59,15 @@ struct CheckpointOptions {
   // A shard is closed before a tensor that would take it past this many data bytes (a larger
   // tensor gets a shard of its own).
   uint64_t shard_bytes = uint64_t{1} << 30;
+  // The run this manager belongs to (docs/train.md "One folder, one run"). When non-empty, every
+  // save stamps it into the metadata as "run_id" (the metadata must then be a JSON object),
+  // RestoreLatest skips checkpoints stamped with another run id (saying so in its notes), and
+  // retention counts and deletes only this run's checkpoints. A checkpoint without a run id
+  // (written before run ids existed) counts as this run's. Restore(step) loads any checkpoint.
+  std::string run_id;
+  // Open neither creates `root` nor cleans up interrupted saves: for readers (`kiln eval`,
+  // `kiln export`) that must not change a run they only look at.
+  bool read_only = false;
 };
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
@@ -154,6 +163,10 @@ class CheckpointManager {
   absl::Status WriteAndCommit(const Job& job, SaveInfo* info);
   absl::Status ApplyRetention(int64_t just_saved, SaveInfo* info);
   absl::StatusOr<Checkpoint> Load(int64_t step);
+  // Whether checkpoint `step` belongs to options_.run_id (see CheckpointOptions::run_id); sets
+  // `other` to the run id it has when it does not. Unreadable manifests belong to no run.
+  bool OfThisRun(int64_t step, std::string* other);
+  absl::StatusOr<nlohmann::json> Stamp(const nlohmann::json& metadata) const;
   void EnsureStaging(const NamedTensors& like);
 
   std::string root_;
@@ -170,6 +183,14 @@ class CheckpointManager {
 
 // "step_<N>" for a committed checkpoint directory name; -1 for anything else.
 int64_t ParseCheckpointDirName(const std::string& name);
+
+// The metadata of the checkpoint in directory `step_dir`, from its manifest (whose checksum is
+// verified; the shards are not read). DataLoss if the manifest is damaged, NotFound if missing.
+absl::StatusOr<nlohmann::json> ReadCheckpointMetadata(const std::string& step_dir,
+                                                      Env* env = nullptr);
+
+// The "run_id" of checkpoint metadata; "" when there is none.
+std::string CheckpointRunId(const nlohmann::json& metadata);
 
 }  // namespace kiln::train
 

@@ -176,6 +176,60 @@ TEST_F(CheckpointTest, RetentionKeepsLastKPlusEveryMth) {
   EXPECT_THAT(*mgr->Steps(), ElementsAre(4, 8, 10, 11));
 }
 
+// Issue 13 case 2: the old run's checkpoints in the same folder must never be restored by, nor
+// deleted by the retention of, a new run.
+TEST_F(CheckpointTest, RunIdsKeepRunsApartInRestoreAndRetention) {
+  CheckpointOptions old_run;
+  old_run.run_id = "aaaaaaaaaaaaaaaa";
+  old_run.keep_last = 2;
+  auto a = OpenManager(old_run);
+  for (int step : {300, 400}) ASSERT_TRUE(a->Save(step, Model(step), Meta(step)).ok());
+  a.reset();
+  // A checkpoint from before run ids: it belongs to whichever run the folder holds.
+  auto legacy = OpenManager();
+  ASSERT_TRUE(legacy->Save(50, Model(50), Meta(50)).ok());
+  legacy.reset();
+
+  CheckpointOptions new_run;
+  new_run.run_id = "bbbbbbbbbbbbbbbb";
+  new_run.keep_last = 2;
+  auto b = OpenManager(new_run);
+  absl::StatusOr<Checkpoint> first = b->RestoreLatest();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->step, 50);  // not the old run's 400
+  EXPECT_THAT(absl::StrJoin(first->notes, "\n"),
+              HasSubstr("skipped step_400: it belongs to run aaaaaaaaaaaaaaaa, not to this run "
+                        "(bbbbbbbbbbbbbbbb)"));
+  for (int step : {100, 200, 250}) ASSERT_TRUE(b->Save(step, Model(step), Meta(step)).ok());
+  // Retention counted only b's (and the legacy) checkpoints: 50 and 100 went, 300/400 stayed.
+  EXPECT_THAT(*b->Steps(), ElementsAre(200, 250, 300, 400));
+  absl::StatusOr<Checkpoint> latest = b->RestoreLatest();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->step, 250);
+  EXPECT_EQ(CheckpointRunId(latest->metadata), "bbbbbbbbbbbbbbbb");
+  EXPECT_EQ(latest->metadata["rng"]["counter"], 250000);  // the caller's metadata is kept
+  absl::StatusOr<nlohmann::json> meta =
+      ReadCheckpointMetadata(std::string(kRoot) + "/step_400", mem_.get());
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(CheckpointRunId(*meta), "aaaaaaaaaaaaaaaa");
+
+  // Only foreign checkpoints: a fresh start (NotFound), not damage.
+  for (int step : {200, 250})
+    ASSERT_TRUE(mem_->DeleteDir(std::string(kRoot) + "/step_" + std::to_string(step)).ok());
+  EXPECT_TRUE(absl::IsNotFound(b->RestoreLatest().status()));
+}
+
+TEST_F(CheckpointTest, ReadOnlyOpenChangesNothing) {
+  ASSERT_TRUE(OpenManager()->Save(1, Model(1)).ok());
+  WriteMem(std::string(kRoot) + "/step_2.tmp-1234", "an interrupted save of a live trainer");
+  CheckpointOptions ro;
+  ro.read_only = true;
+  auto m = OpenManager(ro);
+  EXPECT_THAT(m->open_notes(), IsEmpty());
+  EXPECT_TRUE(mem_->FileExists(std::string(kRoot) + "/step_2.tmp-1234"));
+  EXPECT_EQ(m->RestoreLatest()->step, 1);
+}
+
 TEST_F(CheckpointTest, ReplacingTheSameStepIsAtomicAndLeavesNothingBehind) {
   auto mgr = OpenManager();
   ASSERT_TRUE(mgr->Save(5, Model(1), Meta(1)).ok());

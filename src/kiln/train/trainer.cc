@@ -22,6 +22,7 @@
 #include "kiln/nn/optim.h"
 #include "kiln/nn/params.h"
 #include "kiln/nn/vision.h"
+#include "kiln/train/divergence.h"
 
 namespace kiln::train {
 namespace {
@@ -403,6 +404,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   t->options_ = std::move(options);
   t->hash_ = ConfigHash(config);
   const TrainConfig& c = t->config_;
+  const bool ro = t->options_.read_only;
+
+  // ---- The run directory: one trainer, one run (run_dir.h) ----
+  bool move_aside = false;
+  if (!ro) {
+    KILN_ASSIGN_OR_RETURN(t->lock_, RunDirLock::Acquire(c.output_dir));
+    KILN_ASSIGN_OR_RETURN(PreviousRun prev, InspectRunDir(c.output_dir));
+    if (!t->options_.resume && prev.exists) {
+      if (!t->options_.replace) return FreshStartRefusal(c.output_dir, prev);
+      move_aside = true;
+    }
+    t->run_id_ = t->options_.resume && !prev.run_id.empty() ? prev.run_id : NewRunId();
+  } else if (t->options_.restore_path.empty()) {
+    t->run_id_ = ReadRunJsonId(c.output_dir);  // "": a run from before run ids; no filtering
+  }
 
   // ---- Data ----
   int64_t features = 0, num_classes = c.data.num_classes;
@@ -537,25 +553,36 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   t->profiler_.set_enabled(false);
 
   // ---- Output directory ----
-  std::error_code ec;
-  std::filesystem::create_directories(c.output_dir, ec);
-  if (ec) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("output_dir: cannot create ", c.output_dir, ": ", ec.message()));
+  if (move_aside) {
+    KILN_ASSIGN_OR_RETURN(std::string aside, MoveRunAside(c.output_dir));
+    t->notes_.push_back(absl::StrCat("--no-resume --replace: moved the earlier run to ", aside,
+                                     " (delete it yourself once you no longer need it)"));
   }
-  const bool ro = t->options_.read_only;
   if (!ro) KILN_RETURN_IF_ERROR(WriteFileAtomic(c.output_dir + "/config.yaml", ConfigToYaml(c)));
   CheckpointOptions copts;
   copts.keep_last = c.keep_last;
   copts.keep_every = c.keep_every;
-  KILN_ASSIGN_OR_RETURN(t->ckpt_, CheckpointManager::Open(c.output_dir + "/checkpoints", copts));
+  copts.run_id = t->run_id_;
+  copts.read_only = ro;
+  std::string ckpt_root = c.output_dir + "/checkpoints";
+  int64_t restore_step = t->options_.restore_step;
+  if (ro && !t->options_.restore_path.empty()) {
+    std::filesystem::path p = std::filesystem::path(t->options_.restore_path).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();
+    restore_step = ParseCheckpointDirName(p.filename().string());
+    if (restore_step < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint directory ", t->options_.restore_path, " is not named step_<N>"));
+    }
+    ckpt_root = p.parent_path().empty() ? "." : p.parent_path().string();
+  }
+  KILN_ASSIGN_OR_RETURN(t->ckpt_, CheckpointManager::Open(ckpt_root, copts));
   for (const std::string& n : t->ckpt_->open_notes()) t->notes_.push_back(n);
 
   // ---- Resume ----
   if (t->options_.resume) {
-    absl::StatusOr<Checkpoint> ck = t->options_.restore_step >= 0
-                                        ? t->ckpt_->Restore(t->options_.restore_step)
-                                        : t->ckpt_->RestoreLatest();
+    absl::StatusOr<Checkpoint> ck =
+        restore_step >= 0 ? t->ckpt_->Restore(restore_step) : t->ckpt_->RestoreLatest();
     if (ck.ok()) {
       for (const std::string& n : ck->notes) t->notes_.push_back(n);
       nn::ParamStore p, s;
@@ -584,8 +611,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
       }
       t->start_step_ = ck->step;
       t->last_saved_step_ = ck->step;
-      t->notes_.push_back(absl::StrCat("resumed from ", ck->path, " (step ", ck->step, ")"));
-    } else if (!absl::IsNotFound(ck.status()) || t->options_.restore_step >= 0 || ro) {
+      t->restored_from_ = ck->path;
+      if (!ro) {
+        t->notes_.push_back(absl::StrCat("resumed from ", ck->path, " (step ", ck->step, ")"));
+      }
+    } else if (!absl::IsNotFound(ck.status()) || restore_step >= 0 || ro) {
       return ck.status();
     }
   }
@@ -596,13 +626,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   std::vector<std::unique_ptr<MetricsSink>> sinks;
   KILN_ASSIGN_OR_RETURN(sinks.emplace_back(),
                         JsonlSink::Create(c.output_dir + "/metrics.jsonl", /*append=*/true));
-  KILN_ASSIGN_OR_RETURN(sinks.emplace_back(), TensorBoardSink::Create(c.output_dir));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<TensorBoardSink> tb, TensorBoardSink::Create(c.output_dir));
+  // After a resume from step S: TensorBoard drops the points past S that the killed run wrote
+  // (docs/formats.md "TensorBoard event files").
+  if (t->start_step_ > 0) KILN_RETURN_IF_ERROR(tb->writer().AddSessionStart(t->start_step_));
+  sinks.push_back(std::move(tb));
   t->metrics_ = std::make_unique<MultiSink>(std::move(sinks));
 
   // ---- Run info ----
   nlohmann::json info =
       t->options_.run_info.is_object() ? t->options_.run_info : nlohmann::json::object();
   info["config_hash"] = t->hash_;
+  info["run_id"] = t->run_id_;
   std::string commit = GitCommit();
   if (!commit.empty()) info["git_commit"] = commit;
   info["backend"] = t->options_.backend->name();
@@ -627,6 +662,14 @@ absl::Status Trainer::Save(bool sync) {
   NamedTensors tensors;
   const nn::ParamStore& p = step_->params();
   const nn::ParamStore& s = step_->optimizer_state();
+  // Never commit a diverged state as a result: the run stops instead (Run checks the loss and
+  // gradients every step; this catches an update that overflowed the parameters silently).
+  if (!AllFinite(p) || !AllFinite(s)) {
+    KILN_RETURN_IF_ERROR(ckpt_->Wait());
+    return DivergenceError(
+        config_, step_->step(), NAN, NAN, 0, /*params_nonfinite=*/true,
+        last_saved_step_ > 0 ? absl::StrCat(ckpt_->root(), "/step_", last_saved_step_) : "");
+  }
   for (int i = 0; i < p.size(); ++i) tensors.emplace_back(p.names()[i], p.value(i));
   for (int i = 0; i < s.size(); ++i) tensors.emplace_back(s.names()[i], s.value(i));
   nlohmann::json meta = {{"step", step_->step()},
@@ -713,6 +756,17 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   result.start_step = start_step_;
   result.notes = notes_;
   for (const std::string& n : notes_) Log(n);
+  if (start_step_ >= c.steps) {
+    Log(absl::StrFormat(
+        "run already complete: %s is step %d and steps is %d, so there is nothing to train. To "
+        "train further, raise steps (--set steps=N); to evaluate it: kiln eval %s",
+        restored_from_, start_step_, c.steps, c.output_dir));
+    KILN_RETURN_IF_ERROR(metrics_->Close());
+    result.final_step = start_step_;
+    result.checkpoint = restored_from_;
+    return result;
+  }
+
   Log(absl::StrFormat("model %s, %d parameters; train step compiled in %.2fs; steps %d..%d",
                       model_->Describe(), step_->params().num_elements(), step_->compile_seconds(),
                       start_step_ + 1, c.steps));
@@ -737,6 +791,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   int64_t window_steps = 0;
   bool evaluated_last = false;
   int64_t ran = 0;
+  int64_t nonfinite_steps = 0;  // in a row
 
   while (step_->step() < c.steps) {
     if (stop_.load(std::memory_order_relaxed) || PreemptionRequested()) {
@@ -780,8 +835,23 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       ++prof_steps;
     }
     result.losses.push_back(m.loss);
-    if (!std::isfinite(m.loss)) {
-      Log(absl::StrCat("warning: non-finite loss at step ", number));
+    if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
+      ++nonfinite_steps;
+      const bool params_bad = !AllFinite(step_->params());
+      Log(absl::StrFormat("warning: non-finite %s at step %d (%d of nonfinite_patience %d)",
+                          std::isfinite(m.loss) ? "gradient norm" : "loss", number, nonfinite_steps,
+                          c.nonfinite_patience));
+      if (params_bad || nonfinite_steps >= c.nonfinite_patience) {
+        KILN_RETURN_IF_ERROR(ckpt_->Wait());  // an in-flight save holds a finite earlier state
+        KILN_RETURN_IF_ERROR(
+            WriteMetrics(number, {{"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm}}));
+        KILN_RETURN_IF_ERROR(metrics_->Close());
+        return DivergenceError(
+            c, number, m.loss, m.grad_norm, nonfinite_steps, params_bad,
+            last_saved_step_ > 0 ? absl::StrCat(ckpt_->root(), "/step_", last_saved_step_) : "");
+      }
+    } else {
+      nonfinite_steps = 0;
     }
     double step_time = Seconds(t2 - t0);
     if (ran == 1) {

@@ -37,6 +37,7 @@
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/config.h"
 #include "kiln/train/metrics.h"
+#include "kiln/train/run_dir.h"
 #include "kiln/train/trace.h"
 #include "nlohmann/json.hpp"
 
@@ -70,6 +71,12 @@ struct TrainerOptions {
   // and restore checkpoint `restore_step` (>= 0) instead of the newest one.
   bool read_only = false;
   int64_t restore_step = -1;
+  // read_only: restore this checkpoint directory (a `step_N` folder anywhere, e.g. one copied out
+  // of its run) instead of one under OUTDIR/checkpoints.
+  std::string restore_path;
+  // resume = false on an OUTDIR that holds an earlier run: move that run's files to
+  // OUTDIR/replaced-<UTC time>/ and start a new run (instead of refusing). Nothing is deleted.
+  bool replace = false;
 };
 
 struct EvalResult {
@@ -96,8 +103,11 @@ class Trainer {
   class Batcher;   // training batches (trainer.cc)
   class EvalData;  // held-out batches (trainer.cc)
 
-  // Loads the data, builds and compiles the model, opens OUTDIR and restores the newest good
-  // checkpoint (options.resume). Writes config.yaml and run.json.
+  // Takes OUTDIR's lock (run_dir.h: a second trainer on the same folder is refused, naming the
+  // holder's pid), loads the data, builds and compiles the model, and restores the newest good
+  // checkpoint of this run (options.resume). A fresh start (resume = false) on a folder holding
+  // an earlier run is refused unless options.replace. Writes config.yaml and run.json (with the
+  // run id that every checkpoint of the run carries).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          TrainerOptions options);
   ~Trainer();
@@ -116,6 +126,12 @@ class Trainer {
   const nn::TrainStep& train_step() const { return *step_; }
   const nn::Model& model() const { return *model_; }
   int64_t start_step() const { return start_step_; }
+  // What Create noticed and did: skipped damaged or foreign checkpoints, the checkpoint resumed
+  // from, an earlier run moved aside, ... (Run logs them; eval/export print them).
+  const std::vector<std::string>& notes() const { return notes_; }
+  const std::string& run_id() const { return run_id_; }
+  // The checkpoint directory restored from ("" on a fresh start).
+  const std::string& restored_from() const { return restored_from_; }
 
  private:
   Trainer() = default;
@@ -126,8 +142,12 @@ class Trainer {
   absl::Status ReportProfile(double step_seconds_total, double input_seconds,
                              double compute_seconds, int64_t steps_profiled);
 
+  // First member, so it is released last: after the checkpoint writer and the metrics sinks.
+  std::unique_ptr<RunDirLock> lock_;
   TrainConfig config_;
   TrainerOptions options_;
+  std::string run_id_;
+  std::string restored_from_;
   std::string hash_;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<nn::TrainStep> step_;

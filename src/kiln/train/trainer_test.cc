@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/train/event_writer.h"
 
 namespace kiln::train {
 namespace {
@@ -240,6 +241,101 @@ TEST(TrainerTest, FallsBackPastCorruptCheckpoint) {
   auto t2 = Trainer::Create(c, {.backend = cpu.get()});
   ASSERT_TRUE(t2.ok()) << t2.status();
   EXPECT_EQ((*t2)->start_step(), 5);
+  fs::remove_all(out);
+}
+
+// docs/formats.md: after a resume from step S the event file starts with session_log START at S,
+// so TensorBoard drops what the killed run logged past S.
+TEST(TrainerTest, AResumeWritesSessionStartToTheNewEventFile) {
+  auto cpu = runtime::MakeCpuBackend();
+  std::string out = TempDir("session");
+  TrainConfig c = SmallConfig(out);
+  c.eval_every = 0;
+  auto t = Trainer::Create(c, {.backend = cpu.get(), .stop_after_steps = 7});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->Run().ok());
+  t->reset();
+  auto t2 = Trainer::Create(c, {.backend = cpu.get()});
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  ASSERT_TRUE((*t2)->Run().ok());
+  t2->reset();
+  int starts = 0;
+  for (auto& e : fs::directory_iterator(out)) {
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) != 0) continue;
+    auto events = ReadEventFile(e.path().string());
+    ASSERT_TRUE(events.ok()) << events.status();
+    for (const Event& ev : *events) {
+      if (ev.has_session_log) {
+        EXPECT_EQ(ev.session_status, SessionStatus::kStart);
+        EXPECT_EQ(ev.step, 7);
+        ++starts;
+      }
+    }
+  }
+  EXPECT_EQ(starts, 1);  // only the resumed process's file
+  fs::remove_all(out);
+}
+
+// Issue 13 case 4: divergence stops the run with an error and never commits non-finite numbers.
+TEST(TrainerTest, DivergenceStopsAndNeverCommitsANonFiniteCheckpoint) {
+  auto cpu = runtime::MakeCpuBackend();
+  std::string out = TempDir("diverge");
+  TrainConfig c = SmallConfig(out);
+  c.optimizer.lr = 1e30;
+  c.optimizer.clip_norm = 0;
+  c.schedule.kind = "constant";
+  c.checkpoint_every = 1;
+  auto t = Trainer::Create(c, {.backend = cpu.get()});
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto r = (*t)->Run();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(std::string(r.status().message()).find("training diverged at step"), std::string::npos)
+      << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("try a smaller optimizer.lr (now 1e+30"),
+            std::string::npos);
+  t->reset();
+  auto mgr = CheckpointManager::Open(out + "/checkpoints");
+  ASSERT_TRUE(mgr.ok());
+  absl::StatusOr<std::vector<int64_t>> steps = (*mgr)->Steps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_FALSE(steps->empty());  // step 1 (finite) is committed before the NaNs start
+  for (int64_t step : *steps) {
+    auto ck = (*mgr)->Restore(step);
+    ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+    for (const auto& [name, tensor] : ck->tensors) {
+      if (tensor.dtype() != DType::kF32) continue;
+      for (int64_t i = 0; i < tensor.num_elements(); ++i) {
+        ASSERT_TRUE(std::isfinite(tensor.data<float>()[i])) << "step " << step << " " << name;
+      }
+    }
+  }
+  fs::remove_all(out);
+}
+
+TEST(TrainerTest, AFreshStartOnAnEarlierRunIsRefusedUnlessReplacing) {
+  auto cpu = runtime::MakeCpuBackend();
+  std::string out = TempDir("fresh");
+  TrainConfig c = SmallConfig(out);
+  c.steps = 5;
+  c.eval_every = 0;
+  {
+    auto t = Trainer::Create(c, {.backend = cpu.get()});
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE((*t)->Run().ok());
+  }
+  auto refused = Trainer::Create(c, {.backend = cpu.get(), .resume = false});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  auto replaced = Trainer::Create(c, {.backend = cpu.get(), .resume = false, .replace = true});
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_EQ((*replaced)->start_step(), 0);
+  EXPECT_EQ((*replaced)->run_id().size(), 16u);
+  // While it lives, it holds the folder.
+  auto second = Trainer::Create(c, {.backend = cpu.get()});
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(std::string(second.status().message()).find("in use by another kiln train"),
+            std::string::npos);
   fs::remove_all(out);
 }
 
