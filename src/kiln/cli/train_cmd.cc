@@ -462,7 +462,7 @@ int TrainCommands::RunExport(std::ostream& out, std::ostream& err) {
   const nn::ParamStore& p = (*t)->train_step().params();
   for (int i = 0; i < p.size(); ++i) weights[p.names()[i]] = p.value(i);
   compiler::ArtifactOptions ao;
-  ao.backend = "cpu";
+  ao.backend = "cpu/" + runtime::OneDnnIsaName();  // the compile-cache key of the cpu backend
   ao.metadata = {{"model", (*t)->model().Describe()},
                  {"step", std::to_string((*t)->train_step().step())},
                  {"config_hash", train::ConfigHash(*config)},
