@@ -6,7 +6,8 @@
 #   scripts/install-deps.sh           build + test (what `make test` and `make demo` use)
 #   scripts/install-deps.sh --bench   build + test + bench (what `make bench` adds)
 #
-# Every package a later feature needs goes into the group that uses it (multi-host, serving, ...).
+# Every package a later feature needs goes into the group that uses it: multi-host, serving, ...
+# Keep parentheses out of the arrays, comments included: deps-audit.sh ends an array at the first one.
 # ../shared/tools/deps-audit.sh (run by `make test`) reads the arrays below: a package the build
 # used that is in none of them, nor on a new machine, fails the test run.
 set -euo pipefail
@@ -15,11 +16,11 @@ set -euo pipefail
 BUILD_PKGS=(
   build-essential cmake ccache pkg-config
   libdnnl-dev            # oneDNN 2.6: matmul, conv, pooling, softmax, norms, eltwise
-  ocl-icd-opencl-dev     # dnnl-config.cmake calls find_package(OpenCL); libdnnl-dev only recommends it
+  ocl-icd-opencl-dev     # dnnl-config.cmake requires OpenCL; libdnnl-dev only recommends it
   libabsl-dev            # absl::Status and friends
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
-  zlib1g-dev             # gzip datasets (digits.csv.gz)
+  zlib1g-dev             # gzip datasets: digits.csv.gz
 )
 
 # Tests and the demo: the PyTorch oracle that the GPT interop test (gpt_torch_logits) runs; without
