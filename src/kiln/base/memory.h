@@ -12,6 +12,14 @@
 
 namespace kiln {
 
+// Every buffer of an arena starts at a multiple of this (a cache line; what oneDNN wants).
+inline constexpr int64_t kBufferAlignment = 64;
+
+// `bytes` rounded up to a multiple of `alignment` (a power of two).
+inline constexpr int64_t AlignUp(int64_t bytes, int64_t alignment = kBufferAlignment) {
+  return (bytes + alignment - 1) & ~(alignment - 1);
+}
+
 // `bytes` zeroed bytes (at least `alignment`, a power of two up to the page size) aligned to
 // `alignment`, every page mapped. Throws std::bad_alloc when the memory is not available.
 std::shared_ptr<uint8_t> AllocatePopulated(int64_t bytes, int64_t alignment);

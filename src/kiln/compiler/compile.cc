@@ -25,11 +25,11 @@ std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
   simplify.push_back(std::make_unique<TransposeFoldPass>());
   simplify.push_back(std::make_unique<DcePass>());
   p->AddFixedPointGroup("simplify", std::move(simplify));
-  if (options.fuse_loops) p->Add<FusionPass>();
+  if (options.fuse_loops) p->Add<FusionPass>(FusionOptions{.can_fuse = options.traits.can_fuse});
   if (options.remat.enabled || options.remat.memory_limit_bytes > 0)
-    p->Add<RematPass>(options.remat);
+    p->Add<RematPass>(options.remat, options.traits);
   // Last: it only reorders, and keeps fusion groups contiguous.
-  p->Add<SchedulePass>();
+  p->Add<SchedulePass>(options.traits);
   return p;
 }
 

@@ -22,6 +22,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/passes/constant_fold.h"
 #include "kiln/compiler/passes/remat.h"
 #include "kiln/compiler/pipeline.h"
@@ -42,6 +43,10 @@ struct CompileOptions {
   // Rematerialization (passes/remat.h): off unless remat.enabled or remat.memory_limit_bytes > 0.
   // Its `measure` hook is not part of compile-cache keys (it belongs to the backend's key).
   RematOptions remat;
+  // How the backend runs the result (compiler/execution_plan.h): which fusion groups it can run
+  // as one kernel (the fusion pass forms no other), and the memory model that remat and schedule
+  // minimize. Part of the backend, so it is covered by the backend's compile-cache key.
+  BackendTraits traits;
 };
 
 // The passes, in order, as a pipeline named "optimize".

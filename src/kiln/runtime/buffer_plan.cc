@@ -7,9 +7,6 @@
 namespace kiln::runtime {
 namespace {
 
-int64_t AlignUp(int64_t n) {
-  return (n + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
-}
 int64_t AlignDown(int64_t n) { return n / kBufferAlignment * kBufferAlignment; }
 
 bool NeedsArena(const ir::Node& n) {
@@ -146,7 +143,7 @@ std::vector<int> InPlaceOperands(ir::Opcode op) {
 
 }  // namespace
 
-BufferPlan PlanBuffers(const ir::Graph& graph, const PlanSchedule* schedule,
+BufferPlan PlanBuffers(const ir::Graph& graph, const compiler::ExecutionPlan* schedule,
                        const BufferPlanOptions& options) {
   const int n = graph.num_nodes();
   BufferPlan plan;
@@ -167,7 +164,7 @@ BufferPlan PlanBuffers(const ir::Graph& graph, const PlanSchedule* schedule,
   for (const ir::Output& out : graph.outputs()) last_use[out.node] = n;
   std::vector<char> in_arena(n, 0);
   for (const ir::Node& node : graph.nodes())
-    in_arena[node.id()] = NeedsArena(node) && (!schedule || schedule->materialized[node.id()]);
+    in_arena[node.id()] = NeedsArena(node) && (!schedule || schedule->in_arena[node.id()]);
 
   // In-place merges: buffer[id] is the node whose buffer `id` uses (itself unless it took a dying
   // operand's). Steps run in order, so a merged chain's newest member is always its tail.
@@ -272,7 +269,7 @@ BufferPlan PlanBuffers(const ir::Graph& graph, const PlanSchedule* schedule,
       iv.start = std::min<int64_t>(iv.start, step(id));
     }
   }
-  // Steps need not follow ids under a PlanSchedule: keep definition order by step.
+  // Steps need not follow ids under an execution plan: keep definition order by step.
   std::stable_sort(intervals.begin(), intervals.end(),
                    [](const Interval& a, const Interval& b) { return a.start < b.start; });
 

@@ -1,6 +1,7 @@
 // Buffer assignment: every node that needs arena storage gets an offset in one arena.
 //
 //   BufferPlan plan = PlanBuffers(graph);              // one kernel per node, in id order
+//   BufferPlan plan = PlanBuffers(graph, &execution_plan);  // as a backend runs it
 //   plan.offsets[id];          // byte offset of node id's buffer (-1: not in the arena)
 //   plan.arena_bytes;          // the arena's size
 //   plan.lower_bound_bytes;    // no packing of these lifetimes can use less
@@ -20,7 +21,8 @@
 //   Never: dot_general, convolutions, transposes, broadcasts, reductions, convert (oneDNN reorder),
 //   select (the reference kernel memcpy's each element), data movement, composites: they read
 //   other elements than the one they write, or make no promise about out == in.
-// - multi-node kernels (PlanSchedule: several nodes at one step, the cpu backend's fused loops)
+// - multi-node kernels (an ExecutionPlan's fused groups: several nodes at one step, the cpu
+//   backend's fused loops)
 //   whose members are all elementwise ops: the fused loop stores a block's outputs only after
 //   every input read of that block, so an output may take any input it reads directly (not
 //   through a broadcasting view) that dies at the kernel.
@@ -44,11 +46,11 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/base/memory.h"
+#include "kiln/compiler/execution_plan.h"
 #include "kiln/ir/graph.h"
 
 namespace kiln::runtime {
-
-inline constexpr int64_t kBufferAlignment = 64;
 
 struct BufferPlan {
   std::vector<int64_t> offsets;   // per node id; -1 for parameters and constants (not in arena)
@@ -66,26 +68,16 @@ struct BufferPlan {
   int64_t staging_bytes = 0;
 };
 
-// How a backend actually runs the graph, when that differs from one kernel per node in id order
-// (fused kernels): liveness is then taken from it.
-struct PlanSchedule {
-  // Per node: the step at which its kernel runs (for a fusion group member, the group's last
-  // member's id, where the fused kernel runs).
-  std::vector<int> step;
-  // Per node: the nodes whose buffers its kernel reads at `step` (a fused member reads the
-  // operand of a broadcast it absorbed instead of the broadcast).
-  std::vector<std::vector<int>> reads;
-  // Per node: 0 when the node gets no buffer (nothing reads it: an absorbed broadcast, a fused
-  // intermediate used only inside its group).
-  std::vector<char> materialized;
-};
-
 struct BufferPlanOptions {
   // Let results take the buffers of dying operands (the rules above).
   bool in_place = true;
 };
 
-BufferPlan PlanBuffers(const ir::Graph& graph, const PlanSchedule* schedule = nullptr,
+// `schedule`: how the backend runs the graph (compiler/execution_plan.h): liveness is taken from
+// its steps and reads, and only what it keeps in the arena gets a buffer. It need only fill
+// `step`, `reads` and `in_arena`. Null: one kernel per node in id order, every node that is not a
+// parameter or constant in the arena.
+BufferPlan PlanBuffers(const ir::Graph& graph, const compiler::ExecutionPlan* schedule = nullptr,
                        const BufferPlanOptions& options = {});
 
 }  // namespace kiln::runtime

@@ -219,11 +219,11 @@ TEST(BufferPlanTest, FusedKernelOutputTakesADirectlyReadInput) {
   int m1 = Binary(g, a, bq, 64);
   int m2 = g.AddNode(Opcode::kMul, {m1, c}, Type{DType::kF32, Shape{64}}, {});
   g.AddOutput("y", m2);
-  PlanSchedule s;
+  compiler::ExecutionPlan s;
   const int n = g.num_nodes();
   s.step.resize(n);
   s.reads.resize(n);
-  s.materialized.assign(n, 1);
+  s.in_arena.assign(n, 1);
   for (int i = 0; i < n; ++i) {
     s.step[i] = i;
     s.reads[i] = g.node(i).operands();
@@ -231,8 +231,8 @@ TEST(BufferPlanTest, FusedKernelOutputTakesADirectlyReadInput) {
   s.step[m1] = m2;
   s.reads[m1] = {a, q};
   s.reads[m2] = {c};
-  s.materialized[m1] = 0;
-  s.materialized[bq] = 0;
+  s.in_arena[m1] = 0;
+  s.in_arena[bq] = 0;
   BufferPlan plan = PlanBuffers(g, &s);
   EXPECT_EQ(plan.offsets[m1], -1);
   EXPECT_EQ(plan.offsets[bq], -1);
@@ -250,10 +250,10 @@ TEST(BufferPlanTest, FusedKernelOutputTakesADirectlyReadInput) {
   int hd = h.AddNode(Opcode::kDotGeneral, {ha, ha}, Type{DType::kF32, Shape{8, 8}}, {});
   int hr = h.AddNode(Opcode::kRelu, {hd}, Type{DType::kF32, Shape{8, 8}}, {});
   h.AddOutput("y", hr);
-  PlanSchedule hs;
+  compiler::ExecutionPlan hs;
   hs.step = {0, 1, 3, 3};
   hs.reads = {{}, {hp}, {ha}, {}};
-  hs.materialized = {1, 1, 0, 1};
+  hs.in_arena = {1, 1, 0, 1};
   BufferPlan hplan = PlanBuffers(h, &hs);
   EXPECT_EQ(hplan.in_place_reuses, 0);
   EXPECT_NE(hplan.offsets[hr], hplan.offsets[ha]);
@@ -270,17 +270,17 @@ TEST(BufferPlanTest, AnInputReadThroughABroadcastViewIsNeverOverwritten) {
       {{"broadcast_dimensions", std::vector<int64_t>{0}}, {"shape", std::vector<int64_t>{64}}});
   int m = Binary(g, a, ba, 64);
   g.AddOutput("y", m);
-  PlanSchedule s;
+  compiler::ExecutionPlan s;
   const int n = g.num_nodes();
   s.step.resize(n);
   s.reads.resize(n);
-  s.materialized.assign(n, 1);
+  s.in_arena.assign(n, 1);
   for (int i = 0; i < n; ++i) {
     s.step[i] = i;
     s.reads[i] = g.node(i).operands();
   }
   s.reads[m] = {a, a};
-  s.materialized[ba] = 0;
+  s.in_arena[ba] = 0;
   BufferPlan plan = PlanBuffers(g, &s);
   EXPECT_EQ(plan.in_place_reuses, 0);
   EXPECT_NE(plan.offsets[m], plan.offsets[a]);

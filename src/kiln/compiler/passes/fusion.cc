@@ -194,8 +194,7 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
         const ir::Node& add = g.node(u);
         int other = add.operand(0) == last ? add.operand(1) : add.operand(0);
         if (add.operand(0) != add.operand(1) && g.node(other).type() == type &&
-            IsBiasBroadcast(g, other, EpilogueBiasAxis(dot)) &&
-            join(gi, u))
+            IsBiasBroadcast(g, other, EpilogueBiasAxis(dot)) && join(gi, u))
           last = u;
       }
       u = sole_user(last);
@@ -229,6 +228,14 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
         groups.group_of[groups.members[gi][0]] = -1;
         groups.members[gi].clear();
       }
+    }
+    // What the backend cannot run as one matmul or convolution with post-ops is not formed.
+    for (std::vector<int>& members : groups.members) {
+      if (members.empty() || !options_.can_fuse) continue;
+      std::sort(members.begin(), members.end());
+      if (options_.can_fuse(g, members)) continue;
+      for (int m : members) groups.group_of[m] = -1;
+      members.clear();
     }
   }
   const int num_output_groups = static_cast<int>(groups.members.size());
@@ -277,11 +284,24 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
     }
   }
 
+  // Loop groups the backend refuses are dissolved (fewer groups never make the group graph cyclic).
+  if (options_.can_fuse) {
+    for (int gi = num_output_groups; gi < static_cast<int>(groups.members.size()); ++gi) {
+      std::vector<int>& members = groups.members[gi];
+      if (members.empty()) continue;
+      std::sort(members.begin(), members.end());
+      if (options_.can_fuse(g, members)) continue;
+      for (int m : members) groups.group_of[m] = -1;
+      members.clear();
+    }
+  }
+
   // Topological order of the quotient graph (groups as single units), each unit keyed by its
   // last member's source id so the order stays close to the source.
   std::vector<int> unit_of(n);  // unit id: group index, or groups.size() + node id
   const int num_groups = static_cast<int>(groups.members.size());
-  for (int i = 0; i < n; ++i) unit_of[i] = groups.group_of[i] >= 0 ? groups.group_of[i] : num_groups + i;
+  for (int i = 0; i < n; ++i)
+    unit_of[i] = groups.group_of[i] >= 0 ? groups.group_of[i] : num_groups + i;
   const int num_units = num_groups + n;
   std::vector<int> key(num_units, -1), pending(num_units, 0);
   std::vector<std::vector<int>> consumers(num_units);

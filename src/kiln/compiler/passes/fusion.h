@@ -1,6 +1,6 @@
-// Fusion ("fusion"): output fusion of matmul epilogues, then loop fusion. Groups chains of cheap elementwise ops of one shape into fusion groups
-// that a backend runs as ONE kernel making a single pass over memory, and orders the graph so each
-// group's members are contiguous.
+// Fusion ("fusion"): output fusion of matmul epilogues, then loop fusion. Groups chains of cheap
+// elementwise ops of one shape into fusion groups that a backend runs as ONE kernel making a single
+// pass over memory, and orders the graph so each group's members are contiguous.
 //
 //   %3 = mul(%g, %lr)                         %3 = mul(%g, %lr) {fusion=0}
 //   %4 = sub(%w, %3)                    ->    %4 = sub(%w, %3) {fusion=0}
@@ -24,6 +24,9 @@
 // for consumers outside fusion groups. Even a single node forms a group: the fused loop has no
 // per-op library dispatch.
 //
+// The backend decides (FusionOptions::can_fuse): a group it cannot run as one kernel is never
+// formed, so no backend has to undo one.
+//
 // What it leaves alone: transcendental ops (exp, log, tanh, erf, gelu, sigmoid, silu, sin, cos,
 // pow), which the cpu backend runs faster through oneDNN's vectorized eltwise; integer and f16/f64
 // arithmetic; reductions, data movement, contractions and composites. A merge that would make the
@@ -45,7 +48,10 @@
 #ifndef KILN_COMPILER_PASSES_FUSION_H_
 #define KILN_COMPILER_PASSES_FUSION_H_
 
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kiln/compiler/pass.h"
 #include "kiln/ir/graph.h"
@@ -65,6 +71,11 @@ struct FusionOptions {
   bool fuse_reductions = true;
   // Output fusion: dot_general followed by a bias add, an activation and a residual add.
   bool fuse_matmul_epilogues = true;
+  // The backend's answer to "can you run this group (members in graph order) as one kernel?"
+  // (BackendTraits::can_fuse, compiler/execution_plan.h). An output fusion it refuses is not
+  // formed (its members stay free for loop fusion); a loop group it refuses is dissolved. Null:
+  // every group.
+  std::function<bool(const ir::Graph&, const std::vector<int>&)> can_fuse;
 };
 
 // True for the ops (and types) FusionPass puts into loop fusion groups.
@@ -80,7 +91,7 @@ bool IsLoopReduction(const ir::Graph& graph, const ir::Node& n);
 
 class FusionPass : public Pass {
  public:
-  explicit FusionPass(FusionOptions options = {}) : options_(options) {}
+  explicit FusionPass(FusionOptions options = {}) : options_(std::move(options)) {}
   std::string name() const override { return "fusion"; }
   absl::StatusOr<bool> Run(ir::Graph& graph) override;
 

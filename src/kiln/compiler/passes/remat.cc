@@ -6,13 +6,12 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/passes/fusion.h"
 #include "kiln/compiler/passes/schedule.h"
 
 namespace kiln::compiler {
 namespace {
-
-int64_t AlignUp(int64_t n) { return (n + 63) / 64 * 64; }
 
 bool IsSource(const ir::Node& n) {
   return n.opcode() == ir::Opcode::kParameter || n.opcode() == ir::Opcode::kConstant;
@@ -36,10 +35,11 @@ struct Candidate {
 // The live-bytes profile of a graph in id order and the candidates it offers.
 class Analysis {
  public:
-  Analysis(const ir::Graph& g, const RematOptions& options)
+  Analysis(const ir::Graph& g, const RematOptions& options, const BackendTraits& traits)
       : g_(g),
         options_(options),
-        iv_(LiveIntervals(g)),
+        plan_(PlanExecution(g, traits)),
+        iv_(LiveIntervals(g, traits)),
         users_(g.num_nodes()),
         output_(g.num_nodes(), 0) {
     const int n = g.num_nodes();
@@ -76,15 +76,8 @@ class Analysis {
  private:
   // The first id of the kernel node `id` belongs to (its fusion group's first member).
   int KernelStart(int id) const {
-    auto group = [&](int i) -> int64_t {
-      auto it = g_.node(i).attrs().find(kFusionAttr);
-      if (it == g_.node(i).attrs().end() || !std::holds_alternative<int64_t>(it->second)) return -1;
-      return std::get<int64_t>(it->second);
-    };
-    int64_t gid = group(id);
-    if (gid < 0) return id;
-    while (id > 0 && group(id - 1) == gid) --id;
-    return id;
+    int k = plan_.group_of[id];
+    return k < 0 ? id : plan_.groups[k].members.front();
   }
 
   bool Evaluate(int v, Candidate* c) const {
@@ -135,11 +128,11 @@ class Analysis {
           in_chain[o] = 1;
           self(self, o, depth + 1);
           c->chain.push_back(o);
-          transient += AlignUp(on.type().byte_size());
+          transient += ArenaBytes(on.type());
           continue;
         }
         extended[o] = 1;
-        int64_t bytes = AlignUp(on.type().byte_size());
+        int64_t bytes = ArenaBytes(on.type());
         int from = iv_[o].bytes > 0 ? iv_[o].end + 1 : iv_[o].start;
         ranges.push_back({from, site, bytes});
         area -= bytes * (site - from + 1);
@@ -171,6 +164,7 @@ class Analysis {
 
   const ir::Graph& g_;
   const RematOptions& options_;
+  ExecutionPlan plan_;
   std::vector<LiveInterval> iv_;
   std::vector<std::vector<int>> users_;  // distinct, in id order
   std::vector<char> output_;
@@ -228,12 +222,13 @@ absl::StatusOr<bool> RematPass::Run(ir::Graph& graph) {
   report_ = {};
   report_.memory_limit_bytes = options_.memory_limit_bytes;
   auto measure = [&](const ir::Graph& g) {
-    return options_.measure ? options_.measure(g) : PeakLiveBytes(g);
+    return options_.measure ? options_.measure(g) : PeakLiveBytes(g, traits_);
   };
-  absl::StatusOr<ir::Graph> scheduled = ReorderNodes(graph, MemorySchedule(graph));
+  absl::StatusOr<ir::Graph> scheduled =
+      ReorderNodes(graph, MemorySchedule(graph, nullptr, traits_));
   if (!scheduled.ok()) return scheduled.status();
   ir::Graph g = std::move(*scheduled);
-  report_.peak_before = PeakLiveBytes(g);
+  report_.peak_before = PeakLiveBytes(g, traits_);
   const bool limited = options_.memory_limit_bytes > 0;
   report_.measured_before = limited ? measure(g) : report_.peak_before;
 
@@ -244,7 +239,7 @@ absl::StatusOr<bool> RematPass::Run(ir::Graph& graph) {
   };
   // Policy: what frees more than it costs and does not raise the peak, best first.
   while (report_.recomputed < options_.max_recomputed) {
-    Analysis a(g, options_);
+    Analysis a(g, options_, traits_);
     const Candidate* best = nullptr;
     std::vector<Candidate> cands = a.Candidates();
     for (const Candidate& c : cands)
@@ -256,7 +251,7 @@ absl::StatusOr<bool> RematPass::Run(ir::Graph& graph) {
   // The copies sit just before their readers; the scheduler may find a better order around them
   // (it never raises the peak).
   auto reschedule = [&] {
-    absl::StatusOr<ir::Graph> r = ReorderNodes(g, MemorySchedule(g));
+    absl::StatusOr<ir::Graph> r = ReorderNodes(g, MemorySchedule(g, nullptr, traits_));
     if (r.ok()) g = std::move(*r);
   };
   if (report_.recomputed > 0) reschedule();
@@ -264,7 +259,7 @@ absl::StatusOr<bool> RematPass::Run(ir::Graph& graph) {
   int64_t measured = limited ? measure(g) : 0;
   while (limited && measured > options_.memory_limit_bytes &&
          report_.recomputed < options_.max_recomputed) {
-    Analysis a(g, options_);
+    Analysis a(g, options_, traits_);
     const Candidate* best = nullptr;
     std::vector<Candidate> cands = a.Candidates();
     for (const Candidate& c : cands)
@@ -278,7 +273,7 @@ absl::StatusOr<bool> RematPass::Run(ir::Graph& graph) {
     measured = measure(g);
   }
 
-  report_.peak_after = PeakLiveBytes(g);
+  report_.peak_after = PeakLiveBytes(g, traits_);
   report_.measured_after = limited ? measured : report_.peak_after;
   report_.fits = !limited || report_.measured_after <= options_.memory_limit_bytes;
   bool better = report_.peak_after < report_.peak_before ||

@@ -38,6 +38,7 @@
 #include <functional>
 #include <string>
 
+#include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/pass.h"
 #include "kiln/ir/graph.h"
 
@@ -74,13 +75,16 @@ struct RematReport {
 
 class RematPass : public Pass {
  public:
-  explicit RematPass(RematOptions options = {}) : options_(std::move(options)) {}
+  // `traits`: the backend's (compiler/execution_plan.h), for the memory model of schedule.h.
+  explicit RematPass(RematOptions options = {}, BackendTraits traits = PlainTraits())
+      : options_(std::move(options)), traits_(std::move(traits)) {}
   std::string name() const override { return "remat"; }
   absl::StatusOr<bool> Run(ir::Graph& graph) override;
   const RematReport& last_report() const { return report_; }
 
  private:
   RematOptions options_;
+  BackendTraits traits_;
   RematReport report_;
 };
 

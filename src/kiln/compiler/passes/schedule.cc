@@ -6,18 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kiln/compiler/passes/fusion.h"
+#include "kiln/compiler/execution_plan.h"
 
 namespace kiln::compiler {
 namespace {
-
-constexpr int64_t kAlignment = 64;  // runtime/buffer_plan.h's kBufferAlignment
-
-int64_t AlignUp(int64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
-
-bool IsSource(const ir::Node& n) {
-  return n.opcode() == ir::Opcode::kParameter || n.opcode() == ir::Opcode::kConstant;
-}
 
 // The graph as kernels ("units": a loop fusion group, or one node) with what each reads and
 // stores, under the memory model of schedule.h.
@@ -32,62 +24,36 @@ struct Model {
   std::vector<int64_t> size;              // per node: bytes it occupies when stored, else 0
   std::vector<char> output;               // per node: a graph output (lives to the end)
   std::vector<int> num_readers;           // per node: units reading it
+  bool groups_contiguous = true;          // the plan's
 };
 
-Model BuildModel(const ir::Graph& g) {
+Model BuildModel(const ir::Graph& g, const BackendTraits& traits) {
   const int n = g.num_nodes();
+  const ExecutionPlan plan = PlanExecution(g, traits);
   Model m;
   m.unit_of.assign(n, -1);
   m.size.assign(n, 0);
   m.output.assign(n, 0);
   m.num_readers.assign(n, 0);
   for (const ir::Output& o : g.outputs()) m.output[o.node] = 1;
+  m.groups_contiguous = plan.groups_contiguous;
 
-  // Units: fusion groups (loop groups and matmul epilogues alike: every node carrying one value of
-  // the attribute), and single nodes.
-  std::map<int64_t, int> group_unit;
-  std::vector<char> fused(n, 0);
+  // Units: the plan's fusion groups (running or not: they stay contiguous), and single nodes.
+  std::vector<int> group_unit(plan.groups.size(), -1);
   for (const ir::Node& node : g.nodes()) {
-    auto it = node.attrs().find(kFusionAttr);
-    if (it != node.attrs().end() && std::holds_alternative<int64_t>(it->second)) {
-      int64_t gid = std::get<int64_t>(it->second);
-      auto [pos, inserted] = group_unit.try_emplace(gid, m.num_units);
-      if (inserted) {
-        m.members.emplace_back();
-        ++m.num_units;
-      }
-      m.unit_of[node.id()] = pos->second;
-      m.members[pos->second].push_back(node.id());
-      fused[node.id()] = 1;
-    } else {
-      m.unit_of[node.id()] = m.num_units++;
-      m.members.push_back({node.id()});
+    int k = plan.group_of[node.id()];
+    if (k >= 0 && group_unit[k] < 0) {
+      group_unit[k] = m.num_units++;
+      m.members.emplace_back();
     }
+    int u = k >= 0 ? group_unit[k] : m.num_units++;
+    if (k < 0) m.members.emplace_back();
+    m.unit_of[node.id()] = u;
+    m.members[u].push_back(node.id());
   }
-
-  // What is stored: everything but sources, fused members only when read outside their group
-  // (or returned), and broadcasts only when something other than a fused member reads them.
-  std::vector<char> stored(n, 0);
-  for (const ir::Node& node : g.nodes()) {
-    int id = node.id();
-    if (IsSource(node)) continue;
-    if (fused[id] || node.opcode() == ir::Opcode::kBroadcastInDim) {
-      stored[id] = m.output[id];
-    } else {
-      stored[id] = 1;
-    }
-  }
-  for (const ir::Node& node : g.nodes()) {
-    for (int o : node.operands()) {
-      if (IsSource(g.node(o))) continue;
-      bool absorbed =
-          fused[node.id()] && !fused[o] && g.node(o).opcode() == ir::Opcode::kBroadcastInDim;
-      bool inside = fused[node.id()] && m.unit_of[o] == m.unit_of[node.id()];
-      if (!absorbed && !inside) stored[o] = 1;
-    }
-  }
+  // What is stored in the arena, and what each kernel reads: the plan's.
   for (int id = 0; id < n; ++id)
-    if (stored[id]) m.size[id] = AlignUp(g.node(id).type().byte_size());
+    if (plan.in_arena[id]) m.size[id] = ArenaBytes(g.node(id).type());
 
   m.deps.resize(m.num_units);
   m.users.resize(m.num_units);
@@ -96,15 +62,10 @@ Model BuildModel(const ir::Graph& g) {
   for (int u = 0; u < m.num_units; ++u) {
     for (int id : m.members[u]) {
       if (m.size[id] > 0) m.defs[u].push_back(id);
-      for (int o : g.node(id).operands()) {
-        int ou = m.unit_of[o];
-        if (ou == u) continue;
-        m.deps[u].push_back(ou);
-        int read = o;
-        if (fused[id] && !fused[o] && g.node(o).opcode() == ir::Opcode::kBroadcastInDim)
-          read = g.node(o).operand(0);  // through the broadcasting view
-        if (m.size[read] > 0 && m.unit_of[read] != u) m.reads[u].push_back(read);
-      }
+      for (int o : g.node(id).operands())  // order constraints: every operand, stored or not
+        if (m.unit_of[o] != u) m.deps[u].push_back(m.unit_of[o]);
+      for (int r : plan.reads[id])
+        if (m.size[r] > 0 && m.unit_of[r] != u) m.reads[u].push_back(r);
     }
     for (auto* v : {&m.deps[u], &m.reads[u]}) {
       std::sort(v->begin(), v->end());
@@ -264,15 +225,15 @@ std::vector<int> UnitsToNodes(const Model& m, const std::vector<int>& units) {
 
 }  // namespace
 
-int64_t PeakLiveBytes(const ir::Graph& graph) {
-  Model m = BuildModel(graph);
+int64_t PeakLiveBytes(const ir::Graph& graph, const BackendTraits& traits) {
+  Model m = BuildModel(graph, traits);
   std::vector<int> order(m.num_units);
   for (int u = 0; u < m.num_units; ++u) order[u] = u;  // units are numbered in input order
   return Peak(m, order);
 }
 
-std::vector<LiveInterval> LiveIntervals(const ir::Graph& graph) {
-  Model m = BuildModel(graph);
+std::vector<LiveInterval> LiveIntervals(const ir::Graph& graph, const BackendTraits& traits) {
+  Model m = BuildModel(graph, traits);
   const int n = graph.num_nodes();
   std::vector<int> step(m.num_units);  // a unit runs at its last member's id
   for (int u = 0; u < m.num_units; ++u) step[u] = m.members[u].back();
@@ -315,13 +276,14 @@ absl::StatusOr<ir::Graph> ReorderNodes(const ir::Graph& graph, const std::vector
   return out;
 }
 
-std::vector<int> MemorySchedule(const ir::Graph& graph, ScheduleReport* report) {
-  Model m = BuildModel(graph);
+std::vector<int> MemorySchedule(const ir::Graph& graph, ScheduleReport* report,
+                                const BackendTraits& traits) {
+  Model m = BuildModel(graph, traits);
   std::vector<int> input(m.num_units);
   for (int u = 0; u < m.num_units; ++u) input[u] = u;
   std::vector<int> identity(graph.num_nodes());
   for (int i = 0; i < graph.num_nodes(); ++i) identity[i] = i;
-  if (UnitsToNodes(m, input) != identity) {
+  if (!m.groups_contiguous || UnitsToNodes(m, input) != identity) {
     // A fusion group that is not contiguous: the kernels cannot be ordered as units.
     int64_t peak = Peak(m, input);
     if (report) *report = {peak, peak, "input"};
@@ -359,7 +321,7 @@ std::vector<int> MemorySchedule(const ir::Graph& graph, ScheduleReport* report) 
 }
 
 absl::StatusOr<bool> SchedulePass::Run(ir::Graph& graph) {
-  std::vector<int> order = MemorySchedule(graph, &report_);
+  std::vector<int> order = MemorySchedule(graph, &report_, traits_);
   bool identity = true;
   for (int i = 0; i < static_cast<int>(order.size()); ++i) identity &= order[i] == i;
   if (identity) return false;

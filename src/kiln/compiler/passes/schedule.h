@@ -7,12 +7,14 @@
 //   %4 = mul(%3, %3) : f32[]                                       %2 = exp(%x) : f32[1024]
 //   %5 = add(%2, %b) : f32[1024]                                   %5 = add(%2, %b) : f32[1024]
 //
-// Memory model (the planner's liveness, before in-place reuse): every node that is not a parameter
-// or constant owns a buffer of its byte size rounded up to 64, live from the step of its kernel to
-// the step of its last reader; graph outputs live to the end. Fusion groups (the `fusion`
-// attribute, passes/fusion.h: loop groups and matmul epilogues) are one kernel at one step that
-// stores only the members read outside the group, and a broadcast_in_dim read only by fused
-// members is a view, never stored: the model follows that contract, and the pass keeps every
+// Memory model: the buffer planner's liveness before in-place reuse, read off the execution plan
+// (compiler/execution_plan.h) of the backend's traits, so the peak minimized here is the lower
+// bound of the arena the executable allocates. Every value the plan keeps in the arena owns a
+// buffer of its byte size rounded up to 64, live from the step of its kernel to the step of its
+// last reader (graph outputs in the arena to the end). Nothing else is counted: sources, values
+// nothing needs, reshapes the backend aliases, graph outputs it computes into the caller's
+// tensors, fused intermediates and the broadcasts fused members read through views. Fusion groups
+// (the `fusion` attribute, passes/fusion.h) are one kernel at one step, and the pass keeps every
 // fusion group contiguous and in member order, so it can run after the fusion pass. A graph whose
 // groups are not contiguous is left as it is.
 //
@@ -29,16 +31,18 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/pass.h"
 #include "kiln/ir/graph.h"
 
 namespace kiln::compiler {
 
 // The most bytes live at once when `graph` runs in id order, under the model above.
-int64_t PeakLiveBytes(const ir::Graph& graph);
+int64_t PeakLiveBytes(const ir::Graph& graph, const BackendTraits& traits = PlainTraits());
 
 // Per node, under the model above, for `graph` run in id order: the bytes it keeps stored (0 for
 // sources, broadcast views and fused intermediates), the step its kernel runs at (a fusion group
@@ -49,7 +53,8 @@ struct LiveInterval {
   int start = 0;
   int end = 0;
 };
-std::vector<LiveInterval> LiveIntervals(const ir::Graph& graph);
+std::vector<LiveInterval> LiveIntervals(const ir::Graph& graph,
+                                        const BackendTraits& traits = PlainTraits());
 
 // `graph` with its nodes in `order` (every id once, operands before users), renumbered; same
 // parameters and outputs. InvalidArgument when `order` is not such a permutation.
@@ -65,16 +70,19 @@ struct ScheduleReport {
 
 class SchedulePass : public Pass {
  public:
+  explicit SchedulePass(BackendTraits traits = PlainTraits()) : traits_(std::move(traits)) {}
   std::string name() const override { return "schedule"; }
   absl::StatusOr<bool> Run(ir::Graph& graph) override;
   const ScheduleReport& last_report() const { return report_; }
 
  private:
+  BackendTraits traits_;
   ScheduleReport report_;
 };
 
 // The order SchedulePass would choose (node ids of `graph`), and its report.
-std::vector<int> MemorySchedule(const ir::Graph& graph, ScheduleReport* report = nullptr);
+std::vector<int> MemorySchedule(const ir::Graph& graph, ScheduleReport* report = nullptr,
+                                const BackendTraits& traits = PlainTraits());
 
 }  // namespace kiln::compiler
 

@@ -92,14 +92,13 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
     dnnl::convolution_forward::primitive_desc pd;
     KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
       if (has_bias) {
-        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_any,
-                                          wei_any, WithType(bias_user, compute), dst_any,
-                                          g.strides, g.dilates, g.pad_l, g.pad_r);
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_any, wei_any,
+                                          WithType(bias_user, compute), dst_any, g.strides,
+                                          g.dilates, g.pad_l, g.pad_r);
         pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
       } else {
-        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_any,
-                                          wei_any, dst_any, g.strides, g.dilates, g.pad_l,
-                                          g.pad_r);
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_any, wei_any,
+                                          dst_any, g.strides, g.dilates, g.pad_l, g.pad_r);
         pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
       }
     }));
@@ -115,8 +114,7 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
     int out_node = ep && ep->out >= 0 ? ep->out : n.id();
     KILN_ASSIGN_OR_RETURN(int dst, b.Output(out_node, dst_user, pd.dst_desc()));
     args.push_back({DNNL_ARG_DST, dst});
-    b.AddStepWithScratchpad(dnnl::convolution_forward(pd), std::move(args),
-                            pd.scratchpad_desc());
+    b.AddStepWithScratchpad(dnnl::convolution_forward(pd), std::move(args), pd.scratchpad_desc());
     return b.Finish();
   }
 
@@ -177,9 +175,8 @@ LowerResult LowerConv(const ir::Node& n, LowerContext& lc) {
 }
 
 // ---- conv2d + bias + activation (output fusion) ----
-bool CanLowerConvEpilogue(const std::vector<int>& members, const LowerContext& lc) {
-  const ir::Graph& g = lc.graph;
-  if (members.size() < 2 || lc.options.prefer_loops) return false;
+bool CanLowerConvEpilogue(const ir::Graph& g, const std::vector<int>& members, bool prefer_loops) {
+  if (members.size() < 2 || prefer_loops) return false;
   const ir::Node& conv = g.node(members[0]);
   if (conv.opcode() != Opcode::kConv2d) return false;
   DType t = conv.type().dtype;

@@ -2,15 +2,15 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <string>
 #include <utility>
-#include <variant>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
 #include "kiln/compiler/cache.h"
 #include "kiln/compiler/compile.h"
+#include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/passes/fusion.h"
 #include "kiln/ir/verifier.h"
 #include "kiln/runtime/buffer_plan.h"
@@ -148,6 +148,35 @@ bool LowersNatively(Opcode op) {
   }
 }
 
+}  // namespace
+}  // namespace cpu
+
+// Reshapes are views, graph outputs are computed into the caller's tensors, and an output fusion
+// runs as one oneDNN primitive only where oneDNN takes its post-ops.
+compiler::BackendTraits CpuBackendTraits(const CpuBackendOptions& options) {
+  using cpu::CanLowerConvEpilogue;
+  using cpu::CanLowerMatmulEpilogue;
+  using ir::Opcode;
+  compiler::BackendTraits t;
+  t.alias_reshapes = true;
+  t.outputs_outside_arena = true;
+  const bool prefer_loops = options.prefer_loops;
+  t.can_fuse = [prefer_loops](const ir::Graph& g, const std::vector<int>& members) {
+    switch (g.node(members[0]).opcode()) {
+      case Opcode::kDotGeneral:
+        return CanLowerMatmulEpilogue(g, members, prefer_loops);
+      case Opcode::kConv2d:
+        return CanLowerConvEpilogue(g, members, prefer_loops);
+      default:
+        return true;  // a loop group: the fused loop kernel runs every loop-fusible op
+    }
+  };
+  return t;
+}
+
+namespace cpu {
+namespace {
+
 class CpuBackend : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options) : options_(options) {}
@@ -162,6 +191,7 @@ class CpuBackend : public Backend {
     copts.fuse_loops = options_.fuse && !options_.prefer_loops;
     copts.remat.enabled = options_.remat || options_.remat_memory_limit_bytes > 0;
     copts.remat.memory_limit_bytes = options_.remat_memory_limit_bytes;
+    copts.traits = CpuBackendTraits(options_);
     // The process-wide cache: memory, plus disk only where the user asked for it.
     static compiler::CompileCache* const default_cache = [] {
       const char* dir = std::getenv("KILN_CACHE_DIR");
@@ -204,179 +234,66 @@ class CpuBackend : public Backend {
         return Unimplemented(node, absl::StrCat("rank above ", kMaxRank));
     }
 
-    // Loop fusion groups (the fusion pass leaves each group's members contiguous). A member reads
-    // the operand of a broadcast_in_dim directly, through a broadcasting view.
-    PlanSchedule sched;
-    sched.step.resize(n);
-    sched.reads.resize(n);
-    sched.materialized.assign(n, 0);
-    std::vector<int> group_of(n, -1);
-    std::map<int, std::vector<int>> groups;
-    for (const ir::Node& node : graph.nodes()) {
-      sched.step[node.id()] = node.id();
-      auto it = node.attrs().find(compiler::kFusionAttr);
-      if (it == node.attrs().end() || !std::holds_alternative<int64_t>(it->second)) continue;
-      int gid = static_cast<int>(std::get<int64_t>(it->second));
-      groups[gid].push_back(node.id());
-      group_of[node.id()] = gid;
-    }
-    // The attribute is a hint: a group whose members are not contiguous (a graph rewritten after
-    // the fusion pass, e.g. a loaded artifact compiled with KILN_DISABLE_PASSES=fusion) is simply
-    // lowered node by node below.
-    for (auto it = groups.begin(); it != groups.end();) {
-      const std::vector<int>& members = it->second;
-      bool contiguous = true;
-      for (size_t i = 1; i < members.size(); ++i) contiguous &= members[i] == members[i - 1] + 1;
-      if (contiguous) {
-        ++it;
-        continue;
-      }
-      for (int m : members) group_of[m] = -1;
-      it = groups.erase(it);
-    }
-    // Output fusions (first member a dot_general) run as one matmul with post-ops; loop groups
-    // must hold only loop-fusible ops. A group this backend cannot run fused is lowered node by
-    // node instead.
-    std::map<int, bool> is_output_fusion;
-    for (auto it = groups.begin(); it != groups.end();) {
-      const std::vector<int>& members = it->second;
-      Opcode head = graph.node(members[0]).opcode();
-      bool output = head == Opcode::kDotGeneral || head == Opcode::kConv2d;
-      bool ok = !output                       ? true
-                : head == Opcode::kDotGeneral ? CanLowerMatmulEpilogue(members, lc)
-                                              : CanLowerConvEpilogue(members, lc);
-      if (!output)
-        for (int m : members)
-          ok = ok && (compiler::IsLoopFusible(graph, graph.node(m)) ||
-                      compiler::IsLoopReduction(graph, graph.node(m)));
-      if (!ok) {
-        for (int m : members) group_of[m] = -1;
-        it = groups.erase(it);
-        continue;
-      }
-      is_output_fusion[it->first] = output;
-      ++it;
-    }
+    // How the graph runs (fusion groups, views, aliases, what is stored where): the plan the
+    // compiler's schedule and remat passes saw too.
+    const compiler::ExecutionPlan plan = compiler::PlanExecution(graph, CpuBackendTraits(options_));
     FusionReads reads;
-    for (auto& [gid, members] : groups) {
-      for (int m : members) {
-        sched.step[m] = members.back();
+    for (const compiler::ExecutionPlan::Kernel& k : plan.kernels) {
+      if (k.kind == compiler::ExecutionPlan::KernelKind::kNode) continue;
+      for (int m : k.members) {
         std::vector<FusionReads::Read>& r = reads.by_member[m];
-        for (int op : graph.node(m).operands()) {
-          const ir::Node& o = graph.node(op);
-          FusionReads::Read read{op, nullptr};
-          if (group_of[op] == gid) {
-            r.push_back(read);
-            continue;  // inside the kernel
-          }
-          bool absorb = is_output_fusion[gid]
-                            ? compiler::IsBiasBroadcast(
-                                  graph, op, compiler::EpilogueBiasAxis(graph.node(members[0])))
-                            : o.opcode() == Opcode::kBroadcastInDim;
-          if (absorb && group_of[op] < 0) {
-            read.node = o.operand(0);
-            read.broadcast_dims = &o.attr_ints("broadcast_dimensions");
-          }
-          r.push_back(read);
-          sched.reads[m].push_back(read.node);
-        }
+        for (const compiler::ExecutionPlan::Read& read : plan.operand_reads[m])
+          r.push_back(
+              {read.node, read.broadcast < 0
+                              ? nullptr
+                              : &graph.node(read.broadcast).attr_ints("broadcast_dimensions")});
       }
-    }
-    for (const ir::Node& node : graph.nodes())
-      if (group_of[node.id()] < 0) sched.reads[node.id()] = node.operands();
-
-    // A reshape of a dense row-major buffer is the same bytes: it gets no kernel and no buffer,
-    // and reads of it are reads of its (root) operand's buffer (an alias the executable binds
-    // each run). Graph outputs keep their own buffer.
-    std::vector<char> is_output(n, 0);
-    for (const ir::Output& o : graph.outputs()) is_output[o.node] = 1;
-    std::vector<int> alias_root(n);
-    BufferPlan::Aliases aliases;
-    for (const ir::Node& node : graph.nodes()) {
-      alias_root[node.id()] = node.id();
-      if (node.opcode() == Opcode::kReshape && group_of[node.id()] < 0 && !is_output[node.id()] &&
-          graph.node(node.operand(0)).type().dtype == node.type().dtype) {
-        alias_root[node.id()] = alias_root[node.operand(0)];
-        aliases.push_back({node.id(), alias_root[node.id()]});
-      }
-    }
-    for (std::vector<int>& rs : sched.reads)
-      for (int& r : rs) r = alias_root[r];
-
-    // What must run: graph outputs and whatever a running kernel reads (reverse order; a group
-    // runs when any member is needed, and then reads all its members' inputs).
-    std::vector<char> needed(n, 0);
-    for (const ir::Output& o : graph.outputs()) needed[o.node] = 1;
-    std::vector<char> group_runs(n, 0);  // by root id
-    for (int id = n - 1; id >= 0; --id) {
-      int gid = group_of[id];
-      if (gid >= 0) {
-        const std::vector<int>& members = groups[gid];
-        if (id != members.back()) continue;
-        bool runs = false;
-        for (int m : members) runs |= needed[m] != 0;
-        if (!runs) continue;
-        group_runs[id] = 1;
-        for (int m : members)
-          for (int r : sched.reads[m]) needed[r] = 1;
-        continue;
-      }
-      if (!needed[id]) continue;
-      for (int r : sched.reads[id]) needed[r] = 1;
     }
 
     std::vector<std::unique_ptr<Thunk>> thunks;
-    for (const ir::Node& node : graph.nodes()) {
-      if (node.opcode() == Opcode::kParameter || node.opcode() == Opcode::kConstant) continue;
-      if (node.type().shape.num_elements() == 0) continue;  // nothing to compute
+    for (const compiler::ExecutionPlan::Kernel& k : plan.kernels) {
+      const ir::Node& node = graph.node(k.members.back());
       LowerResult thunk;
-      int gid = group_of[node.id()];
-      if (gid >= 0) {
-        if (!group_runs[node.id()]) continue;  // not the root, or nothing needs the group
-        try {
-          const std::vector<int>& members = groups[gid];
-          if (!is_output_fusion[gid])
-            thunk = LowerFusedLoop(members, reads, needed, lc);
-          else if (graph.node(members[0]).opcode() == Opcode::kConv2d)
-            thunk = LowerConvEpilogue(members, lc);
-          else
-            thunk = LowerMatmulEpilogue(members, lc);
-        } catch (const dnnl::error& e) {
-          thunk = Unimplemented(node, absl::StrCat("oneDNN: ", e.what()));
+      try {
+        switch (k.kind) {
+          case compiler::ExecutionPlan::KernelKind::kLoop:
+            thunk = LowerFusedLoop(k.members, reads, plan.needed, lc);
+            break;
+          case compiler::ExecutionPlan::KernelKind::kConvEpilogue:
+            thunk = LowerConvEpilogue(k.members, lc);
+            break;
+          case compiler::ExecutionPlan::KernelKind::kMatmulEpilogue:
+            thunk = LowerMatmulEpilogue(k.members, lc);
+            break;
+          case compiler::ExecutionPlan::KernelKind::kNode:
+            for (int op : node.operands())
+              if (graph.node(op).type().shape.rank() > kMaxRank)
+                return Unimplemented(node, absl::StrCat("operand rank above ", kMaxRank));
+            thunk = LowerNode(node, lc);
+            break;
         }
-      } else {
-        if (!needed[node.id()]) continue;  // e.g. a broadcast every consumer absorbed
-        for (int op : node.operands())
-          if (graph.node(op).type().shape.rank() > kMaxRank)
-            return Unimplemented(node, absl::StrCat("operand rank above ", kMaxRank));
-        try {
-          thunk = LowerNode(node, lc);
-        } catch (const dnnl::error& e) {
-          thunk = Unimplemented(node, absl::StrCat("oneDNN: ", e.what()));
-        }
+      } catch (const dnnl::error& e) {
+        thunk = Unimplemented(node, absl::StrCat("oneDNN: ", e.what()));
       }
       if (!thunk.ok()) return thunk.status();
       if (*thunk) thunks.push_back(std::move(*thunk));
     }
     ctx->AllocateWorkspace();
-    // Graph outputs computed by a kernel live in the caller's tensors, not in the arena.
-    sched.materialized = needed;
+    // Graph outputs computed by a kernel live in the caller's tensors, not in the arena; a slot in
+    // a staging buffer serves when the caller's tensor overlaps an input or another output.
     std::vector<int64_t> staging(n, -1);
     int64_t staging_bytes = 0;
     for (const ir::Output& o : graph.outputs()) {
-      const ir::Node& node = graph.node(o.node);
-      if (node.opcode() == Opcode::kParameter || node.opcode() == Opcode::kConstant ||
-          staging[o.node] >= 0 || node.type().byte_size() == 0)
-        continue;
-      sched.materialized[o.node] = 0;
+      if (!plan.outside_arena[o.node] || staging[o.node] >= 0) continue;
       staging[o.node] = staging_bytes;
-      staging_bytes += AlignUp(node.type().byte_size());
+      staging_bytes += AlignUp(graph.node(o.node).type().byte_size());
     }
-    BufferPlan plan = PlanBuffers(graph, &sched);
-    plan.aliases = std::move(aliases);
-    plan.staging_offsets = std::move(staging);
-    plan.staging_bytes = staging_bytes;
-    return std::make_unique<Executable>(graph, std::move(plan), std::move(thunks), "cpu");
+    BufferPlan buffers = PlanBuffers(graph, &plan);
+    for (int id = 0; id < n; ++id)
+      if (plan.alias_of[id] != id) buffers.aliases.push_back({id, plan.alias_of[id]});
+    buffers.staging_offsets = std::move(staging);
+    buffers.staging_bytes = staging_bytes;
+    return std::make_unique<Executable>(graph, std::move(buffers), std::move(thunks), "cpu");
   }
 
   CpuBackendOptions options_;

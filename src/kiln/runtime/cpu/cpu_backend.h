@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kiln/compiler/execution_plan.h"
 #include "kiln/runtime/executable.h"
 
 namespace kiln::compiler {
@@ -62,6 +63,11 @@ struct CpuBackendOptions {
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options = {});
+
+// How this backend runs a graph, as the compiler's execution plan needs it (reshapes are views,
+// outputs live in the caller's tensors, which output fusions oneDNN takes): what its Compile
+// passes to the compiler and plans its executables with.
+compiler::BackendTraits CpuBackendTraits(const CpuBackendOptions& options = {});
 
 }  // namespace kiln::runtime
 

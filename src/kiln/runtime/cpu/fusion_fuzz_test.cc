@@ -11,7 +11,10 @@
 
 #include "gtest/gtest.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/execution_plan.h"
+#include "kiln/compiler/passes/schedule.h"
 #include "kiln/ir/builder.h"
+#include "kiln/runtime/buffer_plan.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
@@ -51,16 +54,36 @@ Case RandomCase(uint32_t seed, DType dt) {
     Value a = recent(), c = any();
     Value r;
     switch (pick(14)) {
-      case 0: r = a + c; break;
-      case 1: r = a - c * 0.5; break;
-      case 2: r = a * c; break;
-      case 3: r = a / (ir::Abs(c) + 1.0); break;
-      case 4: r = ir::Max(a, c) + row; break;
-      case 5: r = ir::Min(a, col) - s; break;
-      case 6: r = ir::Relu(a) * s + ir::Neg(c); break;
-      case 7: r = ir::Sqrt(ir::Abs(a) + 0.25) + ir::Sign(c); break;
-      case 8: r = ir::Select(ir::Compare(a, c, ir::CompareDirection::kGt), a, c * row); break;
-      case 9: r = ir::Exp(-ir::Abs(a)) + c; break;  // a transcendental between groups
+      case 0:
+        r = a + c;
+        break;
+      case 1:
+        r = a - c * 0.5;
+        break;
+      case 2:
+        r = a * c;
+        break;
+      case 3:
+        r = a / (ir::Abs(c) + 1.0);
+        break;
+      case 4:
+        r = ir::Max(a, c) + row;
+        break;
+      case 5:
+        r = ir::Min(a, col) - s;
+        break;
+      case 6:
+        r = ir::Relu(a) * s + ir::Neg(c);
+        break;
+      case 7:
+        r = ir::Sqrt(ir::Abs(a) + 0.25) + ir::Sign(c);
+        break;
+      case 8:
+        r = ir::Select(ir::Compare(a, c, ir::CompareDirection::kGt), a, c * row);
+        break;
+      case 9:
+        r = ir::Exp(-ir::Abs(a)) + c;
+        break;    // a transcendental between groups
       case 10: {  // reductions broadcast back
         int which = pick(3);
         Value red = which == 0   ? ir::ReduceSum(a * c, {0})
@@ -69,8 +92,12 @@ Case RandomCase(uint32_t seed, DType dt) {
         r = c + red * (1.0 / static_cast<double>(R * C));
         break;
       }
-      case 11: r = ir::MatMul(a, w) * (1.0 / static_cast<double>(C)) + row; break;
-      case 12: r = ir::Reshape(ir::Reshape(a, Shape{R * C}) * 2.0, Shape{R, C}) - c; break;
+      case 11:
+        r = ir::MatMul(a, w) * (1.0 / static_cast<double>(C)) + row;
+        break;
+      case 12:
+        r = ir::Reshape(ir::Reshape(a, Shape{R * C}) * 2.0, Shape{R, C}) - c;
+        break;
       default: {
         DType other = dt == DType::kF32 ? DType::kBF16 : DType::kF32;
         r = ir::Convert(ir::Convert(a, other) + 1.0, dt);
@@ -102,8 +129,10 @@ Case RandomCase(uint32_t seed, DType dt) {
   for (double x : w)
     if (std::isfinite(x)) scale = std::max(scale, std::fabs(x));
   for (size_t i = 0; i < g.size(); ++i) {
-    if (std::isnan(w[i]) ? !std::isnan(g[i]) : std::fabs(g[i] - w[i]) > rtol * (scale + std::fabs(w[i])))
-      return ::testing::AssertionFailure() << "element " << i << " got " << g[i] << " want " << w[i];
+    if (std::isnan(w[i]) ? !std::isnan(g[i])
+                         : std::fabs(g[i] - w[i]) > rtol * (scale + std::fabs(w[i])))
+      return ::testing::AssertionFailure()
+             << "element " << i << " got " << g[i] << " want " << w[i];
   }
   return ::testing::AssertionSuccess();
 }
@@ -125,6 +154,17 @@ TEST(FusionFuzz, RandomGraphsMatchTheReferenceAndTheUnfusedBackend) {
       ASSERT_TRUE(re.ok()) << re.status();
       for (int i = 0; i < (*fe)->num_thunks(); ++i)
         fused_groups += (*fe)->thunk(i).name().find("(loop:") != std::string::npos;
+      // One plan, read by all: the schedule's predicted peak is the arena's lower bound before
+      // in-place reuse, and the executable's arena is the plan's.
+      {
+        const ir::Graph& g = (*fe)->graph();
+        compiler::BackendTraits traits = CpuBackendTraits();
+        compiler::ExecutionPlan ep = compiler::PlanExecution(g, traits);
+        int64_t predicted = compiler::PeakLiveBytes(g, traits);
+        EXPECT_EQ(predicted, PlanBuffers(g, &ep, {.in_place = false}).lower_bound_bytes);
+        EXPECT_LE((*fe)->plan().lower_bound_bytes, predicted);
+        EXPECT_EQ((*fe)->plan().arena_bytes, PlanBuffers(g, &ep).arena_bytes);
+      }
       auto f = (*fe)->Run(c.inputs);
       auto u = (*ue)->Run(c.inputs);
       auto r = (*re)->Run(c.inputs);

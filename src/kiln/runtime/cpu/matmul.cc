@@ -304,8 +304,8 @@ absl::StatusOr<Epilogue> ParseEpilogue(const std::vector<int>& members, const ir
   int prev = head.id();
   for (size_t i = 1; i < members.size(); ++i) {
     const ir::Node& m = g.node(members[i]);
-    int other = m.operands().size() == 2 ? (m.operand(0) == prev ? m.operand(1) : m.operand(0))
-                                         : -1;
+    int other =
+        m.operands().size() == 2 ? (m.operand(0) == prev ? m.operand(1) : m.operand(0)) : -1;
     if (m.opcode() == ir::Opcode::kAdd && ep.bias < 0 && !ep.has_act && ep.residual < 0 &&
         compiler::IsBiasBroadcast(g, other, axis)) {
       ep.bias = g.node(other).operand(0);
@@ -346,9 +346,9 @@ absl::StatusOr<Epilogue> ParseEpilogue(const std::vector<int>& members, const ir
   return ep;
 }
 
-bool CanLowerMatmulEpilogue(const std::vector<int>& members, const LowerContext& lc) {
-  const ir::Graph& g = lc.graph;
-  if (members.size() < 2 || lc.options.prefer_loops) return false;
+bool CanLowerMatmulEpilogue(const ir::Graph& g, const std::vector<int>& members,
+                            bool prefer_loops) {
+  if (members.size() < 2 || prefer_loops) return false;
   const ir::Node& dot = g.node(members[0]);
   if (dot.opcode() != ir::Opcode::kDotGeneral) return false;
   DType dt = dot.type().dtype;

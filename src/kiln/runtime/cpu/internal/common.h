@@ -91,7 +91,7 @@ struct Elem<f16_t> {
 // degree-6 polynomial, within 2 ulp of expf for x in [-87.3, 88.3]; 0 below (the true value is
 // under 1.2e-38), +inf above 88.72, NaN stays NaN. For softmax-style uses (x <= 0).
 inline float FastExp(float x) {
-  float xc = std::min(std::max(x, -87.3f), 88.3f);  // NaN passes through both
+  float xc = std::min(std::max(x, -87.3f), 88.3f);   // NaN passes through both
   float t = xc * 1.44269504088896341f + 12582912.f;  // round(x / ln2) via the 1.5 * 2^23 trick
   float n = t - 12582912.f;
   float r = xc - n * 0.693359375f - n * -2.12194440e-4f;
@@ -214,11 +214,6 @@ class CpuContext {
   std::shared_ptr<uint8_t> workspace_memory_;
   uint8_t* workspace_ = nullptr;
 };
-
-// Rounds up to the buffer alignment.
-inline int64_t AlignUp(int64_t bytes) {
-  return (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
-}
 
 // Hands out aligned offsets in a thunk's slice of the workspace.
 class WorkspaceLayout {
@@ -380,7 +375,7 @@ std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims);
 
 using LowerResult = absl::StatusOr<std::unique_ptr<Thunk>>;
 
-LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc);       // matmul.cc
+LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc);  // matmul.cc
 // An output fusion group [dot_general, (bias add), (activation), (residual add)] as one oneDNN
 // matmul with bias and post-ops, writing the last member's buffer (matmul.cc).
 // The post-ops of an output fusion group [head, (bias add), (activation), (residual add)] (the
@@ -396,11 +391,11 @@ struct Epilogue {
   std::string label;  // "+bias+relu+residual"
 };
 absl::StatusOr<Epilogue> ParseEpilogue(const std::vector<int>& members, const ir::Graph& g);
-bool CanLowerMatmulEpilogue(const std::vector<int>& members, const LowerContext& lc);
+bool CanLowerMatmulEpilogue(const ir::Graph& g, const std::vector<int>& members, bool prefer_loops);
 LowerResult LowerMatmulEpilogue(const std::vector<int>& members, LowerContext& lc);
 // conv2d [+ bias] [+ activation] as one oneDNN convolution with bias and an eltwise post-op
 // (conv_pool.cc).
-bool CanLowerConvEpilogue(const std::vector<int>& members, const LowerContext& lc);
+bool CanLowerConvEpilogue(const ir::Graph& g, const std::vector<int>& members, bool prefer_loops);
 LowerResult LowerConvEpilogue(const std::vector<int>& members, LowerContext& lc);
 LowerResult LowerConv(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
 LowerResult LowerPool(const ir::Node& n, LowerContext& lc);             // conv_pool.cc

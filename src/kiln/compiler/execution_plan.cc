@@ -1,0 +1,181 @@
+#include "kiln/compiler/execution_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+#include <variant>
+
+#include "kiln/base/memory.h"
+#include "kiln/compiler/passes/fusion.h"
+
+namespace kiln::compiler {
+namespace {
+
+using ir::Opcode;
+
+bool IsSource(const ir::Node& n) {
+  return n.opcode() == Opcode::kParameter || n.opcode() == Opcode::kConstant;
+}
+
+// The fusion groups the graph carries (members in graph order), keyed by attribute value.
+std::map<int64_t, std::vector<int>> FusionGroups(const ir::Graph& graph) {
+  std::map<int64_t, std::vector<int>> groups;
+  for (const ir::Node& node : graph.nodes()) {
+    auto it = node.attrs().find(kFusionAttr);
+    if (it == node.attrs().end() || !std::holds_alternative<int64_t>(it->second)) continue;
+    groups[std::get<int64_t>(it->second)].push_back(node.id());
+  }
+  return groups;
+}
+
+bool Contiguous(const std::vector<int>& members) {
+  for (size_t i = 1; i < members.size(); ++i)
+    if (members[i] != members[i - 1] + 1) return false;
+  return true;
+}
+
+// A group this plan runs as one kernel: contiguous in the graph's order (the fusion pass leaves
+// them so; a graph rewritten afterwards may not be), made of what its kind allows, and accepted
+// by the backend.
+bool RunsFused(const ir::Graph& graph, const std::vector<int>& members,
+               ExecutionPlan::KernelKind kind, const BackendTraits& traits) {
+  if (!Contiguous(members)) return false;
+  if (kind == ExecutionPlan::KernelKind::kLoop) {
+    for (int m : members)
+      if (!IsLoopFusible(graph, graph.node(m)) && !IsLoopReduction(graph, graph.node(m)))
+        return false;
+  }
+  return !traits.can_fuse || traits.can_fuse(graph, members);
+}
+
+}  // namespace
+
+int64_t ArenaBytes(const ir::Type& type) { return AlignUp(type.byte_size()); }
+
+ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits) {
+  using Kind = ExecutionPlan::KernelKind;
+  const int n = graph.num_nodes();
+  ExecutionPlan plan;
+  plan.kernel_of.assign(n, -1);
+  plan.group_of.assign(n, -1);
+  plan.step.resize(n);
+  plan.reads.resize(n);
+  plan.operand_reads.resize(n);
+  plan.alias_of.resize(n);
+  plan.needed.assign(n, 0);
+  plan.in_arena.assign(n, 0);
+  plan.outside_arena.assign(n, 0);
+  for (int i = 0; i < n; ++i) plan.step[i] = i;
+
+  // Fused groups, in graph order.
+  std::vector<ExecutionPlan::Kernel>& fused = plan.groups;
+  for (auto& [gid, members] : FusionGroups(graph)) {
+    Opcode head = graph.node(members[0]).opcode();
+    Kind kind = head == Opcode::kDotGeneral ? Kind::kMatmulEpilogue
+                : head == Opcode::kConv2d   ? Kind::kConvEpilogue
+                                            : Kind::kLoop;
+    plan.groups_contiguous &= Contiguous(members);
+    if (!RunsFused(graph, members, kind, traits)) continue;
+    fused.push_back({kind, std::move(members)});
+  }
+  std::sort(fused.begin(), fused.end(),
+            [](const auto& a, const auto& b) { return a.members[0] < b.members[0]; });
+  for (size_t k = 0; k < fused.size(); ++k)
+    for (int m : fused[k].members) {
+      plan.group_of[m] = static_cast<int>(k);
+      plan.step[m] = fused[k].members.back();
+    }
+
+  // Where fused members read their operands: in registers (a member), through a broadcasting view
+  // (a broadcast_in_dim outside every group: a loop group absorbs any, an output fusion only its
+  // rank-1 bias), or from the operand's buffer.
+  for (const ExecutionPlan::Kernel& k : fused) {
+    for (int m : k.members) {
+      for (int op : graph.node(m).operands()) {
+        ExecutionPlan::Read read{op, -1, plan.group_of[op] == plan.group_of[m]};
+        if (!read.inside) {
+          const ir::Node& o = graph.node(op);
+          bool absorb = k.kind == Kind::kLoop ? o.opcode() == Opcode::kBroadcastInDim
+                        : k.kind == Kind::kMatmulEpilogue || k.kind == Kind::kConvEpilogue
+                            ? IsBiasBroadcast(graph, op, EpilogueBiasAxis(graph.node(k.members[0])))
+                            : false;
+          if (absorb && plan.group_of[op] < 0) read = {o.operand(0), op, false};
+          plan.reads[m].push_back(read.node);
+        }
+        plan.operand_reads[m].push_back(read);
+      }
+    }
+  }
+  for (const ir::Node& node : graph.nodes())
+    if (plan.group_of[node.id()] < 0) plan.reads[node.id()] = node.operands();
+
+  // Aliases: a dense reshape is the same bytes as its operand (outputs keep their own buffer).
+  std::vector<char> is_output(n, 0);
+  for (const ir::Output& o : graph.outputs()) is_output[o.node] = 1;
+  for (const ir::Node& node : graph.nodes()) {
+    int id = node.id();
+    plan.alias_of[id] = id;
+    if (traits.alias_reshapes && node.opcode() == Opcode::kReshape && plan.group_of[id] < 0 &&
+        !is_output[id] && graph.node(node.operand(0)).type().dtype == node.type().dtype)
+      plan.alias_of[id] = plan.alias_of[node.operand(0)];
+  }
+  for (std::vector<int>& rs : plan.reads)
+    for (int& r : rs) r = plan.alias_of[r];
+
+  // What must run: graph outputs and whatever a running kernel reads, walking backwards. A group
+  // runs when any member is needed, and then reads all its members' inputs.
+  for (const ir::Output& o : graph.outputs()) plan.needed[o.node] = 1;
+  std::vector<char> runs(fused.size(), 0);
+  for (int id = n - 1; id >= 0; --id) {
+    int k = plan.group_of[id];
+    if (k >= 0) {
+      if (id != fused[k].members.back() || graph.node(id).type().shape.num_elements() == 0)
+        continue;
+      for (int m : fused[k].members) runs[k] |= plan.needed[m];
+      if (!runs[k]) continue;
+      for (int m : fused[k].members)
+        for (int r : plan.reads[m]) plan.needed[r] = 1;
+      continue;
+    }
+    if (!plan.needed[id]) continue;
+    for (int r : plan.reads[id]) plan.needed[r] = 1;
+  }
+
+  // Kernels in graph order: each running group at its first member, each needed non-empty node
+  // that is not a source or an alias on its own.
+  std::vector<int> kernel_of_group(fused.size(), -1);
+  for (const ir::Node& node : graph.nodes()) {
+    int id = node.id();
+    int k = plan.group_of[id];
+    if (k >= 0) {
+      if (!runs[k]) continue;
+      if (kernel_of_group[k] < 0) {
+        kernel_of_group[k] = static_cast<int>(plan.kernels.size());
+        plan.kernels.push_back(fused[k]);
+      }
+      plan.kernel_of[id] = kernel_of_group[k];
+      continue;
+    }
+    if (!plan.needed[id] || IsSource(node) || plan.alias_of[id] != id ||
+        node.type().shape.num_elements() == 0)
+      continue;
+    plan.kernel_of[id] = static_cast<int>(plan.kernels.size());
+    plan.kernels.push_back({Kind::kNode, {id}});
+  }
+  for (int id = 0; id < n; ++id)
+    if (plan.kernel_of[id] < 0) plan.reads[id].clear();  // reads of what never runs extend nothing
+
+  // Storage: needed values a kernel computes; graph outputs in the caller's tensors when the
+  // backend says so.
+  for (const ir::Node& node : graph.nodes()) {
+    int id = node.id();
+    if (IsSource(node) || !plan.needed[id] || plan.alias_of[id] != id) continue;
+    if (traits.outputs_outside_arena && is_output[id] && node.type().byte_size() > 0)
+      plan.outside_arena[id] = 1;
+    else
+      plan.in_arena[id] = 1;
+  }
+  return plan;
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,100 @@
+// The execution plan: how a backend runs an optimized graph, worked out once. Which nodes run as
+// one kernel (fusion groups and single nodes), where each kernel reads its operands from (a fused
+// member reads a broadcast's operand through a view; a reshape is its operand's bytes), which
+// values are stored, in the arena or in the caller's output tensors, and which need not run at
+// all. The schedule pass (the peak it minimizes), rematerialization (kernel boundaries), buffer
+// assignment (runtime/buffer_plan.h: liveness) and the backends (runtime/cpu: what to lower) all
+// read it, so what the compiler predicts is what the executable allocates.
+//
+//   BackendTraits traits{.alias_reshapes = true, .outputs_outside_arena = true};
+//   ExecutionPlan plan = PlanExecution(graph, traits);
+//   for (const ExecutionPlan::Kernel& k : plan.kernels) ...   // in graph order
+//   plan.in_arena[id];   // node id has a buffer in the arena
+//
+// Fusion groups are the nodes carrying one value of the `fusion` attribute (passes/fusion.h). A
+// group whose members are not contiguous in the graph's order (a graph rewritten after fusion) or
+// that `traits.can_fuse` refuses is planned node by node; the fusion pass asks the same traits, so
+// on graphs it produced no group is ever refused. The plan borrows nothing: it holds node ids of
+// the graph it was made from and is valid for that graph only.
+#ifndef KILN_COMPILER_EXECUTION_PLAN_H_
+#define KILN_COMPILER_EXECUTION_PLAN_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kiln/ir/graph.h"
+
+namespace kiln::compiler {
+
+// What a backend tells the compiler about how it runs a graph (the parts that change the plan).
+struct BackendTraits {
+  // A reshape of a dense row-major value (same dtype, not a graph output) is its operand's bytes:
+  // it gets no kernel and no buffer, and its readers read the operand's buffer.
+  bool alias_reshapes = false;
+  // Graph outputs computed by a kernel live in the caller's tensors, not in the arena.
+  bool outputs_outside_arena = false;
+  // Whether the backend can run a fusion group (members in graph order) as one kernel. Null: every
+  // group the fusion pass forms.
+  std::function<bool(const ir::Graph&, const std::vector<int>& members)> can_fuse;
+};
+
+// The traits of a backend that runs every node as its own kernel over arena buffers (the
+// reference backend; the default of the compiler's memory model).
+inline BackendTraits PlainTraits() { return {}; }
+
+struct ExecutionPlan {
+  enum class KernelKind {
+    kNode,            // one node
+    kLoop,            // a loop fusion group (elementwise members, reduce_sum sinks)
+    kMatmulEpilogue,  // dot_general + bias / activation / residual as one matmul with post-ops
+    kConvEpilogue,    // conv2d + bias / activation as one convolution with post-ops
+  };
+  struct Kernel {
+    KernelKind kind = KernelKind::kNode;
+    std::vector<int> members;  // node ids in graph order; the kernel runs at members.back()
+  };
+  // Where a fused member reads one operand from.
+  struct Read {
+    // The value read: the operand, or a broadcast's operand read through a view. Not resolved
+    // through aliases (its type is the shape of the view; `reads` holds the buffers).
+    int node = -1;
+    int broadcast = -1;   // the broadcast_in_dim read through a view, or -1
+    bool inside = false;  // the operand is a member of the same kernel (in registers)
+  };
+
+  // Every kernel that runs, in graph order. Sources (parameters, constants), aliased reshapes,
+  // broadcasts that every reader absorbs, values nothing needs and empty values have none.
+  std::vector<Kernel> kernels;
+  // The fusion groups that run fused (accepted: contiguous, allowed, can_fuse), in graph order,
+  // including those nothing needs (they do not run, but the schedule keeps them contiguous).
+  std::vector<Kernel> groups;
+  // Per node:
+  std::vector<int> kernel_of;  // index into kernels, or -1 (no kernel computes it)
+  std::vector<int> group_of;   // index into groups, or -1
+  std::vector<int> step;       // the id of the node its kernel runs at (its own id without one)
+  // The buffers its kernel reads for it from outside the kernel (alias roots, through broadcast
+  // views); empty for nodes that do not run.
+  std::vector<std::vector<int>> reads;
+  // Fused members only: one Read per operand, in operand order.
+  std::vector<std::vector<Read>> operand_reads;
+  std::vector<int> alias_of;        // the node whose buffer holds its value (itself unless aliased)
+  std::vector<char> needed;         // computed and stored: read by a running kernel, or an output
+  std::vector<char> in_arena;       // has a buffer of its own in the arena
+  std::vector<char> outside_arena;  // a graph output computed into the caller's tensor
+
+  // False when some fusion group of the graph is not contiguous (planned node by node): a graph
+  // rewritten after the fusion pass, which the schedule pass leaves as it is.
+  bool groups_contiguous = true;
+
+  bool fused(int node) const { return group_of[node] >= 0; }
+};
+
+ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits);
+
+// The bytes a value occupies in the arena (rounded up to the arena's 64-byte alignment).
+int64_t ArenaBytes(const ir::Type& type);
+
+}  // namespace kiln::compiler
+
+#endif  // KILN_COMPILER_EXECUTION_PLAN_H_
