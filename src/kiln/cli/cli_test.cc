@@ -309,6 +309,32 @@ TEST(Cli, ASecondTrainerOnTheSameFolderIsRefusedNamingThePid) {
   fs::remove_all(run);
 }
 
+TEST(Cli, RunJsonSaysWhatTheCompilerRan) {
+  nlohmann::json cpu_options, reference_options;
+  {
+    const std::string run = FreshDir("runjson_cpu");
+    setenv("KILN_DISABLE_PASSES", "cse, fusion", 1);
+    Result r = TrainShort(run, 2, 2);
+    unsetenv("KILN_DISABLE_PASSES");
+    ASSERT_EQ(r.code, 0) << r.err;
+    cpu_options = nlohmann::json::parse(ReadFile(run + "/run.json"))["compiler_options"];
+    fs::remove_all(run);
+  }
+  {
+    const std::string run = FreshDir("runjson_ref");
+    Result r = TrainShort(run, 2, 2, {"--backend", "reference"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    reference_options = nlohmann::json::parse(ReadFile(run + "/run.json"))["compiler_options"];
+    fs::remove_all(run);
+  }
+  EXPECT_EQ(cpu_options["optimize"], true);
+  EXPECT_EQ(cpu_options["fusion"], false);
+  EXPECT_EQ(cpu_options["disabled_passes"], nlohmann::json({"cse", "fusion"}));
+  EXPECT_EQ(reference_options["optimize"], false);  // the reference backend runs no pass
+  EXPECT_EQ(reference_options["fusion"], false);
+  EXPECT_EQ(reference_options["disabled_passes"], nlohmann::json::array());
+}
+
 TEST(Cli, DivergenceStopsWithAdviceAndCommitsNoNonFiniteCheckpoint) {
   const std::string run = FreshDir("diverge");
   Result r =

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -11,9 +12,11 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "kiln/base/status.h"
 #include "kiln/cli/app.h"
 #include "kiln/cli/backends.h"
@@ -46,12 +49,21 @@ nlohmann::json RunInfo(const std::string& backend, const std::string& precision)
   j["isa"] = runtime::OneDnnIsaName();
   j["threads"] = omp_get_max_threads();
   j["hardware_threads"] = std::thread::hardware_concurrency();
-  // The cpu backend's defaults (runtime/cpu/cpu_backend.h): the optimize pipeline with loop and
-  // matmul-epilogue fusion; the precision policy comes from the config.
+  // The cpu backend runs the optimize pipeline with loop and matmul-epilogue fusion (minus the
+  // passes KILN_DISABLE_PASSES names, which the compiler checks are real pass names); the
+  // reference backend runs no pass at all (docs/compiler.md). The precision policy comes from
+  // the config.
+  std::vector<std::string> disabled;
+  if (const char* v = std::getenv("KILN_DISABLE_PASSES"); v != nullptr && backend == "cpu") {
+    for (absl::string_view name : absl::StrSplit(v, ',', absl::SkipWhitespace()))
+      disabled.emplace_back(std::string(absl::StripAsciiWhitespace(name)));
+  }
+  bool fusion_disabled = std::find(disabled.begin(), disabled.end(), "fusion") != disabled.end();
   j["compiler_options"] = {{"backend", backend},
                            {"precision", precision},
-                           {"optimize", true},
-                           {"fusion", backend == "cpu"}};
+                           {"optimize", backend == "cpu"},
+                           {"fusion", backend == "cpu" && !fusion_disabled},
+                           {"disabled_passes", disabled}};
   return j;
 }
 
