@@ -1,5 +1,8 @@
 #include "kiln/base/env.h"
 
+#include <mutex>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "kiln/base/status.h"
@@ -8,6 +11,42 @@ namespace kiln {
 
 absl::StatusOr<std::unique_ptr<WritableFile>> Env::NewAppendableFile(const std::string& path) {
   return absl::UnimplementedError("this Env cannot append to existing files: " + path);
+}
+
+namespace {
+
+// Paths held through Env::LockFile's default, per Env.
+std::mutex g_locks_mu;
+std::set<std::pair<const Env*, std::string>>& HeldLocks() {
+  static auto* held = new std::set<std::pair<const Env*, std::string>>();
+  return *held;
+}
+
+class TableLock final : public FileLock {
+ public:
+  explicit TableLock(std::pair<const Env*, std::string> key) : key_(std::move(key)) {}
+  ~TableLock() override {
+    std::lock_guard<std::mutex> l(g_locks_mu);
+    HeldLocks().erase(key_);
+  }
+
+ private:
+  std::pair<const Env*, std::string> key_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FileLock>> Env::LockFile(const std::string& path) {
+  if (!FileExists(path)) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, NewAppendableFile(path));
+    KILN_RETURN_IF_ERROR(f->Close());
+  }
+  std::pair<const Env*, std::string> key(this, CleanPath(path));
+  std::lock_guard<std::mutex> l(g_locks_mu);
+  if (!HeldLocks().insert(key).second) {
+    return absl::UnavailableError("lock " + path + " is held in this process");
+  }
+  return std::unique_ptr<FileLock>(new TableLock(std::move(key)));
 }
 
 absl::StatusOr<std::string> ReadFileToString(Env* env, const std::string& path) {

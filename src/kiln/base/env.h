@@ -74,6 +74,12 @@ class WritableFile {
   virtual absl::Status Close() = 0;
 };
 
+// An exclusive lock taken by Env::LockFile; destroying it releases the lock.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -111,6 +117,13 @@ class Env {
   virtual absl::Status RenameFile(const std::string& from, const std::string& to) = 0;
   // Makes the entries of `dir` (creations, renames, deletions) durable (fsync of the directory).
   virtual absl::Status SyncDir(const std::string& dir) = 0;
+
+  // Creates `path` if missing and takes an exclusive lock on it without waiting. Unavailable
+  // when another holder has it: another process (the POSIX Env uses flock(2), which the kernel
+  // drops when the holder exits in any way) or another FileLock of this Env in this process. The
+  // default keeps an in-process table of held paths (what MemEnv and FaultInjectionEnv use).
+  // Locking neither reads nor writes the file's bytes.
+  virtual absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path);
 
   // Wall-clock time, microseconds since the Unix epoch.
   virtual uint64_t NowMicros() = 0;

@@ -1,6 +1,7 @@
 // Env::Default(): the POSIX implementation.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -181,8 +182,30 @@ absl::Status DeleteTree(const std::string& path) {
   return absl::OkStatus();
 }
 
+// flock(2) on an open descriptor: released when it is closed or the process exits in any way.
+class PosixFileLock final : public FileLock {
+ public:
+  explicit PosixFileLock(int fd) : fd_(fd) {}
+  ~PosixFileLock() override { ::close(fd_); }
+
+ private:
+  int fd_;
+};
+
 class PosixEnv final : public Env {
  public:
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError(errno, "cannot open the lock", path);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) return absl::UnavailableError("lock " + path + " is held");
+      return PosixError(err, "cannot lock", path);
+    }
+    return std::unique_ptr<FileLock>(new PosixFileLock(fd));
+  }
+
   absl::StatusOr<std::unique_ptr<SequentialFile>> NewSequentialFile(
       const std::string& path) override {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -247,6 +247,21 @@ TEST_P(EnvTest, ConcurrentWritersToDifferentFiles) {
   EXPECT_EQ(Read("t2_19"), std::string(119, 'c'));
 }
 
+TEST_P(EnvTest, LockFileIsExclusiveUntilReleasedAndKeepsTheBytes) {
+  const std::string lock = P(".lock");
+  absl::StatusOr<std::unique_ptr<FileLock>> a = env_->LockFile(lock);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(env_->FileExists(lock));
+  KILN_CHECK_OK(WriteStringToFile(env_, "123\n", lock));
+  absl::StatusOr<std::unique_ptr<FileLock>> b = env_->LockFile(lock);
+  EXPECT_TRUE(absl::IsUnavailable(b.status())) << b.status();
+  a->reset();
+  b = env_->LockFile(lock);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(Read(".lock"), "123\n");
+  EXPECT_FALSE(env_->LockFile(P("no/such/dir/.lock")).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(AllEnvs, EnvTest, ::testing::Values(Kind::kPosix, Kind::kMem),
                          [](const auto& info) {
                            return info.param == Kind::kPosix ? "Posix" : "Mem";
