@@ -40,6 +40,18 @@ int Fail(std::ostream& err, const std::string& command, const absl::Status& s) {
   return 1;
 }
 
+// HEAD of the git checkout the command runs in; "" outside one.
+std::string GitCommit() {
+  FILE* p = popen("git rev-parse HEAD 2>/dev/null", "r");
+  if (p == nullptr) return "";
+  char buf[128] = {0};
+  std::string out;
+  if (fgets(buf, sizeof(buf), p) != nullptr) out = buf;
+  pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out.size() == 40 ? out : "";
+}
+
 nlohmann::json RunInfo(const std::string& backend, const std::string& precision) {
   const dnnl_version_t* v = dnnl_version();
   nlohmann::json j;
@@ -49,6 +61,7 @@ nlohmann::json RunInfo(const std::string& backend, const std::string& precision)
   j["isa"] = runtime::OneDnnIsaName();
   j["threads"] = omp_get_max_threads();
   j["hardware_threads"] = std::thread::hardware_concurrency();
+  if (std::string commit = GitCommit(); !commit.empty()) j["git_commit"] = commit;
   // The cpu backend runs the optimize pipeline with loop and matmul-epilogue fusion (minus the
   // passes KILN_DISABLE_PASSES names, which the compiler checks are real pass names); the
   // reference backend runs no pass at all (docs/compiler.md). The precision policy comes from
@@ -162,13 +175,20 @@ absl::StatusOr<Source> ResolveCheckpoint(const std::string& path, const std::str
                    "(.../checkpoints/step_N)"));
 }
 
-// The restore notes of a read-only trainer (skipped damaged or foreign checkpoints), on stderr.
-void PrintRestoreNotes(std::ostream& err, const std::string& command, const train::Trainer& t) {
-  for (const std::string& n : t.notes()) err << "kiln " << command << ": note: " << n << "\n";
-  if (!t.notes().empty()) {
-    err << "kiln " << command << ": using " << t.restored_from()
+// The restore notes of a loaded run (skipped damaged or foreign checkpoints), on stderr.
+void PrintRestoreNotes(std::ostream& err, const std::string& command, const train::LoadedRun& r) {
+  for (const std::string& n : r.notes) err << "kiln " << command << ": note: " << n << "\n";
+  if (!r.notes.empty()) {
+    err << "kiln " << command << ": using " << r.restored_from
         << " (the newest checkpoint of the run that verifies)\n";
   }
+}
+
+train::LoadOptions LoadOptionsFor(const Source& where) {
+  train::LoadOptions o;
+  o.restore_step = where.step;
+  o.restore_path = where.loose_dir;
+  return o;
 }
 
 // True when `inner` is `outer` or lies inside it (both absolute and normalized).
@@ -407,18 +427,23 @@ int TrainCommands::RunEval(std::ostream& out, std::ostream& err) {
   if (!config.ok()) return Fail(err, "eval", config.status());
   absl::StatusOr<std::unique_ptr<runtime::Backend>> backend = MakeBackendByName("cpu");
   if (!backend.ok()) return Fail(err, "eval", backend.status());
-  train::TrainerOptions opts;
-  opts.backend = backend->get();
-  opts.read_only = true;
-  opts.restore_step = where->step;
-  opts.restore_path = where->loose_dir;
-  absl::StatusOr<std::unique_ptr<train::Trainer>> t = train::Trainer::Create(*config, opts);
-  if (!t.ok()) return Fail(err, "eval", t.status());
-  PrintRestoreNotes(err, "eval", **t);
-  absl::StatusOr<train::EvalResult> e = (*t)->Evaluate(eval_batches_);
+  // Only the held-out split is read, and only the loss and predict graphs are compiled.
+  const train::ModelKind* kind = train::FindModelKind(config->model.kind);
+  absl::StatusOr<train::TrainData> held =
+      train::OpenTrainData(*config, kind != nullptr && kind->language_model, /*with_train=*/false);
+  if (!held.ok()) return Fail(err, "eval", held.status());
+  train::LoadOptions lo = LoadOptionsFor(*where);
+  lo.shape = &held->shape;
+  absl::StatusOr<train::LoadedRun> run = train::LoadRun(*config, lo);
+  if (!run.ok()) return Fail(err, "eval", run.status());
+  PrintRestoreNotes(err, "eval", *run);
+  absl::StatusOr<std::unique_ptr<train::Evaluator>> evaluator =
+      train::Evaluator::Create(**backend, *run->model, *held);
+  if (!evaluator.ok()) return Fail(err, "eval", evaluator.status());
+  absl::StatusOr<train::EvalResult> e = (*evaluator)->Run(run->params, eval_batches_);
   if (!e.ok()) return Fail(err, "eval", e.status());
-  out << absl::StrFormat("step %d: held-out loss %.4f accuracy %.4f", (*t)->train_step().step(),
-                         e->loss, e->accuracy);
+  out << absl::StrFormat("step %d: held-out loss %.4f accuracy %.4f", run->step, e->loss,
+                         e->accuracy);
   if (e->perplexity > 0)
     out << absl::StrFormat(" perplexity %.2f", e->perplexity);  // language models
   out << absl::StrFormat(" (%d examples)\n", e->examples);
@@ -437,33 +462,29 @@ int TrainCommands::RunExport(std::ostream& out, std::ostream& err) {
   if (!config.ok()) return Fail(err, "export", config.status());
   absl::StatusOr<std::unique_ptr<runtime::Backend>> backend = MakeBackendByName("cpu");
   if (!backend.ok()) return Fail(err, "export", backend.status());
-  train::TrainerOptions opts;
-  opts.backend = backend->get();
-  opts.read_only = true;
-  opts.restore_step = where->step;
-  opts.restore_path = where->loose_dir;
-  absl::StatusOr<std::unique_ptr<train::Trainer>> t = train::Trainer::Create(*config, opts);
-  if (!t.ok()) return Fail(err, "export", t.status());
-  PrintRestoreNotes(err, "export", **t);
+  // The model and its parameters only: no data is read and no training step compiled.
+  absl::StatusOr<train::LoadedRun> run = train::LoadRun(*config, LoadOptionsFor(*where));
+  if (!run.ok()) return Fail(err, "export", run.status());
+  PrintRestoreNotes(err, "export", *run);
   if (export_format_ == "hf") {
-    const auto* gpt = dynamic_cast<const nn::Gpt*>(&(*t)->model());
+    const auto* gpt = dynamic_cast<const nn::Gpt*>(&(*run->model));
     if (gpt == nullptr)
       return Fail(err, "export",
                   absl::InvalidArgumentError("--format hf exports GPT models only; this run is " +
-                                             (*t)->model().Describe()));
+                                             (*run->model).Describe()));
     absl::Status s = WriteExport(export_out_, out_exists, "hf", [&](const std::string& dir) {
       std::error_code ec;
       fs::create_directories(dir, ec);
       if (ec) return absl::InternalError("cannot create " + dir + ": " + ec.message());
-      return gpt->ExportHuggingFace((*t)->train_step().params(), dir);
+      return gpt->ExportHuggingFace(run->params, dir);
     });
     if (!s.ok()) return Fail(err, "export", s);
-    out << "exported step " << (*t)->train_step().step() << " of " << (*t)->model().Describe()
-        << " to " << export_out_
+    out << "exported step " << run->step << " of " << (*run->model).Describe() << " to "
+        << export_out_
         << " (config.json, model.safetensors: GPT2LMHeadModel.from_pretrained loads it)\n";
     return 0;
   }
-  absl::StatusOr<ir::Graph> predict = (*t)->model().PredictGraph(export_batch_);
+  absl::StatusOr<ir::Graph> predict = (*run->model).PredictGraph(export_batch_);
   if (!predict.ok()) return Fail(err, "export", predict.status());
   // The artifact holds the optimized program: what the cpu backend's pipeline makes of the
   // predict graph (an executable's graph() is its optimized graph, same parameters and outputs).
@@ -471,20 +492,20 @@ int TrainCommands::RunExport(std::ostream& out, std::ostream& err) {
   if (!compiled.ok()) return Fail(err, "export", compiled.status());
   const ir::Graph* program = &(*compiled)->graph();
   std::map<std::string, Tensor> weights;
-  const nn::ParamStore& p = (*t)->train_step().params();
+  const nn::ParamStore& p = run->params;
   for (int i = 0; i < p.size(); ++i) weights[p.names()[i]] = p.value(i);
   compiler::ArtifactOptions ao;
   ao.backend = "cpu/" + runtime::OneDnnIsaName();  // the compile-cache key of the cpu backend
-  ao.metadata = {{"model", (*t)->model().Describe()},
-                 {"step", std::to_string((*t)->train_step().step())},
+  ao.metadata = {{"model", (*run->model).Describe()},
+                 {"step", std::to_string(run->step)},
                  {"config_hash", train::ConfigHash(*config)},
                  {"kiln_version", KilnVersion()}};
   absl::Status s = WriteExport(export_out_, out_exists, "kiln", [&](const std::string& dir) {
     return compiler::WriteArtifact(dir, *program, weights, ao);
   });
   if (!s.ok()) return Fail(err, "export", s);
-  out << "exported step " << (*t)->train_step().step() << " of " << (*t)->model().Describe()
-      << " to " << export_out_ << " (manifest.json, program.ir, weights.safetensors)\n";
+  out << "exported step " << run->step << " of " << (*run->model).Describe() << " to "
+      << export_out_ << " (manifest.json, program.ir, weights.safetensors)\n";
   return 0;
 }
 

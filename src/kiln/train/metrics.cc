@@ -15,6 +15,13 @@ absl::StatusOr<std::unique_ptr<JsonlSink>> JsonlSink::Create(const std::string& 
   return std::make_unique<JsonlSink>(std::move(file));
 }
 
+absl::StatusOr<std::unique_ptr<JsonlSink>> JsonlSink::Create(Env* env, const std::string& path,
+                                                             bool append) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                        append ? env->NewAppendableFile(path) : env->NewWritableFile(path));
+  return std::make_unique<JsonlSink>(data::AdaptWritableFile(std::move(file), path));
+}
+
 JsonlSink::JsonlSink(std::unique_ptr<AppendFile> file) : file_(std::move(file)) {}
 
 JsonlSink::~JsonlSink() {

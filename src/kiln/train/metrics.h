@@ -26,8 +26,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kiln/train/event_writer.h"
 #include "kiln/data/record_io.h"
+#include "kiln/train/event_writer.h"
 
 namespace kiln::train {
 
@@ -53,6 +53,9 @@ class JsonlSink final : public MetricsSink {
  public:
   // Appends to `path` (creating it) when `append`, else truncates it: a resumed run appends.
   static absl::StatusOr<std::unique_ptr<JsonlSink>> Create(const std::string& path,
+                                                           bool append = true);
+  // The same through `env` (borrowed; must outlive the sink).
+  static absl::StatusOr<std::unique_ptr<JsonlSink>> Create(Env* env, const std::string& path,
                                                            bool append = true);
   explicit JsonlSink(std::unique_ptr<AppendFile> file);
   ~JsonlSink() override;

@@ -1,18 +1,11 @@
 #include "kiln/train/run_dir.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <string.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -24,7 +17,7 @@
 namespace kiln::train {
 namespace {
 
-namespace fs = std::filesystem;
+Env* OrDefault(Env* env) { return env != nullptr ? env : Env::Default(); }
 
 // The entries of OUTDIR that `kiln train` writes (docs/train.md "Output directory").
 bool IsRunEntry(const std::string& name) {
@@ -33,57 +26,43 @@ bool IsRunEntry(const std::string& name) {
          name == "run.json.tmp" || name.rfind("events.out.tfevents.", 0) == 0;
 }
 
-std::string ReadSmallFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+std::string ReadSmallFile(Env* env, const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFileToString(env, path);
+  return text.ok() ? *std::move(text) : std::string();
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RunDirLock>> RunDirLock::Acquire(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
+absl::StatusOr<std::unique_ptr<RunDirLock>> RunDirLock::Acquire(const std::string& dir, Env* env) {
+  env = OrDefault(env);
+  if (absl::Status s = env->CreateDir(dir); !s.ok()) {
     return absl::PermissionDeniedError(
-        absl::StrCat("output_dir: cannot create ", dir, ": ", ec.message()));
+        absl::StrCat("output_dir: cannot create ", dir, ": ", s.message()));
   }
-  const std::string path = (fs::path(dir) / kRunLockName).string();
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("output_dir: cannot open the run lock ", path, ": ", strerror(errno)));
-  }
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    std::string holder = ReadSmallFile(path);
+  const std::string path = JoinPath(dir, kRunLockName);
+  absl::StatusOr<std::unique_ptr<FileLock>> lock = env->LockFile(path);
+  if (absl::IsUnavailable(lock.status())) {
+    std::string holder = ReadSmallFile(env, path);
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-    close(fd);
-    if (err == EWOULDBLOCK) {
-      std::string who = holder.empty() ? "another process" : "process " + holder;
-      return absl::FailedPreconditionError(absl::StrCat(
-          dir, " is in use by another kiln train (", who, " holds ", path,
-          "); two trainers in one folder would mix their runs. Wait for it to finish, stop it (",
-          holder.empty() ? "kill it" : "kill " + holder,
-          ": it checkpoints and exits 75), or choose another --output-dir"));
-    }
-    return absl::InternalError(absl::StrCat("cannot lock ", path, ": ", strerror(err)));
+    std::string who = holder.empty() ? "another process" : "process " + holder;
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, " is in use by another kiln train (", who, " holds ", path,
+        "); two trainers in one folder would mix their runs. Wait for it to finish, stop it (",
+        holder.empty() ? "kill it" : "kill " + holder,
+        ": it checkpoints and exits 75), or choose another --output-dir"));
   }
-  // Ours now: record the pid for the message a second trainer prints.
-  std::string pid = absl::StrCat(getpid(), "\n");
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
-    // The lock holds regardless; only the message of a refused trainer gets less specific.
+  if (!lock.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("output_dir: cannot take the run lock ", path, ": ", lock.status().message()));
   }
-  return std::unique_ptr<RunDirLock>(new RunDirLock(fd, path));
+  // Ours now: record the pid for the message a second trainer prints. The lock holds regardless
+  // of this write; only the message of a refused trainer gets less specific if it fails.
+  WriteStringToFile(env, absl::StrCat(getpid(), "\n"), path).IgnoreError();
+  return std::unique_ptr<RunDirLock>(new RunDirLock(*std::move(lock), path));
 }
 
-RunDirLock::~RunDirLock() {
-  if (fd_ >= 0) close(fd_);  // drops the flock
-}
-
-std::string ReadRunJsonId(const std::string& dir) {
-  std::string text = ReadSmallFile((fs::path(dir) / "run.json").string());
+std::string ReadRunJsonId(const std::string& dir, Env* env) {
+  std::string text = ReadSmallFile(OrDefault(env), JoinPath(dir, "run.json"));
   if (text.empty()) return "";
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("run_id") || !j["run_id"].is_string()) {
@@ -92,22 +71,26 @@ std::string ReadRunJsonId(const std::string& dir) {
   return j["run_id"].get<std::string>();
 }
 
-absl::StatusOr<PreviousRun> InspectRunDir(const std::string& dir) {
+absl::StatusOr<PreviousRun> InspectRunDir(const std::string& dir, Env* env) {
+  env = OrDefault(env);
   PreviousRun r;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return r;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  absl::StatusOr<bool> is_dir = env->IsDirectory(dir);
+  if (!is_dir.ok() || !*is_dir) return r;
+  absl::StatusOr<std::vector<std::string>> names = env->GetChildren(dir);
+  if (!names.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot list ", dir, ": ", names.status().message()));
+  }
+  for (const std::string& name : *names) {
     if (IsRunEntry(name)) r.entries.push_back(name);
   }
-  if (ec) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
-  }
   std::sort(r.entries.begin(), r.entries.end());
-  const fs::path ckpts = fs::path(dir) / "checkpoints";
-  for (const auto& e : fs::directory_iterator(ckpts, ec)) {
-    const int64_t step = ParseCheckpointDirName(e.path().filename().string());
-    if (step >= 0) r.steps.push_back(step);
+  const std::string ckpts = JoinPath(dir, "checkpoints");
+  if (absl::StatusOr<std::vector<std::string>> steps = env->GetChildren(ckpts); steps.ok()) {
+    for (const std::string& name : *steps) {
+      const int64_t step = ParseCheckpointDirName(name);
+      if (step >= 0) r.steps.push_back(step);
+    }
   }
   std::sort(r.steps.begin(), r.steps.end());
   // An empty checkpoints/ (or only the lock) is not a run worth protecting; any of the files a
@@ -115,10 +98,10 @@ absl::StatusOr<PreviousRun> InspectRunDir(const std::string& dir) {
   for (const std::string& n : r.entries) {
     if (n != "checkpoints" || !r.steps.empty()) r.exists = true;
   }
-  r.run_id = ReadRunJsonId(dir);
+  r.run_id = ReadRunJsonId(dir, env);
   for (size_t i = r.steps.size(); r.run_id.empty() && i-- > 0;) {
     absl::StatusOr<nlohmann::json> meta =
-        ReadCheckpointMetadata((ckpts / absl::StrCat("step_", r.steps[i])).string());
+        ReadCheckpointMetadata(JoinPath(ckpts, absl::StrCat("step_", r.steps[i])), env);
     if (meta.ok() && meta->is_object() && meta->contains("run_id") &&
         (*meta)["run_id"].is_string()) {
       r.run_id = (*meta)["run_id"].get<std::string>();
@@ -127,34 +110,59 @@ absl::StatusOr<PreviousRun> InspectRunDir(const std::string& dir) {
   return r;
 }
 
-absl::StatusOr<std::string> MoveRunAside(const std::string& dir) {
-  absl::StatusOr<PreviousRun> prev = InspectRunDir(dir);
+absl::StatusOr<std::string> MoveRunAside(const std::string& dir, Env* env) {
+  env = OrDefault(env);
+  absl::StatusOr<PreviousRun> prev = InspectRunDir(dir, env);
   if (!prev.ok()) return prev.status();
-  std::time_t now = std::time(nullptr);
+  std::time_t now = static_cast<std::time_t>(env->NowMicros() / 1000000);
   std::tm tm = {};
   gmtime_r(&now, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);
-  fs::path aside = fs::path(dir) / absl::StrCat("replaced-", stamp);
-  std::error_code ec;
-  for (int k = 2; fs::exists(aside, ec); ++k) {
-    aside = fs::path(dir) / absl::StrCat("replaced-", stamp, "-", k);
+  std::string aside = JoinPath(dir, absl::StrCat("replaced-", stamp));
+  for (int k = 2; env->FileExists(aside); ++k) {
+    aside = JoinPath(dir, absl::StrCat("replaced-", stamp, "-", k));
   }
-  fs::create_directory(aside, ec);
-  if (ec) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot create ", aside.string(),
-                                                    " to move the old run into: ", ec.message()));
+  if (absl::Status s = env->CreateDir(aside); !s.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", aside, " to move the old run into: ", s.message()));
   }
   for (const std::string& name : prev->entries) {
-    fs::rename(fs::path(dir) / name, aside / name, ec);
-    if (ec) {
-      return absl::InternalError(
-          absl::StrCat("moving the old run aside: rename ", (fs::path(dir) / name).string(), " -> ",
-                       (aside / name).string(), ": ", ec.message(),
-                       " (what was moved so far is in ", aside.string(), ")"));
+    const std::string from = JoinPath(dir, name), to = JoinPath(aside, name);
+    if (absl::Status s = env->RenameFile(from, to); !s.ok()) {
+      return absl::InternalError(absl::StrCat("moving the old run aside: rename ", from, " -> ", to,
+                                              ": ", s.message(), " (what was moved so far is in ",
+                                              aside, ")"));
     }
   }
-  return aside.string();
+  KILN_RETURN_IF_ERROR(env->SyncDir(dir));
+  return aside;
+}
+
+RunDirectory::RunDirectory(std::string dir, Env* env)
+    : dir_(std::move(dir)), env_(OrDefault(env)) {}
+
+absl::Status RunDirectory::Lock() {
+  KILN_ASSIGN_OR_RETURN(lock_, RunDirLock::Acquire(dir_, env_));
+  return absl::OkStatus();
+}
+
+absl::Status RunDirectory::WriteConfig(const std::string& yaml) const {
+  return WriteAtomic(config_path(), yaml);
+}
+
+absl::Status RunDirectory::WriteRunJson(const nlohmann::json& info) const {
+  return WriteAtomic(run_json_path(), info.dump(2) + "\n");
+}
+
+absl::Status RunDirectory::WriteAtomic(const std::string& path, const std::string& text) const {
+  const std::string tmp = path + ".tmp";
+  KILN_RETURN_IF_ERROR(env_->CreateDir(dir_));
+  KILN_RETURN_IF_ERROR(WriteStringToFile(env_, text, tmp, /*sync=*/true));
+  absl::Status s = env_->RenameFile(tmp, path);
+  if (!s.ok())
+    return absl::InternalError(absl::StrCat("rename ", tmp, " -> ", path, ": ", s.message()));
+  return absl::OkStatus();
 }
 
 absl::Status FreshStartRefusal(const std::string& dir, const PreviousRun& prev) {

@@ -30,15 +30,17 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kiln/data/dataset.h"
 #include "kiln/nn/model.h"
 #include "kiln/nn/train_step.h"
 #include "kiln/runtime/executable.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/config.h"
+#include "kiln/train/evaluator.h"
 #include "kiln/train/metrics.h"
+#include "kiln/train/model_registry.h"
 #include "kiln/train/run_dir.h"
 #include "kiln/train/trace.h"
+#include "kiln/train/train_data.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln::train {
@@ -62,28 +64,19 @@ struct TrainerOptions {
   // OUTDIR/trace.json and a breakdown on `log`.
   std::optional<std::pair<int64_t, int64_t>> profile_steps;
   bool resume = true;  // restore the newest good checkpoint of OUTDIR/checkpoints if any
-  // Merged into run.json (e.g. kiln version, oneDNN version and ISA, threads: the CLI knows them).
+  // Merged into run.json (e.g. kiln version, git commit, oneDNN version and ISA, threads: the CLI
+  // knows them).
   nlohmann::json run_info;
   // Stop (as on SIGTERM) once this many steps have run in this process (0: never). Tests use it
   // to interrupt a run at a chosen step without a signal.
   int64_t stop_after_steps = 0;
-  // For `kiln eval` / `kiln export`: write nothing to OUTDIR (no config.yaml, run.json, metrics),
-  // and restore checkpoint `restore_step` (>= 0) instead of the newest one.
-  bool read_only = false;
-  int64_t restore_step = -1;
-  // read_only: restore this checkpoint directory (a `step_N` folder anywhere, e.g. one copied out
-  // of its run) instead of one under OUTDIR/checkpoints.
-  std::string restore_path;
   // resume = false on an OUTDIR that holds an earlier run: move that run's files to
   // OUTDIR/replaced-<UTC time>/ and start a new run (instead of refusing). Nothing is deleted.
   bool replace = false;
-};
-
-struct EvalResult {
-  double loss = 0;        // mean cross-entropy (per example; per token for gpt), nats
-  double accuracy = 0;    // classifiers: of examples; gpt: next-token accuracy over all positions
-  int64_t examples = 0;   // examples (gpt: sequences of data.seq_len tokens)
-  double perplexity = 0;  // gpt: exp(loss); 0 for classifiers
+  // OUTDIR's files (lock, config.yaml, run.json, checkpoints, metrics, events) go through this
+  // Env (borrowed; MemEnv / FaultInjectionEnv in tests); null: Env::Default(). data.source is
+  // read from the real file system.
+  Env* env = nullptr;
 };
 
 struct TrainResult {
@@ -100,14 +93,12 @@ struct TrainResult {
 
 class Trainer {
  public:
-  class Batcher;   // training batches (trainer.cc)
-  class EvalData;  // held-out batches (trainer.cc)
-
   // Takes OUTDIR's lock (run_dir.h: a second trainer on the same folder is refused, naming the
   // holder's pid), loads the data, builds and compiles the model, and restores the newest good
   // checkpoint of this run (options.resume). A fresh start (resume = false) on a folder holding
   // an earlier run is refused unless options.replace. Writes config.yaml and run.json (with the
-  // run id that every checkpoint of the run carries).
+  // run id that every checkpoint of the run carries). `kiln eval` / `kiln export` use LoadRun
+  // (evaluator.h) instead: no lock, no training step, no training data.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          TrainerOptions options);
   ~Trainer();
@@ -127,23 +118,43 @@ class Trainer {
   const nn::Model& model() const { return *model_; }
   int64_t start_step() const { return start_step_; }
   // What Create noticed and did: skipped damaged or foreign checkpoints, the checkpoint resumed
-  // from, an earlier run moved aside, ... (Run logs them; eval/export print them).
+  // from, an earlier run moved aside, ... (Run logs them).
   const std::vector<std::string>& notes() const { return notes_; }
   const std::string& run_id() const { return run_id_; }
   // The checkpoint directory restored from ("" on a fresh start).
   const std::string& restored_from() const { return restored_from_; }
 
  private:
+  struct Loop;  // the counters of one Run (trainer.cc)
+
   Trainer() = default;
+  // Create, in order.
+  absl::StatusOr<bool> ClaimRunDir();  // true: move an earlier run aside
+  absl::Status Compile();
+  absl::Status OpenCheckpoints(bool move_aside);
+  absl::Status Resume();
+  absl::Status OpenMetrics();
+  absl::Status WriteRunInfo();
+  // Run, per step.
+  absl::StatusOr<nn::StepMetrics> Step(int64_t number, Loop& loop);
+  absl::Status CheckFinite(int64_t number, const nn::StepMetrics& m, Loop& loop);
+  absl::Status Report(int64_t number, const nn::StepMetrics& m, Loop& loop);
+  absl::Status MaybeEvaluate(int64_t number, Loop& loop, TrainResult& result);
+  absl::Status MaybeCheckpoint(int64_t number);
+  absl::Status Finish(Loop& loop, TrainResult& result);
+
+  NamedTensors CheckpointTensors() const;
   absl::Status Save(bool sync);
+  std::string LastSavedPath() const;
   absl::Status WriteMetrics(int64_t step, const std::map<std::string, double>& scalars);
   void Log(const std::string& line);
   void Progress(int64_t step, float loss, double ex_per_s, double eta_s);
   absl::Status ReportProfile(double step_seconds_total, double input_seconds,
                              double compute_seconds, int64_t steps_profiled);
 
-  // First member, so it is released last: after the checkpoint writer and the metrics sinks.
-  std::unique_ptr<RunDirLock> lock_;
+  // First member, so it (and its lock) is released last: after the checkpoint writer and the
+  // metrics sinks.
+  std::unique_ptr<RunDirectory> run_dir_;
   TrainConfig config_;
   TrainerOptions options_;
   std::string run_id_;
@@ -151,16 +162,12 @@ class Trainer {
   std::string hash_;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<nn::TrainStep> step_;
-  data::TrainTestSplit split_;
-  std::unique_ptr<Batcher> batcher_;
-  std::unique_ptr<EvalData> eval_data_;
-  std::unique_ptr<runtime::Executable> eval_loss_, eval_predict_;
-  int64_t eval_batch_ = 0;
-  int64_t tokens_per_example_ = 0;  // gpt: data.seq_len (inputs "tokens"/"targets"); 0 otherwise
+  TrainData data_;  // data_.train feeds the steps; data_.held_out moves into evaluator_
+  std::unique_ptr<Evaluator> evaluator_;
   std::unique_ptr<CheckpointManager> ckpt_;
   std::unique_ptr<MultiSink> metrics_;
   Profiler profiler_;
-  Tensor x_, x_flat_, y_, eval_x_, eval_y_;
+  Tensor x_, x_flat_, y_;
   std::atomic<bool> stop_{false};
   int64_t start_step_ = 0;
   int64_t last_saved_step_ = -1;
@@ -171,11 +178,6 @@ class Trainer {
 
 // Multiply-adds x2 of every dot_general and conv2d (forward and backward) node of `graph`.
 double CountMatmulFlops(const ir::Graph& graph);
-
-// Builds the model a config describes, for `num_features` inputs and `num_classes` classes
-// (gpt: num_features = the sequence length, num_classes = the vocabulary size).
-absl::StatusOr<std::unique_ptr<nn::Model>> BuildModel(const ModelConfig& config,
-                                                      int64_t num_features, int64_t num_classes);
 
 // The optimizer a config describes (schedule total = config.steps).
 nn::OptimizerConfig BuildOptimizerConfig(const TrainConfig& config);

@@ -1,0 +1,153 @@
+#include "kiln/train/evaluator.h"
+
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/base/status.h"
+#include "kiln/train/checkpoint.h"
+#include "kiln/train/model_registry.h"
+#include "kiln/train/run_dir.h"
+
+namespace kiln::train {
+
+absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(runtime::Backend& backend,
+                                                             const nn::Model& model,
+                                                             TrainData& data) {
+  std::unique_ptr<Evaluator> e(new Evaluator());
+  e->shape_ = data.shape;
+  e->data_ = std::move(data.held_out);
+  const int64_t batch = e->shape_.eval_batch;
+  KILN_ASSIGN_OR_RETURN(ir::Graph loss, model.LossGraph(batch));
+  KILN_ASSIGN_OR_RETURN(ir::Graph predict, model.PredictGraph(batch));
+  KILN_ASSIGN_OR_RETURN(e->loss_, backend.Compile(loss));
+  KILN_ASSIGN_OR_RETURN(e->predict_, backend.Compile(predict));
+  e->x_ = MakeInputTensor(e->shape_, batch);
+  e->y_ = MakeTargetTensor(e->shape_, batch);
+  return e;
+}
+
+absl::StatusOr<EvalResult> Evaluator::Run(const nn::ParamStore& p, int64_t max_batches) {
+  KILN_RETURN_IF_ERROR(data_->Reset());
+  int64_t batches = data_->batches();
+  if (max_batches > 0) batches = std::min(batches, max_batches);
+  std::map<std::string, Tensor> in;
+  for (int i = 0; i < p.size(); ++i) in[p.names()[i]] = p.value(i);
+  const int64_t batch = shape_.eval_batch;
+  const int64_t f = x_.num_elements() / batch;
+  const bool lm = shape_.language_model;
+  const char* x_name = lm ? "tokens" : "x";
+  const char* y_name = lm ? "targets" : "labels";
+  // Predictions per batch: one per example, or one per token for a language model.
+  const int64_t per_batch = y_.num_elements();
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    KILN_RETURN_IF_ERROR(data_->Next(x_, y_));
+    in[x_name] = lm ? x_ : x_.Reshaped(Shape{batch, f});
+    in[y_name] = y_;
+    KILN_ASSIGN_OR_RETURN(auto lo, loss_->RunNamed(in));
+    loss_sum += lo.at("loss").GetDouble(0);
+    in.erase(y_name);
+    KILN_ASSIGN_OR_RETURN(auto pr, predict_->RunNamed(in));
+    const Tensor& pred = pr.at("prediction");
+    for (int64_t i = 0; i < per_batch; ++i) {
+      if (static_cast<int64_t>(pred.GetDouble(i)) == y_.data<int32_t>()[i]) ++correct;
+    }
+  }
+  EvalResult r;
+  r.examples = batches * batch;
+  if (batches > 0) {
+    r.loss = loss_sum / batches;
+    r.accuracy = static_cast<double>(correct) / (batches * per_batch);
+    if (lm) r.perplexity = std::exp(r.loss);
+  }
+  return r;
+}
+
+namespace {
+
+// The checkpoint LoadRun reads: under OUTDIR/checkpoints (this run's only), or a loose step_N.
+absl::StatusOr<Checkpoint> RestoreForLoad(const TrainConfig& c, const LoadOptions& o,
+                                          std::vector<std::string>* notes) {
+  CheckpointOptions copts;
+  copts.keep_last = c.keep_last;
+  copts.keep_every = c.keep_every;
+  copts.read_only = true;
+  copts.env = o.env;
+  std::string root = JoinPath(c.output_dir, "checkpoints");
+  int64_t step = o.restore_step;
+  if (o.restore_path.empty()) {
+    copts.run_id = ReadRunJsonId(c.output_dir, o.env);  // "": a run from before run ids
+  } else {
+    const std::string p = CleanPath(o.restore_path);
+    step = ParseCheckpointDirName(Basename(p));
+    if (step < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint directory ", o.restore_path, " is not named step_<N>"));
+    }
+    root = Dirname(p).empty() ? "." : Dirname(p);
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointManager> ckpt,
+                        CheckpointManager::Open(root, copts));
+  for (const std::string& n : ckpt->open_notes()) notes->push_back(n);
+  absl::StatusOr<Checkpoint> ck = step >= 0 ? ckpt->Restore(step) : ckpt->RestoreLatest();
+  if (ck.ok()) {
+    for (const std::string& n : ck->notes) notes->push_back(n);
+  }
+  return ck;
+}
+
+// features and classes of the model the checkpoint holds.
+absl::StatusOr<std::pair<int64_t, int64_t>> ModelDims(const TrainConfig& c, const LoadOptions& o,
+                                                      const Checkpoint& ck, bool lm) {
+  if (o.shape != nullptr) return std::make_pair(o.shape->features, o.shape->num_classes);
+  const nlohmann::json& m = ck.metadata;
+  if (m.is_object() && m.contains("model_dims") && m["model_dims"].is_object()) {
+    const nlohmann::json& d = m["model_dims"];
+    if (d.value("features", int64_t{0}) > 0 && d.value("num_classes", int64_t{0}) > 0) {
+      return std::make_pair(d["features"].get<int64_t>(), d["num_classes"].get<int64_t>());
+    }
+  }
+  if (lm) return std::make_pair(c.data.seq_len, c.model.vocab_size);
+  // A checkpoint from before "model_dims": the held-out data says.
+  KILN_ASSIGN_OR_RETURN(TrainData held, OpenTrainData(c, lm, /*with_train=*/false));
+  return std::make_pair(held.shape.features, held.shape.num_classes);
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedRun> LoadRun(const TrainConfig& c, const LoadOptions& o) {
+  KILN_RETURN_IF_ERROR(ValidateTrainConfig(c));
+  const ModelKind* kind = FindModelKind(c.model.kind);
+  LoadedRun run;
+  run.language_model = kind != nullptr && kind->language_model;
+  KILN_ASSIGN_OR_RETURN(Checkpoint ck, RestoreForLoad(c, o, &run.notes));
+  KILN_ASSIGN_OR_RETURN(auto dims, ModelDims(c, o, ck, run.language_model));
+  KILN_ASSIGN_OR_RETURN(run.model, BuildModel(c.model, dims.first, dims.second));
+  for (const nn::ParamSpec& spec : run.model->Params()) {
+    auto it = ck.tensors.find(spec.name);
+    if (it == ck.tensors.end()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", ck.path, " has no tensor '", spec.name,
+                                              "' (was the model changed?)"));
+    }
+    if (it->second.dtype() != spec.dtype || !(it->second.shape() == spec.shape)) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", ck.path, ": tensor '", spec.name, "' is ", it->second.shape().ToString(),
+          ", the model wants ", spec.shape.ToString(), " (was the model changed?)"));
+    }
+    KILN_RETURN_IF_ERROR(run.params.Add(spec.name, it->second));
+  }
+  const std::string hash = ConfigHash(c);
+  const std::string old_hash = ck.metadata.value("config_hash", std::string());
+  if (old_hash != hash) {
+    run.notes.push_back(absl::StrCat("note: config hash changed since ", ck.path, " (", old_hash,
+                                     " -> ", hash, ")"));
+  }
+  run.step = ck.step;
+  run.restored_from = ck.path;
+  return run;
+}
+
+}  // namespace kiln::train

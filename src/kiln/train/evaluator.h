@@ -1,0 +1,79 @@
+// Held-out evaluation, and loading a finished run for `kiln eval` / `kiln export`: the model and
+// its parameters from a checkpoint, without compiling a training step or reading training data.
+//
+//   KILN_ASSIGN_OR_RETURN(LoadedRun run, LoadRun(config, {.restore_step = 40}));
+//   KILN_ASSIGN_OR_RETURN(TrainData held, OpenTrainData(config, run.language_model, false));
+//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> e,
+//                         Evaluator::Create(*backend, *run.model, std::move(held)));
+//   KILN_ASSIGN_OR_RETURN(EvalResult r, e->Run(run.params, /*max_batches=*/0));
+#ifndef KILN_TRAIN_EVALUATOR_H_
+#define KILN_TRAIN_EVALUATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kiln/base/env.h"
+#include "kiln/nn/model.h"
+#include "kiln/nn/params.h"
+#include "kiln/runtime/executable.h"
+#include "kiln/train/config.h"
+#include "kiln/train/train_data.h"
+
+namespace kiln::train {
+
+struct EvalResult {
+  double loss = 0;        // mean cross-entropy (per example; per token for gpt), nats
+  double accuracy = 0;    // classifiers: of examples; gpt: next-token accuracy over all positions
+  int64_t examples = 0;   // examples (gpt: sequences of data.seq_len tokens)
+  double perplexity = 0;  // gpt: exp(loss); 0 for classifiers
+};
+
+// The loss and predict graphs of a model at the held-out batch size, compiled once, run over the
+// held-out batches in a fixed order.
+class Evaluator {
+ public:
+  // Takes `data.held_out` (data.train is left alone).
+  static absl::StatusOr<std::unique_ptr<Evaluator>> Create(runtime::Backend& backend,
+                                                           const nn::Model& model, TrainData& data);
+  // `max_batches` 0: all full batches.
+  absl::StatusOr<EvalResult> Run(const nn::ParamStore& params, int64_t max_batches);
+
+ private:
+  Evaluator() = default;
+  std::unique_ptr<EvalData> data_;
+  DataShape shape_;
+  std::unique_ptr<runtime::Executable> loss_, predict_;
+  Tensor x_, y_;
+};
+
+struct LoadOptions {
+  Env* env = nullptr;         // the run directory's files; null: Env::Default()
+  int64_t restore_step = -1;  // -1: the newest checkpoint of the run that verifies
+  // A `step_N` folder anywhere (e.g. copied out of its run) instead of one under
+  // OUTDIR/checkpoints.
+  std::string restore_path;
+  // Known data dimensions (from the held-out data), else the checkpoint's "model_dims" record,
+  // the config (language models), or, for a checkpoint written before that record, the held-out
+  // data's shape.
+  const DataShape* shape = nullptr;
+};
+
+struct LoadedRun {
+  std::unique_ptr<nn::Model> model;
+  nn::ParamStore params;
+  int64_t step = 0;
+  bool language_model = false;
+  std::string restored_from;       // the checkpoint directory
+  std::vector<std::string> notes;  // skipped damaged or foreign checkpoints, config hash change
+};
+
+// Restores a checkpoint of the run in config.output_dir (only checkpoints of its run id) and
+// builds its model. Writes nothing.
+absl::StatusOr<LoadedRun> LoadRun(const TrainConfig& config, const LoadOptions& options);
+
+}  // namespace kiln::train
+
+#endif  // KILN_TRAIN_EVALUATOR_H_
