@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "kiln/base/fault_injection_env.h"
+#include "kiln/base/mem_env.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/train/event_writer.h"
 
@@ -337,6 +339,66 @@ TEST(TrainerTest, AFreshStartOnAnEarlierRunIsRefusedUnlessReplacing) {
   EXPECT_NE(std::string(second.status().message()).find("in use by another kiln train"),
             std::string::npos);
   fs::remove_all(out);
+}
+
+// Issue 9: the run directory goes through Env, so a trainer can die (every write failing from
+// then on, as a killed process) at each write in turn: config.yaml, run.json, every file,
+// rename and sync of a checkpoint commit, the metrics. After the power loss that follows, a
+// resume on the same folder trains to the end with the same losses as an uninterrupted run.
+TEST(TrainerTest, DiesAtEveryWriteOfACommitOrRunJsonAndResumesToTheSameLosses) {
+  auto cpu = runtime::MakeCpuBackend();
+  TrainConfig c = SmallConfig("/run");
+  c.steps = 4;
+  c.checkpoint_every = 2;
+  c.eval_every = 0;
+  c.eval_batches = 1;
+  c.log_every = 4;
+  int64_t writes = 0;
+  std::vector<float> want;
+  {
+    std::unique_ptr<MemEnv> mem = NewMemEnv();
+    FaultInjectionEnv env(mem.get());
+    auto t = Trainer::Create(c, {.backend = cpu.get(), .env = &env});
+    ASSERT_TRUE(t.ok()) << t.status();
+    auto r = (*t)->Run();
+    ASSERT_TRUE(r.ok()) << r.status();
+    want = r->losses;
+    t->reset();
+    writes = env.mutation_count();
+    EXPECT_TRUE(env.FileExists("/run/run.json"));
+    EXPECT_TRUE(env.FileExists("/run/checkpoints/step_4/manifest.json"));
+  }
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_GT(writes, 20);
+  int failed_runs = 0;
+  for (int64_t n = 0; n < writes; ++n) {
+    SCOPED_TRACE("dies at write " + std::to_string(n) + " of " + std::to_string(writes));
+    std::unique_ptr<MemEnv> mem = NewMemEnv();
+    FaultInjectionEnv env(mem.get());
+    env.FailAfter(n);
+    {
+      auto t = Trainer::Create(c, {.backend = cpu.get(), .env = &env});
+      if (t.ok()) {
+        absl::StatusOr<TrainResult> r = (*t)->Run();
+        if (!r.ok()) ++failed_runs;
+      } else {
+        ++failed_runs;
+      }
+    }
+    ASSERT_TRUE(env.SimulateCrash().ok());
+    auto t = Trainer::Create(c, {.backend = cpu.get(), .env = &env});
+    ASSERT_TRUE(t.ok()) << t.status();
+    const int64_t start = (*t)->start_step();
+    auto r = (*t)->Run();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->final_step, 4);
+    ASSERT_EQ(start + static_cast<int64_t>(r->losses.size()), 4);
+    for (size_t i = 0; i < r->losses.size(); ++i) {
+      EXPECT_EQ(std::memcmp(&r->losses[i], &want[start + i], sizeof(float)), 0)
+          << "step " << start + i + 1 << ": " << r->losses[i] << " vs " << want[start + i];
+    }
+  }
+  EXPECT_GT(failed_runs, writes / 2);  // the injected deaths were seen as errors
 }
 
 TEST(TrainerTest, CountsMatmulFlops) {
