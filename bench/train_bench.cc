@@ -60,6 +60,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/peer_blas.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/cache.h"
 #include "kiln/ir/builder.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/optim.h"
@@ -711,7 +712,14 @@ int Main(int argc, char** argv) {
       mm_bf16 >= mm_f32 ? "bf16 compute is faster; mixed_bf16 buys speed and memory"
                         : "bf16 compute is slower; mixed_bf16 buys memory, not speed");
 
-  std::unique_ptr<runtime::Backend> cpu = runtime::MakeCpuBackend();
+  // The bench owns its compile cache (in memory only): the compile-hit rows measure it.
+  compiler::CompileCacheOptions cache_options;
+  cache_options.use_disk = false;
+  cache_options.log = [](const std::string& m) {
+    if (m.find("WARNING") != std::string::npos) std::fprintf(stderr, "%s\n", m.c_str());
+  };
+  compiler::CompileCache cache(std::move(cache_options));
+  std::unique_ptr<runtime::Backend> cpu = runtime::MakeCpuBackend({.compile_cache = &cache});
   std::vector<Row> rows;
   std::vector<std::pair<std::string, double>> compile_times;
   struct Memory {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kiln/compiler/cache.h"
 #include "kiln/runtime/executable.h"
 
 namespace kiln::cli {
@@ -18,7 +19,13 @@ namespace kiln::cli {
 std::vector<std::string> BackendNames();
 
 // InvalidArgument listing the choices for an unknown name.
+// "cpu" (with ProcessCompileCache) or "reference".
 absl::StatusOr<std::unique_ptr<runtime::Backend>> MakeBackendByName(const std::string& name);
+
+// This process's compile cache, made on first use from the environment: in memory, and on disk
+// under $KILN_CACHE_DIR when that is set (misses logged then, or with KILN_CACHE_LOG=1; repeated
+// recompiles always warn). Lives until the process exits.
+compiler::CompileCache* ProcessCompileCache();
 
 }  // namespace kiln::cli
 

@@ -1,6 +1,7 @@
 #include "kiln/compiler/compile.h"
 
 #include "kiln/base/status.h"
+#include "kiln/compiler/cache.h"
 #include "kiln/compiler/passes/algebraic.h"
 #include "kiln/compiler/passes/cse.h"
 #include "kiln/compiler/passes/dce.h"
@@ -9,6 +10,7 @@
 #include "kiln/compiler/passes/remat.h"
 #include "kiln/compiler/passes/schedule.h"
 #include "kiln/compiler/passes/transpose_fold.h"
+#include "kiln/ir/verifier.h"
 
 namespace kiln::compiler {
 
@@ -38,6 +40,26 @@ absl::StatusOr<ir::Graph> Optimize(const ir::Graph& graph, const CompileOptions&
   ir::Graph out = graph;
   KILN_RETURN_IF_ERROR(p->Run(out).status());
   return out;
+}
+
+absl::StatusOr<CompiledModule> Compile(const ir::Graph& graph, const BackendTraits& traits,
+                                       const CompileOptions& options, CompileCache* cache,
+                                       const std::string& backend_key) {
+  KILN_RETURN_IF_ERROR(Annotate(ir::Verify(graph), "compile: invalid graph"));
+  CompiledModule m;
+  if (!options.optimize) {
+    m.graph = graph;
+  } else {
+    CompileOptions o = options;
+    o.traits = traits;
+    absl::StatusOr<ir::Graph> optimized =
+        cache ? cache->GetOrOptimize(graph, o, backend_key) : Optimize(graph, o);
+    KILN_RETURN_IF_ERROR(Annotate(optimized.status(), "compile: optimizing"));
+    m.graph = std::move(*optimized);
+  }
+  m.plan = PlanExecution(m.graph, traits);
+  m.buffers = PlanBuffers(m.graph, &m.plan);
+  return m;
 }
 
 }  // namespace kiln::compiler

@@ -1,10 +1,12 @@
-// The default optimization pipeline, and the one call a backend makes to run it.
+// The one compile path: compiler::Compile turns a graph into a CompiledModule (the optimized
+// graph, its execution plan and its buffer plan); a backend only lowers that to thunks.
 //
 //   // In a backend's Compile(graph):
 //   CompileOptions opts;
 //   opts.keep_composite = [](ir::Opcode op) { return op == ir::Opcode::kSoftmax; };  // native
-//   KILN_ASSIGN_OR_RETURN(ir::Graph optimized, compiler::Optimize(graph, opts));
-//   ... lower `optimized` to thunks ...
+//   KILN_ASSIGN_OR_RETURN(CompiledModule m, compiler::Compile(graph, traits, opts, cache,
+//   "cpu/avx2"));
+//   ... lower m.plan.kernels to thunks over m.buffers ...
 //
 // DefaultPipeline lists the passes of DESIGN.md §2 that exist, in order:
 //   decompose                 composites the backend lacks (keep_composite decides)
@@ -20,8 +22,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "kiln/compiler/buffer_plan.h"
 #include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/passes/constant_fold.h"
 #include "kiln/compiler/passes/remat.h"
@@ -31,6 +35,9 @@
 namespace kiln::compiler {
 
 struct CompileOptions {
+  // Run the pipeline below. Off: the graph is compiled as given (verified, planned, assigned):
+  // what the reference backend wants, being the oracle the optimized programs are checked against.
+  bool optimize = true;
   PipelineOptions pipeline;
   // Composite ops the backend implements natively; the others are decomposed into primitives.
   // Null: decompose every composite.
@@ -56,6 +63,26 @@ std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options = {});
 // parameters, same outputs). Errors: an invalid input graph, a pass error, an unknown name in
 // options.pipeline.disabled_passes, or (with verification on) a pass producing an invalid graph.
 absl::StatusOr<ir::Graph> Optimize(const ir::Graph& graph, const CompileOptions& options = {});
+
+class CompileCache;  // cache.h
+
+// What compile hands a backend: the optimized graph (fusion groups as its `fusion` attributes,
+// visible in its IR text), how it runs (the kernels, reads, aliases and storage of
+// execution_plan.h) and where every value lives (buffer_plan.h). Lowering reads these and
+// re-derives nothing.
+struct CompiledModule {
+  ir::Graph graph;
+  ExecutionPlan plan;
+  BufferPlan buffers;
+};
+
+// The one compile path: verifies `graph`, optimizes it with DefaultPipeline for `traits` (taking
+// the optimized graph from `cache` under `backend_key` when it holds it; null: no cache) unless
+// options.optimize is off, then plans execution and buffers for `traits`. Errors: those of
+// Optimize, and an invalid input graph.
+absl::StatusOr<CompiledModule> Compile(const ir::Graph& graph, const BackendTraits& traits,
+                                       const CompileOptions& options, CompileCache* cache = nullptr,
+                                       const std::string& backend_key = "");
 
 }  // namespace kiln::compiler
 

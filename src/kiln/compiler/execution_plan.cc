@@ -69,7 +69,8 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
 
   // Fused groups, in graph order.
   std::vector<ExecutionPlan::Kernel>& fused = plan.groups;
-  for (auto& [gid, members] : FusionGroups(graph)) {
+  for (auto& [gid, members] :
+       traits.fusion ? FusionGroups(graph) : std::map<int64_t, std::vector<int>>{}) {
     Opcode head = graph.node(members[0]).opcode();
     Kind kind = head == Opcode::kDotGeneral ? Kind::kMatmulEpilogue
                 : head == Opcode::kConv2d   ? Kind::kConvEpilogue

@@ -3,7 +3,7 @@
 // member reads a broadcast's operand through a view; a reshape is its operand's bytes), which
 // values are stored, in the arena or in the caller's output tensors, and which need not run at
 // all. The schedule pass (the peak it minimizes), rematerialization (kernel boundaries), buffer
-// assignment (runtime/buffer_plan.h: liveness) and the backends (runtime/cpu: what to lower) all
+// assignment (compiler/buffer_plan.h: liveness) and the backends (runtime/cpu: what to lower) all
 // read it, so what the compiler predicts is what the executable allocates.
 //
 //   BackendTraits traits{.alias_reshapes = true, .outputs_outside_arena = true};
@@ -29,6 +29,9 @@ namespace kiln::compiler {
 
 // What a backend tells the compiler about how it runs a graph (the parts that change the plan).
 struct BackendTraits {
+  // Runs each fusion group (the `fusion` attribute) as one kernel. Off: every node is its own
+  // kernel whatever the graph carries (the reference backend).
+  bool fusion = true;
   // A reshape of a dense row-major value (same dtype, not a graph output) is its operand's bytes:
   // it gets no kernel and no buffer, and its readers read the operand's buffer.
   bool alias_reshapes = false;
@@ -39,8 +42,7 @@ struct BackendTraits {
   std::function<bool(const ir::Graph&, const std::vector<int>& members)> can_fuse;
 };
 
-// The traits of a backend that runs every node as its own kernel over arena buffers (the
-// reference backend; the default of the compiler's memory model).
+// The compiler's default memory model: fusion groups as one kernel each, every value in the arena.
 inline BackendTraits PlainTraits() { return {}; }
 
 struct ExecutionPlan {

@@ -28,7 +28,7 @@ std::string ParamName(const ir::Node& n) {
 
 }  // namespace
 
-Executable::Executable(ir::Graph graph, BufferPlan plan, std::vector<std::unique_ptr<Thunk>> thunks,
+Executable::Executable(ir::Graph graph, compiler::BufferPlan plan, std::vector<std::unique_ptr<Thunk>> thunks,
                        std::string backend_name)
     : graph_(std::move(graph)),
       plan_(std::move(plan)),

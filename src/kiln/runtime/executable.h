@@ -1,6 +1,6 @@
 // An Executable is a compiled Graph: a flat list of thunks that run over one preallocated arena.
-// Buffers are assigned from liveness intervals at compile time (buffer_plan.h); running allocates
-// nothing when the caller supplies the output tensors (RunInto).
+// Buffers are assigned from liveness intervals at compile time (compiler/buffer_plan.h); running
+// allocates nothing when the caller supplies the output tensors (RunInto).
 //
 //   std::unique_ptr<Backend> cpu = MakeCpuBackend();
 //   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> exe, cpu->Compile(graph));
@@ -18,9 +18,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kiln/compiler/buffer_plan.h"
+#include "kiln/compiler/compile.h"
+#include "kiln/compiler/execution_plan.h"
 #include "kiln/ir/graph.h"
-#include "kiln/runtime/buffer_plan.h"
 #include "kiln/tensor/tensor.h"
+#include "nlohmann/json.hpp"
 
 namespace kiln::runtime {
 
@@ -42,11 +45,11 @@ class Thunk {
 // Not thread-safe: one run at a time per Executable (the run state and arena are members).
 class Executable {
  public:
-  Executable(ir::Graph graph, BufferPlan plan, std::vector<std::unique_ptr<Thunk>> thunks,
+  Executable(ir::Graph graph, compiler::BufferPlan plan, std::vector<std::unique_ptr<Thunk>> thunks,
              std::string backend_name);
 
   const ir::Graph& graph() const { return graph_; }
-  const BufferPlan& plan() const { return plan_; }
+  const compiler::BufferPlan& plan() const { return plan_; }
   const std::string& backend_name() const { return backend_name_; }
   int num_thunks() const { return static_cast<int>(thunks_.size()); }
   const Thunk& thunk(int i) const { return *thunks_[i]; }
@@ -71,24 +74,34 @@ class Executable {
 
  private:
   ir::Graph graph_;
-  BufferPlan plan_;
+  compiler::BufferPlan plan_;
   std::vector<std::unique_ptr<Thunk>> thunks_;
   std::string backend_name_;
   std::shared_ptr<uint8_t> arena_;
   RunContext ctx_;
-  std::vector<int> params_;  // parameter node ids in index order
+  std::vector<int> params_;       // parameter node ids in index order
   std::vector<void*> arena_ptr_;  // per node: its arena buffer (null: parameter, constant, none)
   std::vector<char> direct_;      // per output, during RunInto: computed into the caller's tensor
   std::shared_ptr<uint8_t> staging_;  // outputs kept out of the arena, when a tensor overlaps
   ThunkObserver observer_;
 };
 
-// A backend turns graphs into executables.
+// A backend turns graphs into executables, through the one compile path: Compile runs
+// compiler::Compile with this backend's traits and the passes it wants, then Lower turns the
+// CompiledModule into thunks (reading its plan, re-deriving nothing).
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // How this backend runs a graph, as the compiler's execution plan needs it.
+  virtual compiler::BackendTraits Traits() const = 0;
   virtual absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) = 0;
+  // `module` must have been compiled for Traits().
+  virtual absl::StatusOr<std::unique_ptr<Executable>> Lower(
+      const compiler::CompiledModule& module) = 0;
+  // What a run records about the backend and how it compiles (run.json's compiler_options):
+  // at least "backend", "optimize" and "fusion".
+  virtual nlohmann::json Describe() const = 0;
 };
 
 }  // namespace kiln::runtime

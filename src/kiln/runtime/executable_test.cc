@@ -37,7 +37,7 @@ std::unique_ptr<Executable> Compile(const Graph& g) {
   for (const auto& n : g.nodes())
     if (n.opcode() == Opcode::kAdd || n.opcode() == Opcode::kNeg)
       thunks.push_back(std::make_unique<TestThunk>(n));
-  return std::make_unique<Executable>(g, PlanBuffers(g), std::move(thunks), "test");
+  return std::make_unique<Executable>(g, compiler::PlanBuffers(g), std::move(thunks), "test");
 }
 
 int Param(Graph& g, int index, const std::string& name, Shape s) {

@@ -1,5 +1,5 @@
 // Memory of the benchmark training steps (bench/train_bench.cc's models) as the cpu backend
-// compiles them: the planned arena against the lower bound (runtime/buffer_plan.h), and what
+// compiles them: the planned arena against the lower bound (compiler/buffer_plan.h), and what
 // rematerialization saves. The numbers are printed for the record.
 #include <cstdio>
 #include <memory>
@@ -14,7 +14,7 @@
 #include "kiln/nn/optim.h"
 #include "kiln/nn/params.h"
 #include "kiln/nn/transformer.h"
-#include "kiln/runtime/buffer_plan.h"
+#include "kiln/compiler/buffer_plan.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 
 namespace kiln {
@@ -99,7 +99,7 @@ TEST(MemoryModels, ArenaIsWithinTenPercentOfTheLowerBound) {
     ASSERT_TRUE(g.ok()) << g.status();
     absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = cpu->Compile(*g);
     ASSERT_TRUE(exe.ok()) << exe.status();
-    const runtime::BufferPlan& plan = (*exe)->plan();
+    const compiler::BufferPlan& plan = (*exe)->plan();
     std::printf(
         "%-20s arena %7.2f MiB, lower bound %7.2f MiB (x%.3f), %d in-place reuses, "
         "%d nodes\n",
@@ -114,9 +114,9 @@ TEST(MemoryModels, ArenaIsWithinTenPercentOfTheLowerBound) {
     compiler::BackendTraits traits = runtime::CpuBackendTraits();
     compiler::ExecutionPlan ep = compiler::PlanExecution(graph, traits);
     int64_t predicted = compiler::PeakLiveBytes(graph, traits);
-    EXPECT_EQ(predicted, runtime::PlanBuffers(graph, &ep, {.in_place = false}).lower_bound_bytes);
+    EXPECT_EQ(predicted, compiler::PlanBuffers(graph, &ep, {.in_place = false}).lower_bound_bytes);
     EXPECT_LE(plan.lower_bound_bytes, predicted);
-    EXPECT_EQ(plan.arena_bytes, runtime::PlanBuffers(graph, &ep).arena_bytes);
+    EXPECT_EQ(plan.arena_bytes, compiler::PlanBuffers(graph, &ep).arena_bytes);
     std::printf("%-20s schedule's predicted peak %7.2f MiB\n", w.name, MiB(predicted));
   }
 }

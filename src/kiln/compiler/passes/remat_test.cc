@@ -18,7 +18,7 @@
 #include "kiln/ir/builder.h"
 #include "kiln/ir/parser.h"
 #include "kiln/ir/verifier.h"
-#include "kiln/runtime/buffer_plan.h"
+#include "kiln/compiler/buffer_plan.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::compiler {
@@ -195,7 +195,7 @@ CompileOptions Options(int64_t limit = -1) {
   if (limit >= 0) {
     o.remat.enabled = true;
     o.remat.memory_limit_bytes = limit;
-    o.remat.measure = [](const ir::Graph& g) { return runtime::PlanBuffers(g).arena_bytes; };
+    o.remat.measure = [](const ir::Graph& g) { return PlanBuffers(g).arena_bytes; };
   }
   return o;
 }
@@ -207,8 +207,8 @@ TEST(Remat, TrainStepPolicyShrinksTheArenaAndKeepsOutputsBitIdentical) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   absl::StatusOr<ir::Graph> remat = Optimize(*step, Options(/*limit=*/0));
   ASSERT_TRUE(remat.ok()) << remat.status();
-  int64_t plain_arena = runtime::PlanBuffers(*plain).arena_bytes;
-  int64_t remat_arena = runtime::PlanBuffers(*remat).arena_bytes;
+  int64_t plain_arena = PlanBuffers(*plain).arena_bytes;
+  int64_t remat_arena = PlanBuffers(*remat).arena_bytes;
   std::printf("train step: %d -> %d nodes, arena %lld -> %lld bytes with remat (policy)\n",
               plain->num_nodes(), remat->num_nodes(), static_cast<long long>(plain_arena),
               static_cast<long long>(remat_arena));
@@ -224,8 +224,8 @@ TEST(Remat, MemoryLimitModeFitsABudgetThePlainPlanExceeds) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   absl::StatusOr<ir::Graph> policy = Optimize(*step, Options(/*limit=*/0));
   ASSERT_TRUE(policy.ok()) << policy.status();
-  int64_t plain_arena = runtime::PlanBuffers(*plain).arena_bytes;
-  int64_t policy_arena = runtime::PlanBuffers(*policy).arena_bytes;
+  int64_t plain_arena = PlanBuffers(*plain).arena_bytes;
+  int64_t policy_arena = PlanBuffers(*policy).arena_bytes;
   ASSERT_LT(policy_arena, plain_arena);
   int64_t budget = (plain_arena + policy_arena) / 2;
 
@@ -240,7 +240,7 @@ TEST(Remat, MemoryLimitModeFitsABudgetThePlainPlanExceeds) {
   EXPECT_EQ(r.measured_before, plain_arena);
   EXPECT_TRUE(r.fits);
   EXPECT_LE(r.measured_after, budget);
-  EXPECT_EQ(runtime::PlanBuffers(g).arena_bytes, r.measured_after);
+  EXPECT_EQ(PlanBuffers(g).arena_bytes, r.measured_after);
   EXPECT_TRUE(ir::Verify(g).ok());
   ExpectBitIdentical(RunRef(*plain), RunRef(g));
 

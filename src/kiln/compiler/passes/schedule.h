@@ -1,6 +1,6 @@
 // Memory-minimizing scheduling ("schedule"): reorders the nodes (the order an executable runs its
 // kernels in) so that fewer bytes are live at the worst moment, which is what the buffer planner
-// (runtime/buffer_plan.h) has to fit into the arena.
+// (compiler/buffer_plan.h) has to fit into the arena.
 //
 //   %2 = exp(%x) : f32[1024]          # big, read last             %3 = reduce_sum(%x) : f32[]
 //   %3 = reduce_sum(%x) : f32[]                              ->    %4 = mul(%3, %3) : f32[]

@@ -13,7 +13,6 @@
 #include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/passes/fusion.h"
 #include "kiln/ir/verifier.h"
-#include "kiln/runtime/buffer_plan.h"
 #include "kiln/runtime/cpu/internal/common.h"
 #include "kiln/runtime/cpu/internal/fused_loop.h"
 #include "kiln/runtime/cpu/machine.h"
@@ -183,36 +182,22 @@ class CpuBackend : public Backend {
 
   std::string name() const override { return "cpu"; }
 
+  compiler::BackendTraits Traits() const override { return CpuBackendTraits(options_); }
+
   absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& input) override {
-    KILN_RETURN_IF_ERROR(Annotate(ir::Verify(input), "cpu backend: invalid graph"));
-    if (!options_.optimize) return Lower(input);
     compiler::CompileOptions copts;
+    copts.optimize = options_.optimize;
     copts.keep_composite = LowersNatively;
     copts.fuse_loops = options_.fuse && !options_.prefer_loops;
     copts.remat.enabled = options_.remat || options_.remat_memory_limit_bytes > 0;
     copts.remat.memory_limit_bytes = options_.remat_memory_limit_bytes;
-    copts.traits = CpuBackendTraits(options_);
-    // The process-wide cache: memory, plus disk only where the user asked for it.
-    static compiler::CompileCache* const default_cache = [] {
-      const char* dir = std::getenv("KILN_CACHE_DIR");
-      const char* log = std::getenv("KILN_CACHE_LOG");
-      compiler::CompileCacheOptions o;
-      o.use_disk = dir != nullptr && *dir != '\0';
-      bool verbose = o.use_disk || (log != nullptr && std::string(log) == "1");
-      o.log = [verbose](const std::string& m) {
-        if (verbose || m.find("WARNING") != std::string::npos)
-          std::fprintf(stderr, "%s\n", m.c_str());
-      };
-      return new compiler::CompileCache(std::move(o));
-    }();
     // Optimize's result does not depend on the ISA today, but lowering choices may come to.
     static const std::string backend_key = "cpu/" + OneDnnIsaName();
-    compiler::CompileCache* cache = options_.compile_cache ? options_.compile_cache : default_cache;
-    absl::StatusOr<ir::Graph> optimized = options_.use_compile_cache
-                                              ? cache->GetOrOptimize(input, copts, backend_key)
-                                              : compiler::Optimize(input, copts);
-    KILN_RETURN_IF_ERROR(Annotate(optimized.status(), "cpu backend: optimizing"));
-    absl::StatusOr<std::unique_ptr<Executable>> exe = Lower(*optimized);
+    compiler::CompileCache* cache = options_.use_compile_cache ? options_.compile_cache : nullptr;
+    absl::StatusOr<compiler::CompiledModule> m =
+        compiler::Compile(input, Traits(), copts, cache, backend_key);
+    KILN_RETURN_IF_ERROR(Annotate(m.status(), "cpu backend"));
+    absl::StatusOr<std::unique_ptr<Executable>> exe = Lower(*m);
     if (exe.ok() && options_.remat_memory_limit_bytes > 0 &&
         (*exe)->plan().arena_bytes > options_.remat_memory_limit_bytes) {
       std::fprintf(stderr,
@@ -224,8 +209,18 @@ class CpuBackend : public Backend {
     return exe;
   }
 
- private:
-  absl::StatusOr<std::unique_ptr<Executable>> Lower(const ir::Graph& graph) {
+  nlohmann::json Describe() const override {
+    return {{"backend", "cpu/" + OneDnnIsaName()},
+            {"optimize", options_.optimize},
+            {"fusion", options_.optimize && options_.fuse && !options_.prefer_loops},
+            {"prefer_loops", options_.prefer_loops},
+            {"remat", options_.remat || options_.remat_memory_limit_bytes > 0},
+            {"compile_cache", options_.use_compile_cache && options_.compile_cache != nullptr}};
+  }
+
+  absl::StatusOr<std::unique_ptr<Executable>> Lower(const compiler::CompiledModule& m) override {
+    const ir::Graph& graph = m.graph;
+    const compiler::ExecutionPlan& plan = m.plan;
     auto ctx = std::make_shared<CpuContext>();
     LowerContext lc{graph, ctx, options_};
     const int n = graph.num_nodes();
@@ -236,7 +231,6 @@ class CpuBackend : public Backend {
 
     // How the graph runs (fusion groups, views, aliases, what is stored where): the plan the
     // compiler's schedule and remat passes saw too.
-    const compiler::ExecutionPlan plan = compiler::PlanExecution(graph, CpuBackendTraits(options_));
     FusionReads reads;
     for (const compiler::ExecutionPlan::Kernel& k : plan.kernels) {
       if (k.kind == compiler::ExecutionPlan::KernelKind::kNode) continue;
@@ -288,7 +282,7 @@ class CpuBackend : public Backend {
       staging[o.node] = staging_bytes;
       staging_bytes += AlignUp(graph.node(o.node).type().byte_size());
     }
-    BufferPlan buffers = PlanBuffers(graph, &plan);
+    compiler::BufferPlan buffers = m.buffers;
     for (int id = 0; id < n; ++id)
       if (plan.alias_of[id] != id) buffers.aliases.push_back({id, plan.alias_of[id]});
     buffers.staging_offsets = std::move(staging);

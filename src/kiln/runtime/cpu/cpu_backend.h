@@ -10,13 +10,15 @@
 // thunk binds data pointers and executes on the executable's stream. Primitives use a user-mode
 // scratchpad carved from one workspace that Compile allocates, so running allocates nothing.
 //
-// Compile first runs the compiler's default pipeline (compiler::Optimize: decompose, then the
-// simplify group: algebraic, constant-fold, cse, transpose-fold, dce), keeping every composite the
-// backend lowers natively (softmax, log_softmax, layer_norm, rms_norm, cross_entropy, attention).
-// CpuBackendOptions::optimize = false compiles the graph as given; KILN_DISABLE_PASSES=cse,dce
-// skips single passes (see compiler/pipeline.h). The executable's graph() is the optimized one,
-// with the same parameters and outputs as the input. A graph compiled before with the same options
-// skips the pipeline: the optimized graph comes from a compile cache (use_compile_cache).
+// Compile goes through compiler::Compile (the one compile path) with this backend's traits, then
+// Lower turns the CompiledModule into thunks. Compile first runs the compiler's default pipeline
+// (compiler::Optimize: decompose, then the simplify group: algebraic, constant-fold, cse,
+// transpose-fold, dce), keeping every composite the backend lowers natively (softmax, log_softmax,
+// layer_norm, rms_norm, cross_entropy, attention). CpuBackendOptions::optimize = false compiles the
+// graph as given; KILN_DISABLE_PASSES=cse,dce skips single passes (see compiler/pipeline.h). The
+// executable's graph() is the optimized one, with the same parameters and outputs as the input. A
+// graph compiled before with the same options skips the pipeline: the optimized graph comes from a
+// compile cache (use_compile_cache).
 //
 // Dtypes: f32 and bf16 everywhere (bf16 computes in f32 and rounds to nearest even on store;
 // oneDNN accumulates bf16 matmul/conv in f32); f16 and f64 in the loops; integers and bool where
@@ -47,11 +49,10 @@ struct CpuBackendOptions {
   // fused loop kernel each (fused_loop.cc). Off with prefer_loops, so those tests keep checking
   // the per-op loops.
   bool fuse = true;
-  // Look the optimized graph up in a compile cache (compiler/cache.h) before running the pipeline;
-  // the key covers the graph, the compiler version, the options above and oneDNN's ISA. Null
-  // `compile_cache`: the process-wide cpu cache, in memory, and on disk only when $KILN_CACHE_DIR
-  // is set (it never writes to ~/.cache by default). Its misses are logged to stderr when
-  // $KILN_CACHE_DIR or KILN_CACHE_LOG=1 is set; repeated recompiles always warn.
+  // Look the optimized graph up in `compile_cache` (compiler/cache.h; borrowed, owned by the
+  // caller) before running the pipeline; the key covers the graph, the compiler version, the
+  // options above and oneDNN's ISA. Null: no cache. The kiln CLI makes one cache per process from
+  // $KILN_CACHE_DIR / KILN_CACHE_LOG (cli/backends.h); libraries read no environment for it.
   bool use_compile_cache = true;
   compiler::CompileCache* compile_cache = nullptr;
   // Rematerialization (compiler/passes/remat.h): recompute cheap forward values next to their

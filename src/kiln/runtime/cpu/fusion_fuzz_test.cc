@@ -14,7 +14,7 @@
 #include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/passes/schedule.h"
 #include "kiln/ir/builder.h"
-#include "kiln/runtime/buffer_plan.h"
+#include "kiln/compiler/buffer_plan.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
@@ -161,9 +161,9 @@ TEST(FusionFuzz, RandomGraphsMatchTheReferenceAndTheUnfusedBackend) {
         compiler::BackendTraits traits = CpuBackendTraits();
         compiler::ExecutionPlan ep = compiler::PlanExecution(g, traits);
         int64_t predicted = compiler::PeakLiveBytes(g, traits);
-        EXPECT_EQ(predicted, PlanBuffers(g, &ep, {.in_place = false}).lower_bound_bytes);
+        EXPECT_EQ(predicted, compiler::PlanBuffers(g, &ep, {.in_place = false}).lower_bound_bytes);
         EXPECT_LE((*fe)->plan().lower_bound_bytes, predicted);
-        EXPECT_EQ((*fe)->plan().arena_bytes, PlanBuffers(g, &ep).arena_bytes);
+        EXPECT_EQ((*fe)->plan().arena_bytes, compiler::PlanBuffers(g, &ep).arena_bytes);
       }
       auto f = (*fe)->Run(c.inputs);
       auto u = (*ue)->Run(c.inputs);

@@ -4,8 +4,8 @@
 #include <limits>
 
 #include "kiln/base/status.h"
+#include "kiln/compiler/buffer_plan.h"
 #include "kiln/ir/verifier.h"
-#include "kiln/runtime/buffer_plan.h"
 #include "kiln/runtime/reference/kernels.h"
 
 namespace kiln::runtime {
@@ -124,17 +124,33 @@ class ReferenceBackend : public Backend {
  public:
   std::string name() const override { return "reference"; }
 
+  // One plain-loop kernel per node (fusion groups a graph carries are ignored), every value in the
+  // arena.
+  compiler::BackendTraits Traits() const override { return {.fusion = false}; }
+
+  // The oracle runs the graph as given: no pass at all (compiler::CompileOptions::optimize off).
   absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) override {
-    KILN_RETURN_IF_ERROR(Annotate(ir::Verify(graph), "reference backend"));
+    compiler::CompileOptions options;
+    options.optimize = false;
+    absl::StatusOr<compiler::CompiledModule> m = compiler::Compile(graph, Traits(), options);
+    KILN_RETURN_IF_ERROR(Annotate(m.status(), "reference backend"));
+    return Lower(*m);
+  }
+
+  absl::StatusOr<std::unique_ptr<Executable>> Lower(const compiler::CompiledModule& m) override {
     std::vector<std::unique_ptr<Thunk>> thunks;
-    for (const ir::Node& n : graph.nodes()) {
-      if (n.opcode() == ir::Opcode::kParameter || n.opcode() == ir::Opcode::kConstant) continue;
-      KILN_ASSIGN_OR_RETURN(Kernel k, MakeKernel(graph, n));
+    for (const compiler::ExecutionPlan::Kernel& k : m.plan.kernels) {
+      const ir::Node& n = m.graph.node(k.members.back());
+      KILN_ASSIGN_OR_RETURN(Kernel kernel, MakeKernel(m.graph, n));
       thunks.push_back(std::make_unique<KernelThunk>(
-          std::string(ir::OpcodeName(n.opcode())) + " %" + std::to_string(n.id()), std::move(k)));
+          std::string(ir::OpcodeName(n.opcode())) + " %" + std::to_string(n.id()),
+          std::move(kernel)));
     }
-    BufferPlan plan = PlanBuffers(graph);
-    return std::make_unique<Executable>(graph, std::move(plan), std::move(thunks), name());
+    return std::make_unique<Executable>(m.graph, m.buffers, std::move(thunks), name());
+  }
+
+  nlohmann::json Describe() const override {
+    return {{"backend", name()}, {"optimize", false}, {"fusion", false}};
   }
 };
 

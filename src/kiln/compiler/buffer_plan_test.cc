@@ -1,11 +1,11 @@
-#include "kiln/runtime/buffer_plan.h"
+#include "kiln/compiler/buffer_plan.h"
 
 #include <algorithm>
 #include <random>
 
 #include "gtest/gtest.h"
 
-namespace kiln::runtime {
+namespace kiln::compiler {
 namespace {
 
 using ir::Graph;
@@ -219,7 +219,7 @@ TEST(BufferPlanTest, FusedKernelOutputTakesADirectlyReadInput) {
   int m1 = Binary(g, a, bq, 64);
   int m2 = g.AddNode(Opcode::kMul, {m1, c}, Type{DType::kF32, Shape{64}}, {});
   g.AddOutput("y", m2);
-  compiler::ExecutionPlan s;
+  ExecutionPlan s;
   const int n = g.num_nodes();
   s.step.resize(n);
   s.reads.resize(n);
@@ -250,7 +250,7 @@ TEST(BufferPlanTest, FusedKernelOutputTakesADirectlyReadInput) {
   int hd = h.AddNode(Opcode::kDotGeneral, {ha, ha}, Type{DType::kF32, Shape{8, 8}}, {});
   int hr = h.AddNode(Opcode::kRelu, {hd}, Type{DType::kF32, Shape{8, 8}}, {});
   h.AddOutput("y", hr);
-  compiler::ExecutionPlan hs;
+  ExecutionPlan hs;
   hs.step = {0, 1, 3, 3};
   hs.reads = {{}, {hp}, {ha}, {}};
   hs.in_arena = {1, 1, 0, 1};
@@ -270,7 +270,7 @@ TEST(BufferPlanTest, AnInputReadThroughABroadcastViewIsNeverOverwritten) {
       {{"broadcast_dimensions", std::vector<int64_t>{0}}, {"shape", std::vector<int64_t>{64}}});
   int m = Binary(g, a, ba, 64);
   g.AddOutput("y", m);
-  compiler::ExecutionPlan s;
+  ExecutionPlan s;
   const int n = g.num_nodes();
   s.step.resize(n);
   s.reads.resize(n);
@@ -372,4 +372,4 @@ TEST(BufferPlanTest, EmptyGraph) {
 }
 
 }  // namespace
-}  // namespace kiln::runtime
+}  // namespace kiln::compiler

@@ -39,8 +39,8 @@
 // with in-place pairs counted once: every packing of these lifetimes needs at least that much, so
 // arena_bytes / lower_bound_bytes measures the packing's waste (the rest is the schedule's doing,
 // compiler/passes/schedule.h). Cost: O(n^2) in the node count.
-#ifndef KILN_RUNTIME_BUFFER_PLAN_H_
-#define KILN_RUNTIME_BUFFER_PLAN_H_
+#ifndef KILN_COMPILER_BUFFER_PLAN_H_
+#define KILN_COMPILER_BUFFER_PLAN_H_
 
 #include <cstdint>
 #include <utility>
@@ -50,7 +50,7 @@
 #include "kiln/compiler/execution_plan.h"
 #include "kiln/ir/graph.h"
 
-namespace kiln::runtime {
+namespace kiln::compiler {
 
 struct BufferPlan {
   std::vector<int64_t> offsets;   // per node id; -1 for parameters and constants (not in arena)
@@ -77,9 +77,9 @@ struct BufferPlanOptions {
 // its steps and reads, and only what it keeps in the arena gets a buffer. It need only fill
 // `step`, `reads` and `in_arena`. Null: one kernel per node in id order, every node that is not a
 // parameter or constant in the arena.
-BufferPlan PlanBuffers(const ir::Graph& graph, const compiler::ExecutionPlan* schedule = nullptr,
+BufferPlan PlanBuffers(const ir::Graph& graph, const ExecutionPlan* schedule = nullptr,
                        const BufferPlanOptions& options = {});
 
-}  // namespace kiln::runtime
+}  // namespace kiln::compiler
 
-#endif  // KILN_RUNTIME_BUFFER_PLAN_H_
+#endif  // KILN_COMPILER_BUFFER_PLAN_H_

@@ -1,10 +1,10 @@
-#include "kiln/runtime/buffer_plan.h"
+#include "kiln/compiler/buffer_plan.h"
 
 #include <algorithm>
 #include <limits>
 #include <map>
 
-namespace kiln::runtime {
+namespace kiln::compiler {
 namespace {
 
 int64_t AlignDown(int64_t n) { return n / kBufferAlignment * kBufferAlignment; }
@@ -143,7 +143,7 @@ std::vector<int> InPlaceOperands(ir::Opcode op) {
 
 }  // namespace
 
-BufferPlan PlanBuffers(const ir::Graph& graph, const compiler::ExecutionPlan* schedule,
+BufferPlan PlanBuffers(const ir::Graph& graph, const ExecutionPlan* schedule,
                        const BufferPlanOptions& options) {
   const int n = graph.num_nodes();
   BufferPlan plan;
@@ -305,4 +305,4 @@ BufferPlan PlanBuffers(const ir::Graph& graph, const compiler::ExecutionPlan* sc
   return plan;
 }
 
-}  // namespace kiln::runtime
+}  // namespace kiln::compiler
