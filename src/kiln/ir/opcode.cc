@@ -4,20 +4,12 @@
 #include <array>
 #include <string_view>
 
+#include "kiln/ir/op_traits.h"
+
 namespace kiln::ir {
 namespace {
 
-struct OpInfo {
-  std::string_view name;
-  int arity;
-  OpKind kind;
-};
-
-constexpr std::array<OpInfo, kNumOpcodes> kOps = {{
-#define KILN_OP(e, text, arity, kind) {text, arity, OpKind::kind},
-#include "kiln/ir/opcodes.def"
-#undef KILN_OP
-}};
+constexpr const std::array<OpInfo, kNumOpcodes>& kOps = internal::kOpInfo;
 
 // The list must stay sorted by name: the parser binary-searches it and reviewers find ops fast.
 constexpr bool IsSorted() {

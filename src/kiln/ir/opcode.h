@@ -1,4 +1,6 @@
 // The Opcode enum and per-op metadata, generated from opcodes.def (the single list of ops).
+// What passes and backends dispatch on (kernel family, fusibility, in-place operands, ...) is in
+// op_traits.h, read from the same rows.
 //
 //   Opcode op = Opcode::kAdd;
 //   OpcodeName(op) == "add";  OpcodeFromName("add") == Opcode::kAdd;
@@ -10,17 +12,25 @@
 
 namespace kiln::ir {
 
-enum class OpKind { kSource, kElementwise, kStructural, kReduction, kContraction, kComposite,
-                    kCollective, kOther };
+enum class OpKind {
+  kSource,
+  kElementwise,
+  kStructural,
+  kReduction,
+  kContraction,
+  kComposite,
+  kCollective,
+  kOther
+};
 
 enum class Opcode {
-#define KILN_OP(e, text, arity, kind) e,
+#define KILN_OP(e, ...) e,
 #include "kiln/ir/opcodes.def"
 #undef KILN_OP
 };
 
 inline constexpr int kNumOpcodes = 0
-#define KILN_OP(e, text, arity, kind) +1
+#define KILN_OP(e, ...) +1
 #include "kiln/ir/opcodes.def"
 #undef KILN_OP
     ;
