@@ -61,14 +61,17 @@ absl::StatusOr<std::unique_ptr<RunDirLock>> RunDirLock::Acquire(const std::strin
   return std::unique_ptr<RunDirLock>(new RunDirLock(*std::move(lock), path));
 }
 
-std::string ReadRunJsonId(const std::string& dir, Env* env) {
+nlohmann::json ReadRunJson(const std::string& dir, Env* env) {
   std::string text = ReadSmallFile(OrDefault(env), JoinPath(dir, "run.json"));
-  if (text.empty()) return "";
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("run_id") || !j["run_id"].is_string()) {
-    return "";
-  }
-  return j["run_id"].get<std::string>();
+  nlohmann::json j = text.empty()
+                         ? nlohmann::json::object()
+                         : nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+std::string ReadRunJsonId(const std::string& dir, Env* env) {
+  nlohmann::json j = ReadRunJson(dir, env);
+  return j.contains("run_id") && j["run_id"].is_string() ? j["run_id"].get<std::string>() : "";
 }
 
 absl::StatusOr<PreviousRun> InspectRunDir(const std::string& dir, Env* env) {

@@ -86,6 +86,8 @@ std::string NewRunId();
 // The "run_id" of OUTDIR/run.json; "" when there is no run.json or it has no run_id (a run written
 // before run ids existed).
 std::string ReadRunJsonId(const std::string& dir, Env* env = nullptr);
+// OUTDIR/run.json as an object (empty when it is missing or unreadable).
+nlohmann::json ReadRunJson(const std::string& dir, Env* env = nullptr);
 
 // One run's output directory and the names of its files. Borrows `env`, which must outlive it.
 class RunDirectory {

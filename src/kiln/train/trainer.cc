@@ -110,6 +110,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   KILN_RETURN_IF_ERROR(t->OpenCheckpoints(move_aside));
   if (t->options_.resume) KILN_RETURN_IF_ERROR(t->Resume());
   KILN_RETURN_IF_ERROR(t->OpenMetrics());
+  // A run killed after its final checkpoint but before its final evaluation and metrics were
+  // written is not complete: Run finishes it.
+  nlohmann::json previous = ReadRunJson(config.output_dir, t->run_dir_->env());
+  if (t->start_step_ > 0 && previous.contains("completed_step") &&
+      previous["completed_step"].is_number_integer() &&
+      previous["completed_step"].get<int64_t>() == t->start_step_) {
+    t->completed_step_ = t->start_step_;
+  }
   KILN_RETURN_IF_ERROR(t->WriteRunInfo());
   t->ckpt_->ReserveStaging(t->CheckpointTensors());
   return t;
@@ -249,6 +257,7 @@ absl::Status Trainer::WriteRunInfo() {
   info["compile_seconds"] = compile_seconds_;
   info["precision"] = config_.precision;
   info["pid"] = static_cast<int64_t>(getpid());
+  if (completed_step_ >= 0) info["completed_step"] = completed_step_;
   return run_dir_->WriteRunJson(info);
 }
 
@@ -340,7 +349,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   result.start_step = start_step_;
   result.notes = notes_;
   for (const std::string& n : notes_) Log(n);
-  if (start_step_ >= c.steps) {
+  if (start_step_ >= c.steps && completed_step_ == start_step_) {
     Log(absl::StrFormat(
         "run already complete: %s is step %d and steps is %d, so there is nothing to train. To "
         "train further, raise steps (--set steps=N); to evaluate it: kiln eval %s",
@@ -350,9 +359,16 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     result.checkpoint = restored_from_;
     return result;
   }
-  Log(absl::StrFormat("model %s, %d parameters; train step compiled in %.2fs; steps %d..%d",
-                      model_->Describe(), step_->params().num_elements(), step_->compile_seconds(),
-                      start_step_ + 1, c.steps));
+  if (start_step_ >= c.steps) {
+    Log(
+        absl::StrFormat("finishing step %d: its checkpoint is committed; writing its final "
+                        "evaluation and metrics",
+                        start_step_));
+  } else {
+    Log(absl::StrFormat("model %s, %d parameters; train step compiled in %.2fs; steps %d..%d",
+                        model_->Describe(), step_->params().num_elements(),
+                        step_->compile_seconds(), start_step_ + 1, c.steps));
+  }
   Loop loop;
   for (const std::string& name : step_->data_inputs()) {
     loop.data.push_back(name == "x" || name == "tokens" ? &x_flat_ : &y_);
@@ -539,6 +555,10 @@ absl::Status Trainer::Finish(Loop& loop, TrainResult& result) {
   }
   KILN_RETURN_IF_ERROR(metrics_->Close());
   result.final_step = step_->step();
+  if (!result.preempted && result.final_step >= c.steps) {
+    completed_step_ = result.final_step;  // everything of the run is written: say so last
+    KILN_RETURN_IF_ERROR(WriteRunInfo());
+  }
   const int64_t tokens = data_.shape.language_model ? data_.shape.features : 0;
   if (loop.timed_steps > 0) {
     result.examples_per_second =

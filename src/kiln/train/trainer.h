@@ -170,6 +170,9 @@ class Trainer {
   Tensor x_, x_flat_, y_;
   std::atomic<bool> stop_{false};
   int64_t start_step_ = 0;
+  // The step a finished run completed (final checkpoint, evaluation and metrics all written), from
+  // run.json's completed_step; -1 while the run is not finished.
+  int64_t completed_step_ = -1;
   int64_t last_saved_step_ = -1;
   double compile_seconds_ = 0;
   std::vector<std::string> notes_;
