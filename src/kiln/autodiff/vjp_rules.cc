@@ -20,12 +20,10 @@ using internal::Zero;
 using internal::Zeros;
 using ir::Value;
 
-// ---- abs ----
 StatusOr<Cotangents> AbsVjp(const VjpArgs& a) {
   return Cotangents{a.cotangent * ir::Sign(a.operands[0])};
 }
 
-// ---- add ----
 StatusOr<Cotangents> AddVjp(const VjpArgs& a) {
   Cotangents c(2);
   if (a.wanted[0]) c[0] = a.cotangent;
@@ -33,13 +31,11 @@ StatusOr<Cotangents> AddVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- all_gather ----
 StatusOr<Cotangents> AllGatherVjp(const VjpArgs& a) {
   return Cotangents{
       ir::ReduceScatter(a.cotangent, a.node.attr_int("dimension"), a.node.attr_int("replicas"))};
 }
 
-// ---- all_reduce ----
 StatusOr<Cotangents> AllReduceVjp(const VjpArgs& a) {
   if (a.node.attr_str("reduction") != "sum") {
     return absl::UnimplementedError("all_reduce: no VJP for reduction '" +
@@ -48,7 +44,6 @@ StatusOr<Cotangents> AllReduceVjp(const VjpArgs& a) {
   return Cotangents{ir::AllReduce(a.cotangent)};
 }
 
-// ---- attention ----
 // With S = scale * q k^T (masked), P = softmax(S), O = P v:
 //   dv = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dP * P)), dq = scale dS k, dk = scale dS^T q.
 // Masked entries have P = 0, so they get no gradient.
@@ -80,19 +75,16 @@ StatusOr<Cotangents> AttentionVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- avg_pool2d ----
 StatusOr<Cotangents> AvgPool2dVjp(const VjpArgs& a) {
   return Cotangents{
       ir::AvgPool2dGrad(a.cotangent, a.operands[0].shape(), internal::PoolOptionsOf(a.node))};
 }
 
-// ---- avg_pool2d_grad ----
 // avg_pool2d_grad is the transpose of avg_pool2d (a linear map), so its transpose is avg_pool2d.
 StatusOr<Cotangents> AvgPool2dGradVjp(const VjpArgs& a) {
   return Cotangents{ir::AvgPool2d(a.cotangent, internal::PoolOptionsOf(a.node))};
 }
 
-// ---- broadcast_in_dim ----
 // Sum over the output dims the operand does not have and over its stretched size-1 dims.
 StatusOr<Cotangents> BroadcastInDimVjp(const VjpArgs& a) {
   const Value& x = a.operands[0];
@@ -108,7 +100,6 @@ StatusOr<Cotangents> BroadcastInDimVjp(const VjpArgs& a) {
   return Cotangents{internal::ReshapeIfNeeded(g, x.shape())};
 }
 
-// ---- concatenate ----
 StatusOr<Cotangents> ConcatenateVjp(const VjpArgs& a) {
   const int64_t dim = a.node.attr_int("dimension");
   const Shape out = a.out.shape();  // a copy: the node list moves as nodes are added
@@ -127,7 +118,6 @@ StatusOr<Cotangents> ConcatenateVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- conv2d ----
 StatusOr<Cotangents> Conv2dVjp(const VjpArgs& a) {
   const Value &x = a.operands[0], &w = a.operands[1];
   const ir::Conv2dOptions opts = internal::ConvOptionsOf(a.node);
@@ -137,7 +127,6 @@ StatusOr<Cotangents> Conv2dVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- conv2d_backward_filter ----
 // dW = F(x, dy) is bilinear with <C, F(x, dy)> = <conv2d(x, C), dy>.
 StatusOr<Cotangents> Conv2dBackwardFilterVjp(const VjpArgs& a) {
   const Value &x = a.operands[0], &dy = a.operands[1];
@@ -148,7 +137,6 @@ StatusOr<Cotangents> Conv2dBackwardFilterVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- conv2d_backward_input ----
 // dx = B(dy, W) is bilinear with <C, B(dy, W)> = <conv2d(C, W), dy>.
 StatusOr<Cotangents> Conv2dBackwardInputVjp(const VjpArgs& a) {
   const Value &dy = a.operands[0], &w = a.operands[1];
@@ -159,19 +147,16 @@ StatusOr<Cotangents> Conv2dBackwardInputVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- convert ----
 StatusOr<Cotangents> ConvertVjp(const VjpArgs& a) {
   const Value& x = a.operands[0];
   if (!IsFloating(x.dtype())) return Cotangents(1);
   return Cotangents{ir::Convert(a.cotangent, x.dtype())};
 }
 
-// ---- cos ----
 StatusOr<Cotangents> CosVjp(const VjpArgs& a) {
   return Cotangents{-(a.cotangent * ir::Sin(a.operands[0]))};
 }
 
-// ---- cross_entropy ----
 // d logits = (softmax(logits) - onehot(labels)) * g; labels are integers (no cotangent). Rows
 // with an out-of-range label have a constant loss of 0, hence a zero cotangent.
 StatusOr<Cotangents> CrossEntropyVjp(const VjpArgs& a) {
@@ -187,7 +172,6 @@ StatusOr<Cotangents> CrossEntropyVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- div ----
 StatusOr<Cotangents> DivVjp(const VjpArgs& a) {
   Value da = a.cotangent / a.operands[1];
   Cotangents c(2);
@@ -196,7 +180,6 @@ StatusOr<Cotangents> DivVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- dot_general ----
 // Each operand's cotangent is a dot_general of the cotangent with the other operand, contracting
 // the other operand's free dims, then a transpose back into the operand's dim order.
 StatusOr<Cotangents> DotGeneralVjp(const VjpArgs& a) {
@@ -255,16 +238,13 @@ StatusOr<Cotangents> DotGeneralVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- erf ----
 StatusOr<Cotangents> ErfVjp(const VjpArgs& a) {
   const Value& x = a.operands[0];
   return Cotangents{a.cotangent * (ir::Exp(-(x * x)) * (2.0 / std::sqrt(M_PI)))};
 }
 
-// ---- exp ----
 StatusOr<Cotangents> ExpVjp(const VjpArgs& a) { return Cotangents{a.cotangent * a.out}; }
 
-// ---- gather ----
 // gather clamps its indices, so the cotangent lands on the clamped rows.
 StatusOr<Cotangents> GatherVjp(const VjpArgs& a) {
   const Value &table = a.operands[0], &idx = a.operands[1];
@@ -278,7 +258,6 @@ StatusOr<Cotangents> GatherVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- gelu ----
 StatusOr<Cotangents> GeluVjp(const VjpArgs& a) {
   const Value& x = a.operands[0];
   if (a.node.attr_str("approximate") == "tanh") {
@@ -295,7 +274,6 @@ StatusOr<Cotangents> GeluVjp(const VjpArgs& a) {
   return Cotangents{a.cotangent * (cdf + x * pdf)};
 }
 
-// ---- layer_norm ----
 // xhat = (x - mean) * rstd, y = xhat * gamma + beta over the last dim (biased variance):
 //   dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = g * gamma.
 StatusOr<Cotangents> LayerNormVjp(const VjpArgs& a) {
@@ -318,17 +296,14 @@ StatusOr<Cotangents> LayerNormVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- log ----
 StatusOr<Cotangents> LogVjp(const VjpArgs& a) { return Cotangents{a.cotangent / a.operands[0]}; }
 
-// ---- log_softmax ----
 StatusOr<Cotangents> LogSoftmaxVjp(const VjpArgs& a) {
   const int64_t axis = a.node.attr_int("axis");
   Value sum = BroadcastReduced(ir::ReduceSum(a.cotangent, {axis}), a.out.shape(), {axis});
   return Cotangents{a.cotangent - ir::Exp(a.out) * sum};
 }
 
-// ---- max ----
 // Like torch.maximum: the larger operand gets g; equal operands get g / 2 each.
 StatusOr<Cotangents> MaxVjp(const VjpArgs& a) {
   const Value &x = a.operands[0], &y = a.operands[1];
@@ -340,12 +315,10 @@ StatusOr<Cotangents> MaxVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- max_pool2d ----
 StatusOr<Cotangents> MaxPool2dVjp(const VjpArgs& a) {
   return Cotangents{ir::MaxPool2dGrad(a.operands[0], a.cotangent, internal::PoolOptionsOf(a.node))};
 }
 
-// ---- max_pool2d_grad ----
 // Piecewise constant in the pooled input (zero cotangent). Linear in grad_out, but its transpose
 // (pick each window's first-max element of the cotangent) has no primitive yet.
 StatusOr<Cotangents> MaxPool2dGradVjp(const VjpArgs& a) {
@@ -357,7 +330,6 @@ StatusOr<Cotangents> MaxPool2dGradVjp(const VjpArgs& a) {
   return Cotangents(2);
 }
 
-// ---- min ----
 // Like torch.minimum: the smaller operand gets g; equal operands get g / 2 each.
 StatusOr<Cotangents> MinVjp(const VjpArgs& a) {
   const Value &x = a.operands[0], &y = a.operands[1];
@@ -369,7 +341,6 @@ StatusOr<Cotangents> MinVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- mul ----
 StatusOr<Cotangents> MulVjp(const VjpArgs& a) {
   Cotangents c(2);
   if (a.wanted[0]) c[0] = a.cotangent * a.operands[1];
@@ -377,10 +348,8 @@ StatusOr<Cotangents> MulVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- neg ----
 StatusOr<Cotangents> NegVjp(const VjpArgs& a) { return Cotangents{-a.cotangent}; }
 
-// ---- pad ----
 // The operand's elements sit at low + i * (interior + 1): a strided slice picks them back out.
 StatusOr<Cotangents> PadVjp(const VjpArgs& a) {
   const Value& x = a.operands[0];
@@ -395,7 +364,6 @@ StatusOr<Cotangents> PadVjp(const VjpArgs& a) {
   return Cotangents{ir::Slice(a.cotangent, start, limit, stride)};
 }
 
-// ---- pow ----
 // As torch.pow: d/da = b a^(b-1) (0 where b == 0); d/db = a^b log(a) (0 where a == 0, b >= 0).
 StatusOr<Cotangents> PowVjp(const VjpArgs& a) {
   const Value &x = a.operands[0], &y = a.operands[1];
@@ -412,7 +380,6 @@ StatusOr<Cotangents> PowVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- reduce_max ----
 // Like torch.amax: g is divided evenly among the elements equal to the maximum.
 StatusOr<Cotangents> ReduceMaxVjp(const VjpArgs& a) {
   const Value& x = a.operands[0];
@@ -423,23 +390,19 @@ StatusOr<Cotangents> ReduceMaxVjp(const VjpArgs& a) {
   return Cotangents{mask * BroadcastReduced(share, x.shape(), dims)};
 }
 
-// ---- reduce_min ----
 // Like torch.amin: g is divided evenly among the elements equal to the minimum.
 StatusOr<Cotangents> ReduceMinVjp(const VjpArgs& a) { return ReduceMaxVjp(a); }
 
-// ---- reduce_scatter ----
 StatusOr<Cotangents> ReduceScatterVjp(const VjpArgs& a) {
   return Cotangents{
       ir::AllGather(a.cotangent, a.node.attr_int("dimension"), a.node.attr_int("replicas"))};
 }
 
-// ---- reduce_sum ----
 StatusOr<Cotangents> ReduceSumVjp(const VjpArgs& a) {
   return Cotangents{
       BroadcastReduced(a.cotangent, a.operands[0].shape(), a.node.attr_ints("dimensions"))};
 }
 
-// ---- relu ----
 // Reads the output (relu(x) > 0 exactly when x > 0, NaN included), as PyTorch does: the
 // pre-activation can die at the relu, and a matmul + bias + relu fuses into one kernel.
 StatusOr<Cotangents> ReluVjp(const VjpArgs& a) {
@@ -447,12 +410,10 @@ StatusOr<Cotangents> ReluVjp(const VjpArgs& a) {
   return Cotangents{ir::Select(ir::Gt(y, Zero(y)), a.cotangent, Zero(y))};
 }
 
-// ---- reshape ----
 StatusOr<Cotangents> ReshapeVjp(const VjpArgs& a) {
   return Cotangents{ir::Reshape(a.cotangent, a.operands[0].shape())};
 }
 
-// ---- rms_norm ----
 // xhat = x * r, r = rsqrt(mean(x^2) + eps), y = xhat * gamma:
 //   dx = r * (dxhat - xhat * mean(dxhat * xhat)), dxhat = g * gamma.
 StatusOr<Cotangents> RmsNormVjp(const VjpArgs& a) {
@@ -471,12 +432,10 @@ StatusOr<Cotangents> RmsNormVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- rsqrt ----
 StatusOr<Cotangents> RsqrtVjp(const VjpArgs& a) {
   return Cotangents{a.cotangent * a.out * a.out * a.out * -0.5};
 }
 
-// ---- scatter_add ----
 // The operand passes g through; each update gets g at its (in-range) index, as a gather.
 StatusOr<Cotangents> ScatterAddVjp(const VjpArgs& a) {
   const Value &operand = a.operands[0], &idx = a.operands[1], &updates = a.operands[2];
@@ -498,7 +457,6 @@ StatusOr<Cotangents> ScatterAddVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- select ----
 StatusOr<Cotangents> SelectVjp(const VjpArgs& a) {
   const Value& pred = a.operands[0];
   const Value& g = a.cotangent;
@@ -508,12 +466,10 @@ StatusOr<Cotangents> SelectVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- sigmoid ----
 StatusOr<Cotangents> SigmoidVjp(const VjpArgs& a) {
   return Cotangents{a.cotangent * a.out * (1.0 - a.out)};
 }
 
-// ---- silu ----
 // y = x s(x): y' = s (1 + x (1 - s)).
 StatusOr<Cotangents> SiluVjp(const VjpArgs& a) {
   const Value& x = a.operands[0];
@@ -521,12 +477,10 @@ StatusOr<Cotangents> SiluVjp(const VjpArgs& a) {
   return Cotangents{a.cotangent * s * (x * (1.0 - s) + 1.0)};
 }
 
-// ---- sin ----
 StatusOr<Cotangents> SinVjp(const VjpArgs& a) {
   return Cotangents{a.cotangent * ir::Cos(a.operands[0])};
 }
 
-// ---- slice ----
 // Pads the cotangent back into place; strides become interior padding.
 StatusOr<Cotangents> SliceVjp(const VjpArgs& a) {
   const Value& x = a.operands[0];
@@ -542,7 +496,6 @@ StatusOr<Cotangents> SliceVjp(const VjpArgs& a) {
   return Cotangents{ir::Pad(a.cotangent, start, high, interior, 0.0)};
 }
 
-// ---- softmax ----
 StatusOr<Cotangents> SoftmaxVjp(const VjpArgs& a) {
   const int64_t axis = a.node.attr_int("axis");
   const Value& y = a.out;
@@ -550,10 +503,8 @@ StatusOr<Cotangents> SoftmaxVjp(const VjpArgs& a) {
   return Cotangents{y * (a.cotangent - dot)};
 }
 
-// ---- sqrt ----
 StatusOr<Cotangents> SqrtVjp(const VjpArgs& a) { return Cotangents{a.cotangent * 0.5 / a.out}; }
 
-// ---- sub ----
 StatusOr<Cotangents> SubVjp(const VjpArgs& a) {
   Cotangents c(2);
   if (a.wanted[0]) c[0] = a.cotangent;
@@ -561,12 +512,10 @@ StatusOr<Cotangents> SubVjp(const VjpArgs& a) {
   return c;
 }
 
-// ---- tanh ----
 StatusOr<Cotangents> TanhVjp(const VjpArgs& a) {
   return Cotangents{a.cotangent * (1.0 - a.out * a.out)};
 }
 
-// ---- transpose ----
 StatusOr<Cotangents> TransposeVjp(const VjpArgs& a) {
   const std::vector<int64_t>& perm = a.node.attr_ints("permutation");
   std::vector<int64_t> inverse(perm.size());

@@ -1,6 +1,6 @@
 // Shape and dtype inference: dispatch, shared checks, and the rules for elementwise, structural,
 // reduction, source and collective ops. Contractions, pooling and composites live in
-// shape_inference_nn.cc. Each rule sits under a `// ---- <opname> ----` marker.
+// shape_inference_nn.cc. scripts/op-index.sh finds an op's rule.
 #include "kiln/ir/shape_inference.h"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 
 #include "kiln/base/status.h"
 #include "kiln/ir/internal/shape_rules.h"
+#include "kiln/ir/op_traits.h"
 
 namespace kiln::ir {
 namespace internal {
@@ -155,24 +156,7 @@ using internal::IntsToString;
 using internal::kMaxElements;
 using internal::RuleContext;
 
-bool IsFloatOnlyUnary(Opcode op) {
-  switch (op) {
-    case Opcode::kCos:
-    case Opcode::kErf:
-    case Opcode::kExp:
-    case Opcode::kGelu:
-    case Opcode::kLog:
-    case Opcode::kRsqrt:
-    case Opcode::kSigmoid:
-    case Opcode::kSilu:
-    case Opcode::kSin:
-    case Opcode::kSqrt:
-    case Opcode::kTanh:
-      return true;
-    default:
-      return false;
-  }
-}
+bool IsFloatOnlyUnary(Opcode op) { return OpTraits(op).float_only(); }
 
 // Dims listed in `attr` must be distinct and in [0, r).
 absl::StatusOr<std::vector<int64_t>> DistinctDims(const RuleContext& c, const std::string& attr,
@@ -205,21 +189,6 @@ absl::StatusOr<Type> RequireDeclared(const RuleContext& c) {
 // ---------------------------------------------------------------------------------------------
 // Elementwise
 
-// ---- abs ----
-// ---- cos ----
-// ---- erf ----
-// ---- exp ----
-// ---- log ----
-// ---- logical_not ----
-// ---- neg ----
-// ---- relu ----
-// ---- rsqrt ----
-// ---- sigmoid ----
-// ---- sign ----
-// ---- silu ----
-// ---- sin ----
-// ---- sqrt ----
-// ---- tanh ----
 absl::StatusOr<Type> InferUnary(const RuleContext& c) {
   if (IsFloatOnlyUnary(c.op())) {
     KILN_RETURN_IF_ERROR(c.RequireFloat(0));
@@ -229,7 +198,6 @@ absl::StatusOr<Type> InferUnary(const RuleContext& c) {
     KILN_RETURN_IF_ERROR(c.RequireNumeric(0));  // abs neg relu sign
   }
   if (c.op() == Opcode::kGelu) {
-    // ---- gelu ----
     KILN_ASSIGN_OR_RETURN(std::string approx, c.Str("approximate"));
     if (approx != "tanh" && approx != "none")
       return c.Error("attribute 'approximate' must be \"tanh\" or \"none\", got \"" + approx +
@@ -238,15 +206,6 @@ absl::StatusOr<Type> InferUnary(const RuleContext& c) {
   return c.in(0);
 }
 
-// ---- add ----
-// ---- div ----
-// ---- logical_and ----
-// ---- logical_or ----
-// ---- max ----
-// ---- min ----
-// ---- mul ----
-// ---- pow ----
-// ---- sub ----
 absl::StatusOr<Type> InferBinary(const RuleContext& c) {
   KILN_RETURN_IF_ERROR(c.RequireSameType(0, 1));
   switch (c.op()) {
@@ -255,7 +214,6 @@ absl::StatusOr<Type> InferBinary(const RuleContext& c) {
       KILN_RETURN_IF_ERROR(c.RequireBoolOrInt(0));
       return c.in(0);
     case Opcode::kCompare: {
-      // ---- compare ----
       KILN_ASSIGN_OR_RETURN(std::string dir, c.Str("direction"));
       static const char* kDirs[] = {"eq", "ne", "lt", "le", "gt", "ge"};
       if (std::find(std::begin(kDirs), std::end(kDirs), dir) == std::end(kDirs))
@@ -269,7 +227,6 @@ absl::StatusOr<Type> InferBinary(const RuleContext& c) {
   }
 }
 
-// ---- select ----
 absl::StatusOr<Type> InferSelect(const RuleContext& c) {
   if (c.in(0).dtype != DType::kBool) return c.Error("predicate must be bool, got " + c.T(0));
   KILN_RETURN_IF_ERROR(c.RequireSameType(1, 2));
@@ -278,7 +235,6 @@ absl::StatusOr<Type> InferSelect(const RuleContext& c) {
   return c.in(1);
 }
 
-// ---- convert ----
 absl::StatusOr<Type> InferConvert(const RuleContext& c) {
   KILN_ASSIGN_OR_RETURN(Type t, RequireDeclared(c));
   if (t.shape != c.shape(0))
@@ -289,7 +245,6 @@ absl::StatusOr<Type> InferConvert(const RuleContext& c) {
 // ---------------------------------------------------------------------------------------------
 // Sources
 
-// ---- parameter ----
 absl::StatusOr<Type> InferParameter(const RuleContext& c) {
   KILN_ASSIGN_OR_RETURN(Type t, RequireDeclared(c));
   KILN_ASSIGN_OR_RETURN(int64_t index, c.Int("index"));
@@ -299,7 +254,6 @@ absl::StatusOr<Type> InferParameter(const RuleContext& c) {
   return t;
 }
 
-// ---- iota ----
 absl::StatusOr<Type> InferIota(const RuleContext& c) {
   KILN_ASSIGN_OR_RETURN(Type t, RequireDeclared(c));
   if (t.dtype == DType::kBool) return c.Error("declared type must be numeric, got " + t.ToString());
@@ -310,7 +264,6 @@ absl::StatusOr<Type> InferIota(const RuleContext& c) {
   return t;
 }
 
-// ---- random_bits ----
 absl::StatusOr<Type> InferRandomBits(const RuleContext& c) {
   for (int i = 0; i < 2; ++i) {
     if (c.in(i) != Type{DType::kS64, Shape{}})
@@ -325,7 +278,6 @@ absl::StatusOr<Type> InferRandomBits(const RuleContext& c) {
 // ---------------------------------------------------------------------------------------------
 // Structural
 
-// ---- broadcast_in_dim ----
 absl::StatusOr<Type> InferBroadcastInDim(const RuleContext& c) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, c.Ints("shape"));
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> bd, c.Ints("broadcast_dimensions"));
@@ -354,7 +306,6 @@ absl::StatusOr<Type> InferBroadcastInDim(const RuleContext& c) {
   return Type{c.in(0).dtype, out};
 }
 
-// ---- reshape ----
 absl::StatusOr<Type> InferReshape(const RuleContext& c) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, c.Ints("shape"));
   Shape out(shape);
@@ -369,7 +320,6 @@ absl::StatusOr<Type> InferReshape(const RuleContext& c) {
   return Type{c.in(0).dtype, out};
 }
 
-// ---- transpose ----
 absl::StatusOr<Type> InferTranspose(const RuleContext& c) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> perm, c.Ints("permutation"));
   int r = c.rank(0);
@@ -389,7 +339,6 @@ absl::StatusOr<Type> InferTranspose(const RuleContext& c) {
   return Type{c.in(0).dtype, Shape(dims)};
 }
 
-// ---- slice ----
 absl::StatusOr<Type> InferSlice(const RuleContext& c) {
   int r = c.rank(0);
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> start, c.IntsOfSize("start", r, 0));
@@ -405,7 +354,6 @@ absl::StatusOr<Type> InferSlice(const RuleContext& c) {
   return Type{c.in(0).dtype, Shape(dims)};
 }
 
-// ---- concatenate ----
 absl::StatusOr<Type> InferConcatenate(const RuleContext& c) {
   int r = c.rank(0);
   if (r == 0) return c.Error("cannot concatenate scalars (" + c.T(0) + ")");
@@ -424,7 +372,6 @@ absl::StatusOr<Type> InferConcatenate(const RuleContext& c) {
   return Type{c.in(0).dtype, Shape(dims)};
 }
 
-// ---- pad ----
 absl::StatusOr<Type> InferPad(const RuleContext& c) {
   int r = c.rank(0);
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> low, c.IntsOfSize("low", r, 0));
@@ -451,7 +398,6 @@ std::vector<int64_t> GatherDims(const Shape& table, const Shape& indices, int64_
   return dims;
 }
 
-// ---- gather ----
 absl::StatusOr<Type> InferGather(const RuleContext& c) {
   KILN_RETURN_IF_ERROR(c.RequireMinRank(0, 1));
   KILN_RETURN_IF_ERROR(c.RequireIndex(1, "indices"));
@@ -459,7 +405,6 @@ absl::StatusOr<Type> InferGather(const RuleContext& c) {
   return Type{c.in(0).dtype, Shape(GatherDims(c.shape(0), c.shape(1), axis))};
 }
 
-// ---- scatter_add ----
 absl::StatusOr<Type> InferScatterAdd(const RuleContext& c) {
   KILN_RETURN_IF_ERROR(c.RequireMinRank(0, 1));
   KILN_RETURN_IF_ERROR(c.RequireNumeric(0));
@@ -475,9 +420,6 @@ absl::StatusOr<Type> InferScatterAdd(const RuleContext& c) {
 // ---------------------------------------------------------------------------------------------
 // Reductions
 
-// ---- reduce_sum ----
-// ---- reduce_max ----
-// ---- reduce_min ----
 absl::StatusOr<Type> InferReduce(const RuleContext& c) {
   KILN_RETURN_IF_ERROR(c.RequireNumeric(0));
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> red, DistinctDims(c, "dimensions", c.rank(0)));
@@ -487,7 +429,6 @@ absl::StatusOr<Type> InferReduce(const RuleContext& c) {
   return Type{c.in(0).dtype, Shape(dims)};
 }
 
-// ---- argmax ----
 absl::StatusOr<Type> InferArgmax(const RuleContext& c) {
   KILN_RETURN_IF_ERROR(c.RequireNumeric(0));
   KILN_RETURN_IF_ERROR(c.RequireMinRank(0, 1));
@@ -504,14 +445,11 @@ absl::StatusOr<Type> InferArgmax(const RuleContext& c) {
 
 absl::StatusOr<Type> InferCollective(const RuleContext& c) {
   if (c.op() == Opcode::kAllReduce) {
-    // ---- all_reduce ----
     KILN_RETURN_IF_ERROR(c.RequireNumeric(0));
     KILN_ASSIGN_OR_RETURN(std::string red, c.Str("reduction"));
     if (red != "sum") return c.Error("attribute 'reduction' must be \"sum\", got \"" + red + "\"");
     return c.in(0);
   }
-  // ---- all_gather ----
-  // ---- reduce_scatter ----
   if (c.op() == Opcode::kReduceScatter) KILN_RETURN_IF_ERROR(c.RequireNumeric(0));
   KILN_RETURN_IF_ERROR(c.RequireMinRank(0, 1));
   KILN_ASSIGN_OR_RETURN(int64_t dim, c.Axis("dimension", c.rank(0)));
@@ -533,42 +471,23 @@ absl::StatusOr<Type> InferCollective(const RuleContext& c) {
 }
 
 absl::StatusOr<Type> Dispatch(const RuleContext& c) {
+  // The plain elementwise families (opcodes.def `family`) share the unary and binary rules.
+  switch (OpTraits(c.op()).family) {
+    case KernelFamily::kUnary:
+    case KernelFamily::kBinary:
+    case KernelFamily::kCompare:
+    case KernelFamily::kLogical:
+      return OpcodeArity(c.op()) == 1 ? InferUnary(c) : InferBinary(c);
+    default:
+      break;
+  }
   switch (c.op()) {
-    case Opcode::kAbs:
-    case Opcode::kCos:
-    case Opcode::kErf:
-    case Opcode::kExp:
-    case Opcode::kGelu:
-    case Opcode::kLog:
-    case Opcode::kLogicalNot:
-    case Opcode::kNeg:
-    case Opcode::kRelu:
-    case Opcode::kRsqrt:
-    case Opcode::kSigmoid:
-    case Opcode::kSign:
-    case Opcode::kSilu:
-    case Opcode::kSin:
-    case Opcode::kSqrt:
-    case Opcode::kTanh:
-      return InferUnary(c);
-    case Opcode::kAdd:
-    case Opcode::kCompare:
-    case Opcode::kDiv:
-    case Opcode::kLogicalAnd:
-    case Opcode::kLogicalOr:
-    case Opcode::kMax:
-    case Opcode::kMin:
-    case Opcode::kMul:
-    case Opcode::kPow:
-    case Opcode::kSub:
-      return InferBinary(c);
     case Opcode::kSelect:
       return InferSelect(c);
     case Opcode::kConvert:
       return InferConvert(c);
     case Opcode::kParameter:
       return InferParameter(c);
-    // ---- constant ----
     case Opcode::kConstant:
       return RequireDeclared(c);
     case Opcode::kIota:
@@ -618,6 +537,8 @@ absl::StatusOr<Type> Dispatch(const RuleContext& c) {
     case Opcode::kRmsNorm:
     case Opcode::kSoftmax:
       return internal::InferComposite(c);
+    default:
+      break;
   }
   return c.Error("no shape rule for this op");
 }

@@ -14,7 +14,6 @@ namespace {
 
 std::string S(int64_t v) { return std::to_string(v); }
 
-// ---- dot_general ----
 absl::StatusOr<Type> InferDotGeneral(const RuleContext& c) {
   KILN_RETURN_IF_ERROR(c.RequireNumeric(0));
   KILN_RETURN_IF_ERROR(c.RequireSameDType(0, 1));
@@ -124,7 +123,6 @@ absl::StatusOr<Type> InferConv(const RuleContext& c) {
   DType dt = c.in(0).dtype;
   switch (c.op()) {
     case Opcode::kConv2d: {
-      // ---- conv2d ----
       KILN_ASSIGN_OR_RETURN(Shape out, ConvForwardShape(c, c.shape(0), c.shape(1), a));
       return Type{dt, out};
     }
@@ -194,8 +192,6 @@ absl::StatusOr<Type> InferPooling(const RuleContext& c) {
   switch (c.op()) {
     case Opcode::kMaxPool2d:
     case Opcode::kAvgPool2d: {
-      // ---- max_pool2d ----
-      // ---- avg_pool2d ----
       if (c.op() == Opcode::kAvgPool2d)
         KILN_RETURN_IF_ERROR(c.RequireFloat(0));
       else
@@ -230,8 +226,6 @@ absl::StatusOr<Type> InferComposite(const RuleContext& c) {
   switch (c.op()) {
     case Opcode::kSoftmax:
     case Opcode::kLogSoftmax: {
-      // ---- softmax ----
-      // ---- log_softmax ----
       KILN_RETURN_IF_ERROR(c.RequireFloat(0));
       KILN_RETURN_IF_ERROR(c.RequireMinRank(0, 1));
       KILN_RETURN_IF_ERROR(c.Axis("axis", c.rank(0)).status());
@@ -239,8 +233,6 @@ absl::StatusOr<Type> InferComposite(const RuleContext& c) {
     }
     case Opcode::kLayerNorm:
     case Opcode::kRmsNorm: {
-      // ---- layer_norm ----
-      // ---- rms_norm ----
       KILN_RETURN_IF_ERROR(c.RequireFloat(0));
       KILN_RETURN_IF_ERROR(c.RequireMinRank(0, 1));
       KILN_ASSIGN_OR_RETURN(double eps, c.Float("epsilon"));

@@ -6,6 +6,7 @@
 #include "kiln/base/status.h"
 #include "kiln/compiler/graph_editor.h"
 #include "kiln/compiler/passes/internal/evaluate.h"
+#include "kiln/ir/op_traits.h"
 
 namespace kiln::compiler {
 
@@ -21,7 +22,7 @@ absl::StatusOr<bool> ConstantFoldPass::Run(ir::Graph& graph) {
       if (n.literal() != nullptr) value[n.id()] = *n.literal();
       continue;
     }
-    if (!internal::CanEvaluate(op)) continue;
+    if (!ir::OpTraits(op).constant_foldable()) continue;
     if (n.type().shape.num_elements() > max_elements_) continue;
     operands.clear();
     int64_t input_elements = 0;

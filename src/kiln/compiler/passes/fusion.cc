@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/ir/op_traits.h"
 #include "kiln/ir/verifier.h"
 
 namespace kiln::compiler {
@@ -69,7 +70,7 @@ bool CreatesCycle(const ir::Graph& g, const Groups& groups, int group, std::vect
 }  // namespace
 
 bool IsLoopReduction(const ir::Graph& graph, const ir::Node& n) {
-  if (n.opcode() != Opcode::kReduceSum) return false;
+  if (!ir::OpTraits(n.opcode()).loop_sink()) return false;
   DType t = n.type().dtype;
   if ((t != DType::kF32 && t != DType::kBF16) || graph.node(n.operand(0)).type().dtype != t)
     return false;
@@ -77,53 +78,20 @@ bool IsLoopReduction(const ir::Graph& graph, const ir::Node& n) {
          graph.node(n.operand(0)).type().shape.num_elements() > 0;
 }
 
+// The loop-fusible ops are the kLoop / kLoopBool rows of opcodes.def: the fused loop kernel
+// (runtime/cpu/fused_loop.cc) checks at compile time that it runs exactly those.
 bool IsLoopFusible(const ir::Graph& graph, const ir::Node& n) {
-  switch (n.opcode()) {
-    case Opcode::kAdd:
-    case Opcode::kSub:
-    case Opcode::kMul:
-    case Opcode::kDiv:
-    case Opcode::kMax:
-    case Opcode::kMin:
-    case Opcode::kNeg:
-    case Opcode::kAbs:
-    case Opcode::kRelu:
-    case Opcode::kSqrt:
-    case Opcode::kRsqrt:
-    case Opcode::kSign:
-    case Opcode::kCompare:
-    case Opcode::kSelect:
-    case Opcode::kConvert:
-    case Opcode::kLogicalAnd:
-    case Opcode::kLogicalOr:
-    case Opcode::kLogicalNot:
-      break;
-    default:
-      return false;
-  }
+  const ir::OpInfo& t = ir::OpTraits(n.opcode());
+  if (!t.loop_fusible()) return false;
   if (!FusibleType(n.type().dtype)) return false;
   for (int op : n.operands())
     if (!FusibleType(graph.node(op).type().dtype)) return false;
   // Arithmetic on bool (max/min of bools) stays with the dedicated loops.
-  bool arithmetic = n.opcode() != Opcode::kCompare && n.opcode() != Opcode::kSelect &&
-                    n.opcode() != Opcode::kConvert && n.opcode() != Opcode::kLogicalAnd &&
-                    n.opcode() != Opcode::kLogicalOr && n.opcode() != Opcode::kLogicalNot;
-  if (arithmetic && n.type().dtype == DType::kBool) return false;
+  if (!t.loop_bool() && n.type().dtype == DType::kBool) return false;
   return n.type().shape.num_elements() > 0;
 }
 
-bool IsEpilogueActivation(Opcode op) {
-  switch (op) {
-    case Opcode::kRelu:
-    case Opcode::kGelu:
-    case Opcode::kTanh:
-    case Opcode::kSigmoid:
-    case Opcode::kSilu:
-      return true;
-    default:
-      return false;
-  }
-}
+bool IsEpilogueActivation(Opcode op) { return ir::OpTraits(op).epilogue_activation(); }
 
 bool IsBiasBroadcast(const ir::Graph& g, int id, int64_t axis) {
   const ir::Node& b = g.node(id);

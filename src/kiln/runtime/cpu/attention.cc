@@ -1,4 +1,3 @@
-// ---- attention ----
 // softmax(q k^T * scale, masked) v, computed in f32 over chunks of the batch so the score matrix
 // stays bounded: per chunk one oneDNN batched matmul for q k^T (k read transposed through a
 // strided descriptor), a row loop for scale + causal mask + softmax, and one batched matmul for

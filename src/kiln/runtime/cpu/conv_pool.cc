@@ -45,9 +45,6 @@ dnnl::memory::desc Any(const std::vector<int64_t>& dims, dt t) {
   return dnnl::memory::desc(dims, t, tag::any);
 }
 
-// ---- conv2d ----
-// ---- conv2d_backward_input ----
-// ---- conv2d_backward_filter ----
 LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
                          const Epilogue* ep = nullptr) {
   DType t = n.type().dtype;
@@ -197,9 +194,6 @@ LowerResult LowerConvEpilogue(const std::vector<int>& members, LowerContext& lc)
   return ConvWithType(conv, lc, dt::f32, &ep);
 }
 
-// ---- max_pool2d ----
-// ---- avg_pool2d ----
-// ---- avg_pool2d_grad ----
 LowerResult LowerPool(const ir::Node& n, LowerContext& lc) {
   DType t = n.type().dtype;
   if (t != DType::kF32 && t != DType::kBF16) return UnsupportedDType(n, t);

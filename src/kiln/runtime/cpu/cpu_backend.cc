@@ -12,6 +12,7 @@
 #include "kiln/compiler/compile.h"
 #include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/passes/fusion.h"
+#include "kiln/ir/op_traits.h"
 #include "kiln/ir/verifier.h"
 #include "kiln/runtime/cpu/internal/common.h"
 #include "kiln/runtime/cpu/internal/fused_loop.h"
@@ -35,112 +36,72 @@ LowerResult OneDnnOrLoop(const ir::Node& n, LowerContext& lc,
   return loop(n, lc);
 }
 
+// Dispatches on the op's kernel family (opcodes.def); an elementwise op with a library algorithm
+// (its `alg` column) tries oneDNN first.
 LowerResult LowerNode(const ir::Node& n, LowerContext& lc) {
-  switch (n.opcode()) {
-    case Opcode::kDotGeneral:
+  using F = ir::KernelFamily;
+  const ir::OpInfo& t = ir::OpTraits(n.opcode());
+  const bool onednn = t.alg != ir::EltwiseAlg::kNone;
+  switch (t.family) {
+    case F::kDot:
       return LowerDotGeneral(n, lc);
-    case Opcode::kConv2d:
-    case Opcode::kConv2dBackwardInput:
-    case Opcode::kConv2dBackwardFilter:
+    case F::kConv:
       return LowerConv(n, lc);
-    case Opcode::kMaxPool2d:
-    case Opcode::kAvgPool2d:
-    case Opcode::kAvgPool2dGrad:
+    case F::kPool:
       return OneDnnOrLoop(n, lc, LowerPool, LowerPoolLoop);
-    case Opcode::kMaxPool2dGrad:
+    case F::kMaxPoolGrad:
       return LowerMaxPoolGrad(n, lc);
-
-    case Opcode::kAbs:
-    case Opcode::kExp:
-    case Opcode::kGelu:
-    case Opcode::kLog:
-    case Opcode::kRelu:
-    case Opcode::kSigmoid:
-    case Opcode::kSilu:
-    case Opcode::kSqrt:
-    case Opcode::kTanh:
-      return OneDnnOrLoop(n, lc, LowerOneDnnUnary, LowerUnaryLoop);
-    case Opcode::kCos:
-    case Opcode::kErf:
-    case Opcode::kNeg:
-    case Opcode::kRsqrt:
-    case Opcode::kSign:
-    case Opcode::kSin:
-      return LowerUnaryLoop(n, lc);
-    case Opcode::kAdd:
-    case Opcode::kSub:
-    case Opcode::kMul:
-    case Opcode::kDiv:
-      return OneDnnOrLoop(n, lc, LowerOneDnnBinary, LowerBinaryLoop);
-    case Opcode::kMax:
-    case Opcode::kMin:
-    case Opcode::kPow:
-      return LowerBinaryLoop(n, lc);
-    case Opcode::kCompare:
+    case F::kUnary:
+      return onednn ? OneDnnOrLoop(n, lc, LowerOneDnnUnary, LowerUnaryLoop) : LowerUnaryLoop(n, lc);
+    case F::kBinary:
+      return onednn ? OneDnnOrLoop(n, lc, LowerOneDnnBinary, LowerBinaryLoop)
+                    : LowerBinaryLoop(n, lc);
+    case F::kCompare:
       return LowerCompare(n, lc);
-    case Opcode::kSelect:
+    case F::kSelect:
       return LowerSelect(n, lc);
-    case Opcode::kLogicalAnd:
-    case Opcode::kLogicalOr:
-    case Opcode::kLogicalNot:
+    case F::kLogical:
       return LowerLogical(n, lc);
-    case Opcode::kConvert:
+    case F::kConvert:
       return OneDnnOrLoop(n, lc, LowerOneDnnConvert, LowerConvertLoop);
-
-    case Opcode::kBroadcastInDim:
-    case Opcode::kConcatenate:
-    case Opcode::kPad:
-    case Opcode::kReshape:
-    case Opcode::kSlice:
-    case Opcode::kTranspose:
+    case F::kStructural:
       return LowerStructural(n, lc);
-    case Opcode::kGather:
-    case Opcode::kIota:
-    case Opcode::kScatterAdd:
+    case F::kIndexing:
       return LowerIndexing(n, lc);
-
-    case Opcode::kReduceMax:
-    case Opcode::kReduceMin:
-    case Opcode::kReduceSum:
+    case F::kReduce:
       return LowerReduce(n, lc);
-    case Opcode::kArgmax:
+    case F::kArgmax:
       return LowerArgmax(n, lc);
-
-    case Opcode::kSoftmax:
-    case Opcode::kLogSoftmax:
+    case F::kSoftmax:
       return OneDnnOrLoop(n, lc, LowerOneDnnSoftmax, LowerSoftmaxLoop);
-    case Opcode::kLayerNorm:
+    case F::kLayerNorm:
       return OneDnnOrLoop(n, lc, LowerOneDnnLayerNorm, LowerLayerNormLoop);
-    case Opcode::kRmsNorm:
+    case F::kRmsNorm:
       return LowerRmsNorm(n, lc);
-    case Opcode::kCrossEntropy:
+    case F::kCrossEntropy:
       return LowerCrossEntropy(n, lc);
-    case Opcode::kAttention:
+    case F::kAttention:
       return LowerAttention(n, lc);
-
-    case Opcode::kRandomBits:
-    case Opcode::kAllReduce:
-    case Opcode::kAllGather:
-    case Opcode::kReduceScatter:
+    case F::kRandom:
+    case F::kCollective:
       return LowerMisc(n, lc);
-
-    case Opcode::kParameter:
-    case Opcode::kConstant:
+    case F::kNone:  // parameter, constant
       return std::unique_ptr<Thunk>();
   }
   return Unimplemented(n, "no lowering");
 }
 
-// The composites LowerNode handles itself (oneDNN or a dedicated loop); the compiler leaves them
-// whole instead of decomposing them into primitives.
+// The composites LowerNode handles itself (oneDNN or a dedicated loop): today every composite's
+// family has a cpu kernel. The compiler leaves them whole instead of decomposing them.
 bool LowersNatively(Opcode op) {
-  switch (op) {
-    case Opcode::kSoftmax:
-    case Opcode::kLogSoftmax:
-    case Opcode::kLayerNorm:
-    case Opcode::kRmsNorm:
-    case Opcode::kCrossEntropy:
-    case Opcode::kAttention:
+  using F = ir::KernelFamily;
+  if (!ir::IsComposite(op)) return false;
+  switch (ir::OpTraits(op).family) {
+    case F::kSoftmax:
+    case F::kLayerNorm:
+    case F::kRmsNorm:
+    case F::kCrossEntropy:
+    case F::kAttention:
       return true;
     default:
       return false;

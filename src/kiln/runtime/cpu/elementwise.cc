@@ -50,19 +50,14 @@ template <typename S>
 LowerResult UnaryFloat(const ir::Node& n) {
   using C = typename Elem<S>::C;
   switch (n.opcode()) {
-    // ---- abs ----
     case Opcode::kAbs:
       return UnaryThunk<S>(n, [](C x) { return std::abs(x); });
-    // ---- cos ----
     case Opcode::kCos:
       return UnaryThunk<S>(n, [](C x) { return std::cos(x); });
-    // ---- erf ----
     case Opcode::kErf:
       return UnaryThunk<S>(n, [](C x) { return std::erf(x); });
-    // ---- exp ----
     case Opcode::kExp:
       return UnaryThunk<S>(n, [](C x) { return std::exp(x); });
-    // ---- gelu ----
     case Opcode::kGelu:
       if (n.has_attr("approximate") && n.attr_str("approximate") == "tanh") {
         return UnaryThunk<S>(n, [](C x) {
@@ -73,35 +68,25 @@ LowerResult UnaryFloat(const ir::Node& n) {
       return UnaryThunk<S>(n, [](C x) {
         return C(0.5) * x * (C(1) + std::erf(x * static_cast<C>(0.7071067811865476)));
       });
-    // ---- log ----
     case Opcode::kLog:
       return UnaryThunk<S>(n, [](C x) { return std::log(x); });
-    // ---- neg ----
     case Opcode::kNeg:
       return UnaryThunk<S>(n, [](C x) { return -x; });
-    // ---- relu ----
     case Opcode::kRelu:
       return UnaryThunk<S>(n, [](C x) { return std::max(x, C(0)); });
-    // ---- rsqrt ----
     case Opcode::kRsqrt:
       return UnaryThunk<S>(n, [](C x) { return C(1) / std::sqrt(x); });
-    // ---- sigmoid ----
     case Opcode::kSigmoid:
       return UnaryThunk<S>(n, [](C x) { return Sigmoid(x); });
-    // ---- sign ----
     case Opcode::kSign:
       // sign(0) = sign(NaN) = 0, as in PyTorch.
       return UnaryThunk<S>(n, [](C x) { return x > C(0) ? C(1) : (x < C(0) ? C(-1) : C(0)); });
-    // ---- silu ----
     case Opcode::kSilu:
       return UnaryThunk<S>(n, [](C x) { return x * Sigmoid(x); });
-    // ---- sin ----
     case Opcode::kSin:
       return UnaryThunk<S>(n, [](C x) { return std::sin(x); });
-    // ---- sqrt ----
     case Opcode::kSqrt:
       return UnaryThunk<S>(n, [](C x) { return std::sqrt(x); });
-    // ---- tanh ----
     case Opcode::kTanh:
       return UnaryThunk<S>(n, [](C x) { return std::tanh(x); });
     default:
@@ -162,25 +147,19 @@ template <typename S>
 LowerResult BinaryFloat(const ir::Node& n) {
   using C = typename Elem<S>::C;
   switch (n.opcode()) {
-    // ---- add ----
     case Opcode::kAdd:
       return BinaryThunk<S>(n, [](C a, C b) { return a + b; });
-    // ---- sub ----
     case Opcode::kSub:
       return BinaryThunk<S>(n, [](C a, C b) { return a - b; });
-    // ---- mul ----
     case Opcode::kMul:
       return BinaryThunk<S>(n, [](C a, C b) { return a * b; });
-    // ---- div ----
     case Opcode::kDiv:
       return BinaryThunk<S>(n, [](C a, C b) { return a / b; });
     // ---- max ---- (NaN propagates)
     case Opcode::kMax:
       return BinaryThunk<S>(n, [](C a, C b) { return (a > b || a != a) ? a : b; });
-    // ---- min ----
     case Opcode::kMin:
       return BinaryThunk<S>(n, [](C a, C b) { return (a < b || a != a) ? a : b; });
-    // ---- pow ----
     case Opcode::kPow:
       return BinaryThunk<S>(n, [](C a, C b) { return std::pow(a, b); });
     default:
@@ -211,7 +190,6 @@ LowerResult BinaryInt(const ir::Node& n) {
   }
 }
 
-// ---- compare ----
 template <typename S>
 std::unique_ptr<Thunk> CompareThunk(const ir::Node& n, const std::string& dir) {
   int in0 = n.operand(0), in1 = n.operand(1), out = n.id();
@@ -254,7 +232,6 @@ std::unique_ptr<Thunk> CompareThunk(const ir::Node& n, const std::string& dir) {
   });
 }
 
-// ---- convert ----
 // Element -> double -> element, with StoreFromDouble's rules (floats round to nearest even via
 // f32, float -> integer truncates and saturates, NaN -> 0, nonzero -> true), in chunks.
 constexpr int64_t kConvertChunk = 256;
@@ -409,7 +386,6 @@ LowerResult LowerCompare(const ir::Node& n, LowerContext& lc) {
       UnsupportedDType(n, t));
 }
 
-// ---- select ----
 LowerResult LowerSelect(const ir::Node& n, LowerContext& lc) {
   int pred = n.operand(0), on_true = n.operand(1), on_false = n.operand(2), out = n.id();
   int64_t count = n.type().shape.num_elements();
@@ -437,9 +413,6 @@ LowerResult LowerSelect(const ir::Node& n, LowerContext& lc) {
   }
 }
 
-// ---- logical_and ----
-// ---- logical_or ----
-// ---- logical_not ----
 // Operands are bool or integers (nonzero is true); the result is 1/0 in the node's dtype.
 LowerResult LowerLogical(const ir::Node& n, LowerContext& lc) {
   DType t = n.type().dtype;

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kiln/compiler/passes/fusion.h"
+#include "kiln/ir/op_traits.h"
 #include "kiln/runtime/cpu/internal/common.h"
 #include "kiln/runtime/cpu/internal/fused_loop.h"
 
@@ -437,6 +438,48 @@ FOp CompareOp(const std::string& dir) {
   return FOp::kGe;
 }
 
+// The instruction each loop-fusible op runs as. compare's instruction comes from its direction
+// and convert's from its dtypes; reduce_sum (the one kLoopSink op) is accumulated, not run.
+struct LoopOp {
+  bool runs = false;
+  FOp op = FOp::kAdd;
+};
+constexpr LoopOp LoopOpFor(Opcode op) {
+  switch (op) {
+    case Opcode::kAdd: return {true, FOp::kAdd};
+    case Opcode::kSub: return {true, FOp::kSub};
+    case Opcode::kMul: return {true, FOp::kMul};
+    case Opcode::kDiv: return {true, FOp::kDiv};
+    case Opcode::kMax: return {true, FOp::kMax};
+    case Opcode::kMin: return {true, FOp::kMin};
+    case Opcode::kNeg: return {true, FOp::kNeg};
+    case Opcode::kAbs: return {true, FOp::kAbs};
+    case Opcode::kRelu: return {true, FOp::kRelu};
+    case Opcode::kSqrt: return {true, FOp::kSqrt};
+    case Opcode::kRsqrt: return {true, FOp::kRsqrt};
+    case Opcode::kSign: return {true, FOp::kSign};
+    case Opcode::kSelect: return {true, FOp::kSelect};
+    case Opcode::kLogicalAnd: return {true, FOp::kAnd};
+    case Opcode::kLogicalOr: return {true, FOp::kOr};
+    case Opcode::kLogicalNot: return {true, FOp::kNot};
+    case Opcode::kCompare: return {true, FOp::kEq};         // by direction: CompareOp
+    case Opcode::kConvert: return {true, FOp::kRoundBf16};  // by dtypes, or free
+    default: return {};
+  }
+}
+// The fusion pass groups exactly the kLoop / kLoopBool / kLoopSink rows of opcodes.def; a row
+// marked fusible without an instruction here (or the reverse) fails the build.
+constexpr bool RunsExactlyTheLoopFusibleOps() {
+  for (int i = 0; i < ir::kNumOpcodes; ++i) {
+    const auto op = static_cast<Opcode>(i);
+    if (LoopOpFor(op).runs != ir::OpTraits(op).loop_fusible()) return false;
+    if (ir::OpTraits(op).loop_sink() != (op == Opcode::kReduceSum)) return false;
+  }
+  return true;
+}
+static_assert(RunsExactlyTheLoopFusibleOps(),
+              "fused_loop.cc LoopOpFor must cover exactly the loop-fusible ops of opcodes.def");
+
 class FusedLoopThunk : public Thunk {
  public:
   FusedLoopThunk(std::string name, Program program, std::shared_ptr<CpuContext> cpu,
@@ -586,23 +629,9 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
       if (t == DType::kBF16 && op != FOp::kRoundBf16) code.push_back({FOp::kRoundBf16, i, i, -1, -1});
     };
     switch (n.opcode()) {
-      case Opcode::kAdd: emit(FOp::kAdd, ops[0], ops[1]); break;
-      case Opcode::kSub: emit(FOp::kSub, ops[0], ops[1]); break;
-      case Opcode::kMul: emit(FOp::kMul, ops[0], ops[1]); break;
-      case Opcode::kDiv: emit(FOp::kDiv, ops[0], ops[1]); break;
-      case Opcode::kMax: emit(FOp::kMax, ops[0], ops[1]); break;
-      case Opcode::kMin: emit(FOp::kMin, ops[0], ops[1]); break;
-      case Opcode::kNeg: emit(FOp::kNeg, ops[0]); break;
-      case Opcode::kAbs: emit(FOp::kAbs, ops[0]); break;
-      case Opcode::kRelu: emit(FOp::kRelu, ops[0]); break;
-      case Opcode::kSqrt: emit(FOp::kSqrt, ops[0]); break;
-      case Opcode::kRsqrt: emit(FOp::kRsqrt, ops[0]); break;
-      case Opcode::kSign: emit(FOp::kSign, ops[0]); break;
-      case Opcode::kCompare: emit(CompareOp(n.attr_str("direction")), ops[0], ops[1]); break;
-      case Opcode::kSelect: emit(FOp::kSelect, ops[0], ops[1], ops[2]); break;
-      case Opcode::kLogicalAnd: emit(FOp::kAnd, ops[0], ops[1]); break;
-      case Opcode::kLogicalOr: emit(FOp::kOr, ops[0], ops[1]); break;
-      case Opcode::kLogicalNot: emit(FOp::kNot, ops[0]); break;
+      case Opcode::kCompare:
+        emit(CompareOp(n.attr_str("direction")), ops[0], ops[1]);
+        break;
       case Opcode::kConvert: {
         DType from = g.node(n.operand(0)).type().dtype;
         if (t == DType::kBool) {
@@ -634,8 +663,13 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
         reduction_values.push_back(ops[0]);
         break;
       }
-      default:
-        return Unimplemented(n, "not a loop-fusible op");
+      default: {
+        const LoopOp lo = LoopOpFor(n.opcode());
+        if (!lo.runs) return Unimplemented(n, "not a loop-fusible op");
+        const int arity = static_cast<int>(ops.size());
+        emit(lo.op, ops[0], arity > 1 ? ops[1] : -1, arity > 2 ? ops[2] : -1);
+        break;
+      }
     }
   }
 

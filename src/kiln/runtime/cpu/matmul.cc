@@ -1,4 +1,3 @@
-// ---- dot_general ----
 // Lowered to one (batched) oneDNN matmul [B,M,K] x [B,K,N] -> [B,M,N]. Each operand's batch,
 // free and contracting dims are collapsed into one dim each; when a group collapses (its dims are
 // adjacent in memory in the order the attributes list them) the operand is passed in place with a
@@ -12,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kiln/compiler/passes/fusion.h"
+#include "kiln/ir/op_traits.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
 namespace kiln::runtime::cpu {
@@ -314,29 +314,12 @@ absl::StatusOr<Epilogue> ParseEpilogue(const std::vector<int>& members, const ir
       ep.residual = other;
       ep.label += "+residual";
     } else if (!ep.has_act && ep.residual < 0 && m.operands().size() == 1) {
+      std::optional<OneDnnEltwiseAlg> act = OneDnnEltwise(m);
+      if (!ir::OpTraits(m.opcode()).epilogue_activation() || !act)
+        return Unimplemented(m, "not an epilogue activation");
       ep.has_act = true;
-      switch (m.opcode()) {
-        case ir::Opcode::kRelu:
-          ep.act = dnnl::algorithm::eltwise_relu;
-          break;
-        case ir::Opcode::kGelu:
-          ep.act = m.has_attr("approximate") && m.attr_str("approximate") == "tanh"
-                       ? dnnl::algorithm::eltwise_gelu_tanh
-                       : dnnl::algorithm::eltwise_gelu_erf;
-          break;
-        case ir::Opcode::kTanh:
-          ep.act = dnnl::algorithm::eltwise_tanh;
-          break;
-        case ir::Opcode::kSigmoid:
-          ep.act = dnnl::algorithm::eltwise_logistic;
-          break;
-        case ir::Opcode::kSilu:
-          ep.act = dnnl::algorithm::eltwise_swish;
-          ep.alpha = 1.f;
-          break;
-        default:
-          return Unimplemented(m, "not an epilogue activation");
-      }
+      ep.act = act->alg;
+      ep.alpha = act->alpha;
       ep.label += "+" + std::string(ir::OpcodeName(m.opcode()));
     } else {
       return Unimplemented(m, "not an epilogue step");

@@ -32,7 +32,6 @@ inline std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> ctr,
 
 LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
   switch (n.opcode()) {
-    // ---- random_bits ----
     // key = (lo32(seed), hi32(seed)); element i comes from block i / 4 with counter words
     // (lo32(i / 4), hi32(i / 4), lo32(counter), hi32(counter)), word i % 4. s32: the word;
     // f32: (word >> 8) * 2^-24.
@@ -71,9 +70,6 @@ LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
         });
       });
     }
-    // ---- all_reduce ----
-    // ---- all_gather ----
-    // ---- reduce_scatter ----
     // Identities over the one replica of a single-process run (a multi-process run partitions the
     // graph and runs collectives through the communicator instead).
     case ir::Opcode::kAllReduce:

@@ -124,8 +124,6 @@ std::unique_ptr<Thunk> CrossEntropyThunk(const ir::Node& n, LowerContext& lc) {
 
 }  // namespace
 
-// ---- softmax ----
-// ---- log_softmax ----
 LowerResult LowerSoftmaxLoop(const ir::Node& n, LowerContext& lc) {
   DType t = n.type().dtype;
   bool log = n.opcode() == Opcode::kLogSoftmax;
@@ -135,7 +133,6 @@ LowerResult LowerSoftmaxLoop(const ir::Node& n, LowerContext& lc) {
       UnsupportedDType(n, t));
 }
 
-// ---- layer_norm ----
 LowerResult LowerLayerNormLoop(const ir::Node& n, LowerContext& lc) {
   DType t = n.type().dtype;
   if (lc.operand_type(n, 1).dtype != t || lc.operand_type(n, 2).dtype != t)
@@ -145,7 +142,6 @@ LowerResult LowerLayerNormLoop(const ir::Node& n, LowerContext& lc) {
       UnsupportedDType(n, t));
 }
 
-// ---- rms_norm ----
 // y = x / sqrt(mean(x^2) + epsilon) * gamma over the last dim.
 LowerResult LowerRmsNorm(const ir::Node& n, LowerContext& lc) {
   DType t = n.type().dtype;
@@ -155,7 +151,6 @@ LowerResult LowerRmsNorm(const ir::Node& n, LowerContext& lc) {
       UnsupportedDType(n, t));
 }
 
-// ---- cross_entropy ----
 // loss = logsumexp(logits) - logits[label] per example; a label outside [0, C) gives 0.
 LowerResult LowerCrossEntropy(const ir::Node& n, LowerContext& lc) {
   DType t = lc.operand_type(n, 0).dtype;

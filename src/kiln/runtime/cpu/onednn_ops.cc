@@ -1,9 +1,11 @@
 // oneDNN lowerings of memory-bound ops: eltwise unary ops, binary arithmetic, softmax,
 // log_softmax, layer_norm and float converts. Each returns Unimplemented when oneDNN has no
 // primitive for the dtype, and the backend then uses the loop in elementwise.cc / norm.cc.
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/ir/op_traits.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
 namespace kiln::runtime::cpu {
@@ -20,55 +22,55 @@ std::vector<int64_t> Flat(const ir::Type& t) {
 
 }  // namespace
 
-// ---- abs ----
-// ---- exp ----
-// ---- gelu ----
-// ---- log ----
-// ---- relu ----
-// ---- sigmoid ----
-// ---- silu ----
-// ---- sqrt ----
-// ---- tanh ----
+std::optional<OneDnnEltwiseAlg> OneDnnEltwise(const ir::Node& n) {
+  using A = dnnl::algorithm;
+  switch (ir::OpTraits(n.opcode()).alg) {
+    case ir::EltwiseAlg::kAbs:
+      return OneDnnEltwiseAlg{A::eltwise_abs};
+    case ir::EltwiseAlg::kExp:
+      return OneDnnEltwiseAlg{A::eltwise_exp};
+    case ir::EltwiseAlg::kGelu:
+      return OneDnnEltwiseAlg{n.has_attr("approximate") && n.attr_str("approximate") == "tanh"
+                                  ? A::eltwise_gelu_tanh
+                                  : A::eltwise_gelu_erf};
+    case ir::EltwiseAlg::kLogistic:
+      return OneDnnEltwiseAlg{A::eltwise_logistic};
+    case ir::EltwiseAlg::kRelu:
+      return OneDnnEltwiseAlg{A::eltwise_relu};
+    case ir::EltwiseAlg::kSqrt:
+      return OneDnnEltwiseAlg{A::eltwise_sqrt};
+    case ir::EltwiseAlg::kSwish:
+      return OneDnnEltwiseAlg{A::eltwise_swish, 1.f};
+    case ir::EltwiseAlg::kTanh:
+      return OneDnnEltwiseAlg{A::eltwise_tanh};
+    default:
+      return std::nullopt;
+  }
+}
+
+std::optional<dnnl::algorithm> OneDnnBinary(ir::Opcode op) {
+  switch (ir::OpTraits(op).alg) {
+    case ir::EltwiseAlg::kAdd:
+      return dnnl::algorithm::binary_add;
+    case ir::EltwiseAlg::kSub:
+      return dnnl::algorithm::binary_sub;
+    case ir::EltwiseAlg::kMul:
+      return dnnl::algorithm::binary_mul;
+    case ir::EltwiseAlg::kDiv:
+      return dnnl::algorithm::binary_div;
+    default:
+      return std::nullopt;
+  }
+}
+
+// Unary ops whose `alg` column names a oneDNN eltwise algorithm (log has none: see opcodes.def).
 LowerResult LowerOneDnnUnary(const ir::Node& n, LowerContext& lc) {
   DType t = n.type().dtype;
   if (!OneDnnFloat(t) || lc.operand_type(n, 0).dtype != t) return UnsupportedDType(n, t);
-  dnnl::algorithm alg;
-  float alpha = 0.f, beta = 0.f;
-  switch (n.opcode()) {
-    case Opcode::kAbs:
-      alg = dnnl::algorithm::eltwise_abs;
-      break;
-    case Opcode::kExp:
-      alg = dnnl::algorithm::eltwise_exp;
-      break;
-    case Opcode::kGelu:
-      alg = n.has_attr("approximate") && n.attr_str("approximate") == "tanh"
-                ? dnnl::algorithm::eltwise_gelu_tanh
-                : dnnl::algorithm::eltwise_gelu_erf;
-      break;
-    case Opcode::kLog:
-      // oneDNN 2.6's eltwise_log is off by ~3e-6 absolute near 1 (log(1) = 1.4e-6), which the op
-      // table catches; the loop is exact to f32 rounding and as fast for a memory-bound op.
-      return Unimplemented(n, "oneDNN eltwise_log is inexact near 1");
-    case Opcode::kRelu:
-      alg = dnnl::algorithm::eltwise_relu;
-      break;
-    case Opcode::kSigmoid:
-      alg = dnnl::algorithm::eltwise_logistic;
-      break;
-    case Opcode::kSilu:
-      alg = dnnl::algorithm::eltwise_swish;
-      alpha = 1.f;
-      break;
-    case Opcode::kSqrt:
-      alg = dnnl::algorithm::eltwise_sqrt;
-      break;
-    case Opcode::kTanh:
-      alg = dnnl::algorithm::eltwise_tanh;
-      break;
-    default:
-      return Unimplemented(n, "no oneDNN eltwise algorithm");
-  }
+  std::optional<OneDnnEltwiseAlg> e = OneDnnEltwise(n);
+  if (!e) return Unimplemented(n, "no oneDNN eltwise algorithm");
+  const dnnl::algorithm alg = e->alg;
+  const float alpha = e->alpha, beta = 0.f;
   DnnlThunkBuilder b(lc, n, "onednn eltwise");
   dnnl::memory::desc md = PlainDesc(Flat(n.type()), DnnlType(t));
   dnnl::eltwise_forward::primitive_desc pd;
@@ -84,32 +86,15 @@ LowerResult LowerOneDnnUnary(const ir::Node& n, LowerContext& lc) {
   return b.Finish();
 }
 
-// ---- add ----
-// ---- sub ----
-// ---- mul ----
-// ---- div ----
+// add sub mul div (the binary ops whose `alg` column names a oneDNN binary algorithm).
 LowerResult LowerOneDnnBinary(const ir::Node& n, LowerContext& lc) {
   DType t = n.type().dtype;
   const ir::Type& a = lc.operand_type(n, 0);
   const ir::Type& c = lc.operand_type(n, 1);
   if (!OneDnnFloat(t) || a != n.type() || c != n.type()) return UnsupportedDType(n, t);
-  dnnl::algorithm alg;
-  switch (n.opcode()) {
-    case Opcode::kAdd:
-      alg = dnnl::algorithm::binary_add;
-      break;
-    case Opcode::kSub:
-      alg = dnnl::algorithm::binary_sub;
-      break;
-    case Opcode::kMul:
-      alg = dnnl::algorithm::binary_mul;
-      break;
-    case Opcode::kDiv:
-      alg = dnnl::algorithm::binary_div;
-      break;
-    default:
-      return Unimplemented(n, "no oneDNN binary algorithm");
-  }
+  std::optional<dnnl::algorithm> binary = OneDnnBinary(n.opcode());
+  if (!binary) return Unimplemented(n, "no oneDNN binary algorithm");
+  const dnnl::algorithm alg = *binary;
   DnnlThunkBuilder b(lc, n, "onednn binary");
   dnnl::memory::desc md = PlainDesc(Flat(n.type()), DnnlType(t));
   dnnl::binary::primitive_desc pd;
@@ -127,7 +112,6 @@ LowerResult LowerOneDnnBinary(const ir::Node& n, LowerContext& lc) {
   return b.Finish();
 }
 
-// ---- softmax ----
 // log_softmax is not lowered here: oneDNN 2.6's logsoftmax inherits eltwise_log's ~3e-6 error
 // near 1 (log_softmax of a single class gives 1.4e-6, not 0), so it always takes the loop.
 LowerResult LowerOneDnnSoftmax(const ir::Node& n, LowerContext& lc) {
@@ -160,7 +144,6 @@ LowerResult LowerOneDnnSoftmax(const ir::Node& n, LowerContext& lc) {
   return b.Finish();
 }
 
-// ---- layer_norm ----
 // oneDNN's layer normalization over the last dim with separate f32 scale and shift; bf16 gamma
 // and beta are reordered to f32 in the workspace first.
 LowerResult LowerOneDnnLayerNorm(const ir::Node& n, LowerContext& lc) {
@@ -195,7 +178,6 @@ LowerResult LowerOneDnnLayerNorm(const ir::Node& n, LowerContext& lc) {
   return b.Finish();
 }
 
-// ---- convert ----
 // Float-to-float (f32, bf16, f16) and small-integer-to-f32 converts as oneDNN reorders: both
 // round to nearest even, like the reference. Float-to-integer (truncation, saturation) and the
 // other pairs use the loop.

@@ -147,7 +147,6 @@ std::unique_ptr<Thunk> PoolBackward(const ir::Node& n, LowerContext& lc, const P
 
 }  // namespace
 
-// ---- max_pool2d_grad ----
 LowerResult LowerMaxPoolGrad(const ir::Node& n, LowerContext& lc) {
   DType t = n.type().dtype;
   PoolGeometry g = MakePoolGeometry(n, n.type().shape, lc.operand_type(n, 1).shape);

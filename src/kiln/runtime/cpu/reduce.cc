@@ -1,7 +1,3 @@
-// ---- reduce_sum ----
-// ---- reduce_max ----
-// ---- reduce_min ----
-// ---- argmax ----
 // Reductions over any set of dims. The input shape is collapsed at compile time into alternating
 // kept and reduced groups (unit dims dropped, neighbours of the same kind merged). Two kernels
 // cover every case:

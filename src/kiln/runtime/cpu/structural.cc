@@ -39,14 +39,12 @@ LowerResult LowerStructural(const ir::Node& n, LowerContext& lc) {
   int rank = static_cast<int>(out_dims.size());
 
   switch (n.opcode()) {
-    // ---- reshape ----
     case Opcode::kReshape: {
       int in = n.operand(0), out = n.id();
       int64_t bytes = n.type().byte_size();
       return MakeFnThunk(
           n, "copy", [=](RunContext& ctx) { Memcpy(ctx.buffers[out], ctx.buffers[in], bytes); });
     }
-    // ---- broadcast_in_dim ----
     case Opcode::kBroadcastInDim: {
       const auto& bd = n.attr_ints("broadcast_dimensions");
       std::vector<int64_t> s(rank, 0);
@@ -54,14 +52,12 @@ LowerResult LowerStructural(const ir::Node& n, LowerContext& lc) {
         if (in_dims[i] == out_dims[bd[i]]) s[bd[i]] = in_strides[i];
       return CopyThunk(n, "strided copy", PlanStridedCopy(out_dims, s, out_strides, es));
     }
-    // ---- transpose ----
     case Opcode::kTranspose: {
       const auto& perm = n.attr_ints("permutation");
       std::vector<int64_t> s(rank);
       for (int i = 0; i < rank; ++i) s[i] = in_strides[perm[i]];
       return CopyThunk(n, "strided copy", PlanStridedCopy(out_dims, s, out_strides, es));
     }
-    // ---- slice ----
     case Opcode::kSlice: {
       const auto& start = n.attr_ints("start");
       std::vector<int64_t> stride =
@@ -75,7 +71,6 @@ LowerResult LowerStructural(const ir::Node& n, LowerContext& lc) {
       }
       return CopyThunk(n, "strided copy", PlanStridedCopy(out_dims, s, out_strides, es), base * es);
     }
-    // ---- pad ----
     case Opcode::kPad: {
       const auto& low = n.attr_ints("low");
       std::vector<int64_t> interior =
@@ -98,7 +93,6 @@ LowerResult LowerStructural(const ir::Node& n, LowerContext& lc) {
         RunStridedCopy(plan, ctx.buffers[in], static_cast<uint8_t*>(ctx.buffers[out]) + base * es);
       });
     }
-    // ---- concatenate ----
     case Opcode::kConcatenate: {
       int axis = static_cast<int>(n.attr_int("dimension"));
       std::vector<std::pair<int, CopyPlan>> parts;
@@ -132,7 +126,6 @@ int64_t LoadIndex(const void* p, DType t, int64_t i) {
   return t == DType::kS64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
 }
 
-// ---- scatter_add ----
 // out = operand; out[o, idx[i], j] += updates[o, i, j] for in-range indices. Each (o, j-chunk)
 // is one task that walks i in order, so the result does not depend on the thread count.
 template <typename S>
@@ -201,7 +194,6 @@ std::unique_ptr<Thunk> ScatterAddThunk(const ir::Node& n, LowerContext& lc) {
 
 LowerResult LowerIndexing(const ir::Node& n, LowerContext& lc) {
   switch (n.opcode()) {
-    // ---- gather ----
     case Opcode::kGather: {
       const ir::Type& tt = lc.operand_type(n, 0);
       const ir::Type& xt = lc.operand_type(n, 1);
@@ -244,7 +236,6 @@ LowerResult LowerIndexing(const ir::Node& n, LowerContext& lc) {
           },
           UnsupportedDType(n, t));
     }
-    // ---- iota ----
     case Opcode::kIota: {
       const Shape& s = n.type().shape;
       int dim = static_cast<int>(n.attr_int("dimension"));

@@ -30,9 +30,7 @@ absl::Status CheckFloatOperands(const ir::Graph& g, const ir::Node& n, int count
   return CheckDType(n, n.type().dtype, kFloatTypes, "result");
 }
 
-// ---- softmax ----
 // exp(x - max) / sum exp(x - max) along `axis`.
-// ---- log_softmax ----
 // x - max - log sum exp(x - max) along `axis`.
 absl::StatusOr<Kernel> Softmax(const ir::Graph& g, const ir::Node& n) {
   KILN_RETURN_IF_ERROR(CheckFloatOperands(g, n, 1));
@@ -55,9 +53,7 @@ absl::StatusOr<Kernel> Softmax(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- layer_norm ----
 // Over the last dim D: (x - mean) / sqrt(var + eps) * gamma + beta, var biased (divides by D).
-// ---- rms_norm ----
 // Over the last dim D: x / sqrt(mean(x^2) + eps) * gamma.
 absl::StatusOr<Kernel> Norm(const ir::Graph& g, const ir::Node& n) {
   bool layer = n.opcode() == Opcode::kLayerNorm;
@@ -96,7 +92,6 @@ absl::StatusOr<Kernel> Norm(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- cross_entropy ----
 // Per example: logsumexp(logits) - logits[label]. A label outside [0, C) contributes a loss of 0
 // (like PyTorch's ignore_index, whose default -100 is out of range).
 absl::StatusOr<Kernel> CrossEntropy(const ir::Graph& g, const ir::Node& n) {
@@ -125,7 +120,6 @@ absl::StatusOr<Kernel> CrossEntropy(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- attention ----
 // softmax(q k^T * scale) v over the last two dims, leading dims are batch. With causal = 1, key j
 // is masked (-inf) for query i when j > i + (Sk - Sq): the mask is aligned at the end, as for a
 // decoder continuing a cached prefix. A query that sees no key gets NaN (PyTorch does the same).

@@ -10,7 +10,6 @@ namespace {
 
 using ir::Opcode;
 
-// ---- dot_general ----
 // result[batch..., lhs_free..., rhs_free...] = sum over the contracting dims of lhs * rhs, with
 // free dims in operand order (XLA's DotGeneral).
 absl::StatusOr<Kernel> DotGeneral(const ir::Graph& g, const ir::Node& n) {
@@ -152,9 +151,6 @@ absl::StatusOr<ConvGeometry> Geometry(const ir::Node& n, const Shape& in, const 
                       p[2],          groups};
 }
 
-// ---- conv2d ----
-// ---- conv2d_backward_input ----
-// ---- conv2d_backward_filter ----
 // conv2d is torch.nn.functional.conv2d (cross-correlation) with padding [top,bottom,left,right].
 // The gradients walk the same taps and accumulate grad_out * filter into the input position, and
 // input * grad_out into the filter position: exactly the transposes of conv2d.

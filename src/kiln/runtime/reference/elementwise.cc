@@ -14,21 +14,6 @@ namespace {
 
 using ir::Opcode;
 
-// ---- abs ----
-// ---- cos ----
-// ---- erf ----
-// ---- exp ----
-// ---- gelu ----
-// ---- log ----
-// ---- neg ----
-// ---- relu ----
-// ---- rsqrt ----
-// ---- sigmoid ----
-// ---- sign ----
-// ---- silu ----
-// ---- sin ----
-// ---- sqrt ----
-// ---- tanh ----
 // Scalar rules: ir/element_semantics.cc.
 absl::StatusOr<Kernel> MakeUnary(const ir::Graph& g, const ir::Node& n) {
   ir::UnaryOp op = ir::UnaryFor(n);
@@ -56,13 +41,6 @@ absl::StatusOr<Kernel> MakeUnary(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- add ----
-// ---- sub ----
-// ---- mul ----
-// ---- div ----
-// ---- pow ----
-// ---- max ----
-// ---- min ----
 // Scalar rules: ir/element_semantics.cc.
 absl::StatusOr<Kernel> MakeBinary(const ir::Graph& g, const ir::Node& n) {
   ir::BinaryOp op = ir::BinaryFor(n.opcode());
@@ -90,7 +68,6 @@ absl::StatusOr<Kernel> MakeBinary(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- compare ----
 // -> bool. Floats compare as IEEE doubles (any comparison with NaN is false, except ne); integers
 // and bool compare exactly.
 absl::StatusOr<Kernel> MakeCompare(const ir::Graph& g, const ir::Node& n) {
@@ -115,9 +92,6 @@ absl::StatusOr<Kernel> MakeCompare(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- logical_and ----
-// ---- logical_or ----
-// ---- logical_not ----
 // Operands are bool or integers (nonzero is true); the result is 1/0 in the node's dtype.
 absl::StatusOr<Kernel> MakeLogical(const ir::Graph& g, const ir::Node& n) {
   std::vector<int> ins = n.operands();
@@ -146,7 +120,6 @@ absl::StatusOr<Kernel> MakeLogical(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- select ----
 // pred ? on_true : on_false, element by element; a byte copy, so any value dtype works.
 absl::StatusOr<Kernel> MakeSelect(const ir::Graph& g, const ir::Node& n) {
   DType p_t = OperandType(g, n, 0).dtype;
@@ -167,7 +140,6 @@ absl::StatusOr<Kernel> MakeSelect(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- convert ----
 // Same shape, new dtype. Integer/bool -> integer/bool is exact and wraps like a C++ cast; anything
 // -> float rounds to nearest even; float -> integer truncates toward zero and saturates (NaN -> 0);
 // -> bool is "nonzero" (NaN -> true). f8 types are allowed on either side.

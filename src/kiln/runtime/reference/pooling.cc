@@ -75,10 +75,8 @@ absl::StatusOr<PoolGeometry> Geometry(const ir::Node& n, const Shape& in, const 
                       p[0],       p[1],      p[2],      p[3],      include};
 }
 
-// ---- max_pool2d ----
 // Maximum over the window's real elements (padding never wins); NaN propagates; a window with no
 // real element gives -inf.
-// ---- avg_pool2d ----
 // Sum over the window's real elements divided by Divisor().
 absl::StatusOr<Kernel> Pool(const ir::Graph& g, const ir::Node& n) {
   DType in_t = OperandType(g, n, 0).dtype, out_t = n.type().dtype;
@@ -110,10 +108,8 @@ absl::StatusOr<Kernel> Pool(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- max_pool2d_grad ----
 // Operands input, grad_out. Each output gradient goes to its window's first maximum (row-major);
 // overlapping windows add up.
-// ---- avg_pool2d_grad ----
 // Operand grad_out; each output gradient is spread as g / Divisor() over the window's real
 // elements: the exact gradient of avg_pool2d.
 absl::StatusOr<Kernel> PoolGrad(const ir::Graph& g, const ir::Node& n) {

@@ -40,7 +40,6 @@ uint32_t Hi32(uint64_t v) { return static_cast<uint32_t>(v >> 32); }
 
 }  // namespace
 
-// ---- random_bits ----
 // Operands seed s64[] and counter s64[]; result s32 (raw bits) or f32 (uniform [0, 1)), laid out
 // as described at the top of this file.
 absl::StatusOr<Kernel> MakeRandomKernel(const ir::Graph& g, const ir::Node& n) {

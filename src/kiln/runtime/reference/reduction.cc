@@ -51,9 +51,6 @@ struct ReduceMap {
   }
 };
 
-// ---- reduce_sum ----
-// ---- reduce_max ----
-// ---- reduce_min ----
 // The listed dimensions are removed. Max and min propagate NaN; over zero elements they give the
 // identity (sum 0, max -inf or the type's minimum, min +inf or the type's maximum).
 absl::StatusOr<Kernel> Reduce(const ir::Graph& g, const ir::Node& n) {
@@ -102,7 +99,6 @@ absl::StatusOr<Kernel> Reduce(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- argmax ----
 // Index of the first maximum along `axis` (axis removed). As in PyTorch a NaN counts as larger
 // than everything, so the first NaN wins. An empty axis gives 0.
 absl::StatusOr<Kernel> ArgMax(const ir::Graph& g, const ir::Node& n) {

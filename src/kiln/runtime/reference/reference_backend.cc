@@ -42,36 +42,9 @@ class KernelThunk : public Thunk {
 // Returns the kernel for one node; parameters and constants never get here.
 absl::StatusOr<Kernel> MakeKernel(const ir::Graph& g, const ir::Node& n) {
   using ir::Opcode;
+  // Elementwise ops share one kernel family: the per-element rules are in ir/element_semantics.
+  if (ir::OpcodeKind(n.opcode()) == ir::OpKind::kElementwise) return MakeElementwiseKernel(g, n);
   switch (n.opcode()) {
-    case Opcode::kAbs:
-    case Opcode::kAdd:
-    case Opcode::kCompare:
-    case Opcode::kConvert:
-    case Opcode::kCos:
-    case Opcode::kDiv:
-    case Opcode::kErf:
-    case Opcode::kExp:
-    case Opcode::kGelu:
-    case Opcode::kLog:
-    case Opcode::kLogicalAnd:
-    case Opcode::kLogicalNot:
-    case Opcode::kLogicalOr:
-    case Opcode::kMax:
-    case Opcode::kMin:
-    case Opcode::kMul:
-    case Opcode::kNeg:
-    case Opcode::kPow:
-    case Opcode::kRelu:
-    case Opcode::kRsqrt:
-    case Opcode::kSelect:
-    case Opcode::kSigmoid:
-    case Opcode::kSign:
-    case Opcode::kSilu:
-    case Opcode::kSin:
-    case Opcode::kSqrt:
-    case Opcode::kSub:
-    case Opcode::kTanh:
-      return MakeElementwiseKernel(g, n);
     case Opcode::kAllGather:
     case Opcode::kAllReduce:
     case Opcode::kBroadcastInDim:
@@ -109,11 +82,10 @@ absl::StatusOr<Kernel> MakeKernel(const ir::Graph& g, const ir::Node& n) {
       return MakeCompositeKernel(g, n);
     case Opcode::kRandomBits:
       return MakeRandomKernel(g, n);
-    // ---- constant ----
-    // ---- parameter ----
     // No kernel: the executable points their buffers at the literal and the caller's tensor.
     case Opcode::kConstant:
     case Opcode::kParameter:
+    default:
       break;
   }
   return absl::InternalError("reference backend: no kernel for " +

@@ -40,7 +40,6 @@ Kernel GatherByIndex(
   };
 }
 
-// ---- broadcast_in_dim ----
 // Operand dim i maps to output dim bd[i]; an operand dim of size 1 stretches.
 Kernel BroadcastInDim(const ir::Graph& g, const ir::Node& n) {
   std::vector<int64_t> bd = n.attr_ints("broadcast_dimensions");
@@ -52,7 +51,6 @@ Kernel BroadcastInDim(const ir::Graph& g, const ir::Node& n) {
                        });
 }
 
-// ---- transpose ----
 // Output dim i is operand dim perm[i].
 Kernel Transpose(const ir::Graph& g, const ir::Node& n) {
   std::vector<int64_t> perm = n.attr_ints("permutation");
@@ -61,7 +59,6 @@ Kernel Transpose(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- slice ----
 // out[i] = in[start + i * stride] per dimension (limit only fixes the output size).
 Kernel Slice(const ir::Graph& g, const ir::Node& n) {
   std::vector<int64_t> start = n.attr_ints("start");
@@ -75,10 +72,6 @@ Kernel Slice(const ir::Graph& g, const ir::Node& n) {
                        });
 }
 
-// ---- reshape ----
-// ---- all_reduce ----
-// ---- all_gather ----
-// ---- reduce_scatter ----
 // Row-major data is unchanged by a reshape; the collectives are identities over one replica.
 absl::StatusOr<Kernel> Copy(const ir::Node& n) {
   if (n.opcode() == Opcode::kAllGather || n.opcode() == Opcode::kReduceScatter) {
@@ -98,7 +91,6 @@ absl::StatusOr<Kernel> Copy(const ir::Node& n) {
   });
 }
 
-// ---- concatenate ----
 // Operands are laid side by side along `dimension`.
 Kernel Concatenate(const ir::Graph& g, const ir::Node& n) {
   int dim = static_cast<int>(n.attr_int("dimension"));
@@ -125,7 +117,6 @@ Kernel Concatenate(const ir::Graph& g, const ir::Node& n) {
   };
 }
 
-// ---- pad ----
 // Fills with `value`, then puts operand element i of each dim at low + i * (interior + 1).
 // Positions outside the output (only possible with negative padding) are dropped.
 Kernel Pad(const ir::Graph& g, const ir::Node& n) {
@@ -157,7 +148,6 @@ Kernel Pad(const ir::Graph& g, const ir::Node& n) {
   };
 }
 
-// ---- iota ----
 // Element value = its index along `dimension`.
 absl::StatusOr<Kernel> Iota(const ir::Node& n) {
   KILN_RETURN_IF_ERROR(CheckDType(n, n.type().dtype, kFloatTypes | kIntTypes, "result"));
@@ -183,7 +173,6 @@ IndexedAxis Split(const Shape& table, int64_t num_indices, int axis) {
   return {s.outer, s.size, num_indices, s.inner};
 }
 
-// ---- gather ----
 // out[o, j, i] = table[o, clamp(indices[j], 0, A - 1), i]. With A = 0 there is nothing to read
 // and the output is zeros.
 absl::StatusOr<Kernel> Gather(const ir::Graph& g, const ir::Node& n) {
@@ -209,7 +198,6 @@ absl::StatusOr<Kernel> Gather(const ir::Graph& g, const ir::Node& n) {
   });
 }
 
-// ---- scatter_add ----
 // out = operand; out[o, indices[j], i] += updates[o, j, i], skipping indices outside [0, A).
 // Sums accumulate in double (floats) or int64 (integers) and round once.
 absl::StatusOr<Kernel> ScatterAdd(const ir::Graph& g, const ir::Node& n) {

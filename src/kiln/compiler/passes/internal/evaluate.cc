@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kiln/ir/element_semantics.h"
+#include "kiln/ir/op_traits.h"
 
 namespace kiln::compiler::internal {
 namespace {
@@ -305,50 +306,8 @@ std::optional<Tensor> EvalReduce(const ir::Node& n, const Tensor& x) {
 
 }  // namespace
 
-bool CanEvaluate(Opcode op) {
-  switch (op) {
-    case Opcode::kAbs:
-    case Opcode::kCos:
-    case Opcode::kErf:
-    case Opcode::kExp:
-    case Opcode::kGelu:
-    case Opcode::kLog:
-    case Opcode::kLogicalNot:
-    case Opcode::kNeg:
-    case Opcode::kRelu:
-    case Opcode::kRsqrt:
-    case Opcode::kSigmoid:
-    case Opcode::kSign:
-    case Opcode::kSilu:
-    case Opcode::kSin:
-    case Opcode::kSqrt:
-    case Opcode::kTanh:
-    case Opcode::kAdd:
-    case Opcode::kSub:
-    case Opcode::kMul:
-    case Opcode::kDiv:
-    case Opcode::kPow:
-    case Opcode::kMax:
-    case Opcode::kMin:
-    case Opcode::kLogicalAnd:
-    case Opcode::kLogicalOr:
-    case Opcode::kCompare:
-    case Opcode::kSelect:
-    case Opcode::kConvert:
-    case Opcode::kBroadcastInDim:
-    case Opcode::kReshape:
-    case Opcode::kTranspose:
-    case Opcode::kSlice:
-    case Opcode::kConcatenate:
-    case Opcode::kIota:
-    case Opcode::kReduceSum:
-    case Opcode::kReduceMax:
-    case Opcode::kReduceMin:
-      return true;
-    default:
-      return false;
-  }
-}
+// The kFold rows of opcodes.def.
+bool CanEvaluate(Opcode op) { return ir::OpTraits(op).constant_foldable(); }
 
 std::optional<Tensor> EvaluateNode(const ir::Node& n, const std::vector<const Tensor*>& ops) {
   if (!CanEvaluate(n.opcode()) || ops.size() != n.operands().size()) return std::nullopt;

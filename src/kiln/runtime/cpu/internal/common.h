@@ -25,6 +25,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -374,6 +375,16 @@ std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims);
 // Unimplemented naming the op and dtype.
 
 using LowerResult = absl::StatusOr<std::unique_ptr<Thunk>>;
+
+// The one map from an op's library algorithm (opcodes.def `alg` column, ir::EltwiseAlg) to oneDNN
+// (onednn_ops.cc): the eltwise algorithm and alpha for a unary op (gelu reads `approximate`),
+// nullopt for ops without one; the binary algorithm for add sub mul div.
+struct OneDnnEltwiseAlg {
+  dnnl::algorithm alg;
+  float alpha = 0.f;
+};
+std::optional<OneDnnEltwiseAlg> OneDnnEltwise(const ir::Node& n);
+std::optional<dnnl::algorithm> OneDnnBinary(ir::Opcode op);
 
 LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc);  // matmul.cc
 // An output fusion group [dot_general, (bias add), (activation), (residual add)] as one oneDNN
