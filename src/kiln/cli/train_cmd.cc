@@ -52,7 +52,7 @@ std::string GitCommit() {
   return out.size() == 40 ? out : "";
 }
 
-nlohmann::json RunInfo(const std::string& backend, const std::string& precision) {
+nlohmann::json RunInfo(const runtime::Backend& backend, const std::string& precision) {
   const dnnl_version_t* v = dnnl_version();
   nlohmann::json j;
   j["kiln_version"] = KilnVersion();
@@ -62,21 +62,21 @@ nlohmann::json RunInfo(const std::string& backend, const std::string& precision)
   j["threads"] = omp_get_max_threads();
   j["hardware_threads"] = std::thread::hardware_concurrency();
   if (std::string commit = GitCommit(); !commit.empty()) j["git_commit"] = commit;
-  // The cpu backend runs the optimize pipeline with loop and matmul-epilogue fusion (minus the
-  // passes KILN_DISABLE_PASSES names, which the compiler checks are real pass names); the
-  // reference backend runs no pass at all (docs/compiler.md). The precision policy comes from
-  // the config.
+  // What the backend says it compiles with (Backend::Describe: the reference backend runs no pass
+  // at all, docs/compiler.md), minus the passes KILN_DISABLE_PASSES names (the compiler checks
+  // they are real pass names). The precision policy comes from the config.
+  nlohmann::json options = backend.Describe();
   std::vector<std::string> disabled;
-  if (const char* v = std::getenv("KILN_DISABLE_PASSES"); v != nullptr && backend == "cpu") {
-    for (absl::string_view name : absl::StrSplit(v, ',', absl::SkipWhitespace()))
+  const char* env = std::getenv("KILN_DISABLE_PASSES");
+  if (env != nullptr && options.value("optimize", false)) {
+    for (absl::string_view name : absl::StrSplit(env, ',', absl::SkipWhitespace()))
       disabled.emplace_back(std::string(absl::StripAsciiWhitespace(name)));
   }
-  bool fusion_disabled = std::find(disabled.begin(), disabled.end(), "fusion") != disabled.end();
-  j["compiler_options"] = {{"backend", backend},
-                           {"precision", precision},
-                           {"optimize", backend == "cpu"},
-                           {"fusion", backend == "cpu" && !fusion_disabled},
-                           {"disabled_passes", disabled}};
+  if (std::find(disabled.begin(), disabled.end(), "fusion") != disabled.end())
+    options["fusion"] = false;
+  options["precision"] = precision;
+  options["disabled_passes"] = disabled;
+  j["compiler_options"] = options;
   return j;
 }
 
@@ -400,7 +400,7 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
   opts.tty = &out == &std::cout && isatty(STDOUT_FILENO);
   opts.resume = !no_resume_;
   opts.replace = replace_;
-  opts.run_info = RunInfo(backend_, config->precision);
+  opts.run_info = RunInfo(**backend, config->precision);
   // A bf16 policy on a CPU where oneDNN's bf16 matmul is slower than f32 (no AMX): say so once,
   // with both rates measured now (~0.1 s), and record them (docs/compiler.md).
   if (backend_ == "cpu" && config->precision != "f32") {
