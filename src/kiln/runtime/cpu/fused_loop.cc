@@ -11,6 +11,8 @@
 //
 // The block routine is compiled for several ISAs (GCC target_clones) and picked at load time, so
 // the loops use AVX-512 or AVX2 where the machine has it without -march=native.
+#include "kiln/runtime/cpu/internal/fused_loop.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -22,7 +24,6 @@
 #include "kiln/compiler/passes/fusion.h"
 #include "kiln/ir/op_traits.h"
 #include "kiln/runtime/cpu/internal/common.h"
-#include "kiln/runtime/cpu/internal/fused_loop.h"
 
 namespace kiln::runtime::cpu {
 namespace {
@@ -291,7 +292,8 @@ KILN_BLOCK_INLINE void RunCode(const Instr* code, int num_instrs, float* const* 
 }
 
 // acc[view(start + j)] += r[j] for j < n.
-KILN_BLOCK_INLINE void Accumulate(const Reduction& red, int64_t start, int64_t n, const float* r, double* acc) {
+KILN_BLOCK_INLINE void Accumulate(const Reduction& red, int64_t start, int64_t n, const float* r,
+                                  double* acc) {
   const Input& v = red.view;
   switch (v.view) {
     case View::kScalar: {
@@ -364,8 +366,8 @@ KILN_BLOCK_INLINE void StoreOutput(const Output& o, void* base, int64_t start, i
 // Blocks [b0, b1) of a program: load, compute, accumulate, store. Compiled for AVX-512, AVX2 and
 // the baseline ISA (GCC target_clones, picked once at load time), with every piece inlined.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void RunBlocks(
-    const Program& p, const void* const* in_ptrs, void* const* out_ptrs, float** slot,
-    double* acc, int64_t b0, int64_t b1) {
+    const Program& p, const void* const* in_ptrs, void* const* out_ptrs, float** slot, double* acc,
+    int64_t b0, int64_t b1) {
   for (int64_t blk = b0; blk < b1; ++blk) {
     int64_t start = blk * kBlock, n = std::min(kBlock, p.count - start);
     for (size_t i = 0; i < p.inputs.size(); ++i) {
@@ -446,25 +448,44 @@ struct LoopOp {
 };
 constexpr LoopOp LoopOpFor(Opcode op) {
   switch (op) {
-    case Opcode::kAdd: return {true, FOp::kAdd};
-    case Opcode::kSub: return {true, FOp::kSub};
-    case Opcode::kMul: return {true, FOp::kMul};
-    case Opcode::kDiv: return {true, FOp::kDiv};
-    case Opcode::kMax: return {true, FOp::kMax};
-    case Opcode::kMin: return {true, FOp::kMin};
-    case Opcode::kNeg: return {true, FOp::kNeg};
-    case Opcode::kAbs: return {true, FOp::kAbs};
-    case Opcode::kRelu: return {true, FOp::kRelu};
-    case Opcode::kSqrt: return {true, FOp::kSqrt};
-    case Opcode::kRsqrt: return {true, FOp::kRsqrt};
-    case Opcode::kSign: return {true, FOp::kSign};
-    case Opcode::kSelect: return {true, FOp::kSelect};
-    case Opcode::kLogicalAnd: return {true, FOp::kAnd};
-    case Opcode::kLogicalOr: return {true, FOp::kOr};
-    case Opcode::kLogicalNot: return {true, FOp::kNot};
-    case Opcode::kCompare: return {true, FOp::kEq};         // by direction: CompareOp
-    case Opcode::kConvert: return {true, FOp::kRoundBf16};  // by dtypes, or free
-    default: return {};
+    case Opcode::kAdd:
+      return {true, FOp::kAdd};
+    case Opcode::kSub:
+      return {true, FOp::kSub};
+    case Opcode::kMul:
+      return {true, FOp::kMul};
+    case Opcode::kDiv:
+      return {true, FOp::kDiv};
+    case Opcode::kMax:
+      return {true, FOp::kMax};
+    case Opcode::kMin:
+      return {true, FOp::kMin};
+    case Opcode::kNeg:
+      return {true, FOp::kNeg};
+    case Opcode::kAbs:
+      return {true, FOp::kAbs};
+    case Opcode::kRelu:
+      return {true, FOp::kRelu};
+    case Opcode::kSqrt:
+      return {true, FOp::kSqrt};
+    case Opcode::kRsqrt:
+      return {true, FOp::kRsqrt};
+    case Opcode::kSign:
+      return {true, FOp::kSign};
+    case Opcode::kSelect:
+      return {true, FOp::kSelect};
+    case Opcode::kLogicalAnd:
+      return {true, FOp::kAnd};
+    case Opcode::kLogicalOr:
+      return {true, FOp::kOr};
+    case Opcode::kLogicalNot:
+      return {true, FOp::kNot};
+    case Opcode::kCompare:
+      return {true, FOp::kEq};  // by direction: CompareOp
+    case Opcode::kConvert:
+      return {true, FOp::kRoundBf16};  // by dtypes, or free
+    default:
+      return {};
   }
 }
 // The fusion pass groups exactly the kLoop / kLoopBool / kLoopSink rows of opcodes.def; a row
@@ -482,8 +503,7 @@ static_assert(RunsExactlyTheLoopFusibleOps(),
 
 class FusedLoopThunk : public Thunk {
  public:
-  FusedLoopThunk(std::string name, Program program, std::shared_ptr<CpuContext> cpu,
-                 int threads)
+  FusedLoopThunk(std::string name, Program program, std::shared_ptr<CpuContext> cpu, int threads)
       : name_(std::move(name)), p_(std::move(program)), cpu_(std::move(cpu)), threads_(threads) {}
 
   void Run(RunContext& ctx) override {
@@ -494,8 +514,8 @@ class FusedLoopThunk : public Thunk {
     const int64_t blocks = (count + kBlock - 1) / kBlock;
     const int64_t per_thread_blocks = std::max<int64_t>(1, kElementwiseGrain / kBlock);
     int max_threads = omp_in_parallel() ? 1 : std::min(threads_, omp_get_max_threads());
-    int64_t chunks = std::min<int64_t>(max_threads, (blocks + per_thread_blocks - 1) /
-                                                        per_thread_blocks);
+    int64_t chunks =
+        std::min<int64_t>(max_threads, (blocks + per_thread_blocks - 1) / per_thread_blocks);
     auto work = [&](int t, int64_t b0, int64_t b1) {
       float* regs = reinterpret_cast<float*>(cpu_->workspace()) +
                     static_cast<int64_t>(t) * p_.num_regs * kBlock;
@@ -620,13 +640,15 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
     for (int k = 0; k < static_cast<int>(n.operands().size()); ++k) {
       int o = n.operand(k);
       auto it = member_index.find(o);
-      ops.push_back(it != member_index.end() ? value_of_member[it->second] : input_value(n.id(), k));
+      ops.push_back(it != member_index.end() ? value_of_member[it->second]
+                                             : input_value(n.id(), k));
     }
     DType t = n.type().dtype;
     auto emit = [&](FOp op, int a, int b = -1, int c = -1) {
       code.push_back({op, i, a, b, c});
       value_of_member[i] = i;
-      if (t == DType::kBF16 && op != FOp::kRoundBf16) code.push_back({FOp::kRoundBf16, i, i, -1, -1});
+      if (t == DType::kBF16 && op != FOp::kRoundBf16)
+        code.push_back({FOp::kRoundBf16, i, i, -1, -1});
     };
     switch (n.opcode()) {
       case Opcode::kCompare:
@@ -749,8 +771,8 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
   lc.cpu->RequireWorkspace(acc_offset +
                            static_cast<int64_t>(threads) * p.acc_per_thread * sizeof(double));
   std::string name = absl::StrCat("fusion ", root.attr_int(compiler::kFusionAttr), " %",
-                                  members.front(), "..%", members.back(), " (loop: ", nm,
-                                  " ops, ", p.inputs.size(), " in, ", p.outputs.size(), " out)");
+                                  members.front(), "..%", members.back(), " (loop: ", nm, " ops, ",
+                                  p.inputs.size(), " in, ", p.outputs.size(), " out)");
   auto thunk = std::make_unique<FusedLoopThunk>(std::move(name), std::move(p), lc.cpu, threads);
   thunk->Prepare(acc_offset);
   return std::unique_ptr<Thunk>(std::move(thunk));
