@@ -4,6 +4,8 @@
 #include <limits>
 #include <map>
 
+#include "kiln/ir/op_traits.h"
+
 namespace kiln::compiler {
 namespace {
 
@@ -104,43 +106,6 @@ std::vector<int64_t> TwoSidedFirstFit(const std::vector<Interval>& intervals, in
   return offset;
 }
 
-// ---- in-place reuse ----
-// Operand indices a one-node kernel may overwrite with its result (buffer_plan.h has the why).
-std::vector<int> InPlaceOperands(ir::Opcode op) {
-  using ir::Opcode;
-  switch (op) {
-    case Opcode::kAbs:
-    case Opcode::kCos:
-    case Opcode::kErf:
-    case Opcode::kExp:
-    case Opcode::kGelu:
-    case Opcode::kLog:
-    case Opcode::kNeg:
-    case Opcode::kRelu:
-    case Opcode::kRsqrt:
-    case Opcode::kSigmoid:
-    case Opcode::kSign:
-    case Opcode::kSilu:
-    case Opcode::kSin:
-    case Opcode::kSqrt:
-    case Opcode::kTanh:
-    case Opcode::kLogicalNot:
-    case Opcode::kAdd:
-    case Opcode::kSub:
-    case Opcode::kMul:
-    case Opcode::kDiv:
-      return {0};
-    case Opcode::kMax:
-    case Opcode::kMin:
-    case Opcode::kPow:
-    case Opcode::kLogicalAnd:
-    case Opcode::kLogicalOr:
-      return {0, 1};
-    default:
-      return {};
-  }
-}
-
 }  // namespace
 
 BufferPlan PlanBuffers(const ir::Graph& graph, const ExecutionPlan* schedule,
@@ -223,7 +188,7 @@ BufferPlan PlanBuffers(const ir::Graph& graph, const ExecutionPlan* schedule,
       };
       if (kernel.size() == 1) {
         const ir::Node& v = graph.node(kernel[0]);
-        for (int i : InPlaceOperands(v.opcode())) {
+        for (int i : ir::InPlaceOperands(v.opcode())) {  // opcodes.def's in-place column
           if (i >= static_cast<int>(v.operands().size())) continue;
           if (can_take(v.id(), v.operand(i))) {
             take(v.id(), v.operand(i));

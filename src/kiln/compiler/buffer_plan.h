@@ -14,7 +14,8 @@
 // operand that dies at its kernel (no later reader, not a graph output) when both have the same
 // number of elements and bytes and the kernel is known to be safe with out == in, i.e. it reads
 // element i of that operand only to write element i of the result:
-// - one-node kernels, by opcode (operand indices that may be overwritten):
+// - one-node kernels, by opcode (operand indices that may be overwritten; the `in-place` column of
+//   ir/opcodes.def, read through ir::InPlaceOperands):
 //     abs cos erf exp gelu log neg relu rsqrt sigmoid sign silu sin sqrt tanh logical_not: 0
 //     add sub mul div: 0 (oneDNN binary documents in-place for src0 only)
 //     max min pow logical_and logical_or: 0 or 1

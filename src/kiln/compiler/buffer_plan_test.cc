@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
+#include <string>
 
 #include "gtest/gtest.h"
+#include "kiln/ir/op_traits.h"
 
 namespace kiln::compiler {
 namespace {
@@ -369,6 +372,21 @@ TEST(BufferPlanTest, EmptyGraph) {
   EXPECT_TRUE(plan.offsets.empty());
   EXPECT_EQ(plan.arena_bytes, 0);
   EXPECT_EQ(plan.lower_bound_bytes, 0);
+}
+
+TEST(BufferPlanTest, InPlaceColumnIsTheDocumentedRule) {
+  // buffer_plan.h's table, op by op: what a one-node kernel may overwrite.
+  const std::vector<int> none, first = {0}, either = {0, 1};
+  for (int i = 0; i < ir::kNumOpcodes; ++i) {
+    auto op = static_cast<Opcode>(i);
+    std::string name(ir::OpcodeName(op));
+    static const std::set<std::string> kFirst = {
+        "abs",  "cos",  "erf", "exp",  "gelu", "log", "neg", "relu", "rsqrt", "sigmoid",
+        "sign", "silu", "sin", "sqrt", "tanh", "add", "sub", "mul",  "div",   "logical_not"};
+    static const std::set<std::string> kEither = {"max", "min", "pow", "logical_and", "logical_or"};
+    const std::vector<int>& want = kFirst.count(name) ? first : kEither.count(name) ? either : none;
+    EXPECT_EQ(ir::InPlaceOperands(op), want) << name;
+  }
 }
 
 }  // namespace
