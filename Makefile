@@ -6,11 +6,12 @@
 #   make bench  Kiln vs the PyTorch peer (python3-torch), same threads, alternating: ratios of
 #               medians, also written to bench/out/results.json (installs the peer packages)
 #   make build  configure and build only
+#   make format / make format-check   clang-format the C++ sources / fail if any is not (CI runs it)
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps configure build test demo bench clean format
+.PHONY: all deps configure build test demo bench clean format format-check
 
 all: build
 
@@ -42,8 +43,17 @@ bench: configure
 	@cmake --build $(BUILD_DIR) --target train_bench matmul_benchmark -j $(JOBS)
 	@$(BUILD_DIR)/bench/train_bench --threads=$(BENCH_THREADS)
 
+# Every C++ file as .clang-format (Google base) says: `make format` rewrites them, `make format-check`
+# (run by .ci/run) fails naming each file that differs.
+CXX_SOURCES = find src tests bench \( -name '*.h' -o -name '*.cc' \) -print0
+
 format:
-	@find src tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i
+	@$(CXX_SOURCES) | xargs -0 clang-format -i
+
+format-check: deps
+	@bad=$$($(CXX_SOURCES) | xargs -0 clang-format --dry-run 2>&1 | awk -F: '/: (error|warning): code should be clang-formatted/ {print $$1}' | sort -u); \
+	 if [ -n "$$bad" ]; then echo "$$bad" | sed 's/$$/: not clang-formatted (run make format)/'; exit 1; fi; \
+	 echo "format-check: every C++ file is clang-formatted"
 
 clean:
 	rm -rf $(BUILD_DIR) $(BUILD_DIR).configure.log

@@ -27,6 +27,7 @@ BUILD_PKGS=(
 # it that test would skip, and CI would not check what it claims.
 TEST_PKGS=(
   python3-torch
+  clang-format           # make format-check, run by CI
 )
 
 # make bench: an optimized BLAS for the peer (without OpenBLAS, torch's f32 matmuls go through the

@@ -20,8 +20,8 @@ std::shared_ptr<uint8_t> AllocatePopulated(int64_t bytes, int64_t alignment) {
   n = (n + a - 1) / a * a;
   if (n == 0) n = a;  // every pointer stays valid, even for empty arenas
   if (n >= kMmapThreshold) {
-    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                   -1, 0);
+    void* p =
+        mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     // Anonymous pages are zero; MAP_POPULATE mapped them all.
     return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [n](uint8_t* q) { munmap(q, n); });

@@ -18,10 +18,10 @@
 #define KILN_CONCAT_IMPL_(a, b) a##b
 #define KILN_CONCAT_(a, b) KILN_CONCAT_IMPL_(a, b)
 
-#define KILN_RETURN_IF_ERROR(expr)                 \
-  do {                                             \
-    ::absl::Status kiln_status_ = (expr);          \
-    if (!kiln_status_.ok()) return kiln_status_;   \
+#define KILN_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status kiln_status_ = (expr);        \
+    if (!kiln_status_.ok()) return kiln_status_; \
   } while (0)
 
 #define KILN_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
@@ -47,15 +47,15 @@ inline absl::Status Annotate(const absl::Status& s, std::string_view context) {
 
 // Aborts with file:line and the status message when `expr` is not OK. For programmer errors and
 // tests only; never on user input.
-#define KILN_CHECK_OK(expr)                                                              \
-  do {                                                                                   \
-    ::absl::Status kiln_s_ = (expr);                                                     \
-    if (!kiln_s_.ok()) ::kiln::internal::CheckOkFailed(__FILE__, __LINE__, kiln_s_);    \
+#define KILN_CHECK_OK(expr)                                                          \
+  do {                                                                               \
+    ::absl::Status kiln_s_ = (expr);                                                 \
+    if (!kiln_s_.ok()) ::kiln::internal::CheckOkFailed(__FILE__, __LINE__, kiln_s_); \
   } while (0)
 
-#define KILN_CHECK(cond)                                                      \
-  do {                                                                        \
-    if (!(cond)) ::kiln::internal::CheckFailed(__FILE__, __LINE__, #cond);    \
+#define KILN_CHECK(cond)                                                   \
+  do {                                                                     \
+    if (!(cond)) ::kiln::internal::CheckFailed(__FILE__, __LINE__, #cond); \
   } while (0)
 
 namespace kiln::internal {

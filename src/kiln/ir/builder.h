@@ -186,7 +186,7 @@ struct Pool2dOptions {
   std::vector<int64_t> window = {2, 2};
   std::vector<int64_t> strides = {2, 2};
   std::vector<int64_t> padding = {0, 0, 0, 0};  // top, bottom, left, right
-  bool count_include_pad = false;             // avg pooling only
+  bool count_include_pad = false;               // avg pooling only
 };
 Value MaxPool2d(Value x, const Pool2dOptions& opts = {});
 Value MaxPool2dGrad(Value x, Value grad_out, const Pool2dOptions& opts);

@@ -3,7 +3,8 @@
 //
 //   Graph g = ...;                       // usually from Builder::Build() or ParseGraph()
 //   for (const Node& n : g.nodes())
-//     printf("%%%d = %s : %s\n", n.id(), OpcodeName(n.opcode()).data(), n.type().ToString().c_str());
+//     printf("%%%d = %s : %s\n", n.id(), OpcodeName(n.opcode()).data(),
+//     n.type().ToString().c_str());
 //   g.outputs()[0].name;                 // outputs are bound by name
 //
 // Attributes live in a sorted map so printing is deterministic; opcodes.def lists the attributes
@@ -43,8 +44,12 @@ class Node {
  public:
   Node(int id, Opcode opcode, std::vector<int> operands, Type type, AttrMap attrs,
        std::shared_ptr<const Tensor> literal = nullptr)
-      : id_(id), opcode_(opcode), operands_(std::move(operands)), type_(std::move(type)),
-        attrs_(std::move(attrs)), literal_(std::move(literal)) {}
+      : id_(id),
+        opcode_(opcode),
+        operands_(std::move(operands)),
+        type_(std::move(type)),
+        attrs_(std::move(attrs)),
+        literal_(std::move(literal)) {}
 
   int id() const { return id_; }
   Opcode opcode() const { return opcode_; }

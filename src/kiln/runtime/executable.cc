@@ -1,7 +1,6 @@
 #include "kiln/runtime/executable.h"
 
 #include <chrono>
-
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -28,8 +27,8 @@ std::string ParamName(const ir::Node& n) {
 
 }  // namespace
 
-Executable::Executable(ir::Graph graph, compiler::BufferPlan plan, std::vector<std::unique_ptr<Thunk>> thunks,
-                       std::string backend_name)
+Executable::Executable(ir::Graph graph, compiler::BufferPlan plan,
+                       std::vector<std::unique_ptr<Thunk>> thunks, std::string backend_name)
     : graph_(std::move(graph)),
       plan_(std::move(plan)),
       thunks_(std::move(thunks)),

@@ -42,9 +42,13 @@ class Tensor {
   void* raw_data() { return data_.get(); }
   const void* raw_data() const { return data_.get(); }
   template <typename T>
-  T* data() { return static_cast<T*>(raw_data()); }
+  T* data() {
+    return static_cast<T*>(raw_data());
+  }
   template <typename T>
-  const T* data() const { return static_cast<const T*>(raw_data()); }
+  const T* data() const {
+    return static_cast<const T*>(raw_data());
+  }
 
   // Element i as double / every element as double, whatever the dtype.
   double GetDouble(int64_t i) const { return LoadAsDouble(raw_data(), dtype_, i); }
@@ -78,14 +82,22 @@ Tensor Tensor::FromVector(Shape shape, const std::vector<T>& values, DType dtype
 template <typename T>
 Tensor Tensor::FromVector(Shape shape, const std::vector<T>& values) {
   DType dt;
-  if constexpr (std::is_same_v<T, float>) dt = DType::kF32;
-  else if constexpr (std::is_same_v<T, double>) dt = DType::kF64;
-  else if constexpr (std::is_same_v<T, int32_t>) dt = DType::kS32;
-  else if constexpr (std::is_same_v<T, int64_t>) dt = DType::kS64;
-  else if constexpr (std::is_same_v<T, uint8_t>) dt = DType::kU8;
-  else if constexpr (std::is_same_v<T, int8_t>) dt = DType::kS8;
-  else if constexpr (std::is_same_v<T, bool>) dt = DType::kBool;
-  else static_assert(sizeof(T) == 0, "unsupported element type");
+  if constexpr (std::is_same_v<T, float>)
+    dt = DType::kF32;
+  else if constexpr (std::is_same_v<T, double>)
+    dt = DType::kF64;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    dt = DType::kS32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    dt = DType::kS64;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    dt = DType::kU8;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    dt = DType::kS8;
+  else if constexpr (std::is_same_v<T, bool>)
+    dt = DType::kBool;
+  else
+    static_assert(sizeof(T) == 0, "unsupported element type");
   return FromVector<T>(std::move(shape), values, dt);
 }
 

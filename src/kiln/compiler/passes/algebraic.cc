@@ -272,15 +272,15 @@ absl::StatusOr<std::optional<int>> Simplifier::AddOfPads(const ir::Node& n) {
       parts.push_back(part);
     }
   }
-  KILN_ASSIGN_OR_RETURN(int cat, e_.Add(Opcode::kConcatenate, parts,
-                                        {{"dimension", static_cast<int64_t>(d)}}));
+  KILN_ASSIGN_OR_RETURN(
+      int cat, e_.Add(Opcode::kConcatenate, parts, {{"dimension", static_cast<int64_t>(d)}}));
   std::vector<int64_t> lo(alo.size(), 0), hi(alo.size(), 0), in(alo.size(), 0);
   lo[d] = low;
   hi[d] = high;
   if (low == 0 && high == 0) return cat;
-  KILN_ASSIGN_OR_RETURN(int padded, e_.Add(Opcode::kPad, {cat},
-                                           {{"low", lo}, {"high", hi}, {"interior", in},
-                                            {"value", 0.0}}));
+  KILN_ASSIGN_OR_RETURN(
+      int padded,
+      e_.Add(Opcode::kPad, {cat}, {{"low", lo}, {"high", hi}, {"interior", in}, {"value", 0.0}}));
   return padded;
 }
 

@@ -8,13 +8,13 @@
 
 #include "gtest/gtest.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/buffer_plan.h"
 #include "kiln/compiler/passes/schedule.h"
 #include "kiln/ir/builder.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/optim.h"
 #include "kiln/nn/params.h"
 #include "kiln/nn/transformer.h"
-#include "kiln/compiler/buffer_plan.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 
 namespace kiln {

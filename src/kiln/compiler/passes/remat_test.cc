@@ -12,13 +12,13 @@
 #include "kiln/autodiff/grad.h"
 #include "kiln/autodiff/graph_copy.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/buffer_plan.h"
 #include "kiln/compiler/compile.h"
 #include "kiln/compiler/passes/internal/pass_test_util.h"
 #include "kiln/compiler/passes/schedule.h"
 #include "kiln/ir/builder.h"
 #include "kiln/ir/parser.h"
 #include "kiln/ir/verifier.h"
-#include "kiln/compiler/buffer_plan.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::compiler {

@@ -134,7 +134,8 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   j = 0;
   for (; j + 8 <= n; j += 8)
     for (int k = 0; k < 8; ++k) part[k] += row[j + k];
-  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  float sum =
+      ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
   for (; j < n; ++j) sum += row[j];
   float inv = 1.f / sum;
   for (int64_t i = 0; i < n; ++i) row[i] *= inv;

@@ -3,7 +3,6 @@
 // op takes them), through both the default lowering (oneDNN where it applies) and the loops
 // (CpuBackendOptions::prefer_loops). The full op-consistency table lives in tests/.
 #include "kiln/runtime/cpu/cpu_backend.h"
-#include "kiln/runtime/cpu/internal/common.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kiln/ir/builder.h"
 #include "kiln/ir/parser.h"
+#include "kiln/runtime/cpu/internal/common.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::runtime {
@@ -617,7 +617,6 @@ TEST(CpuBackendOptimizeTest, PipelineRunsUnlessDisabled) {
   EXPECT_TRUE((*a)[0].BitwiseEquals((*p)[0]));
 }
 
-
 // Reshapes are aliases of their operand's buffer (no copy, no arena bytes), including chains of
 // them and reshapes of parameters; a reshape that is a graph output keeps its own buffer.
 TEST(CpuBackendFusionTest, ReshapesAreAliases) {
@@ -643,7 +642,8 @@ TEST(CpuBackendFusionTest, ReshapesAreAliases) {
 TEST(CpuBackendFusionTest, FusedReductions) {
   if (DisabledByEnv("fusion")) GTEST_SKIP() << "tests the fusion pass";
   for (Shape shape : {Shape{3, 5, 7}, Shape{64, 40, 33}}) {
-    for (std::vector<int64_t> dims : std::vector<std::vector<int64_t>>{{0, 1, 2}, {2}, {1, 2}, {0}, {0, 1}, {1}}) {
+    for (std::vector<int64_t> dims :
+         std::vector<std::vector<int64_t>>{{0, 1, 2}, {2}, {1, 2}, {0}, {0, 1}, {1}}) {
       Check("fused_reduce", {U(shape), U(shape)}, [dims](Builder&, const std::vector<Value>& p) {
         Value prod = p[0] * p[1] + p[0];
         return ir::ReduceSum(prod, dims);
@@ -678,7 +678,8 @@ TEST(CpuBackendFusionTest, OutputsOutsideTheArena) {
   ASSERT_TRUE(exe.ok()) << exe.status();
   EXPECT_EQ((*exe)->plan().arena_bytes, 0);  // both results go straight to the caller
   std::mt19937 rng(3);
-  Tensor wt = Draw(U(Shape{64, 64}), DType::kF32, rng), gt = Draw(U(Shape{64, 64}), DType::kF32, rng);
+  Tensor wt = Draw(U(Shape{64, 64}), DType::kF32, rng),
+         gt = Draw(U(Shape{64, 64}), DType::kF32, rng);
   auto want = (*exe)->Run({wt, gt});
   ASSERT_TRUE(want.ok()) << want.status();
   for (int rep = 0; rep < 2; ++rep) {
@@ -739,13 +740,17 @@ TEST(CpuBackendFusionTest, StaleFusionAttributesAreOnlyHints) {
 TEST(CpuBackendFusionTest, MatmulEpilogues) {
   if (DisabledByEnv("fusion")) GTEST_SKIP() << "tests the fusion pass";
   Check("dense_bias_relu", {U({8, 32}), U({32, 16}), U({16})},
-        [](Builder&, const std::vector<Value>& p) { return ir::Relu(ir::MatMul(p[0], p[1]) + p[2]); });
+        [](Builder&, const std::vector<Value>& p) {
+          return ir::Relu(ir::MatMul(p[0], p[1]) + p[2]);
+        });
   Check("dense_bias_gelu_residual", {U({8, 32}), U({32, 32}), U({32}), U({8, 32})},
         [](Builder&, const std::vector<Value>& p) {
           return ir::Gelu(ir::MatMul(p[0], p[1]) + p[2]) + p[3];
         });
   Check("batched_bias_tanh", {U({2, 8, 16}), U({16, 8}), U({8})},
-        [](Builder&, const std::vector<Value>& p) { return ir::Tanh(ir::MatMul(p[0], p[1]) + p[2]); });
+        [](Builder&, const std::vector<Value>& p) {
+          return ir::Tanh(ir::MatMul(p[0], p[1]) + p[2]);
+        });
   Check("conv_bias_relu", {U({2, 3, 9, 9}), U({8, 3, 3, 3}), U({8})},
         [](Builder&, const std::vector<Value>& p) {
           Value c = ir::Conv2d(p[0], p[1]);
@@ -803,11 +808,13 @@ TEST(CpuBackendFusionTest, FusedLoopsMatchPerOpLoopsBitForBit) {
       Value upd = m2 / (ir::Sqrt(v) + 1e-8);
       Value w2 = w - (upd + w * 0.01) * lr;
       Value shifted = ir::Relu(w2 + bias) - col;
-      Value masked = ir::Select(ir::Compare(shifted, ir::Abs(g), ir::CompareDirection::kGt), shifted, -g);
+      Value masked =
+          ir::Select(ir::Compare(shifted, ir::Abs(g), ir::CompareDirection::kGt), shifted, -g);
       b.Output("w", w2);
       b.Output("m", m2);
       b.Output("y", masked);
-      b.Output("mask_any", ir::Compare(ir::Max(masked, ir::Min(w, g)), w, ir::CompareDirection::kGe));
+      b.Output("mask_any",
+               ir::Compare(ir::Max(masked, ir::Min(w, g)), w, ir::CompareDirection::kGe));
       auto graph = b.Build();
       ASSERT_TRUE(graph.ok()) << graph.status();
       auto fused = MakeCpuBackend()->Compile(*graph);
@@ -822,7 +829,8 @@ TEST(CpuBackendFusionTest, FusedLoopsMatchPerOpLoopsBitForBit) {
       EXPECT_LT((*fused)->plan().arena_bytes, (*loops)->plan().arena_bytes);
       std::mt19937 rng(7);
       std::vector<Tensor> in;
-      for (int id : graph->parameters()) in.push_back(Draw(U(graph->node(id).type().shape), dt, rng));
+      for (int id : graph->parameters())
+        in.push_back(Draw(U(graph->node(id).type().shape), dt, rng));
       auto a = (*fused)->Run(in);
       auto c = (*loops)->Run(in);
       ASSERT_TRUE(a.ok()) << a.status();

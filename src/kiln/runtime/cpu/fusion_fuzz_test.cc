@@ -11,10 +11,10 @@
 
 #include "gtest/gtest.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/buffer_plan.h"
 #include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/passes/schedule.h"
 #include "kiln/ir/builder.h"
-#include "kiln/compiler/buffer_plan.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
