@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/cli/demo.h"
+#include "kiln/cli/internal/test_util.h"
 
 namespace kiln::cli {
 namespace {
@@ -21,20 +22,8 @@ using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result Kiln(std::vector<std::string> args) {
-  args.insert(args.begin(), "kiln");
-  std::ostringstream out, err;
-  int code = RunKiln(args, out, err);
-  return {code, out.str(), err.str()};
-}
-
 TEST(App, MistypedCommandSuggestsTheNearest) {
-  Result r = Kiln({"trian", "examples/mlp_digits.yaml"});
+  KilnResult r = Kiln({"trian", "examples/mlp_digits.yaml"});
   EXPECT_EQ(r.code, 109);
   EXPECT_EQ(r.err, "kiln: unknown command 'trian'; did you mean 'train'?\n");
   EXPECT_EQ(r.out, "");
@@ -44,19 +33,19 @@ TEST(App, MistypedCommandSuggestsTheNearest) {
   EXPECT_THAT(Kiln({"dmeo"}).err, HasSubstr("did you mean 'demo'?"));
   EXPECT_THAT(Kiln({"exp"}).err, HasSubstr("did you mean 'export'?"));  // a prefix
   // Nested commands too.
-  Result ir = Kiln({"ir", "prnt", "x.kir"});
+  KilnResult ir = Kiln({"ir", "prnt", "x.kir"});
   EXPECT_EQ(ir.code, 109);
   EXPECT_EQ(ir.err, "kiln ir: unknown command 'prnt'; did you mean 'print'?\n");
 }
 
 TEST(App, UnknownOrMissingCommandListsTheCommands) {
-  Result r = Kiln({"frobnicate"});
+  KilnResult r = Kiln({"frobnicate"});
   EXPECT_EQ(r.code, 109);
   EXPECT_THAT(r.err, HasSubstr("kiln: unknown command 'frobnicate'; the commands are "));
   EXPECT_THAT(r.err, HasSubstr("demo, eval, export, ir, "));
   EXPECT_THAT(r.err, HasSubstr("kiln --help"));
 
-  Result none = Kiln({});
+  KilnResult none = Kiln({});
   EXPECT_EQ(none.code, 106);
   EXPECT_THAT(none.err, HasSubstr("kiln: a command is required: demo, eval, export, ir, "));
   EXPECT_THAT(Kiln({"ir"}).err, HasSubstr("kiln ir: a command is required: check, print"));
@@ -96,7 +85,7 @@ TEST(Demo, FindsItsDataOutsideTheSourceTree) {
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_TRUE(fs::exists(*found));
 
-  Result r =
+  KilnResult r =
       Kiln({"demo", "--backend", "reference", "--steps", "2", "--batch", "8", "--hidden", "4"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("examples/data/digits.csv.gz: 1797 images"));

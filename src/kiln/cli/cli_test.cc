@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/cli/app.h"
+#include "kiln/cli/internal/test_util.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/run_dir.h"
 #include "nlohmann/json.hpp"
@@ -22,33 +23,10 @@ using ::testing::MatchesRegex;
 using ::testing::Not;
 namespace fs = std::filesystem;
 
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result Kiln(std::vector<std::string> args) {
-  args.insert(args.begin(), "kiln");
-  std::ostringstream out, err;
-  int code = RunKiln(args, out, err);
-  return {code, out.str(), err.str()};
-}
-
 std::string Digits() { return std::string(KILN_SOURCE_DIR) + "/examples/data/digits.csv.gz"; }
 
-std::string WriteTemp(const std::string& name, const std::string& text) {
-  std::string path = ::testing::TempDir() + "/" + name;
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
 TEST(Cli, Version) {
-  Result r = Kiln({"version"});
+  KilnResult r = Kiln({"version"});
   EXPECT_EQ(r.code, 0);
   EXPECT_EQ(r.out, std::string("kiln ") + KilnVersion() + "\n");
   EXPECT_THAT(std::string(KilnVersion()), MatchesRegex("[0-9]+\\.[0-9]+\\.[0-9]+"));
@@ -66,7 +44,7 @@ TEST(Cli, UsageErrorsAreMessagesAndNonZeroExits) {
       {"ir", "print"},               // missing FILE
   };
   for (const auto& args : bad) {
-    Result r = Kiln(args);
+    KilnResult r = Kiln(args);
     std::string joined;
     for (const auto& a : args) joined += a + " ";
     EXPECT_NE(r.code, 0) << joined;
@@ -76,43 +54,43 @@ TEST(Cli, UsageErrorsAreMessagesAndNonZeroExits) {
 }
 
 TEST(Cli, HelpGoesToStdoutAndSucceeds) {
-  Result r = Kiln({"demo", "--help"});
+  KilnResult r = Kiln({"demo", "--help"});
   EXPECT_EQ(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("--steps"));
   EXPECT_THAT(r.out, HasSubstr("--backend"));
 }
 
 TEST(Cli, DemoDataErrorsNameTheFile) {
-  Result missing = Kiln({"demo", "--data", "/nonexistent/digits.csv.gz"});
+  KilnResult missing = Kiln({"demo", "--data", "/nonexistent/digits.csv.gz"});
   EXPECT_EQ(missing.code, 1);
   EXPECT_THAT(missing.err,
               HasSubstr("kiln demo: cannot open /nonexistent/digits.csv.gz: No such file"));
 
   std::string bad = WriteTemp("bad_digits.csv", "0,0,0\n");
-  Result malformed = Kiln({"demo", "--data", bad});
+  KilnResult malformed = Kiln({"demo", "--data", bad});
   EXPECT_EQ(malformed.code, 1);
   EXPECT_THAT(malformed.err, HasSubstr(bad + ":1: expected 65 columns"));
 
-  Result big_batch = Kiln({"demo", "--data", Digits(), "--batch", "5000"});
+  KilnResult big_batch = Kiln({"demo", "--data", Digits(), "--batch", "5000"});
   EXPECT_EQ(big_batch.code, 1);
   EXPECT_THAT(big_batch.err, HasSubstr("--batch 5000 is larger than the training set"));
 }
 
 TEST(Cli, ShortDemoOnTheReferenceBackendAndItsIrRoundTrips) {
   const std::string ir_path = ::testing::TempDir() + "/train_step.kir";
-  Result r = Kiln({"demo", "--data", Digits(), "--backend", "reference", "--steps", "3", "--batch",
-                   "16", "--hidden", "8", "--dump-ir", ir_path});
+  KilnResult r = Kiln({"demo", "--data", Digits(), "--backend", "reference", "--steps", "3",
+                       "--batch", "16", "--hidden", "8", "--dump-ir", ir_path});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("backend: reference"));
   EXPECT_THAT(r.out, HasSubstr("step     1  loss"));
   EXPECT_THAT(r.out, HasSubstr("held-out accuracy: "));
   EXPECT_THAT(r.out, HasSubstr("1438 train / 359 held out"));
 
-  Result check = Kiln({"ir", "check", ir_path});
+  KilnResult check = Kiln({"ir", "check", ir_path});
   ASSERT_EQ(check.code, 0) << check.err;
   EXPECT_THAT(check.out, HasSubstr(ir_path + ": ok: graph @"));
   // Printing the dumped file reproduces it exactly (the printer is canonical).
-  Result print = Kiln({"ir", "print", ir_path});
+  KilnResult print = Kiln({"ir", "print", ir_path});
   ASSERT_EQ(print.code, 0) << print.err;
   EXPECT_EQ(print.out, ReadFile(ir_path));
 }
@@ -125,21 +103,21 @@ graph @tiny {
   return y = %y
 }
 )");
-  Result check = Kiln({"ir", "check", good});
+  KilnResult check = Kiln({"ir", "check", good});
   EXPECT_EQ(check.code, 0) << check.err;
   EXPECT_EQ(check.out, good + ": ok: graph @tiny, 2 nodes (1 parameters), 1 outputs\n");
-  Result print = Kiln({"ir", "print", good});
+  KilnResult print = Kiln({"ir", "print", good});
   EXPECT_EQ(print.code, 0) << print.err;
   EXPECT_THAT(print.out, HasSubstr("graph @tiny"));
   EXPECT_THAT(print.out, HasSubstr("relu"));
 
   const std::string bad = WriteTemp("bad.kir", "graph @t {\n  %x = frob() : f32[]\n}\n");
-  Result r = Kiln({"ir", "check", bad});
+  KilnResult r = Kiln({"ir", "check", bad});
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("kiln ir check: " + bad + ": "));
   EXPECT_THAT(r.out, Not(HasSubstr("ok")));
 
-  Result missing = Kiln({"ir", "print", "/nonexistent.kir"});
+  KilnResult missing = Kiln({"ir", "print", "/nonexistent.kir"});
   EXPECT_EQ(missing.code, 1);
   EXPECT_THAT(missing.err, HasSubstr("cannot open /nonexistent.kir"));
 }
@@ -157,8 +135,8 @@ std::string FreshDir(const std::string& name) {
 }
 
 // A short run of the example: `steps` steps, a checkpoint every `every`.
-Result TrainShort(const std::string& out, int steps, int every,
-                  std::vector<std::string> extra = {}) {
+KilnResult TrainShort(const std::string& out, int steps, int every,
+                      std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"train",        Example(),
                                    "--set",        "steps=" + std::to_string(steps),
                                    "--set",        "checkpoint_every=" + std::to_string(every),
@@ -191,7 +169,7 @@ TEST(Cli, ExportNeverTouchesTheRunNorDeletesWhatItDidNotWrite) {
 
   // Into the run itself, inside it, or a folder that holds it: refused, the run untouched.
   for (const std::string& out : {run, run + "/", run + "/checkpoints", run + "/export", w}) {
-    Result r = Kiln({"export", run, "--out", out});
+    KilnResult r = Kiln({"export", run, "--out", out});
     EXPECT_EQ(r.code, 1) << out;
     EXPECT_THAT(r.err, HasSubstr("the run it exports")) << out;
     EXPECT_THAT(r.err, HasSubstr("Choose a folder outside it")) << out;
@@ -201,7 +179,7 @@ TEST(Cli, ExportNeverTouchesTheRunNorDeletesWhatItDidNotWrite) {
   // An existing plain file: refused before anything is written (no renamed file, no artifact).
   const std::string file = w + "/model.bin";
   std::ofstream(file) << "precious";
-  Result f = Kiln({"export", run, "--out", file});
+  KilnResult f = Kiln({"export", run, "--out", file});
   EXPECT_EQ(f.code, 1);
   EXPECT_THAT(f.err, HasSubstr("is an existing file, not a folder; nothing was written"));
   EXPECT_EQ(ReadFile(file), "precious");
@@ -213,21 +191,21 @@ TEST(Cli, ExportNeverTouchesTheRunNorDeletesWhatItDidNotWrite) {
   const std::string mine = w + "/mine";
   fs::create_directories(mine);
   std::ofstream(mine + "/notes.txt") << "keep me";
-  Result refused = Kiln({"export", run, "--out", mine});
+  KilnResult refused = Kiln({"export", run, "--out", mine});
   EXPECT_EQ(refused.code, 1);
   EXPECT_THAT(refused.err, HasSubstr("is not empty (1 entry: notes.txt)"));
   EXPECT_THAT(refused.err, HasSubstr("Choose a new or empty folder, or pass --overwrite"));
-  Result added = Kiln({"export", run, "--out", mine, "--overwrite"});
+  KilnResult added = Kiln({"export", run, "--out", mine, "--overwrite"});
   EXPECT_EQ(added.code, 0) << added.err;
   EXPECT_EQ(ReadFile(mine + "/notes.txt"), "keep me");
   EXPECT_TRUE(fs::exists(mine + "/manifest.json"));
 
   // An earlier export: replaced only with --overwrite, and only its own files.
-  Result again = Kiln({"export", run, "--out", mine});
+  KilnResult again = Kiln({"export", run, "--out", mine});
   EXPECT_EQ(again.code, 1);
   EXPECT_THAT(again.err,
               HasSubstr("holds an earlier export; nothing was written. Pass --overwrite"));
-  Result replaced = Kiln({"export", run + "/checkpoints/step_2", "--out", mine, "--overwrite"});
+  KilnResult replaced = Kiln({"export", run + "/checkpoints/step_2", "--out", mine, "--overwrite"});
   EXPECT_EQ(replaced.code, 0) << replaced.err;
   EXPECT_EQ(ReadFile(mine + "/notes.txt"), "keep me");
   EXPECT_THAT(ReadFile(mine + "/manifest.json"), HasSubstr("\"step\": \"2\""));
@@ -240,7 +218,7 @@ TEST(Cli, ExportNeverTouchesTheRunNorDeletesWhatItDidNotWrite) {
   const std::string clash = w + "/clash";
   fs::create_directories(clash);
   std::ofstream(clash + "/manifest.json") << "my own manifest";
-  Result c = Kiln({"export", run, "--out", clash, "--overwrite"});
+  KilnResult c = Kiln({"export", run, "--out", clash, "--overwrite"});
   EXPECT_EQ(c.code, 1);
   EXPECT_THAT(c.err, HasSubstr("which kiln export did not write and will not replace"));
   EXPECT_EQ(ReadFile(clash + "/manifest.json"), "my own manifest");
@@ -256,14 +234,14 @@ TEST(Cli, NoResumeOnAnOlderRunRefusesOrMovesItAside) {
   ASSERT_EQ(old_id.size(), 16u);
   const auto before = Snapshot(run);
 
-  Result refused = TrainShort(run, 4, 2, {"--no-resume"});
+  KilnResult refused = TrainShort(run, 4, 2, {"--no-resume"});
   EXPECT_EQ(refused.code, 1);
   EXPECT_THAT(refused.err,
               HasSubstr("already holds run " + old_id + " with checkpoints step_4..step_8"));
   EXPECT_THAT(refused.err, HasSubstr("add --replace"));
   EXPECT_EQ(Snapshot(run), before);
 
-  Result fresh = TrainShort(run, 4, 2, {"--no-resume", "--replace"});
+  KilnResult fresh = TrainShort(run, 4, 2, {"--no-resume", "--replace"});
   ASSERT_EQ(fresh.code, 0) << fresh.err;
   EXPECT_THAT(fresh.out, HasSubstr("moved the earlier run to " + run + "/replaced-"));
   // The old run is all there, moved aside; the new one has only its own checkpoints.
@@ -283,11 +261,11 @@ TEST(Cli, NoResumeOnAnOlderRunRefusesOrMovesItAside) {
   EXPECT_THAT(ReadFile(run + "/checkpoints/step_4/manifest.json"),
               HasSubstr("\"run_id\":\"" + new_id + "\""));
   // Evaluating the folder evaluates the new run.
-  Result eval = Kiln({"eval", run, "--batches", "1"});
+  KilnResult eval = Kiln({"eval", run, "--batches", "1"});
   EXPECT_EQ(eval.code, 0) << eval.err;
   EXPECT_THAT(eval.out, HasSubstr("step 4:"));
   // A rerun of a finished run says so instead of "steps 5..4" and "0 examples/s".
-  Result rerun = TrainShort(run, 4, 2);
+  KilnResult rerun = TrainShort(run, 4, 2);
   EXPECT_EQ(rerun.code, 0) << rerun.err;
   EXPECT_THAT(rerun.out, HasSubstr("run already complete"));
   EXPECT_THAT(rerun.out, Not(HasSubstr("steps 5..4")));
@@ -299,7 +277,7 @@ TEST(Cli, ASecondTrainerOnTheSameFolderIsRefusedNamingThePid) {
   const std::string run = FreshDir("locked");
   absl::StatusOr<std::unique_ptr<train::RunDirLock>> held = train::RunDirLock::Acquire(run);
   ASSERT_TRUE(held.ok()) << held.status();
-  Result r = TrainShort(run, 4, 2);
+  KilnResult r = TrainShort(run, 4, 2);
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("in use by another kiln train (process " + std::to_string(getpid()) +
                                " holds"));
@@ -314,7 +292,7 @@ TEST(Cli, RunJsonSaysWhatTheCompilerRan) {
   {
     const std::string run = FreshDir("runjson_cpu");
     setenv("KILN_DISABLE_PASSES", "cse, fusion", 1);
-    Result r = TrainShort(run, 2, 2);
+    KilnResult r = TrainShort(run, 2, 2);
     unsetenv("KILN_DISABLE_PASSES");
     ASSERT_EQ(r.code, 0) << r.err;
     cpu_options = nlohmann::json::parse(ReadFile(run + "/run.json"))["compiler_options"];
@@ -322,7 +300,7 @@ TEST(Cli, RunJsonSaysWhatTheCompilerRan) {
   }
   {
     const std::string run = FreshDir("runjson_ref");
-    Result r = TrainShort(run, 2, 2, {"--backend", "reference"});
+    KilnResult r = TrainShort(run, 2, 2, {"--backend", "reference"});
     ASSERT_EQ(r.code, 0) << r.err;
     reference_options = nlohmann::json::parse(ReadFile(run + "/run.json"))["compiler_options"];
     fs::remove_all(run);
@@ -337,7 +315,7 @@ TEST(Cli, RunJsonSaysWhatTheCompilerRan) {
 
 TEST(Cli, DivergenceStopsWithAdviceAndCommitsNoNonFiniteCheckpoint) {
   const std::string run = FreshDir("diverge");
-  Result r =
+  KilnResult r =
       TrainShort(run, 50, 1, {"--set", "optimizer.lr=1e30", "--set", "optimizer.clip_norm=0"});
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("kiln train: training diverged at step "));
@@ -362,7 +340,7 @@ TEST(Cli, EvalSaysWhichCheckpointItSkippedAndWhy) {
       f.write("XXXX", 4);
     }
   }
-  Result r = Kiln({"eval", run, "--batches", "1"});
+  KilnResult r = Kiln({"eval", run, "--batches", "1"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("kiln eval: note: skipped step_4: DATA_LOSS"));
   EXPECT_THAT(r.err, HasSubstr("CRC32C mismatch"));
@@ -376,14 +354,14 @@ TEST(Cli, ACheckpointCopiedOutOfItsRunEvaluatesAndExportsWithConfig) {
   ASSERT_EQ(TrainShort(w + "/run", 2, 2).code, 0);
   fs::create_directories(w + "/kept");
   fs::copy(w + "/run/checkpoints/step_2", w + "/kept/step_2", fs::copy_options::recursive);
-  Result no_config = Kiln({"eval", w + "/kept/step_2"});
+  KilnResult no_config = Kiln({"eval", w + "/kept/step_2"});
   EXPECT_EQ(no_config.code, 1);
   EXPECT_THAT(no_config.err, HasSubstr("--config RUNDIR/config.yaml"));
-  Result eval =
+  KilnResult eval =
       Kiln({"eval", w + "/kept/step_2", "--config", w + "/run/config.yaml", "--batches", "1"});
   EXPECT_EQ(eval.code, 0) << eval.err;
   EXPECT_THAT(eval.out, HasSubstr("step 2:"));
-  Result exp = Kiln(
+  KilnResult exp = Kiln(
       {"export", w + "/kept/step_2", "--config", w + "/run/config.yaml", "--out", w + "/artifact"});
   EXPECT_EQ(exp.code, 0) << exp.err;
   EXPECT_TRUE(fs::exists(w + "/artifact/manifest.json"));
@@ -392,18 +370,18 @@ TEST(Cli, ACheckpointCopiedOutOfItsRunEvaluatesAndExportsWithConfig) {
 
 TEST(Cli, TrainErrorsBlameWhatWasWrong) {
   const std::string w = FreshDir("blame");
-  Result dir = Kiln({"train", w});
+  KilnResult dir = Kiln({"train", w});
   EXPECT_EQ(dir.code, 1);
   EXPECT_THAT(dir.err, HasSubstr("is a directory, not a YAML config file"));
-  Result section = Kiln({"train", Example(), "--set", "optimizer=5"});
+  KilnResult section = Kiln({"train", Example(), "--set", "optimizer=5"});
   EXPECT_THAT(section.err, HasSubstr("--set optimizer=5: optimizer: expected a mapping of keys"));
   EXPECT_THAT(section.err, Not(HasSubstr("line 1")));
-  Result seed = Kiln({"train", Example(), "--set", "seed=-1"});
+  KilnResult seed = Kiln({"train", Example(), "--set", "seed=-1"});
   EXPECT_THAT(seed.err, HasSubstr("seed: expected a non-negative integer"));
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"train", Example(), "--max-restarts", "-1"},
         std::vector<std::string>{"export", w, "--out", w + "/x", "--batch", "0"}}) {
-    Result r = Kiln(args);
+    KilnResult r = Kiln(args);
     EXPECT_NE(r.code, 0);
     EXPECT_THAT(r.err, Not(HasSubstr("179769313486231570814527423731704356798070567525844996598")));
     EXPECT_THAT(r.err, HasSubstr(args[args.size() - 2]));

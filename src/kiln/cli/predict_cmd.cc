@@ -175,20 +175,6 @@ bool ParseInt(std::string_view s, int64_t* v) {
   return !s.empty() && r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 
-// The range an integer dtype holds.
-std::pair<int64_t, int64_t> IntRange(DType t) {
-  switch (t) {
-    case DType::kS8:
-      return {-128, 127};
-    case DType::kU8:
-      return {0, 255};
-    case DType::kS32:
-      return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
-    default:
-      return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
-  }
-}
-
 // Stores `field` as element `i` of `t`, or says why it cannot be.
 absl::Status StoreField(std::string_view field, Tensor& t, int64_t i) {
   const DType dt = t.dtype();
@@ -205,7 +191,7 @@ absl::Status StoreField(std::string_view field, Tensor& t, int64_t i) {
   if (IsInteger(dt)) {
     int64_t v = 0;
     if (!ParseInt(field, &v)) return absl::InvalidArgumentError("is not an integer");
-    auto [lo, hi] = IntRange(dt);
+    auto [lo, hi] = IntegerRange(dt);
     if (v < lo || v > hi)
       return absl::InvalidArgumentError(absl::StrCat("is out of range [", lo, ", ", hi, "]"));
     StoreFromInt64(t.raw_data(), dt, i, v);

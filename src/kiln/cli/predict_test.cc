@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/cli/app.h"
+#include "kiln/cli/internal/test_util.h"
 #include "kiln/cli/predict_cmd.h"
 #include "kiln/compiler/artifact.h"
 #include "kiln/nn/layers.h"
@@ -32,17 +33,6 @@ const std::vector<std::vector<float>> kRows = {{0.5f, -1.0f, 2.0f, 0.25f},
                                                {-0.5f, 0.0f, 3.5f, -2.0f},
                                                {0.0f, 0.0f, 0.0f, 0.0f},
                                                {2.0f, -3.0f, 0.125f, 1.5f}};
-
-std::string WriteFile(const std::string& name, const std::string& text) {
-  std::string path = ::testing::TempDir() + "/" + name;
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
 
 class PredictTest : public ::testing::Test {
  protected:
@@ -119,14 +109,14 @@ class PredictTest : public ::testing::Test {
 
 TEST_F(PredictTest, CsvRowsInBatchesPrintCsv) {
   std::string printed;
-  absl::StatusOr<PredictResult> r = Predict(WriteFile("rows.csv", Csv()), "", &printed);
+  absl::StatusOr<PredictResult> r = Predict(WriteTemp("rows.csv", Csv()), "", &printed);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->examples, 5);
   EXPECT_EQ(r->batches, 3);  // 2 + 2 + 1 padded
   ExpectCsvMatches(printed);
 
   // A header line and blank lines are skipped.
-  r = Predict(WriteFile("rows_header.csv", "\n" + Csv("a,b,c,d\n") + "\n\n"), "", &printed);
+  r = Predict(WriteTemp("rows_header.csv", "\n" + Csv("a,b,c,d\n") + "\n\n"), "", &printed);
   ASSERT_TRUE(r.ok()) << r.status();
   ExpectCsvMatches(printed);
 }
@@ -148,23 +138,23 @@ TEST_F(PredictTest, SafetensorsInAndOut) {
 
   // CSV in, CSV file out.
   const std::string csv_out = ::testing::TempDir() + "/y.csv";
-  ASSERT_TRUE(Predict(WriteFile("rows2.csv", Csv()), csv_out).ok());
+  ASSERT_TRUE(Predict(WriteTemp("rows2.csv", Csv()), csv_out).ok());
   ExpectCsvMatches(ReadFile(csv_out));
 }
 
 TEST_F(PredictTest, BadCsvNamesFileLineAndColumn) {
-  const std::string wide = WriteFile("wide.csv", "1,2,3,4\n1,2,3,4,5\n");
+  const std::string wide = WriteTemp("wide.csv", "1,2,3,4\n1,2,3,4,5\n");
   absl::Status s = Predict(wide).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(),
               HasSubstr(wide + ":2: expected 4 columns (x: 4 f32 values per example), got 5"));
 
-  const std::string word = WriteFile("word.csv", "# pixels\n1,2,3,4\n1,2,abc,4\n");
+  const std::string word = WriteTemp("word.csv", "# pixels\n1,2,3,4\n1,2,abc,4\n");
   s = Predict(word).status();
   EXPECT_THAT(s.message(),
               HasSubstr(word + ":3: column 3: 'abc' is not a number (it feeds x element 2, f32)"));
 
-  EXPECT_THAT(Predict(WriteFile("empty.csv", "a,b\n\n")).status().message(),
+  EXPECT_THAT(Predict(WriteTemp("empty.csv", "a,b\n\n")).status().message(),
               HasSubstr("no data rows"));
   EXPECT_THAT(Predict(::testing::TempDir() + "/missing.csv").status().message(),
               HasSubstr("missing.csv"));
@@ -195,7 +185,7 @@ TEST_F(PredictTest, BadTensorsSayWhatTheArtifactTakes) {
 }
 
 TEST_F(PredictTest, RefusesToOverwriteItsInputOrTheArtifact) {
-  const std::string in = WriteFile("keep.csv", Csv());
+  const std::string in = WriteTemp("keep.csv", Csv());
   EXPECT_THAT(Predict(in, in).status().message(), HasSubstr("is the --input file"));
   EXPECT_EQ(ReadFile(in), Csv());
   EXPECT_THAT(Predict(in, dir_ + "/out.csv").status().message(), HasSubstr("inside the artifact"));
@@ -206,7 +196,7 @@ TEST_F(PredictTest, RefusesToOverwriteItsInputOrTheArtifact) {
 }
 
 TEST_F(PredictTest, ThroughTheCommandLine) {
-  const std::string in = WriteFile("cli.csv", Csv());
+  const std::string in = WriteTemp("cli.csv", Csv());
   std::ostringstream out, err;
   int rc = RunKiln({"kiln", "predict", dir_, "--input", in, "--backend", "reference"}, out, err);
   EXPECT_EQ(rc, 0) << err.str();

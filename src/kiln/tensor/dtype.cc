@@ -113,6 +113,20 @@ bool IsFloating(DType t) {
 bool IsInteger(DType t) {
   return t == DType::kS8 || t == DType::kU8 || t == DType::kS32 || t == DType::kS64;
 }
+std::pair<int64_t, int64_t> IntegerRange(DType t) {
+  switch (t) {
+    case DType::kS8:
+      return {-128, 127};
+    case DType::kU8:
+      return {0, 255};
+    case DType::kS32:
+      return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+    case DType::kBool:
+      return {0, 1};
+    default:
+      return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
+  }
+}
 bool IsStorageOnly(DType t) { return t == DType::kF8E4M3 || t == DType::kF8E5M2; }
 
 uint16_t FloatToBf16(float f) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 namespace kiln {
 
@@ -36,9 +37,12 @@ std::string_view DTypeName(DType t);        // "f32", "bf16", ..., "bool"
 std::string_view SafetensorsName(DType t);  // "F32", "BF16", ..., "BOOL"
 std::optional<DType> DTypeFromName(std::string_view name);
 std::optional<DType> DTypeFromSafetensorsName(std::string_view name);
-int64_t DTypeSize(DType t);   // bytes per element
-bool IsFloating(DType t);     // f32, bf16, f16, f8*, f64
-bool IsInteger(DType t);      // s8, u8, s32, s64
+int64_t DTypeSize(DType t);  // bytes per element
+bool IsFloating(DType t);    // f32, bf16, f16, f8*, f64
+bool IsInteger(DType t);     // s8, u8, s32, s64
+// The smallest and largest value an integer dtype holds ({0, 1} for bool; int64's range for s64
+// and anything else).
+std::pair<int64_t, int64_t> IntegerRange(DType t);
 bool IsStorageOnly(DType t);  // f8e4m3, f8e5m2
 
 // Scalar conversions. Float -> narrow float rounds to nearest even; NaN stays NaN.

@@ -13,22 +13,6 @@ namespace {
 
 using ir::Opcode;
 
-// Smallest and largest value of an integer or bool dtype.
-std::pair<int64_t, int64_t> IntRange(DType t) {
-  switch (t) {
-    case DType::kS8:
-      return {-128, 127};
-    case DType::kU8:
-      return {0, 255};
-    case DType::kS32:
-      return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
-    case DType::kBool:
-      return {0, 1};
-    default:
-      return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
-  }
-}
-
 // Maps an operand element to the output element it reduces into: the kept dims' indices, raveled.
 struct ReduceMap {
   std::vector<int64_t> in_dims;
@@ -82,7 +66,7 @@ absl::StatusOr<Kernel> Reduce(const ir::Graph& g, const ir::Node& n) {
       for (int64_t o = 0; o < out_count; ++o) StoreFromDouble(Out(ctx, y), out_t, o, acc[o]);
     });
   }
-  auto [lo, hi] = IntRange(in_t);
+  auto [lo, hi] = IntegerRange(in_t);
   int64_t init = op == Opcode::kReduceSum ? 0 : op == Opcode::kReduceMax ? lo : hi;
   return Kernel([=, acc = std::vector<int64_t>(out_count)](RunContext& ctx) mutable {
     std::fill(acc.begin(), acc.end(), init);
