@@ -3,32 +3,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/philox.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
 namespace kiln::runtime::cpu {
-namespace {
-
-// Philox4x32-10 (Salmon et al., SC'11): the same generator and counter layout as the reference
-// backend (runtime/reference/random.cc), so both produce identical bits.
-inline std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> ctr,
-                                          std::array<uint32_t, 2> key) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      key[0] += kW0;
-      key[1] += kW1;
-    }
-    uint64_t p0 = static_cast<uint64_t>(kM0) * ctr[0];
-    uint64_t p1 = static_cast<uint64_t>(kM1) * ctr[2];
-    uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    ctr = {hi1 ^ ctr[1] ^ key[0], lo1, hi0 ^ ctr[3] ^ key[1], lo0};
-  }
-  return ctr;
-}
-
-}  // namespace
 
 LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
   switch (n.opcode()) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kiln/base/philox.h"
 #include "kiln/ir/graph.h"
 #include "kiln/runtime/executable.h"
 #include "kiln/tensor/dtype.h"
@@ -35,9 +36,9 @@ absl::StatusOr<Kernel> MakePoolingKernel(const ir::Graph& g, const ir::Node& n);
 absl::StatusOr<Kernel> MakeCompositeKernel(const ir::Graph& g, const ir::Node& n);
 absl::StatusOr<Kernel> MakeRandomKernel(const ir::Graph& g, const ir::Node& n);
 
-// Philox4x32-10 (Salmon et al., SC'11): one block of four 32-bit words from a 128-bit counter and
-// a 64-bit key.
-std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
+// Philox4x32-10: one block of four 32-bit words from a 128-bit counter and a 64-bit key (the one
+// implementation, base/philox.h, which the cpu backend's random_bits runs too).
+using ::kiln::Philox4x32;
 
 // ---- Shared helpers ----
 

@@ -7,32 +7,11 @@
 //     word          = Philox4x32-10(counter words, key)[i % 4]
 //   s32 output: the word, bit-cast.
 //   f32 output: (word >> 8) * 2^-24, uniform on [0, 1) with 24 random bits (exact in f32).
-// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11; Random123):
-// multipliers M0 = 0xD2511F53, M1 = 0xCD9E8D57, Weyl key increments W0 = 0x9E3779B9,
-// W1 = 0xBB67AE85, ten rounds with the key bumped between rounds. Known answer:
-// key (0, 0), counter (0, 0, 0, 0) -> 0x6627e8d5 0xe169c58d 0xbc57ac4c 0x9b00dbd8.
+// Philox4x32-10 itself is base/philox.h (one implementation for every backend).
 #include "kiln/base/status.h"
 #include "kiln/runtime/reference/kernels.h"
 
 namespace kiln::runtime::reference {
-
-std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> ctr, std::array<uint32_t, 2> key) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      key[0] += kW0;
-      key[1] += kW1;
-    }
-    uint64_t p0 = static_cast<uint64_t>(kM0) * ctr[0];
-    uint64_t p1 = static_cast<uint64_t>(kM1) * ctr[2];
-    uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    ctr = {hi1 ^ ctr[1] ^ key[0], lo1, hi0 ^ ctr[3] ^ key[1], lo0};
-  }
-  return ctr;
-}
-
 namespace {
 
 uint32_t Lo32(uint64_t v) { return static_cast<uint32_t>(v); }
