@@ -48,6 +48,55 @@ bool RunsFused(const ir::Graph& graph, const std::vector<int>& members,
   return !traits.can_fuse || traits.can_fuse(graph, members);
 }
 
+// Where fused members read their operands: in registers (a member), through a broadcasting view
+// (a broadcast_in_dim outside every group: a loop group absorbs any, an output fusion only its
+// rank-1 bias), or from the operand's buffer. Fills operand_reads and reads of fused members.
+void PlanFusedReads(const ir::Graph& graph, ExecutionPlan& plan) {
+  using Kind = ExecutionPlan::KernelKind;
+  for (const ExecutionPlan::Kernel& k : plan.groups) {
+    for (int m : k.members) {
+      for (int op : graph.node(m).operands()) {
+        ExecutionPlan::Read read{op, -1, plan.group_of[op] == plan.group_of[m]};
+        if (!read.inside) {
+          const ir::Node& o = graph.node(op);
+          bool absorb = k.kind == Kind::kLoop ? o.opcode() == Opcode::kBroadcastInDim
+                        : k.kind == Kind::kMatmulEpilogue || k.kind == Kind::kConvEpilogue
+                            ? IsBiasBroadcast(graph, op, EpilogueBiasAxis(graph.node(k.members[0])))
+                            : false;
+          if (absorb && plan.group_of[op] < 0) read = {o.operand(0), op, false};
+          plan.reads[m].push_back(read.node);
+        }
+        plan.operand_reads[m].push_back(read);
+      }
+    }
+  }
+}
+
+// What must run: graph outputs and whatever a running kernel reads, walking backwards. A group
+// runs when any member is needed, and then reads all its members' inputs. Fills plan.needed and
+// returns, per group, whether it runs.
+std::vector<char> MarkNeeded(const ir::Graph& graph, ExecutionPlan& plan) {
+  const std::vector<ExecutionPlan::Kernel>& fused = plan.groups;
+  const int n = graph.num_nodes();
+  for (const ir::Output& o : graph.outputs()) plan.needed[o.node] = 1;
+  std::vector<char> runs(fused.size(), 0);
+  for (int id = n - 1; id >= 0; --id) {
+    int k = plan.group_of[id];
+    if (k >= 0) {
+      if (id != fused[k].members.back() || graph.node(id).type().shape.num_elements() == 0)
+        continue;
+      for (int m : fused[k].members) runs[k] |= plan.needed[m];
+      if (!runs[k]) continue;
+      for (int m : fused[k].members)
+        for (int r : plan.reads[m]) plan.needed[r] = 1;
+      continue;
+    }
+    if (!plan.needed[id]) continue;
+    for (int r : plan.reads[id]) plan.needed[r] = 1;
+  }
+  return runs;
+}
+
 }  // namespace
 
 int64_t ArenaBytes(const ir::Type& type) { return AlignUp(type.byte_size()); }
@@ -87,26 +136,7 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
       plan.step[m] = fused[k].members.back();
     }
 
-  // Where fused members read their operands: in registers (a member), through a broadcasting view
-  // (a broadcast_in_dim outside every group: a loop group absorbs any, an output fusion only its
-  // rank-1 bias), or from the operand's buffer.
-  for (const ExecutionPlan::Kernel& k : fused) {
-    for (int m : k.members) {
-      for (int op : graph.node(m).operands()) {
-        ExecutionPlan::Read read{op, -1, plan.group_of[op] == plan.group_of[m]};
-        if (!read.inside) {
-          const ir::Node& o = graph.node(op);
-          bool absorb = k.kind == Kind::kLoop ? o.opcode() == Opcode::kBroadcastInDim
-                        : k.kind == Kind::kMatmulEpilogue || k.kind == Kind::kConvEpilogue
-                            ? IsBiasBroadcast(graph, op, EpilogueBiasAxis(graph.node(k.members[0])))
-                            : false;
-          if (absorb && plan.group_of[op] < 0) read = {o.operand(0), op, false};
-          plan.reads[m].push_back(read.node);
-        }
-        plan.operand_reads[m].push_back(read);
-      }
-    }
-  }
+  PlanFusedReads(graph, plan);
   for (const ir::Node& node : graph.nodes())
     if (plan.group_of[node.id()] < 0) plan.reads[node.id()] = node.operands();
 
@@ -123,24 +153,7 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
   for (std::vector<int>& rs : plan.reads)
     for (int& r : rs) r = plan.alias_of[r];
 
-  // What must run: graph outputs and whatever a running kernel reads, walking backwards. A group
-  // runs when any member is needed, and then reads all its members' inputs.
-  for (const ir::Output& o : graph.outputs()) plan.needed[o.node] = 1;
-  std::vector<char> runs(fused.size(), 0);
-  for (int id = n - 1; id >= 0; --id) {
-    int k = plan.group_of[id];
-    if (k >= 0) {
-      if (id != fused[k].members.back() || graph.node(id).type().shape.num_elements() == 0)
-        continue;
-      for (int m : fused[k].members) runs[k] |= plan.needed[m];
-      if (!runs[k]) continue;
-      for (int m : fused[k].members)
-        for (int r : plan.reads[m]) plan.needed[r] = 1;
-      continue;
-    }
-    if (!plan.needed[id]) continue;
-    for (int r : plan.reads[id]) plan.needed[r] = 1;
-  }
+  const std::vector<char> runs = MarkNeeded(graph, plan);
 
   // Kernels in graph order: each running group at its first member, each needed non-empty node
   // that is not a source or an alias on its own.
