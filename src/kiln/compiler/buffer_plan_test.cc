@@ -77,6 +77,20 @@ void CheckPlan(const Graph& g, const BufferPlan& plan) {
   EXPECT_GE(plan.arena_bytes, plan.lower_bound_bytes);
 }
 
+// A plan of one kernel per node in id order, every node in the arena: what the tests then edit.
+ExecutionPlan NodeByNode(const Graph& g) {
+  ExecutionPlan s;
+  const int n = g.num_nodes();
+  s.step.resize(n);
+  s.reads.resize(n);
+  s.in_arena.assign(n, 1);
+  for (int i = 0; i < n; ++i) {
+    s.step[i] = i;
+    s.reads[i] = g.node(i).operands();
+  }
+  return s;
+}
+
 TEST(BufferPlanTest, ParametersAndConstantsAreNotInTheArena) {
   Graph g;
   int p = Param(g, 0, 16);
@@ -222,15 +236,7 @@ TEST(BufferPlanTest, FusedKernelOutputTakesADirectlyReadInput) {
   int m1 = Binary(g, a, bq, 64);
   int m2 = g.AddNode(Opcode::kMul, {m1, c}, Type{DType::kF32, Shape{64}}, {});
   g.AddOutput("y", m2);
-  ExecutionPlan s;
-  const int n = g.num_nodes();
-  s.step.resize(n);
-  s.reads.resize(n);
-  s.in_arena.assign(n, 1);
-  for (int i = 0; i < n; ++i) {
-    s.step[i] = i;
-    s.reads[i] = g.node(i).operands();
-  }
+  ExecutionPlan s = NodeByNode(g);
   s.step[m1] = m2;
   s.reads[m1] = {a, q};
   s.reads[m2] = {c};
@@ -273,15 +279,7 @@ TEST(BufferPlanTest, AnInputReadThroughABroadcastViewIsNeverOverwritten) {
       {{"broadcast_dimensions", std::vector<int64_t>{0}}, {"shape", std::vector<int64_t>{64}}});
   int m = Binary(g, a, ba, 64);
   g.AddOutput("y", m);
-  ExecutionPlan s;
-  const int n = g.num_nodes();
-  s.step.resize(n);
-  s.reads.resize(n);
-  s.in_arena.assign(n, 1);
-  for (int i = 0; i < n; ++i) {
-    s.step[i] = i;
-    s.reads[i] = g.node(i).operands();
-  }
+  ExecutionPlan s = NodeByNode(g);
   s.reads[m] = {a, a};
   s.in_arena[ba] = 0;
   BufferPlan plan = PlanBuffers(g, &s);
