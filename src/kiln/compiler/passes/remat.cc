@@ -39,7 +39,7 @@ class Analysis {
       : g_(g),
         options_(options),
         plan_(PlanExecution(g, traits)),
-        iv_(LiveIntervals(g, traits)),
+        iv_(LiveIntervals(g, plan_)),  // plan_ is declared (so initialized) before iv_
         users_(g.num_nodes()),
         output_(g.num_nodes(), 0) {
     const int n = g.num_nodes();

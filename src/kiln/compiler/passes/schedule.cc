@@ -27,9 +27,8 @@ struct Model {
   bool groups_contiguous = true;          // the plan's
 };
 
-Model BuildModel(const ir::Graph& g, const BackendTraits& traits) {
+Model BuildModel(const ir::Graph& g, const ExecutionPlan& plan) {
   const int n = g.num_nodes();
-  const ExecutionPlan plan = PlanExecution(g, traits);
   Model m;
   m.unit_of.assign(n, -1);
   m.size.assign(n, 0);
@@ -226,14 +225,18 @@ std::vector<int> UnitsToNodes(const Model& m, const std::vector<int>& units) {
 }  // namespace
 
 int64_t PeakLiveBytes(const ir::Graph& graph, const BackendTraits& traits) {
-  Model m = BuildModel(graph, traits);
+  Model m = BuildModel(graph, PlanExecution(graph, traits));
   std::vector<int> order(m.num_units);
   for (int u = 0; u < m.num_units; ++u) order[u] = u;  // units are numbered in input order
   return Peak(m, order);
 }
 
 std::vector<LiveInterval> LiveIntervals(const ir::Graph& graph, const BackendTraits& traits) {
-  Model m = BuildModel(graph, traits);
+  return LiveIntervals(graph, PlanExecution(graph, traits));
+}
+
+std::vector<LiveInterval> LiveIntervals(const ir::Graph& graph, const ExecutionPlan& plan) {
+  Model m = BuildModel(graph, plan);
   const int n = graph.num_nodes();
   std::vector<int> step(m.num_units);  // a unit runs at its last member's id
   for (int u = 0; u < m.num_units; ++u) step[u] = m.members[u].back();
@@ -278,7 +281,7 @@ absl::StatusOr<ir::Graph> ReorderNodes(const ir::Graph& graph, const std::vector
 
 std::vector<int> MemorySchedule(const ir::Graph& graph, ScheduleReport* report,
                                 const BackendTraits& traits) {
-  Model m = BuildModel(graph, traits);
+  Model m = BuildModel(graph, PlanExecution(graph, traits));
   std::vector<int> input(m.num_units);
   for (int u = 0; u < m.num_units; ++u) input[u] = u;
   std::vector<int> identity(graph.num_nodes());

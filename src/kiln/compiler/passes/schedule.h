@@ -55,6 +55,8 @@ struct LiveInterval {
 };
 std::vector<LiveInterval> LiveIntervals(const ir::Graph& graph,
                                         const BackendTraits& traits = PlainTraits());
+// The same, from a plan already made for `graph` (PlanExecution).
+std::vector<LiveInterval> LiveIntervals(const ir::Graph& graph, const ExecutionPlan& plan);
 
 // `graph` with its nodes in `order` (every id once, operands before users), renumbered; same
 // parameters and outputs. InvalidArgument when `order` is not such a permutation.
