@@ -375,7 +375,7 @@ int TrainCommands::Run(const std::vector<std::string>& args, std::ostream& out, 
 
 int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& out,
                             std::ostream& err) {
-  if (max_restarts_ > 0 && !train::IsSupervisedWorker()) {
+  if (max_restarts_ > 0 && !train::IsSupervisedWorker(std::getenv(train::kWorkerEnvVar))) {
     train::SupervisorOptions so;
     so.max_restarts = max_restarts_;
     return train::RunSupervised(args, so, err);

@@ -24,9 +24,8 @@ void Forward(int sig) {
 
 }  // namespace
 
-bool IsSupervisedWorker() {
-  const char* v = getenv(kWorkerEnvVar);
-  return v != nullptr && v[0] == '1';
+bool IsSupervisedWorker(const char* worker_env_value) {
+  return worker_env_value != nullptr && worker_env_value[0] == '1';
 }
 
 int RunSupervised(const std::vector<std::string>& argv, const SupervisorOptions& options,

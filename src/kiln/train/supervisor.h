@@ -3,7 +3,7 @@
 // on its own. Each restart resumes from the newest committed checkpoint (the trainer does that by
 // itself), so at most the steps since that checkpoint are recomputed.
 //
-//   if (max_restarts > 0 && !IsSupervisedWorker()) {
+//   if (max_restarts > 0 && !IsSupervisedWorker(getenv(kWorkerEnvVar))) {  // the CLI reads it
 //     return RunSupervised(argv, {.max_restarts = max_restarts}, std::cerr);
 //   }
 //   ... train as usual (this process is the worker) ...
@@ -32,8 +32,9 @@ struct SupervisorOptions {
   double restart_delay_seconds = 0.5;  // between a death and the restart
 };
 
-// True in a worker started by RunSupervised.
-bool IsSupervisedWorker();
+// True in a worker started by RunSupervised, given the value of kWorkerEnvVar in this process's
+// environment (nullptr when unset). The caller (the CLI) reads the environment: libraries do not.
+bool IsSupervisedWorker(const char* worker_env_value);
 
 // Runs `argv` (argv[0] is passed through as the worker's argv[0]) as a supervised worker and
 // returns the exit status for the supervisor: the worker's last exit code, 128 + signal if it was
