@@ -13,6 +13,10 @@ absl::StatusOr<std::unique_ptr<WritableFile>> Env::NewAppendableFile(const std::
   return absl::UnimplementedError("this Env cannot append to existing files: " + path);
 }
 
+absl::StatusOr<std::unique_ptr<WritableFile>> Env::NewExclusiveFile(const std::string& path) {
+  return absl::UnimplementedError("this Env cannot create files exclusively: " + path);
+}
+
 namespace {
 
 // Paths held through Env::LockFile's default, per Env.

@@ -97,6 +97,11 @@ class Env {
   // Opens `path` for appending at its end, creating it if missing. Its directory must exist.
   // The default is Unimplemented; the Envs in base/ all implement it.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path);
+  // Creates `path`, which must not exist: AlreadyExists if a file or directory is there. The
+  // check and the creation are one atomic step (O_CREAT | O_EXCL): of two racing creators,
+  // exactly one succeeds. Its directory must exist. The default is Unimplemented; the Envs in
+  // base/ all implement it.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewExclusiveFile(const std::string& path);
 
   // True if a file or directory exists at `path`.
   virtual bool FileExists(const std::string& path) = 0;

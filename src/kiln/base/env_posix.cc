@@ -233,6 +233,12 @@ class PosixEnv final : public Env {
     return std::make_unique<PosixWritableFile>(fd, path);
   }
 
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewExclusiveFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError(errno, "cannot create", path);
+    return std::make_unique<PosixWritableFile>(fd, path);
+  }
+
   bool FileExists(const std::string& path) override { return ::access(path.c_str(), F_OK) == 0; }
 
   absl::StatusOr<bool> IsDirectory(const std::string& path) override {

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -91,6 +92,40 @@ TEST_P(EnvTest, NewAppendableFileAppendsOrCreates) {
   ASSERT_TRUE((*f)->Close().ok());
   EXPECT_EQ(Read("fresh"), "x");
   EXPECT_EQ(env_->NewAppendableFile(P("no/dir/f")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(EnvTest, NewExclusiveFileCreatesOnlyWhatIsNotThere) {
+  absl::StatusOr<std::unique_ptr<WritableFile>> f = env_->NewExclusiveFile(P("once"));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE((*f)->Append("first").ok());
+  ASSERT_TRUE((*f)->Close().ok());
+  EXPECT_EQ(Read("once"), "first");
+  // Neither an existing file (kept as it was) nor a directory can be created again.
+  f = env_->NewExclusiveFile(P("once"));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(f.status().message(), HasSubstr("once"));
+  EXPECT_EQ(Read("once"), "first");
+  ASSERT_TRUE(env_->CreateDir(P("d")).ok());
+  EXPECT_EQ(env_->NewExclusiveFile(P("d")).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(env_->NewExclusiveFile(P("no/dir/f")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(EnvTest, NewExclusiveFileHasOneWinnerAmongRacingCreators) {
+  constexpr int kThreads = 8;
+  std::vector<std::thread> threads;
+  std::atomic<int> won{0};
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      absl::StatusOr<std::unique_ptr<WritableFile>> f = env_->NewExclusiveFile(P("race"));
+      if (f.ok()) {
+        ++won;
+      } else {
+        EXPECT_EQ(f.status().code(), absl::StatusCode::kAlreadyExists);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(won.load(), 1);
 }
 
 TEST_P(EnvTest, SequentialAndRandomAccessReads) {

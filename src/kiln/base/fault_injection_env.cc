@@ -279,16 +279,22 @@ absl::StatusOr<std::unique_ptr<RandomAccessFile>> FaultInjectionEnv::NewRandomAc
 
 absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionEnv::NewWritableFile(
     const std::string& path) {
-  return OpenForWrite(path, /*append=*/false);
+  return OpenForWrite(path, OpenMode::kTruncate);
 }
 
 absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionEnv::NewAppendableFile(
     const std::string& path) {
-  return OpenForWrite(path, /*append=*/true);
+  return OpenForWrite(path, OpenMode::kAppend);
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionEnv::NewExclusiveFile(
+    const std::string& path) {
+  return OpenForWrite(path, OpenMode::kExclusive);
 }
 
 absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionEnv::OpenForWrite(
-    const std::string& path, bool append) {
+    const std::string& path, OpenMode mode) {
+  const bool append = mode == OpenMode::kAppend;
   const std::string p = CleanPath(path);
   std::lock_guard<std::mutex> lock(mu_);
   KILN_RETURN_IF_ERROR(CheckFault(kCreateFile, path));
@@ -301,8 +307,11 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionEnv::OpenForWrite(
     auto it = files_.find(p);
     state->synced = it != files_.end() ? std::min(it->second->synced, state->size) : state->size;
   }
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
-                        append ? target_->NewAppendableFile(path) : target_->NewWritableFile(path));
+  absl::StatusOr<std::unique_ptr<WritableFile>> opened =
+      mode == OpenMode::kAppend      ? target_->NewAppendableFile(path)
+      : mode == OpenMode::kExclusive ? target_->NewExclusiveFile(path)
+                                     : target_->NewWritableFile(path);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, std::move(opened));
   if (!existed) AddPendingLocked(NewPending(Pending::kCreatedFile, p, {Parent(p)}));
   files_[p] = state;
   ++open_files_;

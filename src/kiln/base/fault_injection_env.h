@@ -39,7 +39,7 @@ class FaultInjectionEnv final : public Env {
  public:
   // Kinds of mutating operation, for FailNth masks.
   enum Op : uint32_t {
-    kCreateFile = 1u << 0,  // NewWritableFile
+    kCreateFile = 1u << 0,  // NewWritableFile, NewAppendableFile, NewExclusiveFile
     kAppend = 1u << 1,
     kFlush = 1u << 2,
     kSync = 1u << 3,
@@ -86,6 +86,8 @@ class FaultInjectionEnv final : public Env {
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
   // Counts as kCreateFile. Bytes already in the file count as synced.
   absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override;
+  // Counts as kCreateFile; AlreadyExists (from the target) if something is at `path`.
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewExclusiveFile(const std::string& path) override;
   bool FileExists(const std::string& path) override;
   absl::StatusOr<bool> IsDirectory(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override;
@@ -141,7 +143,9 @@ class FaultInjectionEnv final : public Env {
   static Pending NewPending(Pending::Kind kind, std::string path, std::set<std::string> dirs);
   void AddPendingLocked(Pending op);
   uint64_t SyncedBytesLocked(const std::string& path, uint64_t actual) const;
-  absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path, bool append);
+  enum class OpenMode { kTruncate, kAppend, kExclusive };
+  absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path,
+                                                             OpenMode mode);
 
   Env* const target_;
   mutable std::mutex mu_;

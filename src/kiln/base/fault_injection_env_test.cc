@@ -113,6 +113,25 @@ TEST_F(FaultInjectionEnvTest, CrashDropsUnsyncedAppendsToAnExistingFile) {
   EXPECT_EQ(Read("/r/log"), "durable;synced;");
 }
 
+TEST_F(FaultInjectionEnvTest, ExclusiveCreateCountsAsCreateAndIsUndoneByACrash) {
+  Write("/r/kept", "durable", /*sync=*/true);
+  ASSERT_TRUE(env_.SyncDir("/r").ok());
+  EXPECT_EQ(env_.NewExclusiveFile("/r/kept").status().code(), absl::StatusCode::kAlreadyExists);
+  env_.FailNth(FaultInjectionEnv::kCreateFile, 0);
+  EXPECT_FALSE(env_.NewExclusiveFile("/r/new").ok());
+  EXPECT_FALSE(env_.FileExists("/r/new"));
+  {
+    auto f = env_.NewExclusiveFile("/r/new");
+    ASSERT_TRUE(f.ok()) << f.status();
+    ASSERT_TRUE((*f)->Append("data").ok());
+    ASSERT_TRUE((*f)->Sync().ok());
+  }
+  EXPECT_EQ(Read("/r/new"), "data");
+  ASSERT_TRUE(env_.SimulateCrash().ok());  // its directory entry was never synced
+  EXPECT_FALSE(env_.FileExists("/r/new"));
+  EXPECT_EQ(Read("/r/kept"), "durable");
+}
+
 TEST_F(FaultInjectionEnvTest, CrashRemovesFilesWhoseDirectoryEntryWasNotSynced) {
   Write("/r/unsynced_entry", "data", /*sync=*/true);
   Write("/r/synced_entry", "data", /*sync=*/true);

@@ -150,23 +150,30 @@ absl::StatusOr<std::unique_ptr<RandomAccessFile>> MemEnv::NewRandomAccessFile(
 }
 
 absl::StatusOr<std::unique_ptr<WritableFile>> MemEnv::NewWritableFile(const std::string& path) {
-  return OpenForWrite(path, /*truncate=*/true);
+  return OpenForWrite(path, OpenMode::kTruncate);
 }
 
 absl::StatusOr<std::unique_ptr<WritableFile>> MemEnv::NewAppendableFile(const std::string& path) {
-  return OpenForWrite(path, /*truncate=*/false);
+  return OpenForWrite(path, OpenMode::kAppend);
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> MemEnv::NewExclusiveFile(const std::string& path) {
+  return OpenForWrite(path, OpenMode::kExclusive);
 }
 
 absl::StatusOr<std::unique_ptr<WritableFile>> MemEnv::OpenForWrite(const std::string& path,
-                                                                   bool truncate) {
+                                                                   OpenMode mode) {
   const std::string p = CleanPath(path);
   std::lock_guard<std::mutex> lock(mu_);
+  if (mode == OpenMode::kExclusive && (IsDirLocked(p) || files_.count(p) > 0)) {
+    return Error(EEXIST, "cannot create", path);
+  }
   if (IsDirLocked(p)) return Error(EISDIR, "cannot create", path);
   KILN_RETURN_IF_ERROR(CheckParentLocked(p, "cannot create"));
   std::shared_ptr<FileData>& f = files_[p];
   if (f == nullptr) {
     f = std::make_shared<FileData>();
-  } else if (truncate) {
+  } else if (mode == OpenMode::kTruncate) {
     std::lock_guard<std::mutex> flock(f->mu);
     f->bytes.clear();  // O_TRUNC: the same file, emptied
   }

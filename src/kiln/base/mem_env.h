@@ -40,6 +40,7 @@ class MemEnv final : public Env {
       const std::string& path) override;
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewExclusiveFile(const std::string& path) override;
   bool FileExists(const std::string& path) override;
   absl::StatusOr<bool> IsDirectory(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override;
@@ -65,8 +66,9 @@ class MemEnv final : public Env {
   bool IsDirLocked(const std::string& p) const;
   absl::Status CheckParentLocked(const std::string& p, const std::string& what) const;
   bool HasChildrenLocked(const std::string& dir) const;
+  enum class OpenMode { kTruncate, kAppend, kExclusive };
   absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path,
-                                                             bool truncate);
+                                                             OpenMode mode);
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<FileData>> files_;  // clean path -> data
