@@ -5,8 +5,8 @@
 
 #include "kiln/base/status.h"
 #include "kiln/compiler/graph_editor.h"
-#include "kiln/compiler/passes/internal/evaluate.h"
 #include "kiln/ir/op_traits.h"
+#include "kiln/runtime/reference/kernels.h"
 
 namespace kiln::compiler {
 
@@ -33,8 +33,10 @@ absl::StatusOr<bool> ConstantFoldPass::Run(ir::Graph& graph) {
     bool all_constant = true;
     for (const Tensor* t : operands) all_constant = all_constant && t != nullptr;
     if (!all_constant || input_elements > kMaxFoldInputElements) continue;
-    std::optional<Tensor> v = internal::EvaluateNode(n, operands);
-    if (!v) continue;
+    // The reference kernel computes it; a dtype or attribute it rejects leaves the node alone, so
+    // folding never turns a graph the backends would reject into one they accept.
+    absl::StatusOr<Tensor> v = runtime::reference::EvaluateNode(n, operands);
+    if (!v.ok()) continue;
     value[n.id()] = *v;
     if (op == ir::Opcode::kBroadcastInDim || op == ir::Opcode::kIota) continue;
     e.set_position(n.id());

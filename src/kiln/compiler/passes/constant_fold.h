@@ -5,16 +5,18 @@
 //   %1 = constant() {value=3.0} : f32[]      ->
 //   %2 = add(%0, %1) : f32[]
 //
-// What it rewrites: a node is folded when every operand is constant-valued, its op and dtypes are
-// in the evaluator's subset (internal/evaluate.h: elementwise unary/binary/compare/select/convert,
-// broadcast_in_dim, reshape, transpose, slice, concatenate, iota, reduce_sum/max/min), its result
-// has at most `max_elements` elements (default kDefaultMaxFoldElements = 4096: a folded constant
-// lives in the IR text, the compile-cache key and the executable, so large ones would cost more
-// than the op) and its operands hold at most kMaxFoldInputElements in all (compile time).
+// What it rewrites: a node is folded when every operand is constant-valued, its opcodes.def row
+// has kFold (elementwise unary/binary/compare/select/convert/logical, broadcast_in_dim, reshape,
+// transpose, slice, concatenate, iota, reduce_sum/max/min), the reference kernel accepts its
+// dtypes and attributes, its result has at most `max_elements` elements (default
+// kDefaultMaxFoldElements = 4096: a folded constant lives in the IR text, the compile-cache key
+// and the executable, so large ones would cost more than the op) and its operands hold at most
+// kMaxFoldInputElements in all (compile time).
 // Constant-valued means a constant, or a broadcast_in_dim or iota of constant-valued operands:
 // those two are evaluated but never replaced themselves (as in XLA, materializing a broadcast
 // only costs memory), so add(broadcast(2.0), broadcast(3.0)) folds while broadcast(2.0) stays.
-// Values are computed exactly as the reference backend computes them (double, rounded once).
+// Values are computed by the reference kernels (runtime/reference/kernels.h, EvaluateNode), the
+// ones the reference backend runs, so a folded constant is bit for bit what the backend computes.
 // What it leaves alone: parameters, random_bits, contractions, convolutions, pooling,
 // composites, gather/scatter, pad, collectives, and anything over the limits.
 // Cost: O(nodes) plus the element work of each fold (bounded by the limits above).

@@ -23,22 +23,22 @@ void LogSumExpParts(const std::vector<double>& row, double& max, double& log_sum
   log_sum = std::log(sum);
 }
 
-absl::Status CheckFloatOperands(const ir::Graph& g, const ir::Node& n, int count) {
+absl::Status CheckFloatOperands(const ir::Node& n, OperandTypes types, int count) {
   for (int k = 0; k < count; ++k)
     KILN_RETURN_IF_ERROR(
-        CheckDType(n, OperandType(g, n, k).dtype, kFloatTypes, "operand " + std::to_string(k)));
+        CheckDType(n, types[k].dtype, kFloatTypes, "operand " + std::to_string(k)));
   return CheckDType(n, n.type().dtype, kFloatTypes, "result");
 }
 
 // exp(x - max) / sum exp(x - max) along `axis`.
 // x - max - log sum exp(x - max) along `axis`.
-absl::StatusOr<Kernel> Softmax(const ir::Graph& g, const ir::Node& n) {
-  KILN_RETURN_IF_ERROR(CheckFloatOperands(g, n, 1));
+absl::StatusOr<Kernel> Softmax(const ir::Node& n, OperandTypes types) {
+  KILN_RETURN_IF_ERROR(CheckFloatOperands(n, types, 1));
   AxisSplit s = SplitAt(n.type().shape, static_cast<int>(n.attr_int("axis")));
   bool log = n.opcode() == Opcode::kLogSoftmax;
-  DType in_t = OperandType(g, n, 0).dtype, out_t = n.type().dtype;
-  int x = n.operand(0), y = n.id();
-  return Kernel([=, row = std::vector<double>(s.size)](RunContext& ctx) mutable {
+  DType in_t = types[0].dtype, out_t = n.type().dtype;
+  int x = 0, y = ResultSlot(n);
+  return Kernel([=, row = std::vector<double>(s.size)](Buffers ctx) mutable {
     for (int64_t o = 0; o < s.outer; ++o)
       for (int64_t i = 0; i < s.inner; ++i) {
         auto at = [&](int64_t k) { return (o * s.size + k) * s.inner + i; };
@@ -55,19 +55,19 @@ absl::StatusOr<Kernel> Softmax(const ir::Graph& g, const ir::Node& n) {
 
 // Over the last dim D: (x - mean) / sqrt(var + eps) * gamma + beta, var biased (divides by D).
 // Over the last dim D: x / sqrt(mean(x^2) + eps) * gamma.
-absl::StatusOr<Kernel> Norm(const ir::Graph& g, const ir::Node& n) {
+absl::StatusOr<Kernel> Norm(const ir::Node& n, OperandTypes types) {
   bool layer = n.opcode() == Opcode::kLayerNorm;
-  KILN_RETURN_IF_ERROR(CheckFloatOperands(g, n, layer ? 3 : 2));
+  KILN_RETURN_IF_ERROR(CheckFloatOperands(n, types, layer ? 3 : 2));
   const Shape& shape = n.type().shape;
   if (shape.rank() < 1) return Unsupported(n, "operand must have rank >= 1");
   int64_t d = shape.dim(shape.rank() - 1);
   int64_t rows = d > 0 ? shape.num_elements() / d : 0;
   double eps = n.attr_float("epsilon");
-  DType x_t = OperandType(g, n, 0).dtype, g_t = OperandType(g, n, 1).dtype;
-  DType b_t = layer ? OperandType(g, n, 2).dtype : g_t;
+  DType x_t = types[0].dtype, g_t = types[1].dtype;
+  DType b_t = layer ? types[2].dtype : g_t;
   DType out_t = n.type().dtype;
-  int x = n.operand(0), gamma = n.operand(1), beta = layer ? n.operand(2) : -1, y = n.id();
-  return Kernel([=, row = std::vector<double>(d)](RunContext& ctx) mutable {
+  int x = 0, gamma = 1, beta = layer ? 2 : -1, y = ResultSlot(n);
+  return Kernel([=, row = std::vector<double>(d)](Buffers ctx) mutable {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t k = 0; k < d; ++k) row[k] = LoadAsDouble(In(ctx, x), x_t, r * d + k);
       double mean = 0, denom = 0;
@@ -94,18 +94,17 @@ absl::StatusOr<Kernel> Norm(const ir::Graph& g, const ir::Node& n) {
 
 // Per example: logsumexp(logits) - logits[label]. A label outside [0, C) contributes a loss of 0
 // (like PyTorch's ignore_index, whose default -100 is out of range).
-absl::StatusOr<Kernel> CrossEntropy(const ir::Graph& g, const ir::Node& n) {
-  KILN_RETURN_IF_ERROR(CheckDType(n, OperandType(g, n, 0).dtype, kFloatTypes, "logits"));
-  KILN_RETURN_IF_ERROR(CheckDType(n, OperandType(g, n, 1).dtype, kIntTypes, "labels"));
+absl::StatusOr<Kernel> CrossEntropy(const ir::Node& n, OperandTypes types) {
+  KILN_RETURN_IF_ERROR(CheckDType(n, types[0].dtype, kFloatTypes, "logits"));
+  KILN_RETURN_IF_ERROR(CheckDType(n, types[1].dtype, kIntTypes, "labels"));
   KILN_RETURN_IF_ERROR(CheckDType(n, n.type().dtype, kFloatTypes, "result"));
-  const Shape& ls = OperandType(g, n, 0).shape;
+  const Shape& ls = types[0].shape;
   if (ls.rank() < 1) return Unsupported(n, "logits must have rank >= 1");
   int64_t c = ls.dim(ls.rank() - 1);
   int64_t rows = n.type().shape.num_elements();
-  DType l_t = OperandType(g, n, 0).dtype, lab_t = OperandType(g, n, 1).dtype,
-        out_t = n.type().dtype;
-  int logits = n.operand(0), labels = n.operand(1), y = n.id();
-  return Kernel([=, row = std::vector<double>(c)](RunContext& ctx) mutable {
+  DType l_t = types[0].dtype, lab_t = types[1].dtype, out_t = n.type().dtype;
+  int logits = 0, labels = 1, y = ResultSlot(n);
+  return Kernel([=, row = std::vector<double>(c)](Buffers ctx) mutable {
     for (int64_t r = 0; r < rows; ++r) {
       int64_t label = LoadAsInt64(In(ctx, labels), lab_t, r);
       if (label < 0 || label >= c) {
@@ -123,11 +122,11 @@ absl::StatusOr<Kernel> CrossEntropy(const ir::Graph& g, const ir::Node& n) {
 // softmax(q k^T * scale) v over the last two dims, leading dims are batch. With causal = 1, key j
 // is masked (-inf) for query i when j > i + (Sk - Sq): the mask is aligned at the end, as for a
 // decoder continuing a cached prefix. A query that sees no key gets NaN (PyTorch does the same).
-absl::StatusOr<Kernel> Attention(const ir::Graph& g, const ir::Node& n) {
-  KILN_RETURN_IF_ERROR(CheckFloatOperands(g, n, 3));
-  const Shape& qs = OperandType(g, n, 0).shape;
-  const Shape& ks = OperandType(g, n, 1).shape;
-  const Shape& vs = OperandType(g, n, 2).shape;
+absl::StatusOr<Kernel> Attention(const ir::Node& n, OperandTypes types) {
+  KILN_RETURN_IF_ERROR(CheckFloatOperands(n, types, 3));
+  const Shape& qs = types[0].shape;
+  const Shape& ks = types[1].shape;
+  const Shape& vs = types[2].shape;
   int r = qs.rank();
   if (r < 2 || ks.rank() != r || vs.rank() != r)
     return Unsupported(n, "q, k and v must have the same rank >= 2");
@@ -136,10 +135,10 @@ absl::StatusOr<Kernel> Attention(const ir::Graph& g, const ir::Node& n) {
   for (int i = 0; i < r - 2; ++i) batch *= qs.dim(i);
   bool causal = n.attr_int("causal") != 0;
   double scale = n.attr_float("scale");
-  DType q_t = OperandType(g, n, 0).dtype, k_t = OperandType(g, n, 1).dtype;
-  DType v_t = OperandType(g, n, 2).dtype, out_t = n.type().dtype;
-  int q = n.operand(0), k = n.operand(1), v = n.operand(2), y = n.id();
-  return Kernel([=, p = std::vector<double>(sk)](RunContext& ctx) mutable {
+  DType q_t = types[0].dtype, k_t = types[1].dtype;
+  DType v_t = types[2].dtype, out_t = n.type().dtype;
+  int q = 0, k = 1, v = 2, y = ResultSlot(n);
+  return Kernel([=, p = std::vector<double>(sk)](Buffers ctx) mutable {
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t i = 0; i < sq; ++i) {
         for (int64_t j = 0; j < sk; ++j) {
@@ -168,18 +167,18 @@ absl::StatusOr<Kernel> Attention(const ir::Graph& g, const ir::Node& n) {
 
 }  // namespace
 
-absl::StatusOr<Kernel> MakeCompositeKernel(const ir::Graph& g, const ir::Node& n) {
+absl::StatusOr<Kernel> MakeCompositeKernel(const ir::Node& n, OperandTypes types) {
   switch (n.opcode()) {
     case Opcode::kSoftmax:
     case Opcode::kLogSoftmax:
-      return Softmax(g, n);
+      return Softmax(n, types);
     case Opcode::kLayerNorm:
     case Opcode::kRmsNorm:
-      return Norm(g, n);
+      return Norm(n, types);
     case Opcode::kCrossEntropy:
-      return CrossEntropy(g, n);
+      return CrossEntropy(n, types);
     case Opcode::kAttention:
-      return Attention(g, n);
+      return Attention(n, types);
     default:
       return absl::InternalError("composite: unexpected op " +
                                  std::string(ir::OpcodeName(n.opcode())));

@@ -12,9 +12,9 @@ using ir::Opcode;
 
 // result[batch..., lhs_free..., rhs_free...] = sum over the contracting dims of lhs * rhs, with
 // free dims in operand order (XLA's DotGeneral).
-absl::StatusOr<Kernel> DotGeneral(const ir::Graph& g, const ir::Node& n) {
-  const ir::Type& lt = OperandType(g, n, 0);
-  const ir::Type& rt = OperandType(g, n, 1);
+absl::StatusOr<Kernel> DotGeneral(const ir::Node& n, OperandTypes types) {
+  const ir::Type& lt = types[0];
+  const ir::Type& rt = types[1];
   DType out_t = n.type().dtype;
   KILN_RETURN_IF_ERROR(CheckDType(n, lt.dtype, kFloatTypes | kIntTypes, "lhs"));
   KILN_RETURN_IF_ERROR(CheckDType(n, rt.dtype, kFloatTypes | kIntTypes, "rhs"));
@@ -65,10 +65,10 @@ absl::StatusOr<Kernel> DotGeneral(const ir::Graph& g, const ir::Node& n) {
     c_roff[c] = ro;
   }
   int64_t out_count = n.type().shape.num_elements();
-  int lhs = n.operand(0), rhs = n.operand(1), y = n.id();
+  int lhs = 0, rhs = 1, y = ResultSlot(n);
   DType l_t = lt.dtype, r_t = rt.dtype;
   bool integer = IsInteger(l_t) && IsInteger(r_t);
-  return Kernel([=](RunContext& ctx) {
+  return Kernel([=](Buffers ctx) {
     std::vector<int64_t> oidx;
     for (int64_t o = 0; o < out_count; ++o) {
       Unravel(o, out_dims, oidx);
@@ -154,14 +154,14 @@ absl::StatusOr<ConvGeometry> Geometry(const ir::Node& n, const Shape& in, const 
 // conv2d is torch.nn.functional.conv2d (cross-correlation) with padding [top,bottom,left,right].
 // The gradients walk the same taps and accumulate grad_out * filter into the input position, and
 // input * grad_out into the filter position: exactly the transposes of conv2d.
-absl::StatusOr<Kernel> Conv(const ir::Graph& g, const ir::Node& n) {
+absl::StatusOr<Kernel> Conv(const ir::Node& n, OperandTypes types) {
   for (int k = 0; k < 2; ++k)
     KILN_RETURN_IF_ERROR(
-        CheckDType(n, OperandType(g, n, k).dtype, kFloatTypes, "operand " + std::to_string(k)));
+        CheckDType(n, types[k].dtype, kFloatTypes, "operand " + std::to_string(k)));
   KILN_RETURN_IF_ERROR(CheckDType(n, n.type().dtype, kFloatTypes, "result"));
   Opcode op = n.opcode();
-  const Shape& a = OperandType(g, n, 0).shape;
-  const Shape& b = OperandType(g, n, 1).shape;
+  const Shape& a = types[0].shape;
+  const Shape& b = types[1].shape;
   const Shape& r = n.type().shape;
   ConvGeometry geo;
   if (op == Opcode::kConv2d) {
@@ -171,10 +171,10 @@ absl::StatusOr<Kernel> Conv(const ir::Graph& g, const ir::Node& n) {
   } else {
     KILN_ASSIGN_OR_RETURN(geo, Geometry(n, a, r, b));  // input, grad_out -> filter
   }
-  DType a_t = OperandType(g, n, 0).dtype, b_t = OperandType(g, n, 1).dtype, out_t = n.type().dtype;
-  int x = n.operand(0), z = n.operand(1), y = n.id();
+  DType a_t = types[0].dtype, b_t = types[1].dtype, out_t = n.type().dtype;
+  int x = 0, z = 1, y = ResultSlot(n);
   int64_t count = r.num_elements();
-  return Kernel([=, acc = std::vector<double>(count)](RunContext& ctx) mutable {
+  return Kernel([=, acc = std::vector<double>(count)](Buffers ctx) mutable {
     std::fill(acc.begin(), acc.end(), 0.0);
     const void* A = In(ctx, x);
     const void* B = In(ctx, z);
@@ -197,9 +197,9 @@ absl::StatusOr<Kernel> Conv(const ir::Graph& g, const ir::Node& n) {
 
 }  // namespace
 
-absl::StatusOr<Kernel> MakeContractionKernel(const ir::Graph& g, const ir::Node& n) {
-  if (n.opcode() == Opcode::kDotGeneral) return DotGeneral(g, n);
-  return Conv(g, n);
+absl::StatusOr<Kernel> MakeContractionKernel(const ir::Node& n, OperandTypes types) {
+  if (n.opcode() == Opcode::kDotGeneral) return DotGeneral(n, types);
+  return Conv(n, types);
 }
 
 }  // namespace kiln::runtime::reference

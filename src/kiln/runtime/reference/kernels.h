@@ -1,11 +1,17 @@
-// Private to the reference backend: the kernel type, one factory per op family, and the small
-// helpers every family shares (element access in double or exact int64, index arithmetic).
+// The reference kernels: every op in opcodes.def as plain loops over host buffers, computing in
+// double (exact int64 for integer ops) and rounding once to the result dtype. A tensor-level
+// library (it depends on ir, tensor and base only): the reference backend wraps each kernel in a
+// thunk, and the constant folder (compiler/passes/constant_fold.cc) calls EvaluateNode, so a
+// folded constant is bit for bit what the backend would compute.
 //
-// A factory checks the node's dtypes and attributes once, at compile time, and returns a Kernel:
-// a closure that reads its operands from ctx.buffers[operand id] and writes ctx.buffers[node id].
+//   KILN_ASSIGN_OR_RETURN(Tensor y, EvaluateNode(node, {&a, &b}));    // one node on tensors
 //
-//   KILN_ASSIGN_OR_RETURN(Kernel k, MakeElementwiseKernel(graph, node));
-//   k(ctx);
+//   KILN_ASSIGN_OR_RETURN(Kernel k, MakeKernel(node, operand_types)); // checked once
+//   k(buffers);  // buffers[i] = operand i's data, buffers[node.operands().size()] = the result's
+//
+// A factory checks the node's dtypes and attributes once and returns a Kernel, or InvalidArgument
+// for a dtype or attribute the op does not allow (f8 outside data movement and convert, integers
+// in transcendental ops, more than one replica in a collective).
 #ifndef KILN_RUNTIME_REFERENCE_KERNELS_H_
 #define KILN_RUNTIME_REFERENCE_KERNELS_H_
 
@@ -17,24 +23,39 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kiln/base/philox.h"
 #include "kiln/ir/graph.h"
-#include "kiln/runtime/executable.h"
 #include "kiln/tensor/dtype.h"
+#include "kiln/tensor/tensor.h"
 
 namespace kiln::runtime::reference {
 
-using Kernel = std::function<void(RunContext&)>;
+// A kernel's buffers by slot: operand i at [i], the result at [ResultSlot(node)].
+using Buffers = absl::Span<void* const>;
+using Kernel = std::function<void(Buffers)>;
+// What a factory reads besides the node: its operands' types, in operand order.
+using OperandTypes = absl::Span<const ir::Type>;
 
-// Family factories. Each handles the opcodes listed in its .cc file and returns InvalidArgument
-// for a dtype or attribute the op does not allow.
-absl::StatusOr<Kernel> MakeElementwiseKernel(const ir::Graph& g, const ir::Node& n);
-absl::StatusOr<Kernel> MakeStructuralKernel(const ir::Graph& g, const ir::Node& n);
-absl::StatusOr<Kernel> MakeReductionKernel(const ir::Graph& g, const ir::Node& n);
-absl::StatusOr<Kernel> MakeContractionKernel(const ir::Graph& g, const ir::Node& n);
-absl::StatusOr<Kernel> MakePoolingKernel(const ir::Graph& g, const ir::Node& n);
-absl::StatusOr<Kernel> MakeCompositeKernel(const ir::Graph& g, const ir::Node& n);
-absl::StatusOr<Kernel> MakeRandomKernel(const ir::Graph& g, const ir::Node& n);
+inline int ResultSlot(const ir::Node& n) { return static_cast<int>(n.operands().size()); }
+
+// The kernel of any op but parameter and constant (which have none: a caller supplies their
+// data). Unimplemented for those two.
+absl::StatusOr<Kernel> MakeKernel(const ir::Node& n, OperandTypes types);
+
+// Runs n's kernel on `operands` (one per operand of n, with the types n was inferred from) and
+// returns the result. The error MakeKernel gives, or InvalidArgument for a missing operand or
+// one whose type is not the one n expects.
+absl::StatusOr<Tensor> EvaluateNode(const ir::Node& n, absl::Span<const Tensor* const> operands);
+
+// Family factories. Each handles the opcodes listed in its .cc file.
+absl::StatusOr<Kernel> MakeElementwiseKernel(const ir::Node& n, OperandTypes types);
+absl::StatusOr<Kernel> MakeStructuralKernel(const ir::Node& n, OperandTypes types);
+absl::StatusOr<Kernel> MakeReductionKernel(const ir::Node& n, OperandTypes types);
+absl::StatusOr<Kernel> MakeContractionKernel(const ir::Node& n, OperandTypes types);
+absl::StatusOr<Kernel> MakePoolingKernel(const ir::Node& n, OperandTypes types);
+absl::StatusOr<Kernel> MakeCompositeKernel(const ir::Node& n, OperandTypes types);
+absl::StatusOr<Kernel> MakeRandomKernel(const ir::Node& n, OperandTypes types);
 
 // Philox4x32-10: one block of four 32-bit words from a 128-bit counter and a 64-bit key (the one
 // implementation, base/philox.h, which the cpu backend's random_bits runs too).
@@ -50,8 +71,8 @@ inline constexpr unsigned kFloatTypes = 1, kIntTypes = 2, kBoolTypes = 4, kAnyTy
 absl::Status CheckDType(const ir::Node& n, DType t, unsigned allowed, const std::string& what);
 absl::Status Unsupported(const ir::Node& n, const std::string& why);
 
-inline const void* In(const RunContext& ctx, int id) { return ctx.buffers[id]; }
-inline void* Out(RunContext& ctx, int id) { return ctx.buffers[id]; }
+inline const void* In(Buffers b, int slot) { return b[slot]; }
+inline void* Out(Buffers b, int slot) { return b[slot]; }
 
 // Row-major linear index <-> multi-index.
 inline void Unravel(int64_t linear, const std::vector<int64_t>& dims, std::vector<int64_t>& idx) {
@@ -84,11 +105,6 @@ inline AxisSplit SplitAt(const Shape& shape, int axis) {
       s.inner *= shape.dim(d);
   }
   return s;
-}
-
-// The operand types of n.
-inline const ir::Type& OperandType(const ir::Graph& g, const ir::Node& n, int i) {
-  return g.node(n.operand(i)).type();
 }
 
 }  // namespace kiln::runtime::reference

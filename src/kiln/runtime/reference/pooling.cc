@@ -78,13 +78,13 @@ absl::StatusOr<PoolGeometry> Geometry(const ir::Node& n, const Shape& in, const 
 // Maximum over the window's real elements (padding never wins); NaN propagates; a window with no
 // real element gives -inf.
 // Sum over the window's real elements divided by Divisor().
-absl::StatusOr<Kernel> Pool(const ir::Graph& g, const ir::Node& n) {
-  DType in_t = OperandType(g, n, 0).dtype, out_t = n.type().dtype;
+absl::StatusOr<Kernel> Pool(const ir::Node& n, OperandTypes types) {
+  DType in_t = types[0].dtype, out_t = n.type().dtype;
   KILN_RETURN_IF_ERROR(CheckDType(n, in_t, kFloatTypes, "operand"));
-  KILN_ASSIGN_OR_RETURN(PoolGeometry geo, Geometry(n, OperandType(g, n, 0).shape, n.type().shape));
+  KILN_ASSIGN_OR_RETURN(PoolGeometry geo, Geometry(n, types[0].shape, n.type().shape));
   bool is_max = n.opcode() == Opcode::kMaxPool2d;
-  int x = n.operand(0), y = n.id();
-  return Kernel([=](RunContext& ctx) {
+  int x = 0, y = ResultSlot(n);
+  return Kernel([=](Buffers ctx) {
     const void* in = In(ctx, x);
     for (int64_t pl = 0; pl < geo.planes(); ++pl)
       for (int64_t oy = 0; oy < geo.oh; ++oy)
@@ -112,18 +112,18 @@ absl::StatusOr<Kernel> Pool(const ir::Graph& g, const ir::Node& n) {
 // overlapping windows add up.
 // Operand grad_out; each output gradient is spread as g / Divisor() over the window's real
 // elements: the exact gradient of avg_pool2d.
-absl::StatusOr<Kernel> PoolGrad(const ir::Graph& g, const ir::Node& n) {
+absl::StatusOr<Kernel> PoolGrad(const ir::Node& n, OperandTypes types) {
   bool is_max = n.opcode() == Opcode::kMaxPool2dGrad;
   int go_operand = is_max ? 1 : 0;
-  const Shape& go_shape = OperandType(g, n, go_operand).shape;
-  DType go_t = OperandType(g, n, go_operand).dtype, out_t = n.type().dtype;
-  DType in_t = OperandType(g, n, 0).dtype;
+  const Shape& go_shape = types[go_operand].shape;
+  DType go_t = types[go_operand].dtype, out_t = n.type().dtype;
+  DType in_t = types[0].dtype;
   KILN_RETURN_IF_ERROR(CheckDType(n, go_t, kFloatTypes, "grad_out"));
   KILN_RETURN_IF_ERROR(CheckDType(n, in_t, kFloatTypes, "input"));
   KILN_ASSIGN_OR_RETURN(PoolGeometry geo, Geometry(n, n.type().shape, go_shape));
-  int x = n.operand(0), go = n.operand(go_operand), y = n.id();
+  int x = 0, go = go_operand, y = ResultSlot(n);
   int64_t count = n.type().shape.num_elements();
-  return Kernel([=, acc = std::vector<double>(count)](RunContext& ctx) mutable {
+  return Kernel([=, acc = std::vector<double>(count)](Buffers ctx) mutable {
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int64_t pl = 0; pl < geo.planes(); ++pl)
       for (int64_t oy = 0; oy < geo.oh; ++oy)
@@ -148,9 +148,9 @@ absl::StatusOr<Kernel> PoolGrad(const ir::Graph& g, const ir::Node& n) {
 
 }  // namespace
 
-absl::StatusOr<Kernel> MakePoolingKernel(const ir::Graph& g, const ir::Node& n) {
-  if (n.opcode() == Opcode::kMaxPool2d || n.opcode() == Opcode::kAvgPool2d) return Pool(g, n);
-  return PoolGrad(g, n);
+absl::StatusOr<Kernel> MakePoolingKernel(const ir::Node& n, OperandTypes types) {
+  if (n.opcode() == Opcode::kMaxPool2d || n.opcode() == Opcode::kAvgPool2d) return Pool(n, types);
+  return PoolGrad(n, types);
 }
 
 }  // namespace kiln::runtime::reference

@@ -21,9 +21,9 @@ uint32_t Hi32(uint64_t v) { return static_cast<uint32_t>(v >> 32); }
 
 // Operands seed s64[] and counter s64[]; result s32 (raw bits) or f32 (uniform [0, 1)), laid out
 // as described at the top of this file.
-absl::StatusOr<Kernel> MakeRandomKernel(const ir::Graph& g, const ir::Node& n) {
+absl::StatusOr<Kernel> MakeRandomKernel(const ir::Node& n, OperandTypes types) {
   for (int k = 0; k < 2; ++k) {
-    const ir::Type& t = OperandType(g, n, k);
+    const ir::Type& t = types[k];
     if (t.dtype != DType::kS64 || t.shape.rank() != 0)
       return Unsupported(
           n, std::string(k == 0 ? "seed" : "counter") + " must be s64[], got " + t.ToString());
@@ -32,8 +32,8 @@ absl::StatusOr<Kernel> MakeRandomKernel(const ir::Graph& g, const ir::Node& n) {
   if (out_t != DType::kS32 && out_t != DType::kF32)
     return Unsupported(n, "result dtype must be s32 or f32, got " + std::string(DTypeName(out_t)));
   int64_t count = n.type().shape.num_elements();
-  int seed = n.operand(0), counter = n.operand(1), y = n.id();
-  return Kernel([=](RunContext& ctx) {
+  int seed = 0, counter = 1, y = ResultSlot(n);
+  return Kernel([=](Buffers ctx) {
     uint64_t s = static_cast<uint64_t>(*static_cast<const int64_t*>(In(ctx, seed)));
     uint64_t c = static_cast<uint64_t>(*static_cast<const int64_t*>(In(ctx, counter)));
     std::array<uint32_t, 2> key = {Lo32(s), Hi32(s)};

@@ -37,20 +37,20 @@ struct ReduceMap {
 
 // The listed dimensions are removed. Max and min propagate NaN; over zero elements they give the
 // identity (sum 0, max -inf or the type's minimum, min +inf or the type's maximum).
-absl::StatusOr<Kernel> Reduce(const ir::Graph& g, const ir::Node& n) {
+absl::StatusOr<Kernel> Reduce(const ir::Node& n, OperandTypes types) {
   Opcode op = n.opcode();
-  DType in_t = OperandType(g, n, 0).dtype, out_t = n.type().dtype;
+  DType in_t = types[0].dtype, out_t = n.type().dtype;
   unsigned allowed = kFloatTypes | kIntTypes | (op == Opcode::kReduceSum ? 0 : kBoolTypes);
   KILN_RETURN_IF_ERROR(CheckDType(n, in_t, allowed, "operand"));
-  ReduceMap map(OperandType(g, n, 0).shape, n.attr_ints("dimensions"));
-  int64_t in_count = OperandType(g, n, 0).shape.num_elements();
+  ReduceMap map(types[0].shape, n.attr_ints("dimensions"));
+  int64_t in_count = types[0].shape.num_elements();
   int64_t out_count = n.type().shape.num_elements();
-  int x = n.operand(0), y = n.id();
+  int x = 0, y = ResultSlot(n);
   if (IsFloating(in_t)) {
     double init = op == Opcode::kReduceSum   ? 0.0
                   : op == Opcode::kReduceMax ? -std::numeric_limits<double>::infinity()
                                              : std::numeric_limits<double>::infinity();
-    return Kernel([=, acc = std::vector<double>(out_count)](RunContext& ctx) mutable {
+    return Kernel([=, acc = std::vector<double>(out_count)](Buffers ctx) mutable {
       std::fill(acc.begin(), acc.end(), init);
       std::vector<int64_t> idx;
       for (int64_t i = 0; i < in_count; ++i) {
@@ -68,7 +68,7 @@ absl::StatusOr<Kernel> Reduce(const ir::Graph& g, const ir::Node& n) {
   }
   auto [lo, hi] = IntegerRange(in_t);
   int64_t init = op == Opcode::kReduceSum ? 0 : op == Opcode::kReduceMax ? lo : hi;
-  return Kernel([=, acc = std::vector<int64_t>(out_count)](RunContext& ctx) mutable {
+  return Kernel([=, acc = std::vector<int64_t>(out_count)](Buffers ctx) mutable {
     std::fill(acc.begin(), acc.end(), init);
     std::vector<int64_t> idx;
     for (int64_t i = 0; i < in_count; ++i) {
@@ -85,13 +85,13 @@ absl::StatusOr<Kernel> Reduce(const ir::Graph& g, const ir::Node& n) {
 
 // Index of the first maximum along `axis` (axis removed). As in PyTorch a NaN counts as larger
 // than everything, so the first NaN wins. An empty axis gives 0.
-absl::StatusOr<Kernel> ArgMax(const ir::Graph& g, const ir::Node& n) {
-  DType in_t = OperandType(g, n, 0).dtype, out_t = n.type().dtype;
+absl::StatusOr<Kernel> ArgMax(const ir::Node& n, OperandTypes types) {
+  DType in_t = types[0].dtype, out_t = n.type().dtype;
   KILN_RETURN_IF_ERROR(CheckDType(n, in_t, kFloatTypes | kIntTypes | kBoolTypes, "operand"));
-  AxisSplit s = SplitAt(OperandType(g, n, 0).shape, static_cast<int>(n.attr_int("axis")));
-  int x = n.operand(0), y = n.id();
+  AxisSplit s = SplitAt(types[0].shape, static_cast<int>(n.attr_int("axis")));
+  int x = 0, y = ResultSlot(n);
   bool floating = IsFloating(in_t);
-  return Kernel([=](RunContext& ctx) {
+  return Kernel([=](Buffers ctx) {
     for (int64_t o = 0; o < s.outer; ++o)
       for (int64_t i = 0; i < s.inner; ++i) {
         int64_t best = 0;
@@ -114,9 +114,9 @@ absl::StatusOr<Kernel> ArgMax(const ir::Graph& g, const ir::Node& n) {
 
 }  // namespace
 
-absl::StatusOr<Kernel> MakeReductionKernel(const ir::Graph& g, const ir::Node& n) {
-  if (n.opcode() == Opcode::kArgmax) return ArgMax(g, n);
-  return Reduce(g, n);
+absl::StatusOr<Kernel> MakeReductionKernel(const ir::Node& n, OperandTypes types) {
+  if (n.opcode() == Opcode::kArgmax) return ArgMax(n, types);
+  return Reduce(n, types);
 }
 
 }  // namespace kiln::runtime::reference

@@ -1,96 +1,39 @@
 #include "kiln/runtime/reference/reference_backend.h"
 
-#include <cmath>
-#include <limits>
+#include <string>
+#include <vector>
 
 #include "kiln/base/status.h"
 #include "kiln/compiler/buffer_plan.h"
-#include "kiln/ir/verifier.h"
 #include "kiln/runtime/reference/kernels.h"
 
 namespace kiln::runtime {
 namespace reference {
-
-absl::Status Unsupported(const ir::Node& n, const std::string& why) {
-  return absl::InvalidArgumentError(
-      "reference backend: " + std::string(ir::OpcodeName(n.opcode())) + " %" +
-      std::to_string(n.id()) + ": " + why);
-}
-
-absl::Status CheckDType(const ir::Node& n, DType t, unsigned allowed, const std::string& what) {
-  bool ok =
-      (allowed & kAnyTypes) || ((allowed & kFloatTypes) && IsFloating(t) && !IsStorageOnly(t)) ||
-      ((allowed & kIntTypes) && IsInteger(t)) || ((allowed & kBoolTypes) && t == DType::kBool);
-  if (ok) return absl::OkStatus();
-  return Unsupported(n, "dtype " + std::string(DTypeName(t)) + " is not supported (" + what + ")");
-}
-
 namespace {
 
+// One reference kernel (kernels.h) over the executable's buffers: slot i is operand i's buffer,
+// the last slot the node's own.
 class KernelThunk : public Thunk {
  public:
-  KernelThunk(std::string name, Kernel kernel)
-      : name_(std::move(name)), kernel_(std::move(kernel)) {}
-  void Run(RunContext& ctx) override { kernel_(ctx); }
+  KernelThunk(const ir::Node& n, Kernel kernel)
+      : name_(std::string(ir::OpcodeName(n.opcode())) + " %" + std::to_string(n.id())),
+        kernel_(std::move(kernel)),
+        ids_(n.operands()),
+        slots_(ids_.size() + 1) {
+    ids_.push_back(n.id());
+  }
+  void Run(RunContext& ctx) override {
+    for (size_t i = 0; i < ids_.size(); ++i) slots_[i] = ctx.buffers[ids_[i]];
+    kernel_(slots_);
+  }
   std::string name() const override { return name_; }
 
  private:
   std::string name_;
   Kernel kernel_;
+  std::vector<int> ids_;      // the buffer id behind each slot
+  std::vector<void*> slots_;  // scratch, refilled each run
 };
-
-// Returns the kernel for one node; parameters and constants never get here.
-absl::StatusOr<Kernel> MakeKernel(const ir::Graph& g, const ir::Node& n) {
-  using ir::Opcode;
-  // Elementwise ops share one kernel family: the per-element rules are in ir/element_semantics.
-  if (ir::OpcodeKind(n.opcode()) == ir::OpKind::kElementwise) return MakeElementwiseKernel(g, n);
-  switch (n.opcode()) {
-    case Opcode::kAllGather:
-    case Opcode::kAllReduce:
-    case Opcode::kBroadcastInDim:
-    case Opcode::kConcatenate:
-    case Opcode::kGather:
-    case Opcode::kIota:
-    case Opcode::kPad:
-    case Opcode::kReduceScatter:
-    case Opcode::kReshape:
-    case Opcode::kScatterAdd:
-    case Opcode::kSlice:
-    case Opcode::kTranspose:
-      return MakeStructuralKernel(g, n);
-    case Opcode::kArgmax:
-    case Opcode::kReduceMax:
-    case Opcode::kReduceMin:
-    case Opcode::kReduceSum:
-      return MakeReductionKernel(g, n);
-    case Opcode::kConv2d:
-    case Opcode::kConv2dBackwardFilter:
-    case Opcode::kConv2dBackwardInput:
-    case Opcode::kDotGeneral:
-      return MakeContractionKernel(g, n);
-    case Opcode::kAvgPool2d:
-    case Opcode::kAvgPool2dGrad:
-    case Opcode::kMaxPool2d:
-    case Opcode::kMaxPool2dGrad:
-      return MakePoolingKernel(g, n);
-    case Opcode::kAttention:
-    case Opcode::kCrossEntropy:
-    case Opcode::kLayerNorm:
-    case Opcode::kLogSoftmax:
-    case Opcode::kRmsNorm:
-    case Opcode::kSoftmax:
-      return MakeCompositeKernel(g, n);
-    case Opcode::kRandomBits:
-      return MakeRandomKernel(g, n);
-    // No kernel: the executable points their buffers at the literal and the caller's tensor.
-    case Opcode::kConstant:
-    case Opcode::kParameter:
-    default:
-      break;
-  }
-  return absl::InternalError("reference backend: no kernel for " +
-                             std::string(ir::OpcodeName(n.opcode())));
-}
 
 class ReferenceBackend : public Backend {
  public:
@@ -113,10 +56,10 @@ class ReferenceBackend : public Backend {
     std::vector<std::unique_ptr<Thunk>> thunks;
     for (const compiler::ExecutionPlan::Kernel& k : m.plan.kernels) {
       const ir::Node& n = m.graph.node(k.members.back());
-      KILN_ASSIGN_OR_RETURN(Kernel kernel, MakeKernel(m.graph, n));
-      thunks.push_back(std::make_unique<KernelThunk>(
-          std::string(ir::OpcodeName(n.opcode())) + " %" + std::to_string(n.id()),
-          std::move(kernel)));
+      std::vector<ir::Type> types;
+      for (int o : n.operands()) types.push_back(m.graph.node(o).type());
+      KILN_ASSIGN_OR_RETURN(Kernel kernel, MakeKernel(n, types));
+      thunks.push_back(std::make_unique<KernelThunk>(n, std::move(kernel)));
     }
     return std::make_unique<Executable>(m.graph, m.buffers, std::move(thunks), name());
   }

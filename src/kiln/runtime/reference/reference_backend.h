@@ -1,7 +1,8 @@
-// The reference backend: every op in opcodes.def, composites included, as plain loops that compute
-// in double (exact int64 for integer ops) and round once to the output dtype. It is slow on
-// purpose and simple enough to check by eye: it is the oracle the cpu backend, the decomposition
-// pass and the PyTorch goldens are tested against.
+// The reference backend: every op in opcodes.def, composites included, run by the reference
+// kernels (kernels.h: plain loops that compute in double, exact int64 for integer ops, and round
+// once to the output dtype). It is slow on purpose and simple enough to check by eye: it is the
+// oracle the cpu backend, the decomposition pass and the PyTorch goldens are tested against, and
+// the constant folder evaluates through the same kernels.
 //
 //   std::unique_ptr<Backend> ref = MakeReferenceBackend();
 //   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> exe, ref->Compile(graph));

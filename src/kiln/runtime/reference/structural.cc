@@ -21,16 +21,16 @@ inline void CopyElement(void* dst, int64_t to, const void* src, int64_t from, in
 // A kernel that fills every output element from one input element chosen by `source`, which maps
 // an output multi-index to an input multi-index.
 Kernel GatherByIndex(
-    const ir::Graph& g, const ir::Node& n,
+    const ir::Node& n, OperandTypes types,
     std::function<void(const std::vector<int64_t>& out_idx, std::vector<int64_t>& in_idx)> source) {
-  const ir::Type& in_type = OperandType(g, n, 0);
+  const ir::Type& in_type = types[0];
   std::vector<int64_t> out_dims = n.type().shape.dims();
   std::vector<int64_t> in_strides = in_type.shape.Strides();
   int in_rank = in_type.shape.rank();
   int64_t count = n.type().shape.num_elements();
   int64_t width = DTypeSize(n.type().dtype);
-  int x = n.operand(0), y = n.id();
-  return [=](RunContext& ctx) {
+  int x = 0, y = ResultSlot(n);
+  return [=](Buffers ctx) {
     std::vector<int64_t> out_idx, in_idx(in_rank);
     for (int64_t i = 0; i < count; ++i) {
       Unravel(i, out_dims, out_idx);
@@ -41,10 +41,10 @@ Kernel GatherByIndex(
 }
 
 // Operand dim i maps to output dim bd[i]; an operand dim of size 1 stretches.
-Kernel BroadcastInDim(const ir::Graph& g, const ir::Node& n) {
+Kernel BroadcastInDim(const ir::Node& n, OperandTypes types) {
   std::vector<int64_t> bd = n.attr_ints("broadcast_dimensions");
-  std::vector<int64_t> in_dims = OperandType(g, n, 0).shape.dims();
-  return GatherByIndex(g, n,
+  std::vector<int64_t> in_dims = types[0].shape.dims();
+  return GatherByIndex(n, types,
                        [bd, in_dims](const std::vector<int64_t>& o, std::vector<int64_t>& in) {
                          for (size_t i = 0; i < bd.size(); ++i)
                            in[i] = in_dims[i] == 1 ? 0 : o[bd[i]];
@@ -52,20 +52,20 @@ Kernel BroadcastInDim(const ir::Graph& g, const ir::Node& n) {
 }
 
 // Output dim i is operand dim perm[i].
-Kernel Transpose(const ir::Graph& g, const ir::Node& n) {
+Kernel Transpose(const ir::Node& n, OperandTypes types) {
   std::vector<int64_t> perm = n.attr_ints("permutation");
-  return GatherByIndex(g, n, [perm](const std::vector<int64_t>& o, std::vector<int64_t>& in) {
+  return GatherByIndex(n, types, [perm](const std::vector<int64_t>& o, std::vector<int64_t>& in) {
     for (size_t i = 0; i < perm.size(); ++i) in[perm[i]] = o[i];
   });
 }
 
 // out[i] = in[start + i * stride] per dimension (limit only fixes the output size).
-Kernel Slice(const ir::Graph& g, const ir::Node& n) {
+Kernel Slice(const ir::Node& n, OperandTypes types) {
   std::vector<int64_t> start = n.attr_ints("start");
   std::vector<int64_t> stride =
       n.has_attr("stride") ? n.attr_ints("stride") : std::vector<int64_t>();
   if (stride.empty()) stride.assign(start.size(), 1);
-  return GatherByIndex(g, n,
+  return GatherByIndex(n, types,
                        [start, stride](const std::vector<int64_t>& o, std::vector<int64_t>& in) {
                          for (size_t d = 0; d < start.size(); ++d)
                            in[d] = start[d] + o[d] * stride[d];
@@ -84,33 +84,31 @@ absl::StatusOr<Kernel> Copy(const ir::Node& n) {
   if (n.opcode() == Opcode::kAllReduce && n.has_attr("reduction") &&
       n.attr_str("reduction") != "sum")
     return Unsupported(n, "unknown reduction '" + n.attr_str("reduction") + "'");
-  int x = n.operand(0), y = n.id();
+  int x = 0, y = ResultSlot(n);
   size_t bytes = static_cast<size_t>(n.type().byte_size());
-  return Kernel([=](RunContext& ctx) {
+  return Kernel([=](Buffers ctx) {
     if (bytes > 0) std::memcpy(Out(ctx, y), In(ctx, x), bytes);
   });
 }
 
 // Operands are laid side by side along `dimension`.
-Kernel Concatenate(const ir::Graph& g, const ir::Node& n) {
+Kernel Concatenate(const ir::Node& n, OperandTypes types) {
   int dim = static_cast<int>(n.attr_int("dimension"));
-  std::vector<int> ins = n.operands();
   std::vector<std::vector<int64_t>> in_dims;
-  for (size_t k = 0; k < ins.size(); ++k)
-    in_dims.push_back(OperandType(g, n, static_cast<int>(k)).shape.dims());
+  for (const ir::Type& t : types) in_dims.push_back(t.shape.dims());
   std::vector<int64_t> out_strides = n.type().shape.Strides();
   int64_t width = DTypeSize(n.type().dtype);
-  int y = n.id();
-  return [=](RunContext& ctx) {
+  int y = ResultSlot(n);
+  return [=](Buffers ctx) {
     int64_t offset = 0;  // position of the current operand along `dim`
     std::vector<int64_t> idx;
-    for (size_t k = 0; k < ins.size(); ++k) {
+    for (size_t k = 0; k < in_dims.size(); ++k) {
       int64_t count = 1;
       for (int64_t d : in_dims[k]) count *= d;
       for (int64_t i = 0; i < count; ++i) {
         Unravel(i, in_dims[k], idx);
         idx[dim] += offset;
-        CopyElement(Out(ctx, y), Ravel(idx, out_strides), In(ctx, ins[k]), i, width);
+        CopyElement(Out(ctx, y), Ravel(idx, out_strides), In(ctx, static_cast<int>(k)), i, width);
       }
       offset += in_dims[k][dim];
     }
@@ -119,21 +117,21 @@ Kernel Concatenate(const ir::Graph& g, const ir::Node& n) {
 
 // Fills with `value`, then puts operand element i of each dim at low + i * (interior + 1).
 // Positions outside the output (only possible with negative padding) are dropped.
-Kernel Pad(const ir::Graph& g, const ir::Node& n) {
+Kernel Pad(const ir::Node& n, OperandTypes types) {
   std::vector<int64_t> low = n.attr_ints("low");
   std::vector<int64_t> interior =
       n.has_attr("interior") ? n.attr_ints("interior") : std::vector<int64_t>();
   if (interior.empty()) interior.assign(low.size(), 0);
   double value = n.has_attr("value") ? n.attr_float("value") : 0.0;
-  std::vector<int64_t> in_dims = OperandType(g, n, 0).shape.dims();
+  std::vector<int64_t> in_dims = types[0].shape.dims();
   std::vector<int64_t> out_dims = n.type().shape.dims();
   std::vector<int64_t> out_strides = n.type().shape.Strides();
-  int64_t in_count = OperandType(g, n, 0).shape.num_elements();
+  int64_t in_count = types[0].shape.num_elements();
   int64_t out_count = n.type().shape.num_elements();
   DType t = n.type().dtype;
   int64_t width = DTypeSize(t);
-  int x = n.operand(0), y = n.id();
-  return [=](RunContext& ctx) {
+  int x = 0, y = ResultSlot(n);
+  return [=](Buffers ctx) {
     for (int64_t i = 0; i < out_count; ++i) StoreFromDouble(Out(ctx, y), t, i, value);
     std::vector<int64_t> idx;
     for (int64_t i = 0; i < in_count; ++i) {
@@ -154,8 +152,8 @@ absl::StatusOr<Kernel> Iota(const ir::Node& n) {
   int dim = static_cast<int>(n.attr_int("dimension"));
   AxisSplit s = SplitAt(n.type().shape, dim);
   DType t = n.type().dtype;
-  int y = n.id();
-  return Kernel([=](RunContext& ctx) {
+  int y = ResultSlot(n);
+  return Kernel([=](Buffers ctx) {
     for (int64_t o = 0; o < s.outer; ++o)
       for (int64_t k = 0; k < s.size; ++k)
         for (int64_t i = 0; i < s.inner; ++i)
@@ -175,15 +173,15 @@ IndexedAxis Split(const Shape& table, int64_t num_indices, int axis) {
 
 // out[o, j, i] = table[o, clamp(indices[j], 0, A - 1), i]. With A = 0 there is nothing to read
 // and the output is zeros.
-absl::StatusOr<Kernel> Gather(const ir::Graph& g, const ir::Node& n) {
-  DType idx_t = OperandType(g, n, 1).dtype;
+absl::StatusOr<Kernel> Gather(const ir::Node& n, OperandTypes types) {
+  DType idx_t = types[1].dtype;
   KILN_RETURN_IF_ERROR(CheckDType(n, idx_t, kIntTypes, "indices"));
-  IndexedAxis s = Split(OperandType(g, n, 0).shape, OperandType(g, n, 1).shape.num_elements(),
-                        static_cast<int>(n.attr_int("axis")));
+  IndexedAxis s =
+      Split(types[0].shape, types[1].shape.num_elements(), static_cast<int>(n.attr_int("axis")));
   int64_t width = DTypeSize(n.type().dtype);
   size_t bytes = static_cast<size_t>(n.type().byte_size());
-  int table = n.operand(0), indices = n.operand(1), y = n.id();
-  return Kernel([=](RunContext& ctx) {
+  int table = 0, indices = 1, y = ResultSlot(n);
+  return Kernel([=](Buffers ctx) {
     if (s.axis_size == 0) {
       if (bytes > 0) std::memset(Out(ctx, y), 0, bytes);
       return;
@@ -200,20 +198,20 @@ absl::StatusOr<Kernel> Gather(const ir::Graph& g, const ir::Node& n) {
 
 // out = operand; out[o, indices[j], i] += updates[o, j, i], skipping indices outside [0, A).
 // Sums accumulate in double (floats) or int64 (integers) and round once.
-absl::StatusOr<Kernel> ScatterAdd(const ir::Graph& g, const ir::Node& n) {
+absl::StatusOr<Kernel> ScatterAdd(const ir::Node& n, OperandTypes types) {
   DType t = n.type().dtype;
-  DType idx_t = OperandType(g, n, 1).dtype;
-  DType upd_t = OperandType(g, n, 2).dtype;
+  DType idx_t = types[1].dtype;
+  DType upd_t = types[2].dtype;
   KILN_RETURN_IF_ERROR(CheckDType(n, t, kFloatTypes | kIntTypes, "operand"));
   KILN_RETURN_IF_ERROR(CheckDType(n, idx_t, kIntTypes, "indices"));
   KILN_RETURN_IF_ERROR(CheckDType(n, upd_t, kFloatTypes | kIntTypes, "updates"));
-  IndexedAxis s = Split(n.type().shape, OperandType(g, n, 1).shape.num_elements(),
-                        static_cast<int>(n.attr_int("axis")));
+  IndexedAxis s =
+      Split(n.type().shape, types[1].shape.num_elements(), static_cast<int>(n.attr_int("axis")));
   int64_t count = n.type().shape.num_elements();
-  int operand = n.operand(0), indices = n.operand(1), updates = n.operand(2), y = n.id();
+  int operand = 0, indices = 1, updates = 2, y = ResultSlot(n);
   bool floating = IsFloating(t);
   return Kernel([=, acc = std::vector<double>(floating ? count : 0),
-                 iacc = std::vector<int64_t>(floating ? 0 : count)](RunContext& ctx) mutable {
+                 iacc = std::vector<int64_t>(floating ? 0 : count)](Buffers ctx) mutable {
     for (int64_t e = 0; e < count; ++e) {
       if (floating)
         acc[e] = LoadAsDouble(In(ctx, operand), t, e);
@@ -244,29 +242,29 @@ absl::StatusOr<Kernel> ScatterAdd(const ir::Graph& g, const ir::Node& n) {
 
 }  // namespace
 
-absl::StatusOr<Kernel> MakeStructuralKernel(const ir::Graph& g, const ir::Node& n) {
+absl::StatusOr<Kernel> MakeStructuralKernel(const ir::Node& n, OperandTypes types) {
   switch (n.opcode()) {
     case Opcode::kBroadcastInDim:
-      return BroadcastInDim(g, n);
+      return BroadcastInDim(n, types);
     case Opcode::kTranspose:
-      return Transpose(g, n);
+      return Transpose(n, types);
     case Opcode::kSlice:
-      return Slice(g, n);
+      return Slice(n, types);
     case Opcode::kReshape:
     case Opcode::kAllReduce:
     case Opcode::kAllGather:
     case Opcode::kReduceScatter:
       return Copy(n);
     case Opcode::kConcatenate:
-      return Concatenate(g, n);
+      return Concatenate(n, types);
     case Opcode::kPad:
-      return Pad(g, n);
+      return Pad(n, types);
     case Opcode::kIota:
       return Iota(n);
     case Opcode::kGather:
-      return Gather(g, n);
+      return Gather(n, types);
     case Opcode::kScatterAdd:
-      return ScatterAdd(g, n);
+      return ScatterAdd(n, types);
     default:
       return absl::InternalError("structural: unexpected op " +
                                  std::string(ir::OpcodeName(n.opcode())));
