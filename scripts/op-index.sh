@@ -2,8 +2,8 @@
 # Prints, for every op in src/kiln/ir/opcodes.def (or just the ones named), where its pieces are,
 # found through the code itself (no markers): its table row, its shape rule (a `case Opcode::kFoo`
 # in shape_inference*.cc, or the family rule InferUnary/InferBinary its `family` column selects),
-# its reference kernel (cases in runtime/reference/ and the per-element rule in
-# ir/element_semantics.cc), its cpu lowering (the `case F::k<family>` of LowerNode in
+# its reference kernel (the `case F::k<family>` of MakeKernel in runtime/reference/kernels.cc, plus
+# the op's own cases in runtime/reference/ and its per-element rule in ir/element_semantics.cc), its cpu lowering (the `case F::k<family>` of LowerNode in
 # cpu_backend.cc, plus the op's own cases in runtime/cpu/) and its VJP rule (the function
 # FindVjpRule returns for it, or "not differentiable").
 #   scripts/op-index.sh            # every op
@@ -25,6 +25,9 @@ cases='case Opcode::k[A-Za-z0-9]+:'
   # FAMILY <family> <file:line>: LowerNode's cases in the cpu backend.
   grep -nE 'case F::k[A-Za-z]+:' src/kiln/runtime/cpu/cpu_backend.cc |
     sed -E 's/^([0-9]+):.*case F::(k[A-Za-z]+):.*/FAMILY \2 src\/kiln\/runtime\/cpu\/cpu_backend.cc:\1/'
+  # REFFAMILY <family> <file:line>: MakeKernel's cases in the reference kernels.
+  grep -nE 'case F::k[A-Za-z]+:' src/kiln/runtime/reference/kernels.cc |
+    sed -E 's/^([0-9]+):.*case F::(k[A-Za-z]+):.*/REFFAMILY \2 src\/kiln\/runtime\/reference\/kernels.cc:\1/'
   # RULE <name> <file:line>: the shape rules for the plain elementwise families.
   grep -nE '^absl::StatusOr<Type> Infer(Unary|Binary)\(' src/kiln/ir/shape_inference.cc |
     sed -E 's/^([0-9]+):absl::StatusOr<Type> (Infer[A-Za-z]+)\(.*/RULE \2 src\/kiln\/ir\/shape_inference.cc:\1/'
@@ -48,6 +51,7 @@ cases='case Opcode::k[A-Za-z0-9]+:'
     next
   }
   $1 == "FAMILY" { lower[$2] = $3; next }
+  $1 == "REFFAMILY" { refmake[$2] = $3; next }
   $1 == "RULE" { rule[$2] = $3; next }
   $1 == "VJP" { vjp[op_of[$2]] = $3; next }
   $1 == "VJPDEF" { vjpdef[$2] = $3; next }
@@ -73,7 +77,11 @@ cases='case Opcode::k[A-Za-z0-9]+:'
       shape = found[op, "shape"]
       plain = (f == "kUnary" || f == "kBinary" || f == "kCompare" || f == "kLogical")
       if (shape == "" && plain) shape = (f == "kUnary" || op == "logical_not" ? "InferUnary " rule["InferUnary"] : "InferBinary " rule["InferBinary"]) " (family " f ")"
-      ref = found[op, "reference"]
+      ref = ""
+      if (f == "kNone") ref = "no kernel (bound to a tensor)"
+      else if (refmake[f] != "") ref = "MakeKernel family " f " " refmake[f] (found[op, "reference"] == "" ? "" : "; " found[op, "reference"])
+      # A unary or binary op needs its own per-element rule: the family only picks the loop.
+      if ((f == "kUnary" || f == "kBinary") && found[op, "reference"] == "") ref = ""
       cpu = ""
       if (f == "kNone") cpu = "no kernel (bound or stored at compile time)"
       else if (lower[f] != "") cpu = "LowerNode family " f " " lower[f] (found[op, "cpu"] == "" ? "" : "; " found[op, "cpu"])
@@ -84,7 +92,7 @@ cases='case Opcode::k[A-Za-z0-9]+:'
       else if (vjp[op] != "" && vjpdef[vjp[op]] != "") v = vjp[op] " " vjpdef[vjp[op]]
       if (check) {
         if (shape == "") { print "op \x27" op "\x27 has no shape rule (no case in shape_inference*.cc, no family rule)"; bad = 1 }
-        if (ref == "") { print "op \x27" op "\x27 has no reference kernel (no case in runtime/reference/ or ir/element_semantics.cc)"; bad = 1 }
+        if (ref == "") { print "op \x27" op "\x27 has no reference kernel (family " f " has no MakeKernel case, or no per-element case in ir/element_semantics.cc)"; bad = 1 }
         if (cpu == "") { print "op \x27" op "\x27 has no cpu lowering (family " f " has no LowerNode case, or no loop case in runtime/cpu/)"; bad = 1 }
         if (v == "") { print "op \x27" op "\x27 has no VJP rule in FindVjpRule (return nullptr if not differentiable)"; bad = 1 }
       } else {
