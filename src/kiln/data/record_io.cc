@@ -1,11 +1,6 @@
 #include "kiln/data/record_io.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -15,10 +10,6 @@
 
 namespace kiln::data {
 namespace {
-
-absl::Status IoError(int err, const std::string& what, const std::string& path) {
-  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));
-}
 
 void PutFixed32(uint32_t v, std::string* out) {
   char b[4];
@@ -43,101 +34,6 @@ uint64_t GetFixed64(const char* p) {
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
   return v;
 }
-
-// ---- POSIX files ----
-
-class PosixAppendFile final : public AppendFile {
- public:
-  PosixAppendFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-  ~PosixAppendFile() override {
-    if (fd_ >= 0) (void)Close();
-  }
-
-  absl::Status Append(std::string_view data) override {
-    if (fd_ < 0) return absl::FailedPreconditionError("append to closed file " + path_);
-    if (buffer_.size() + data.size() > kBufferBytes) {
-      KILN_RETURN_IF_ERROR(Flush());
-      if (data.size() >= kBufferBytes) return WriteAll(data.data(), data.size());
-    }
-    buffer_.append(data.data(), data.size());
-    return absl::OkStatus();
-  }
-
-  absl::Status Flush() override {
-    if (fd_ < 0) return absl::FailedPreconditionError("flush of closed file " + path_);
-    absl::Status s = WriteAll(buffer_.data(), buffer_.size());
-    buffer_.clear();
-    return s;
-  }
-
-  absl::Status Sync() override {
-    KILN_RETURN_IF_ERROR(Flush());
-    if (::fsync(fd_) != 0) return IoError(errno, "cannot fsync", path_);
-    return absl::OkStatus();
-  }
-
-  absl::Status Close() override {
-    if (fd_ < 0) return absl::OkStatus();
-    absl::Status s = Flush();
-    if (::close(fd_) != 0 && s.ok()) s = IoError(errno, "cannot close", path_);
-    fd_ = -1;
-    return s;
-  }
-
-  const std::string& name() const override { return path_; }
-
- private:
-  static constexpr size_t kBufferBytes = 64 << 10;
-
-  absl::Status WriteAll(const char* p, size_t n) {
-    while (n > 0) {
-      ssize_t w = ::write(fd_, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return IoError(errno, "cannot write", path_);
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-    return absl::OkStatus();
-  }
-
-  int fd_;
-  std::string path_;
-  std::string buffer_;
-};
-
-class PosixReadFile final : public ReadFile {
- public:
-  PosixReadFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-  ~PosixReadFile() override { ::close(fd_); }
-
-  absl::StatusOr<size_t> ReadAt(uint64_t offset, size_t n, char* dst) override {
-    size_t done = 0;
-    while (done < n) {
-      ssize_t r = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        return IoError(errno, "cannot read", path_);
-      }
-      if (r == 0) break;
-      done += static_cast<size_t>(r);
-    }
-    return done;
-  }
-
-  absl::StatusOr<uint64_t> Size() override {
-    struct stat st;
-    if (::fstat(fd_, &st) != 0) return IoError(errno, "cannot stat", path_);
-    return static_cast<uint64_t>(st.st_size);
-  }
-
-  const std::string& name() const override { return path_; }
-
- private:
-  int fd_;
-  std::string path_;
-};
 
 // ---- in-memory files ----
 
@@ -234,19 +130,14 @@ absl::StatusOr<std::unique_ptr<ReadFile>> OpenEnvReadFile(Env* env, const std::s
   return std::unique_ptr<ReadFile>(new EnvReadFile(env, std::move(file), path));
 }
 
-absl::StatusOr<std::unique_ptr<AppendFile>> OpenPosixAppendFile(const std::string& path,
-                                                                bool append, bool exclusive) {
-  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
-  if (exclusive) flags |= O_EXCL;
-  int fd = ::open(path.c_str(), flags, 0644);
-  if (fd < 0) return IoError(errno, "cannot create", path);
-  return std::unique_ptr<AppendFile>(new PosixAppendFile(fd, path));
-}
-
-absl::StatusOr<std::unique_ptr<ReadFile>> OpenPosixReadFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoError(errno, "cannot open", path);
-  return std::unique_ptr<ReadFile>(new PosixReadFile(fd, path));
+absl::StatusOr<std::unique_ptr<AppendFile>> OpenAppendFile(Env* env, const std::string& path,
+                                                           WriteMode mode) {
+  absl::StatusOr<std::unique_ptr<WritableFile>> file =
+      mode == WriteMode::kAppend      ? env->NewAppendableFile(path)
+      : mode == WriteMode::kExclusive ? env->NewExclusiveFile(path)
+                                      : env->NewWritableFile(path);
+  KILN_RETURN_IF_ERROR(file.status());
+  return AdaptWritableFile(*std::move(file), path);
 }
 
 std::unique_ptr<AppendFile> NewStringAppendFile(std::string* out, std::string name) {
@@ -276,20 +167,17 @@ std::string FrameRecord(std::string_view data) {
 
 absl::StatusOr<std::unique_ptr<RecordWriter>> RecordWriter::Open(const std::string& path,
                                                                  bool append) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<AppendFile> file, OpenPosixAppendFile(path, append));
-  uint64_t start = 0;
-  if (append) {
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return IoError(errno, "cannot stat", path);
-    start = static_cast<uint64_t>(st.st_size);
-  }
-  return std::make_unique<RecordWriter>(std::move(file), start);
+  return Open(Env::Default(), path, append ? WriteMode::kAppend : WriteMode::kTruncate);
 }
 
-absl::StatusOr<std::unique_ptr<RecordWriter>> RecordWriter::Open(Env* env,
-                                                                 const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(path));
-  return std::make_unique<RecordWriter>(AdaptWritableFile(std::move(file), path));
+absl::StatusOr<std::unique_ptr<RecordWriter>> RecordWriter::Open(Env* env, const std::string& path,
+                                                                 WriteMode mode) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<AppendFile> file, OpenAppendFile(env, path, mode));
+  uint64_t start = 0;
+  if (mode == WriteMode::kAppend) {
+    KILN_ASSIGN_OR_RETURN(start, env->GetFileSize(path));
+  }
+  return std::make_unique<RecordWriter>(std::move(file), start);
 }
 
 RecordWriter::RecordWriter(std::unique_ptr<AppendFile> file, uint64_t start_offset)
@@ -345,8 +233,7 @@ absl::Status RecordWriter::Close() {
 // ---- RecordReader ----
 
 absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ReadFile> file, OpenPosixReadFile(path));
-  return std::make_unique<RecordReader>(std::move(file));
+  return Open(Env::Default(), path);
 }
 
 absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(Env* env,
@@ -422,8 +309,7 @@ absl::StatusOr<std::vector<std::string>> ReadAll(RecordReader& reader, bool allo
 
 absl::StatusOr<std::vector<std::string>> ReadAllRecords(const std::string& path,
                                                         bool allow_truncated_tail) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RecordReader> reader, RecordReader::Open(path));
-  return ReadAll(*reader, allow_truncated_tail);
+  return ReadAllRecords(Env::Default(), path, allow_truncated_tail);
 }
 
 absl::StatusOr<std::vector<std::string>> ReadAllRecords(Env* env, const std::string& path,

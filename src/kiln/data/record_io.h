@@ -24,9 +24,10 @@
 // file) or it was killed mid-write; the reader stays at N, so calling Read again after the file
 // grows picks the record up. A clean end of file is Read() returning false.
 //
-// Files are reached through the small AppendFile / ReadFile interfaces below: POSIX by default
-// (with append and exclusive-create modes that Env lacks), or any kiln::Env (base/env.h: MemEnv,
-// FaultInjectionEnv) through the Env overloads; tests also use the in-memory string versions.
+// Files are reached through kiln::Env (base/env.h), so record files are tested under MemEnv and
+// FaultInjectionEnv: the overloads without an Env use Env::Default(). The small AppendFile /
+// ReadFile interfaces below sit between the framing and the Env; tests also use their in-memory
+// string versions.
 #ifndef KILN_DATA_RECORD_IO_H_
 #define KILN_DATA_RECORD_IO_H_
 
@@ -72,12 +73,14 @@ class ReadFile {
   virtual const std::string& name() const = 0;
 };
 
-// POSIX files. `append` keeps existing content (O_APPEND) instead of truncating; `exclusive`
-// fails with AlreadyExists when the file exists (O_EXCL). Errors carry the path and errno.
-absl::StatusOr<std::unique_ptr<AppendFile>> OpenPosixAppendFile(const std::string& path,
-                                                                bool append = false,
-                                                                bool exclusive = false);
-absl::StatusOr<std::unique_ptr<ReadFile>> OpenPosixReadFile(const std::string& path);
+// How a file is opened for writing: created or truncated (Env::NewWritableFile), appended to
+// (Env::NewAppendableFile; created if missing) or created only if absent (Env::NewExclusiveFile:
+// AlreadyExists otherwise, so a writer never overwrites another's file).
+enum class WriteMode { kTruncate, kAppend, kExclusive };
+
+// `path` through `env`, opened as `mode` says. Errors carry the path.
+absl::StatusOr<std::unique_ptr<AppendFile>> OpenAppendFile(Env* env, const std::string& path,
+                                                           WriteMode mode = WriteMode::kTruncate);
 
 // In-memory files for tests: the writer appends to *out (borrowed, must outlive it); the reader
 // reads *bytes (borrowed, may be changed between reads to simulate a growing file).
@@ -97,11 +100,12 @@ void AppendRecordHeader(uint64_t length, std::string* out);
 
 class RecordWriter {
  public:
-  // Creates (truncates) `path`, or appends to it when `append`.
+  // Opens `path` through `env` as `mode` says; appending, offset() starts at the file's size.
+  static absl::StatusOr<std::unique_ptr<RecordWriter>> Open(Env* env, const std::string& path,
+                                                            WriteMode mode = WriteMode::kTruncate);
+  // The same on Env::Default(): creates (truncates) `path`, or appends to it when `append`.
   static absl::StatusOr<std::unique_ptr<RecordWriter>> Open(const std::string& path,
                                                             bool append = false);
-  // Creates (truncates) `path` through `env`.
-  static absl::StatusOr<std::unique_ptr<RecordWriter>> Open(Env* env, const std::string& path);
   explicit RecordWriter(std::unique_ptr<AppendFile> file, uint64_t start_offset = 0);
   ~RecordWriter();  // closes if still open, ignoring errors: call Close() to see them
 
@@ -129,8 +133,8 @@ class RecordWriter {
 
 class RecordReader {
  public:
-  static absl::StatusOr<std::unique_ptr<RecordReader>> Open(const std::string& path);
   static absl::StatusOr<std::unique_ptr<RecordReader>> Open(Env* env, const std::string& path);
+  static absl::StatusOr<std::unique_ptr<RecordReader>> Open(const std::string& path);  // Default()
   explicit RecordReader(std::unique_ptr<ReadFile> file, uint64_t start_offset = 0);
 
   // Reads the next record into *record. true: got one (offset() moves past it); false: clean end

@@ -391,10 +391,8 @@ double NowFor(const EventWriter::Options& options) {
 
 // Creates `path`, or AlreadyExists if something is there (never overwrites another run's file).
 absl::StatusOr<std::unique_ptr<AppendFile>> CreateNew(Env* env, const std::string& path) {
-  if (env == nullptr) return data::OpenPosixAppendFile(path, /*append=*/false, /*exclusive=*/true);
-  if (env->FileExists(path)) return absl::AlreadyExistsError("event file exists: " + path);
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, env->NewWritableFile(path));
-  return data::AdaptWritableFile(std::move(f), path);
+  return data::OpenAppendFile(env != nullptr ? env : Env::Default(), path,
+                              data::WriteMode::kExclusive);
 }
 
 }  // namespace

@@ -11,15 +11,16 @@ namespace kiln::train {
 // ---- JsonlSink ----
 
 absl::StatusOr<std::unique_ptr<JsonlSink>> JsonlSink::Create(const std::string& path, bool append) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<AppendFile> file, data::OpenPosixAppendFile(path, append));
-  return std::make_unique<JsonlSink>(std::move(file));
+  return Create(Env::Default(), path, append);
 }
 
 absl::StatusOr<std::unique_ptr<JsonlSink>> JsonlSink::Create(Env* env, const std::string& path,
                                                              bool append) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
-                        append ? env->NewAppendableFile(path) : env->NewWritableFile(path));
-  return std::make_unique<JsonlSink>(data::AdaptWritableFile(std::move(file), path));
+  KILN_ASSIGN_OR_RETURN(
+      std::unique_ptr<AppendFile> file,
+      data::OpenAppendFile(env, path,
+                           append ? data::WriteMode::kAppend : data::WriteMode::kTruncate));
+  return std::make_unique<JsonlSink>(std::move(file));
 }
 
 JsonlSink::JsonlSink(std::unique_ptr<AppendFile> file) : file_(std::move(file)) {}
