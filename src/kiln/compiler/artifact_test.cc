@@ -66,7 +66,6 @@ std::map<std::string, Tensor> Weights() {
 
 ir::Graph Optimized() {
   CompileOptions o;
-  o.pipeline.read_env = false;
   absl::StatusOr<ir::Graph> g = Optimize(Mlp(), o);
   EXPECT_TRUE(g.ok()) << g.status();
   return *g;

@@ -1,8 +1,6 @@
 #include "kiln/compiler/cache.h"
 
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -10,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kiln/base/crc32c.h"
+#include "kiln/base/log.h"
 #include "kiln/base/status.h"
 #include "kiln/compiler/internal/sha256.h"
 #include "kiln/compiler/version.h"
@@ -52,20 +51,6 @@ std::string HexToBytes(const std::string& hex) {
   auto nib = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
   for (size_t i = 0; i < out.size(); ++i)
     out[i] = static_cast<char>((nib(hex[2 * i]) << 4) | nib(hex[2 * i + 1]));
-  return out;
-}
-
-std::vector<std::string> SplitNames(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t comma = s.find(',', start);
-    if (comma == std::string::npos) comma = s.size();
-    std::string part = s.substr(start, comma - start);
-    size_t b = part.find_first_not_of(" \t"), e = part.find_last_not_of(" \t");
-    if (b != std::string::npos) out.push_back(part.substr(b, e - b + 1));
-    start = comma + 1;
-  }
   return out;
 }
 
@@ -180,9 +165,6 @@ std::string CacheStats::ToString() const {
 std::string CanonicalOptionsString(const CompileOptions& options) {
   std::set<std::string> disabled(options.pipeline.disabled_passes.begin(),
                                  options.pipeline.disabled_passes.end());
-  if (options.pipeline.read_env)
-    if (const char* v = std::getenv("KILN_DISABLE_PASSES"))
-      for (const std::string& d : SplitNames(v)) disabled.insert(d);
   std::string s = "disabled_passes=";
   bool first = true;
   for (const std::string& d : disabled) {
@@ -242,32 +224,14 @@ std::string ShapeSignature(const ir::Graph& graph) {
 
 CompileCache::CompileCache(CompileCacheOptions options)
     : options_(std::move(options)), env_(options_.env ? options_.env : Env::Default()) {
-  if (options_.use_disk) {
-    std::string root = options_.dir;
-    if (root.empty())
-      if (const char* v = std::getenv("KILN_CACHE_DIR"); v && *v) root = v;
-    if (root.empty())
-      if (const char* h = std::getenv("HOME"); h && *h)
-        root = JoinPath(JoinPath(h, ".cache"), "kiln");
-    if (!root.empty()) disk_dir_ = JoinPath(root, "compile");
-  }
-}
-
-CompileCache& CompileCache::Default() {
-  static CompileCache* cache = [] {
-    CompileCacheOptions o;
-    if (const char* v = std::getenv("KILN_COMPILE_CACHE"); v && std::string(v) == "0")
-      o.use_disk = false;
-    return new CompileCache(std::move(o));
-  }();
-  return *cache;
+  if (options_.use_disk && !options_.dir.empty()) disk_dir_ = JoinPath(options_.dir, "compile");
 }
 
 void CompileCache::Log(const std::string& message) const {
   if (options_.log)
     options_.log(message);
-  else
-    std::fprintf(stderr, "%s\n", message.c_str());
+  else  // "kiln compile cache: ..." logs as "kiln: compile cache: ..."
+    KILN_LOG(INFO) << (message.rfind("kiln ", 0) == 0 ? message.substr(5) : message);
 }
 
 CompileCache::KeyParts CompileCache::MakeKeyParts(const ir::Graph& graph,
@@ -462,8 +426,8 @@ absl::StatusOr<ir::Graph> CompileCache::GetOrOptimize(const ir::Graph& graph,
                                                       const CompileOptions& options,
                                                       const std::string& backend_key,
                                                       CacheStats* stats) {
-  // A typo in KILN_DISABLE_PASSES (or disabled_passes) is an error whether or not the entry is
-  // cached, not a silent hit on a program that ran every pass.
+  // A typo in disabled_passes is an error whether or not the entry is cached, not a silent hit on
+  // a program that ran every pass.
   KILN_RETURN_IF_ERROR(DefaultPipeline(options)->CheckDisabledPasses());
   auto t0 = std::chrono::steady_clock::now();
   CacheStats delta;
@@ -477,9 +441,7 @@ absl::StatusOr<ir::Graph> CompileCache::GetOrOptimize(const ir::Graph& graph,
   };
 
   // A caller that asked for IR dumps wants the passes to run: skip the lookup (still store).
-  const bool dumps = !options.pipeline.dump_dir.empty() ||
-                     (options.pipeline.read_env && std::getenv("KILN_DUMP_IR") != nullptr &&
-                      *std::getenv("KILN_DUMP_IR") != '\0');
+  const bool dumps = !options.pipeline.dump_dir.empty();
 
   // Memory tier.
   if (!dumps) {

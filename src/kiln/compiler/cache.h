@@ -3,24 +3,25 @@
 // a process that compiles the same model again (the next step, the next run, a restarted job)
 // skips the pass pipeline. Backends call it in place of Optimize:
 //
-//   // In a backend's Compile(graph):
+//   compiler::CompileCache cache({.dir = "/var/cache/kiln"});   // owned by the caller
 //   compiler::CompileOptions opts = ...;                 // the same options Optimize would get
 //   KILN_ASSIGN_OR_RETURN(ir::Graph optimized,
-//       compiler::CompileCache::Default().GetOrOptimize(graph, opts, "cpu/avx512-bf16"));
+//       cache.GetOrOptimize(graph, opts, "cpu/avx512-bf16"));
 //   ... lower `optimized` to thunks ...
+// (compiler::Compile does this when given a cache; the kiln CLI makes one per process.)
 //
 // The key is the SHA-256 (internal/sha256.h) of, each length-prefixed:
 //   - the canonical IR text of the input graph (ir::PrintGraph) with the graph's name blanked
 //     (the name is debug information: it is restored on a hit),
 //   - kCompilerVersion (version.h),
 //   - CanonicalOptionsString(options): every CompileOptions field that can change the result
-//     (effective disabled passes, including KILN_DISABLE_PASSES when read_env is set; per composite
-//     op whether keep_composite keeps it; the constant-folding limit; the fixed-point round cap;
-//     loop fusion; the remat options, with whether a backend `measure` hook is set),
+//     (disabled passes; per composite op whether keep_composite keeps it; the constant-folding
+//     limit; the fixed-point round cap; loop fusion; the remat options, with whether a backend
+//     `measure` hook is set),
 //   - the backend key supplied by the caller: backend name and ISA ("cpu/avx512-bf16").
 // Fields that only affect diagnostics (verify_each_pass, dump_dir, env) are left out; but when IR
-// dumps are requested (dump_dir, or KILN_DUMP_IR with read_env) the lookup is skipped so the
-// passes run and dump, and the result is stored as usual.
+// dumps are requested (dump_dir) the lookup is skipped so the passes run and dump, and the result
+// is stored as usual.
 //
 // On disk each entry is one file <dir>/compile/<64 hex key>.kcc, laid out byte by byte in
 // docs/formats.md ("Compile cache"): a fixed 80-byte header (magic, version, key, CRC32C of the
@@ -29,7 +30,7 @@
 // partial file). A corrupt, truncated or mismatched entry is a miss (logged) and is rewritten;
 // a write failure is logged and otherwise ignored: the cache never makes a compile fail.
 //
-// Every miss logs its reason to stderr (or options.log), e.g.
+// Every miss logs its reason (KILN_LOG, or options.log), e.g.
 //   kiln compile cache: miss for graph 'train_step' (new key: options changed; no entry on disk)
 // and when one graph name is seen with `recompile_warning_threshold` or more distinct parameter
 // shape signatures, every further new one warns, naming the parameters that changed.
@@ -76,8 +77,8 @@ struct CacheStats {
 };
 
 struct CompileCacheOptions {
-  // Root folder; entries go under <dir>/compile/. Empty: $KILN_CACHE_DIR, else $HOME/.cache/kiln,
-  // else no disk tier.
+  // Root folder; entries go under <dir>/compile/. Empty: no disk tier (the cache reads no
+  // environment; the kiln CLI passes $KILN_CACHE_DIR here).
   std::string dir;
   bool use_disk = true;
   // In-memory LRU capacity (entries); 0 disables the memory tier.
@@ -86,7 +87,7 @@ struct CompileCacheOptions {
   int recompile_warning_threshold = 3;
   // Filesystem for the disk tier; null means Env::Default().
   Env* env = nullptr;
-  // Where miss reasons and warnings go; null means stderr.
+  // Where miss reasons and warnings go; null means KILN_LOG(INFO).
   std::function<void(const std::string&)> log;
 };
 
@@ -107,10 +108,6 @@ class CompileCache {
   explicit CompileCache(CompileCacheOptions options = {});
   CompileCache(const CompileCache&) = delete;
   CompileCache& operator=(const CompileCache&) = delete;
-
-  // The process-wide cache (default options, so $KILN_CACHE_DIR / ~/.cache/kiln). Set
-  // KILN_COMPILE_CACHE=0 to turn off its disk tier.
-  static CompileCache& Default();
 
   // The optimized graph for `graph`: from memory, else from disk, else Optimize(graph, options)
   // (then stored in both tiers). Errors are only Optimize's (an invalid graph, a pass error).

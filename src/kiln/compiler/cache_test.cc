@@ -2,6 +2,7 @@
 // of its parts, corrupt entries as logged misses, miss explanations and the recompile warning.
 #include "kiln/compiler/cache.h"
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +35,6 @@ ir::Graph Model(const std::string& name, int64_t batch, double scale = 1.0) {
 
 CompileOptions Opts() {
   CompileOptions o;
-  o.pipeline.read_env = false;
   o.pipeline.verify_each_pass = true;
   return o;
 }
@@ -161,39 +161,53 @@ TEST(CompileCacheTest, KeyChangesWithEachPart) {
   EXPECT_THAT(CanonicalOptionsString(disabled), HasSubstr("disabled_passes=cse\n"));
 }
 
-TEST(CompileCacheTest, EnvDisabledPassesArePartOfTheKeyWhenReadEnv) {
+TEST(CompileCacheTest, DisabledPassesFromVariablesArePartOfTheKey) {
   Fixture f;
   CompileCache cache(f.Options());
   ir::Graph g = Model("net", 4);
   CompileOptions o = Opts();
-  o.pipeline.read_env = true;
-  unsetenv("KILN_DISABLE_PASSES");
   std::string before = cache.Key(g, o, "cpu");
-  setenv("KILN_DISABLE_PASSES", "dce, cse", 1);
+  ASSERT_TRUE(ApplyPipelineVariables({.disable_passes = "dce, cse"}, &o.pipeline).ok());
   std::string after = cache.Key(g, o, "cpu");
   EXPECT_THAT(CanonicalOptionsString(o), HasSubstr("disabled_passes=cse,dce\n"));
-  unsetenv("KILN_DISABLE_PASSES");
   EXPECT_NE(before, after);
 }
 
-TEST(CompileCacheTest, UnknownPassInEnvironmentIsAnErrorEvenWhenCached) {
+TEST(CompileCacheTest, UnknownDisabledPassIsAnErrorEvenWhenCached) {
   Fixture f;
   CompileCache cache(f.Options());
   ir::Graph g = Model("net", 4);
   CompileOptions o = Opts();
-  o.pipeline.read_env = true;
-  unsetenv("KILN_DISABLE_PASSES");
   ASSERT_TRUE(cache.GetOrOptimize(g, o, "cpu").ok());
-  setenv("KILN_DISABLE_PASSES", "csee", 1);
+  o.pipeline.disabled_passes = {"csee"};
   absl::StatusOr<ir::Graph> typo = cache.GetOrOptimize(g, o, "cpu");
-  unsetenv("KILN_DISABLE_PASSES");
   ASSERT_FALSE(typo.ok());
   EXPECT_EQ(typo.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(typo.status().message()), HasSubstr("unknown pass 'csee'"));
   // Disabling a real pass still works and is a different entry.
+  o.pipeline.disabled_passes = {"cse"};
+  CacheStats s;
+  EXPECT_TRUE(cache.GetOrOptimize(g, o, "cpu", &s).ok());
+  EXPECT_EQ(s.misses, 1);
+}
+
+// The cache reads no environment: no KILN_DISABLE_PASSES in its key, no $KILN_CACHE_DIR or
+// $HOME/.cache disk tier without a dir.
+TEST(CompileCacheTest, TheEnvironmentIsNotRead) {
+  Fixture f;
+  CompileCache cache(f.Options());
+  ir::Graph g = Model("net", 4);
+  std::string before = cache.Key(g, Opts(), "cpu");
   setenv("KILN_DISABLE_PASSES", "cse", 1);
-  EXPECT_TRUE(cache.GetOrOptimize(g, o, "cpu").ok());
+  setenv("KILN_CACHE_DIR", "/tmp/kiln_cache_test_env", 1);
+  std::string after = cache.Key(g, Opts(), "cpu");
+  CompileCacheOptions no_dir = f.Options();
+  no_dir.dir = "";
+  CompileCache memory_only(no_dir);
   unsetenv("KILN_DISABLE_PASSES");
+  unsetenv("KILN_CACHE_DIR");
+  EXPECT_EQ(before, after);
+  EXPECT_EQ(memory_only.disk_dir(), "");
 }
 
 TEST(CompileCacheTest, ComputeCacheKeyCoversEveryFieldUnambiguously) {

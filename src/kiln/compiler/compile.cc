@@ -1,5 +1,8 @@
 #include "kiln/compiler/compile.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
 #include "kiln/compiler/cache.h"
 #include "kiln/compiler/passes/algebraic.h"
@@ -14,10 +17,34 @@
 
 namespace kiln::compiler {
 
+namespace {
+
+std::vector<std::string> SplitNames(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    std::string part = s.substr(start, comma - start);
+    size_t b = part.find_first_not_of(" \t"), e = part.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(part.substr(b, e - b + 1));
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string list;
+  for (const std::string& k : names) list += (list.empty() ? "" : ", ") + k;
+  return list;
+}
+
+}  // namespace
+
 std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
-  // KILN_DISABLE_PASSES may also name the optional passes this configuration leaves out.
+  // disabled_passes may also name the optional passes this configuration leaves out.
   PipelineOptions pipeline_options = options.pipeline;
-  pipeline_options.env_pass_names = {FusionPass().name(), RematPass().name()};
+  pipeline_options.optional_pass_names = {FusionPass().name(), RematPass().name()};
   auto p = std::make_unique<Pipeline>("optimize", std::move(pipeline_options));
   p->Add<DecomposePass>(options.keep_composite);
   std::vector<std::unique_ptr<Pass>> simplify;
@@ -35,6 +62,33 @@ std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
   return p;
 }
 
+std::vector<std::string> AllPassNames() {
+  CompileOptions all;
+  all.fuse_loops = true;
+  all.remat.enabled = true;
+  return DefaultPipeline(all)->PassNames();
+}
+
+absl::Status ApplyPipelineVariables(const PipelineVariables& vars, PipelineOptions* options) {
+  if (vars.disable_passes != nullptr) {
+    const std::vector<std::string> known = AllPassNames();
+    for (const std::string& d : SplitNames(vars.disable_passes)) {
+      if (std::find(known.begin(), known.end(), d) == known.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("KILN_DISABLE_PASSES names unknown pass '", d,
+                         "' (KILN_DISABLE_PASSES=", vars.disable_passes, "); the passes are ",
+                         JoinNames(known), ": fix the name or unset KILN_DISABLE_PASSES"));
+      }
+      options->disabled_passes.push_back(d);
+    }
+  }
+  if (vars.verify_each_pass != nullptr && *vars.verify_each_pass != '\0')
+    options->verify_each_pass = std::string(vars.verify_each_pass) != "0";
+  if (vars.dump_ir != nullptr && *vars.dump_ir != '\0' && options->dump_dir.empty())
+    options->dump_dir = vars.dump_ir;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ir::Graph> Optimize(const ir::Graph& graph, const CompileOptions& options) {
   std::unique_ptr<Pipeline> p = DefaultPipeline(options);
   ir::Graph out = graph;
@@ -42,10 +96,38 @@ absl::StatusOr<ir::Graph> Optimize(const ir::Graph& graph, const CompileOptions&
   return out;
 }
 
-absl::StatusOr<CompiledModule> Compile(const ir::Graph& graph, const BackendTraits& traits,
+absl::StatusOr<ir::Graph> ApplyPrecisionPolicy(const ir::Graph& graph, PrecisionPolicy policy,
+                                               const std::vector<std::string>& master_weights) {
+  ir::Graph out = graph;
+  if (policy == PrecisionPolicy::kF32) return out;
+  for (const std::string& name : master_weights) {
+    const int id = graph.FindParameter(name);
+    if (id < 0) continue;
+    const DType dtype = graph.node(id).type().dtype;
+    if (dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("precision ", PrecisionPolicyName(policy),
+                                                     " keeps f32 master weights, but parameter '",
+                                                     name, "' is ", std::string(DTypeName(dtype)),
+                                                     " (use precision f32 for a non-f32 model)"));
+    }
+  }
+  MixedPrecisionPass pass(policy);
+  KILN_RETURN_IF_ERROR(pass.Run(out).status());
+  return out;
+}
+
+absl::StatusOr<CompiledModule> Compile(const ir::Graph& input, const BackendTraits& traits,
                                        const CompileOptions& options, CompileCache* cache,
                                        const std::string& backend_key) {
-  KILN_RETURN_IF_ERROR(Annotate(ir::Verify(graph), "compile: invalid graph"));
+  KILN_RETURN_IF_ERROR(Annotate(ir::Verify(input), "compile: invalid graph"));
+  // The precision policy first: it decides what the program computes (kF32: as given).
+  ir::Graph rewritten;
+  const ir::Graph* graph_ptr = &input;
+  if (options.precision != PrecisionPolicy::kF32) {
+    KILN_ASSIGN_OR_RETURN(rewritten, ApplyPrecisionPolicy(input, options.precision));
+    graph_ptr = &rewritten;
+  }
+  const ir::Graph& graph = *graph_ptr;
   CompiledModule m;
   if (!options.optimize) {
     m.graph = graph;

@@ -15,7 +15,8 @@
 //   remat                     rematerialization (only with CompileOptions::remat enabled)
 //   schedule                  memory-minimizing node order (passes/schedule.h)
 // The input is verified first; see pipeline.h for verification after each pass, disabling passes
-// by name (KILN_DISABLE_PASSES) and IR dumps (KILN_DUMP_IR).
+// by name and IR dumps. The compiler reads no environment: the kiln CLI turns KILN_DISABLE_PASSES,
+// KILN_VERIFY_EACH_PASS and KILN_DUMP_IR into PipelineOptions once (ApplyPipelineVariables).
 #ifndef KILN_COMPILER_COMPILE_H_
 #define KILN_COMPILER_COMPILE_H_
 
@@ -23,11 +24,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kiln/compiler/buffer_plan.h"
 #include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/passes/constant_fold.h"
+#include "kiln/compiler/passes/mixed_precision.h"
 #include "kiln/compiler/passes/remat.h"
 #include "kiln/compiler/pipeline.h"
 #include "kiln/ir/graph.h"
@@ -38,6 +41,12 @@ struct CompileOptions {
   // Run the pipeline below. Off: the graph is compiled as given (verified, planned, assigned):
   // what the reference backend wants, being the oracle the optimized programs are checked against.
   bool optimize = true;
+  // The precision policy (passes/mixed_precision.h) Compile applies first, before optimizing
+  // (also with optimize off: it is what the program computes, not an optimization), through
+  // ApplyPrecisionPolicy. The compile cache keys the rewritten graph, so the policy is in the key.
+  // A training step does not use this: it applies the policy to its loss graph before autodiff
+  // (nn/train_step.cc), see ApplyPrecisionPolicy.
+  PrecisionPolicy precision = PrecisionPolicy::kF32;
   PipelineOptions pipeline;
   // Composite ops the backend implements natively; the others are decomposed into primitives.
   // Null: decompose every composite.
@@ -64,6 +73,37 @@ std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options = {});
 // options.pipeline.disabled_passes, or (with verification on) a pass producing an invalid graph.
 absl::StatusOr<ir::Graph> Optimize(const ir::Graph& graph, const CompileOptions& options = {});
 
+// Every pass name DefaultPipeline has in some configuration (with fusion and remat on), in order.
+std::vector<std::string> AllPassNames();
+
+// The pipeline's debugging switches as text, the way the kiln CLI's environment spells them
+// (docs/cli.md); null: not set. The compiler never reads the environment itself: the CLI (and the
+// test binaries CTest reruns with these set) pass the values in.
+struct PipelineVariables {
+  const char* disable_passes = nullptr;  // KILN_DISABLE_PASSES: "cse,dce" (spaces, empty items ok)
+  const char* verify_each_pass = nullptr;  // KILN_VERIFY_EACH_PASS: "0" off, other non-empty on
+  const char* dump_ir = nullptr;           // KILN_DUMP_IR: folder for IR dumps (non-empty)
+};
+
+// Adds the passes `vars` disables to options->disabled_passes, sets verify_each_pass where given
+// and dump_dir where given and still empty. InvalidArgument when KILN_DISABLE_PASSES names no pass
+// of AllPassNames(): the message names the bad name, the variable's value and the passes.
+absl::Status ApplyPipelineVariables(const PipelineVariables& vars, PipelineOptions* options);
+
+// The one entry for precision policies: `graph` rewritten by MixedPrecisionPass under `policy`
+// (a copy of `graph` for kF32). Parameters named in `master_weights` must be f32 (InvalidArgument
+// naming the first that is not: a policy keeps f32 master weights).
+//
+// Where it runs matters. Compile applies CompileOptions::precision to the graph it is given,
+// right for a forward (inference) graph. A training step applies it to the LOSS graph before
+// autodiff::Grad instead, and compiles the step with kF32: rewritten first, the backward pass
+// inherits bf16 through convert's VJP and the optimizer update (built after autodiff) stays f32.
+// Rewriting the whole step graph after autodiff is a different program: under kBf16 the
+// optimizer's elementwise update and the backward elementwise math would be rewritten to bf16
+// (the master weights would be updated in bf16), and gradients would be rounded at other points.
+absl::StatusOr<ir::Graph> ApplyPrecisionPolicy(const ir::Graph& graph, PrecisionPolicy policy,
+                                               const std::vector<std::string>& master_weights = {});
+
 class CompileCache;  // cache.h
 
 // What compile hands a backend: the optimized graph (fusion groups as its `fusion` attributes,
@@ -76,7 +116,8 @@ struct CompiledModule {
   BufferPlan buffers;
 };
 
-// The one compile path: verifies `graph`, optimizes it with DefaultPipeline for `traits` (taking
+// The one compile path: verifies `graph`, applies options.precision (ApplyPrecisionPolicy),
+// optimizes it with DefaultPipeline for `traits` (taking
 // the optimized graph from `cache` under `backend_key` when it holds it; null: no cache) unless
 // options.optimize is off, then plans execution and buffers for `traits`. Errors: those of
 // Optimize, and an invalid input graph.

@@ -87,7 +87,6 @@ std::vector<Tensor> RunReference(const ir::Graph& g, const std::vector<Tensor>& 
 CompileOptions TestOptions(bool decompose) {
   CompileOptions o;
   o.pipeline.verify_each_pass = true;
-  o.pipeline.read_env = false;  // deterministic: KILN_DISABLE_PASSES must not change counts
   if (const char* dir = std::getenv("KILN_DUMP_IR")) o.pipeline.dump_dir = dir;  // debugging aid
   if (!decompose) o.keep_composite = [](ir::Opcode) { return true; };
   return o;

@@ -4,37 +4,17 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kiln/base/log.h"
 #include "kiln/base/status.h"
 #include "kiln/ir/printer.h"
 #include "kiln/ir/verifier.h"
 
 namespace kiln::compiler {
 namespace {
-
-std::vector<std::string> SplitNames(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  auto flush = [&] {
-    size_t b = cur.find_first_not_of(" \t");
-    size_t e = cur.find_last_not_of(" \t");
-    if (b != std::string::npos) out.push_back(cur.substr(b, e - b + 1));
-    cur.clear();
-  };
-  for (char c : s) {
-    if (c == ',')
-      flush();
-    else
-      cur += c;
-  }
-  flush();
-  return out;
-}
 
 std::string FileSafe(const std::string& path) {
   std::string out = path;
@@ -53,7 +33,7 @@ std::string FolderSafe(const std::string& name) {
   return out;
 }
 
-// Numbers the dump folders of every Run in this process (KILN_DUMP_IR=dir/0001-<graph>/...).
+// Numbers the dump folders of every Run in this process (dump_dir/0001-<graph>/...).
 std::atomic<int> dump_sequence{0};
 
 std::string JoinNames(const std::vector<std::string>& names) {
@@ -64,7 +44,7 @@ std::string JoinNames(const std::vector<std::string>& names) {
 
 }  // namespace
 
-// Options with the environment merged in, and the dump counter, for one Run.
+// The options as one Run uses them, and the dump counter.
 struct Pipeline::RunState {
   bool verify = false;
   std::set<std::string> disabled;
@@ -115,8 +95,7 @@ void Pipeline::Dump(const std::string& when, const std::string& path, int round,
   if (!s.ok()) {
     st.dump_failed = true;  // one report per run, not one per pass
     dump_status_ = Annotate(s, "KILN_DUMP_IR: cannot write " + file);
-    std::fprintf(stderr, "kiln: warning: %s (IR dumps for this run stop here)\n",
-                 dump_status_.ToString().c_str());
+    KILN_LOG(WARNING) << dump_status_.ToString() << " (IR dumps for this run stop here)";
   }
 }
 
@@ -152,23 +131,13 @@ absl::StatusOr<bool> Pipeline::RunPass(Pass& pass, const std::string& path, int 
 
 absl::Status Pipeline::CheckDisabledPasses() const {
   std::vector<std::string> known = PassNames();
+  for (const std::string& k : options_.optional_pass_names) {
+    if (std::find(known.begin(), known.end(), k) == known.end()) known.push_back(k);
+  }
   for (const std::string& d : options_.disabled_passes) {
     if (std::find(known.begin(), known.end(), d) == known.end()) {
       return absl::InvalidArgumentError("pipeline " + name_ + ": cannot disable unknown pass '" +
                                         d + "' (passes: " + JoinNames(known) + ")");
-    }
-  }
-  if (!options_.read_env) return absl::OkStatus();
-  const char* v = std::getenv("KILN_DISABLE_PASSES");
-  if (v == nullptr) return absl::OkStatus();
-  for (const std::string& k : options_.env_pass_names) {
-    if (std::find(known.begin(), known.end(), k) == known.end()) known.push_back(k);
-  }
-  for (const std::string& d : SplitNames(v)) {
-    if (std::find(known.begin(), known.end(), d) == known.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KILN_DISABLE_PASSES names unknown pass '", d, "' (KILN_DISABLE_PASSES=", v,
-          "); the passes are ", JoinNames(known), ": fix the name or unset KILN_DISABLE_PASSES"));
     }
   }
   return absl::OkStatus();
@@ -184,14 +153,6 @@ absl::StatusOr<bool> Pipeline::Run(ir::Graph& graph) {
   st.dump_dir = options_.dump_dir;
   st.env = options_.env != nullptr ? options_.env : Env::Default();
   st.disabled.insert(options_.disabled_passes.begin(), options_.disabled_passes.end());
-  if (options_.read_env) {
-    if (const char* v = std::getenv("KILN_DISABLE_PASSES"))
-      for (const std::string& d : SplitNames(v)) st.disabled.insert(d);
-    if (const char* v = std::getenv("KILN_DUMP_IR"); v != nullptr && st.dump_dir.empty())
-      st.dump_dir = v;
-    if (const char* v = std::getenv("KILN_VERIFY_EACH_PASS"); v != nullptr && *v != '\0')
-      st.verify = std::string(v) != "0";
-  }
   if (!st.dump_dir.empty()) {
     // This run's own folder: the next number whose folder does not exist yet (an earlier process
     // may have dumped into the same dir).
@@ -204,7 +165,7 @@ absl::StatusOr<bool> Pipeline::Run(ir::Graph& graph) {
     if (!s.ok()) {
       st.dump_failed = true;
       dump_status_ = Annotate(s, "KILN_DUMP_IR: cannot create " + folder);
-      std::fprintf(stderr, "kiln: warning: %s (no IR dumps)\n", dump_status_.ToString().c_str());
+      KILN_LOG(WARNING) << dump_status_.ToString() << " (no IR dumps)";
     }
     st.dump_dir = folder;
   }
@@ -242,10 +203,8 @@ absl::StatusOr<bool> Pipeline::Run(ir::Graph& graph) {
       records_[group_at].round = round;
       if (!round_changed) break;
       if (round >= options_.max_fixed_point_rounds) {
-        std::fprintf(stderr,
-                     "kiln: warning: pipeline %s: group %s still changes the graph after %d "
-                     "rounds; stopping\n",
-                     name_.c_str(), e.group.c_str(), round);
+        KILN_LOG(WARNING) << "pipeline " << name_ << ": group " << e.group
+                          << " still changes the graph after " << round << " rounds; stopping";
         break;
       }
     }

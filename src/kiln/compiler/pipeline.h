@@ -2,15 +2,17 @@
 // checks and debugging hooks DESIGN.md §2 promises:
 // - the input graph is verified; with `verify_each_pass` ir::Verify runs after every pass and a
 //   pass that leaves an invalid graph is an Internal error naming it;
-// - any pass or group can be disabled by name (`disabled_passes`, and the environment variable
-//   KILN_DISABLE_PASSES=cse,dce); an unknown name in either is an error listing the known ones;
-// - with `dump_dir` (or KILN_DUMP_IR=dir) the IR text (ir::PrintGraph, parseable: the header is a
+// - any pass or group can be disabled by name (`disabled_passes`); an unknown name is an error
+//   listing the known ones;
+// - with `dump_dir` the IR text (ir::PrintGraph, parseable: the header is a
 //   comment) is written before and after every pass and group. Each Run that dumps gets its own
 //   folder, dir/<NNNN>-<graph name>/, numbered in the order graphs are compiled in this process
 //   and never reusing an existing folder (so several graphs, or a rerun, never overwrite each
 //   other's dumps); inside it dumps are 000-before-simplify.ir, 001-before-simplify.algebraic.ir,
-//   ... numbered in run order. A dump that cannot be written is reported on stderr and in
+//   ... numbered in run order. A dump that cannot be written is logged (KILN_LOG) and reported in
 //   dump_status(), never fatal.
+// The pipeline reads no environment: the kiln CLI reads KILN_DISABLE_PASSES, KILN_DUMP_IR and
+// KILN_VERIFY_EACH_PASS once into these options (ApplyPipelineVariables, compile.h).
 //
 //   Pipeline p("optimize", options);
 //   p.Add<DecomposePass>();
@@ -43,25 +45,23 @@ inline constexpr bool kVerifyEachPassByDefault = true;
 #endif
 
 struct PipelineOptions {
-  // ir::Verify after every pass. Default: on in debug builds. KILN_VERIFY_EACH_PASS=1 (or 0)
-  // overrides it when read_env is set; tests turn it on.
+  // ir::Verify after every pass. Default: on in debug builds (the CLI's KILN_VERIFY_EACH_PASS=1
+  // or 0 sets it); tests turn it on.
   bool verify_each_pass = kVerifyEachPassByDefault;
   // Names of passes or groups to skip. An unknown name is an InvalidArgument error (a typo would
-  // otherwise silently run the pass). KILN_DISABLE_PASSES adds to this list; a name there must be
-  // one of this pipeline's passes or of `env_pass_names`, else Run fails the same way.
+  // otherwise silently run the pass): it must be one of this pipeline's passes or of
+  // `optional_pass_names`.
   std::vector<std::string> disabled_passes;
-  // Further names KILN_DISABLE_PASSES may hold without being an error: one environment serves
-  // every pipeline of a process, so DefaultPipeline lists the passes of all its configurations
-  // (KILN_DISABLE_PASSES=fusion is fine for a pipeline built without fusion).
-  std::vector<std::string> env_pass_names;
-  // Folder for IR dumps (created if missing); empty: no dumps. KILN_DUMP_IR sets it when empty.
+  // Further names disabled_passes may hold without being an error: one list (the CLI's
+  // KILN_DISABLE_PASSES) serves every pipeline of a process, so DefaultPipeline lists the passes
+  // of all its configurations (disabling fusion is fine for a pipeline built without fusion).
+  std::vector<std::string> optional_pass_names;
+  // Folder for IR dumps (created if missing); empty: no dumps.
   std::string dump_dir;
-  // Whether Run reads KILN_DISABLE_PASSES, KILN_DUMP_IR and KILN_VERIFY_EACH_PASS.
-  bool read_env = true;
   // Where dumps go; null means Env::Default().
   Env* env = nullptr;
   // A fixed-point group stops after this many rounds even if it still changes the graph (with a
-  // warning on stderr: a pass pair that undoes each other's work is a bug).
+  // logged warning: a pass pair that undoes each other's work is a bug).
   int max_fixed_point_rounds = 16;
 };
 
@@ -95,9 +95,9 @@ class Pipeline : public Pass {
 
   absl::StatusOr<bool> Run(ir::Graph& graph) override;
 
-  // The check Run starts with: every name in disabled_passes (and, with read_env, in
-  // KILN_DISABLE_PASSES) is a known pass. InvalidArgument naming the bad name, where it came from
-  // and the known names. For callers that may skip Run (the compile cache).
+  // The check Run starts with: every name in disabled_passes is a pass of this pipeline or one of
+  // optional_pass_names. InvalidArgument naming the bad name and the known names. For callers
+  // that may skip Run (the compile cache).
   absl::Status CheckDisabledPasses() const;
 
   // Every pass and group name, in order ("simplify", then the passes inside it).

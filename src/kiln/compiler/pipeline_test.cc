@@ -56,9 +56,8 @@ constexpr char kTwoRoundsSimplified[] = R"(
     return s=%2
   })";
 
-// Sets (or, with null, unsets) an environment variable for one scope, restoring it afterwards, so
-// these tests see exactly the KILN_* settings they choose even when the suite runs under
-// KILN_DISABLE_PASSES=... .
+// Sets (or, with null, unsets) an environment variable for one scope, restoring it afterwards: for
+// the test that the pipeline ignores the environment.
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
@@ -83,7 +82,6 @@ class ScopedEnv {
 PipelineOptions TestOptions() {
   PipelineOptions o;
   o.verify_each_pass = true;
-  o.read_env = false;
   return o;
 }
 
@@ -216,11 +214,10 @@ TEST(Pipeline, DisablePassesByNameFromOptions) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("simplify, algebraic, cse, dce"));
 }
 
-TEST(Pipeline, DisablePassesFromEnvironment) {
+TEST(Pipeline, DisablePassesFromVariables) {
   PipelineOptions o = TestOptions();
-  o.read_env = true;
-  ScopedEnv disable("KILN_DISABLE_PASSES", " cse , ,");
-  ScopedEnv dump("KILN_DUMP_IR", nullptr);
+  ASSERT_TRUE(ApplyPipelineVariables({.disable_passes = " cse , ,"}, &o).ok());
+  EXPECT_THAT(o.disabled_passes, ElementsAre("cse"));
   auto p = SimplifyPipeline(o);
   ir::Graph g = Parse(kTwoRounds);
   absl::Status s = p->Run(g).status();
@@ -230,34 +227,56 @@ TEST(Pipeline, DisablePassesFromEnvironment) {
   EXPECT_EQ(g.num_nodes(), 5);
 }
 
-TEST(Pipeline, UnknownPassInEnvironmentIsAnErrorListingTheKnownOnes) {
+TEST(Pipeline, UnknownPassInVariablesIsAnErrorListingTheKnownOnes) {
   PipelineOptions o = TestOptions();
-  o.read_env = true;
-  ScopedEnv disable("KILN_DISABLE_PASSES", "cse,csee");
-  ScopedEnv dump("KILN_DUMP_IR", nullptr);
-  auto p = SimplifyPipeline(o);
-  ir::Graph g = Parse(kTwoRounds);
-  absl::Status s = p->Run(g).status();
+  absl::Status s = ApplyPipelineVariables({.disable_passes = "cse,csee"}, &o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("KILN_DISABLE_PASSES names unknown pass 'csee'"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("the passes are simplify, algebraic, cse, dce"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("(KILN_DISABLE_PASSES=cse,csee)"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("the passes are decompose, simplify, algebraic, constant-fold, cse, "
+                        "transpose-fold, dce, fusion, remat, schedule"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("unset KILN_DISABLE_PASSES"));
-  EXPECT_EQ(ir::PrintGraph(g), testing::Canonical(kTwoRounds));  // nothing ran
 
-  // Names of passes another configuration has are accepted (one environment, many pipelines):
-  // the default pipeline without fusion accepts KILN_DISABLE_PASSES=fusion, and lists it.
-  ScopedEnv fusion("KILN_DISABLE_PASSES", "fusion");
+  // Names of passes another configuration has are accepted (one list, many pipelines): the
+  // default pipeline without fusion accepts a disabled fusion pass; a typo lists the passes.
   CompileOptions no_fusion;
   no_fusion.pipeline = TestOptions();
-  no_fusion.pipeline.read_env = true;
+  ASSERT_TRUE(ApplyPipelineVariables({.disable_passes = "fusion"}, &no_fusion.pipeline).ok());
+  ir::Graph g = Parse(kTwoRounds);
   EXPECT_TRUE(DefaultPipeline(no_fusion)->Run(g).ok());
-  ScopedEnv typo("KILN_DISABLE_PASSES", "fusoin");
+  no_fusion.pipeline.disabled_passes = {"fusoin"};
   s = DefaultPipeline(no_fusion)->Run(g).status();
   EXPECT_THAT(std::string(s.message()), HasSubstr("unknown pass 'fusoin'"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("fusion, remat"));
-  // Without read_env the environment is not consulted at all.
-  no_fusion.pipeline.read_env = false;
-  EXPECT_TRUE(DefaultPipeline(no_fusion)->Run(g).ok());
+}
+
+TEST(Pipeline, VariablesSetVerificationAndDumps) {
+  PipelineOptions o = TestOptions();
+  ASSERT_TRUE(ApplyPipelineVariables({.verify_each_pass = "0", .dump_ir = "/d"}, &o).ok());
+  EXPECT_FALSE(o.verify_each_pass);
+  EXPECT_EQ(o.dump_dir, "/d");
+  ASSERT_TRUE(ApplyPipelineVariables({.verify_each_pass = "1", .dump_ir = "/e"}, &o).ok());
+  EXPECT_TRUE(o.verify_each_pass);
+  EXPECT_EQ(o.dump_dir, "/d");  // an explicit dump_dir wins
+  ASSERT_TRUE(ApplyPipelineVariables({.verify_each_pass = ""}, &o).ok());  // empty: unset
+  EXPECT_TRUE(o.verify_each_pass);
+  EXPECT_TRUE(o.disabled_passes.empty());
+}
+
+// The library reads no environment: only the options (the CLI reads the variables into them).
+TEST(Pipeline, TheEnvironmentIsNotRead) {
+  ScopedEnv disable("KILN_DISABLE_PASSES", "cse,nosuchpass");
+  ScopedEnv verify("KILN_VERIFY_EACH_PASS", "0");
+  auto p = SimplifyPipeline(TestOptions());
+  ir::Graph g = Parse(kTwoRounds);
+  absl::Status s = p->Run(g).status();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(p->last_run()[2].skipped);
+  EXPECT_EQ(ir::PrintGraph(g), testing::Canonical(kTwoRoundsSimplified));
+  Pipeline breaking("test", TestOptions());
+  breaking.Add<BreakingPass>();
+  EXPECT_EQ(breaking.Run(g).status().code(), absl::StatusCode::kInternal);
 }
 
 class TempDir {
@@ -280,9 +299,7 @@ TEST(Pipeline, DumpsIrBeforeAndAfterEachPass) {
   ASSERT_FALSE(tmp.path().empty());
   std::string dir = tmp.path() + "/dumps";  // created by the pipeline
   PipelineOptions o = TestOptions();
-  o.read_env = true;
-  ScopedEnv dump("KILN_DUMP_IR", dir.c_str());
-  ScopedEnv disable("KILN_DISABLE_PASSES", nullptr);
+  o.dump_dir = dir;
   Pipeline p("test", o);
   p.Add<DcePass>();
   std::vector<std::unique_ptr<Pass>> group;
@@ -430,19 +447,6 @@ TEST(Pipeline, PassErrorsAndInvalidInputs) {
   bad.AddOutput("y", 0);
   s = SimplifyPipeline(TestOptions())->Run(bad).status();
   EXPECT_THAT(std::string(s.message()), HasSubstr("pipeline test: input graph"));
-}
-
-TEST(Pipeline, VerifyEachPassFromEnvironment) {
-  PipelineOptions o = TestOptions();
-  o.read_env = true;
-  o.verify_each_pass = false;
-  ScopedEnv verify("KILN_VERIFY_EACH_PASS", "1");
-  ScopedEnv disable("KILN_DISABLE_PASSES", nullptr);
-  ScopedEnv dump("KILN_DUMP_IR", nullptr);
-  Pipeline p("test", o);
-  p.Add<BreakingPass>();
-  ir::Graph g = Parse(kTwoRounds);
-  EXPECT_EQ(p.Run(g).status().code(), absl::StatusCode::kInternal);
 }
 
 TEST(Pipeline, DefaultPipelineOrder) {

@@ -190,7 +190,6 @@ void ExpectBitIdentical(const std::vector<Tensor>& a, const std::vector<Tensor>&
 CompileOptions Options(int64_t limit = -1) {
   CompileOptions o;
   o.pipeline.verify_each_pass = true;
-  o.pipeline.read_env = false;
   o.keep_composite = [](ir::Opcode) { return true; };
   if (limit >= 0) {
     o.remat.enabled = true;
