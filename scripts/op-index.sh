@@ -18,7 +18,7 @@ cases='case Opcode::k[A-Za-z0-9]+:'
 {
   # OP <Enum> <name> <def line> <family>
   grep -n '^KILN_OP(' src/kiln/ir/opcodes.def |
-    sed -E 's/^([0-9]+):KILN_OP\((k[A-Za-z0-9]+), "([a-z0-9_]+)", *-?[0-9]+, *k[A-Za-z]+, *(k[A-Za-z]+),.*/OP \2 \3 \1 \4/'
+    sed -E 's/^([0-9]+):KILN_OP\(([A-Z][A-Za-z0-9]*), "([a-z0-9_]+)", *-?[0-9]+, *k[A-Za-z]+, *(k[A-Za-z]+),.*/OP k\2 \3 \1 \4/'
   # CASE <file:line> <Enum> for every opcode case outside tests.
   grep -rnE --include='*.cc' "$cases" src/kiln/ir src/kiln/runtime |
     grep -v '_test\.cc:' | sed -E 's/^([^:]*):([0-9]+):.*case Opcode::(k[A-Za-z0-9]+):.*/CASE \1:\2 \3/'

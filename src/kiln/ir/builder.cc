@@ -94,6 +94,8 @@ bool BroadcastAll(Builder* b, const std::string& op, std::vector<Value>& vs) {
 Value Unary(Opcode op, Value x, AttrMap attrs = {}) {
   Builder* b = Ready(Name(op), {x});
   if (b == nullptr) return Invalid({x});
+  // The one unary attribute with a default: gelu is the exact (erf) form unless told otherwise.
+  if (op == Opcode::kGelu) attrs.try_emplace("approximate", std::string("none"));
   return b->AddNode(op, {x}, std::move(attrs));
 }
 
@@ -249,25 +251,23 @@ absl::StatusOr<Graph> Builder::Build() {
 // ---------------------------------------------------------------------------------------------
 // Elementwise
 
-Value Abs(Value x) { return Unary(Opcode::kAbs, x); }
-Value Cos(Value x) { return Unary(Opcode::kCos, x); }
-Value Erf(Value x) { return Unary(Opcode::kErf, x); }
-Value Exp(Value x) { return Unary(Opcode::kExp, x); }
+// One function per kUnary / kBinary row of opcodes.def (declared the same way in builder.h).
+#define KILN_IR_DEFINE_kUnary(name) \
+  Value name(Value x) { return Unary(Opcode::k##name, x); }
+#define KILN_IR_DEFINE_kBinary(name) \
+  Value name(Value a, Value b) { return Binary(Opcode::k##name, a, b); }
+#define KILN_OP(name, text, arity, kind, family, ...) KILN_IR_DEFINE_##family(name)
+#include "kiln/ir/internal/other_families.h"
+#include "kiln/ir/opcodes.def"
+#undef KILN_OP
+#undef KILN_IR_DEFINE_kUnary
+#undef KILN_IR_DEFINE_kBinary
+
 Value Gelu(Value x, bool tanh_approximation) {
   return Unary(Opcode::kGelu, x,
                {{"approximate", std::string(tanh_approximation ? "tanh" : "none")}});
 }
-Value Log(Value x) { return Unary(Opcode::kLog, x); }
 Value LogicalNot(Value x) { return Unary(Opcode::kLogicalNot, x); }
-Value Neg(Value x) { return Unary(Opcode::kNeg, x); }
-Value Relu(Value x) { return Unary(Opcode::kRelu, x); }
-Value Rsqrt(Value x) { return Unary(Opcode::kRsqrt, x); }
-Value Sigmoid(Value x) { return Unary(Opcode::kSigmoid, x); }
-Value Sign(Value x) { return Unary(Opcode::kSign, x); }
-Value Silu(Value x) { return Unary(Opcode::kSilu, x); }
-Value Sin(Value x) { return Unary(Opcode::kSin, x); }
-Value Sqrt(Value x) { return Unary(Opcode::kSqrt, x); }
-Value Tanh(Value x) { return Unary(Opcode::kTanh, x); }
 
 Value Convert(Value x, DType dtype) {
   Builder* b = Ready("convert", {x});
@@ -276,13 +276,6 @@ Value Convert(Value x, DType dtype) {
   return b->AddNode(Opcode::kConvert, {x}, {}, Type{dtype, x.shape()});
 }
 
-Value Add(Value a, Value b) { return Binary(Opcode::kAdd, a, b); }
-Value Sub(Value a, Value b) { return Binary(Opcode::kSub, a, b); }
-Value Mul(Value a, Value b) { return Binary(Opcode::kMul, a, b); }
-Value Div(Value a, Value b) { return Binary(Opcode::kDiv, a, b); }
-Value Pow(Value a, Value b) { return Binary(Opcode::kPow, a, b); }
-Value Max(Value a, Value b) { return Binary(Opcode::kMax, a, b); }
-Value Min(Value a, Value b) { return Binary(Opcode::kMin, a, b); }
 Value LogicalAnd(Value a, Value b) { return Binary(Opcode::kLogicalAnd, a, b); }
 Value LogicalOr(Value a, Value b) { return Binary(Opcode::kLogicalOr, a, b); }
 

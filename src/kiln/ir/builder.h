@@ -85,33 +85,24 @@ class Builder {
   int next_param_index_ = 0;
 };
 
-// ---- Elementwise unary ----
-Value Abs(Value x);
-Value Cos(Value x);
-Value Erf(Value x);
-Value Exp(Value x);
-Value Gelu(Value x, bool tanh_approximation = false);
-Value Log(Value x);
-Value LogicalNot(Value x);
-Value Neg(Value x);
-Value Relu(Value x);
-Value Rsqrt(Value x);
-Value Sigmoid(Value x);
-Value Sign(Value x);
-Value Silu(Value x);
-Value Sin(Value x);
-Value Sqrt(Value x);
-Value Tanh(Value x);
-Value Convert(Value x, DType dtype);
+// ---- Plain elementwise ops: one function per kUnary / kBinary row of opcodes.def ----
+// Abs(x), Cos(x), ..., Tanh(x); Add(a, b), Sub(a, b), ..., Min(a, b) (binary ones broadcast
+// numpy-style). Generated from the rows, so a new plain op needs no edit here.
+#define KILN_IR_DECLARE_kUnary(name) Value name(Value x);
+#define KILN_IR_DECLARE_kBinary(name) Value name(Value a, Value b);
+#define KILN_OP(name, text, arity, kind, family, ...) KILN_IR_DECLARE_##family(name)
+#include "kiln/ir/internal/other_families.h"  // the other families declare nothing
+#include "kiln/ir/opcodes.def"
+#undef KILN_OP
+#undef KILN_IR_DECLARE_kUnary
+#undef KILN_IR_DECLARE_kBinary
 
-// ---- Elementwise binary (numpy broadcasting) ----
-Value Add(Value a, Value b);
-Value Sub(Value a, Value b);
-Value Mul(Value a, Value b);
-Value Div(Value a, Value b);
-Value Pow(Value a, Value b);
-Value Max(Value a, Value b);
-Value Min(Value a, Value b);
+// gelu with its attribute: approximate="tanh" when tanh_approximation (Gelu(x) is the exact form).
+Value Gelu(Value x, bool tanh_approximation);
+
+// ---- Other elementwise ops ----
+Value LogicalNot(Value x);
+Value Convert(Value x, DType dtype);
 Value LogicalAnd(Value a, Value b);
 Value LogicalOr(Value a, Value b);
 enum class CompareDirection { kEq, kNe, kLt, kLe, kGt, kGe };

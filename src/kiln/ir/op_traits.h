@@ -76,6 +76,8 @@ inline constexpr uint32_t kLoopBool = 1u << 4;
 inline constexpr uint32_t kLoopSink = 1u << 5;
 inline constexpr uint32_t kEpilogue = 1u << 6;
 inline constexpr uint32_t kFold = 1u << 7;
+inline constexpr uint32_t kPositive = 1u << 8;
+inline constexpr uint32_t kKinkAtZero = 1u << 9;
 }  // namespace op_traits
 
 struct OpInfo {
@@ -97,6 +99,14 @@ struct OpInfo {
   // An activation a matmul or conv2d runs as a post-op.
   constexpr bool epilogue_activation() const { return has(op_traits::kEpilogue); }
   constexpr bool constant_foldable() const { return has(op_traits::kFold); }
+  // Where a unary op is smooth: positive inputs only, or everywhere but 0 (tests draw inputs
+  // there).
+  constexpr bool positive_domain() const { return has(op_traits::kPositive); }
+  constexpr bool kink_at_zero() const { return has(op_traits::kKinkAtZero); }
+  // A plain elementwise op: unary or binary family, its builder function generated from its row.
+  constexpr bool plain_elementwise() const {
+    return family == KernelFamily::kUnary || family == KernelFamily::kBinary;
+  }
   // Whether a one-node kernel may write its result over operand i.
   constexpr bool in_place(int i) const {
     return (i == 0 && has(op_traits::kInPlace0)) || (i == 1 && has(op_traits::kInPlace1));
@@ -106,7 +116,7 @@ struct OpInfo {
 namespace internal {
 using namespace op_traits;  // the flag names in the table's last column
 inline constexpr std::array<OpInfo, kNumOpcodes> kOpInfo = {{
-#define KILN_OP(e, text, arity, kind, family, alg, flags) \
+#define KILN_OP(name, text, arity, kind, family, alg, flags) \
   {text, arity, OpKind::kind, KernelFamily::family, EltwiseAlg::alg, flags},
 #include "kiln/ir/opcodes.def"
 #undef KILN_OP
@@ -124,6 +134,7 @@ constexpr bool RowsConsistent() {
     if (t.epilogue_activation() && (t.arity != 1 || t.alg == EltwiseAlg::kNone)) return false;
     if (t.in_place(1) && t.arity < 2) return false;
     if (t.loop_sink() && t.kind != OpKind::kReduction) return false;
+    if ((t.positive_domain() || t.kink_at_zero()) && t.family != KernelFamily::kUnary) return false;
   }
   return true;
 }

@@ -24,13 +24,13 @@ enum class OpKind {
 };
 
 enum class Opcode {
-#define KILN_OP(e, ...) e,
+#define KILN_OP(name, ...) k##name,
 #include "kiln/ir/opcodes.def"
 #undef KILN_OP
 };
 
 inline constexpr int kNumOpcodes = 0
-#define KILN_OP(e, ...) +1
+#define KILN_OP(name, ...) +1
 #include "kiln/ir/opcodes.def"
 #undef KILN_OP
     ;

@@ -7,6 +7,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/ir/element_semantics.h"
+#include "kiln/ir/op_traits.h"
 
 namespace kiln::ir {
 namespace {
@@ -76,12 +78,15 @@ OpCases LogicalBinary() {
 std::map<Opcode, OpCases> Table() {
   std::map<Opcode, OpCases> t;
   using O = Opcode;
-  for (O op : {O::kCos, O::kErf, O::kExp, O::kLog, O::kRsqrt, O::kSigmoid, O::kSilu, O::kSin,
-               O::kSqrt, O::kTanh})
-    t[op] = FloatUnary();
-  for (O op : {O::kAbs, O::kNeg, O::kRelu, O::kSign}) t[op] = NumericUnary();
-  for (O op : {O::kAdd, O::kSub, O::kMul, O::kDiv, O::kPow, O::kMax, O::kMin})
-    t[op] = NumericBinary();
+  // The plain elementwise rows of opcodes.def, from their columns (no per-op line: a new op is
+  // covered by its row): a unary op is float-only or numeric, a binary op numeric. Rows below
+  // replace these where an op needs more (gelu's attribute).
+  for (int i = 0; i < kNumOpcodes; ++i) {
+    const O op = static_cast<O>(i);
+    if (OpTraits(op).family == KernelFamily::kUnary)
+      t[op] = OpTraits(op).float_only() ? FloatUnary() : NumericUnary();
+    if (OpTraits(op).family == KernelFamily::kBinary) t[op] = NumericBinary();
+  }
   t[O::kLogicalAnd] = LogicalBinary();
   t[O::kLogicalOr] = LogicalBinary();
   t[O::kLogicalNot] = {
@@ -355,6 +360,32 @@ TEST(ShapeInferenceTest, TableCoversEveryOpcode) {
     EXPECT_FALSE(table[op].valid.empty()) << OpcodeName(op);
     EXPECT_FALSE(table[op].invalid.empty()) << OpcodeName(op);
   }
+}
+
+// The derived cases above trust the kFloatOnly column; the per-element rules the kernels run
+// must agree with it (an integer rule exactly when the op is not float-only), so a row that
+// forgets the flag fails here rather than accepting integers no kernel computes.
+TEST(ShapeInferenceTest, FloatOnlyColumnMatchesTheElementRules) {
+  int plain = 0;
+  for (int i = 0; i < kNumOpcodes; ++i) {
+    const Opcode op = static_cast<Opcode>(i);
+    const OpInfo& info = OpTraits(op);
+    if (!info.plain_elementwise()) continue;
+    ++plain;
+    bool has_int_rule;
+    if (info.family == KernelFamily::kUnary) {
+      AttrMap attrs;
+      if (op == Opcode::kGelu) attrs["approximate"] = std::string("none");
+      Node n(1, op, {0}, F({2}), attrs);
+      ASSERT_NE(UnaryFor(n).f, nullptr) << OpcodeName(op) << " has no rule in element_semantics";
+      has_int_rule = UnaryFor(n).i != nullptr;
+    } else {
+      ASSERT_NE(BinaryFor(op).f, nullptr) << OpcodeName(op) << " has no rule in element_semantics";
+      has_int_rule = BinaryFor(op).i != nullptr;
+    }
+    EXPECT_EQ(info.float_only(), !has_int_rule) << OpcodeName(op);
+  }
+  EXPECT_GE(plain, 22);
 }
 
 TEST(ShapeInferenceTest, ValidCases) {
