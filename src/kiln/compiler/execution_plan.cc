@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <map>
 #include <utility>
-#include <variant>
 
 #include "kiln/base/memory.h"
 #include "kiln/compiler/passes/fusion.h"
+#include "kiln/ir/verifier.h"
 
 namespace kiln::compiler {
 namespace {
@@ -17,15 +17,29 @@ bool IsSource(const ir::Node& n) {
   return n.opcode() == Opcode::kParameter || n.opcode() == Opcode::kConstant;
 }
 
-// The fusion groups the graph carries (members in graph order), keyed by attribute value.
-std::map<int64_t, std::vector<int>> FusionGroups(const ir::Graph& graph) {
-  std::map<int64_t, std::vector<int>> groups;
-  for (const ir::Node& node : graph.nodes()) {
-    auto it = node.attrs().find(kFusionAttr);
-    if (it == node.attrs().end() || !std::holds_alternative<int64_t>(it->second)) continue;
-    groups[std::get<int64_t>(it->second)].push_back(node.id());
+// The fusion groups the graph's table declares that have members (in graph order), by id.
+std::vector<std::pair<ir::FusionGroup, std::vector<int>>> FusionGroups(const ir::Graph& graph) {
+  std::vector<std::pair<ir::FusionGroup, std::vector<int>>> out;
+  if (graph.fusion_groups().empty()) return out;
+  std::map<int64_t, std::vector<int>> members = graph.FusionMembersByGroup();
+  for (const ir::FusionGroup& g : graph.fusion_groups()) {
+    auto it = members.find(g.id);
+    if (it != members.end()) out.push_back({g, std::move(it->second)});
   }
-  return groups;
+  return out;
+}
+
+ExecutionPlan::KernelKind KernelKindOf(ir::FusionKind kind) {
+  switch (kind) {
+    case ir::FusionKind::kMatmulEpilogue:
+      return ExecutionPlan::KernelKind::kMatmulEpilogue;
+    case ir::FusionKind::kConvEpilogue:
+      return ExecutionPlan::KernelKind::kConvEpilogue;
+    case ir::FusionKind::kLoop:
+    case ir::FusionKind::kReduction:
+      break;
+  }
+  return ExecutionPlan::KernelKind::kLoop;
 }
 
 bool Contiguous(const std::vector<int>& members) {
@@ -34,18 +48,19 @@ bool Contiguous(const std::vector<int>& members) {
   return true;
 }
 
-// A group this plan runs as one kernel: contiguous in the graph's order (the fusion pass leaves
-// them so; a graph rewritten afterwards may not be), made of what its kind allows, and accepted
-// by the backend.
-bool RunsFused(const ir::Graph& graph, const std::vector<int>& members,
-               ExecutionPlan::KernelKind kind, const BackendTraits& traits) {
+// A group this plan runs as one kernel: contiguous in the graph's order (verified graphs are),
+// made of what its kind runs, and accepted by the backend.
+bool RunsFused(const ir::Graph& graph, const ir::FusionGroup& group,
+               const std::vector<int>& members, const BackendTraits& traits) {
   if (!Contiguous(members)) return false;
-  if (kind == ExecutionPlan::KernelKind::kLoop) {
+  if (KernelKindOf(group.kind) == ExecutionPlan::KernelKind::kLoop) {
     for (int m : members)
       if (!IsLoopFusible(graph, graph.node(m)) && !IsLoopReduction(graph, graph.node(m)))
         return false;
+  } else if (!ir::FusionGroupProblem(graph, group, members).empty()) {
+    return false;
   }
-  return !traits.can_fuse || traits.can_fuse(graph, members);
+  return !traits.can_fuse || traits.can_fuse(graph, group.kind, members);
 }
 
 // Where fused members read their operands: in registers (a member), through a broadcasting view
@@ -118,15 +133,12 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
 
   // Fused groups, in graph order.
   std::vector<ExecutionPlan::Kernel>& fused = plan.groups;
-  for (auto& [gid, members] :
-       traits.fusion ? FusionGroups(graph) : std::map<int64_t, std::vector<int>>{}) {
-    Opcode head = graph.node(members[0]).opcode();
-    Kind kind = head == Opcode::kDotGeneral ? Kind::kMatmulEpilogue
-                : head == Opcode::kConv2d   ? Kind::kConvEpilogue
-                                            : Kind::kLoop;
-    plan.groups_contiguous &= Contiguous(members);
-    if (!RunsFused(graph, members, kind, traits)) continue;
-    fused.push_back({kind, std::move(members)});
+  if (traits.fusion) {
+    for (auto& [group, members] : FusionGroups(graph)) {
+      plan.groups_contiguous &= Contiguous(members);
+      if (!RunsFused(graph, group, members, traits)) continue;
+      fused.push_back({KernelKindOf(group.kind), std::move(members), group.id});
+    }
   }
   std::sort(fused.begin(), fused.end(),
             [](const auto& a, const auto& b) { return a.members[0] < b.members[0]; });

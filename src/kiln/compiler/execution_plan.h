@@ -11,10 +11,12 @@
 //   for (const ExecutionPlan::Kernel& k : plan.kernels) ...   // in graph order
 //   plan.in_arena[id];   // node id has a buffer in the arena
 //
-// Fusion groups are the nodes carrying one value of the `fusion` attribute (passes/fusion.h). A
-// group whose members are not contiguous in the graph's order (a graph rewritten after fusion) or
-// that `traits.can_fuse` refuses is planned node by node; the fusion pass asks the same traits, so
-// on graphs it produced no group is ever refused. The plan borrows nothing: it holds node ids of
+// Fusion groups are the graph's typed group table (ir/graph.h: each group's kind, its members the
+// nodes whose `fusion` attribute names it); the kernel kind comes from the table, never from the
+// members' opcodes. A group whose members are not contiguous in the graph's order (an unverified
+// graph), that has members its kind does not run, or that `traits.can_fuse` refuses is planned
+// node by node; the fusion pass asks the same traits, so on graphs it produced no group is ever
+// refused. The plan borrows nothing: it holds node ids of
 // the graph it was made from and is valid for that graph only.
 #ifndef KILN_COMPILER_EXECUTION_PLAN_H_
 #define KILN_COMPILER_EXECUTION_PLAN_H_
@@ -37,9 +39,9 @@ struct BackendTraits {
   bool alias_reshapes = false;
   // Graph outputs computed by a kernel live in the caller's tensors, not in the arena.
   bool outputs_outside_arena = false;
-  // Whether the backend can run a fusion group (members in graph order) as one kernel. Null: every
-  // group the fusion pass forms.
-  std::function<bool(const ir::Graph&, const std::vector<int>& members)> can_fuse;
+  // Whether the backend can run a fusion group of this kind (members in graph order) as one
+  // kernel. Null: every group the fusion pass forms.
+  std::function<bool(const ir::Graph&, ir::FusionKind, const std::vector<int>& members)> can_fuse;
 };
 
 // The compiler's default memory model: fusion groups as one kernel each, every value in the arena.
@@ -48,13 +50,14 @@ inline BackendTraits PlainTraits() { return {}; }
 struct ExecutionPlan {
   enum class KernelKind {
     kNode,            // one node
-    kLoop,            // a loop fusion group (elementwise members, reduce_sum sinks)
+    kLoop,            // a loop or reduction fusion group (elementwise members, reduce_sum sinks)
     kMatmulEpilogue,  // dot_general + bias / activation / residual as one matmul with post-ops
     kConvEpilogue,    // conv2d + bias / activation as one convolution with post-ops
   };
   struct Kernel {
     KernelKind kind = KernelKind::kNode;
-    std::vector<int> members;  // node ids in graph order; the kernel runs at members.back()
+    std::vector<int> members;   // node ids in graph order; the kernel runs at members.back()
+    int64_t fusion_group = -1;  // the group's id in the graph's table; -1 for kNode
   };
   // Where a fused member reads one operand from.
   struct Read {

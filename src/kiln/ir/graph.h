@@ -9,6 +9,13 @@
 //
 // Attributes live in a sorted map so printing is deterministic; opcodes.def lists the attributes
 // each op carries. Typed getters abort on a missing attribute (a verifier failure upstream).
+//
+// Fused kernels are typed: the graph holds a table of fusion groups (an id and a kind each), and a
+// member node carries the integer attribute `fusion` (kFusionAttr) naming its group. Members of a
+// group are consecutive nodes; the verifier checks that and that the kind fits the members.
+//
+//   g.AddFusionGroup({0, FusionKind::kMatmulEpilogue});   // then members get {fusion=0}
+//   for (int m : g.FusionMembers(0)) ...                  // in node order
 #ifndef KILN_IR_GRAPH_H_
 #define KILN_IR_GRAPH_H_
 
@@ -16,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -81,6 +89,28 @@ struct Output {
   int node;
 };
 
+// The attribute a fusion group member carries: the id of its group in Graph::fusion_groups().
+inline constexpr char kFusionAttr[] = "fusion";
+
+// What a fusion group runs as (one kernel each).
+enum class FusionKind {
+  kLoop,            // cheap elementwise ops of one shape, one pass over memory
+  kReduction,       // a loop group with reduce_sum sinks accumulated in the same pass
+  kMatmulEpilogue,  // dot_general + [bias add] [activation] [residual add]: one matmul, post-ops
+  kConvEpilogue,    // conv2d + [bias add] [activation]: one convolution with post-ops
+};
+
+// "loop", "reduction", "matmul_epilogue", "conv_epilogue" (the IR text spelling).
+std::string_view FusionKindName(FusionKind kind);
+// The kind spelled `name`, or false.
+bool ParseFusionKind(std::string_view name, FusionKind* kind);
+
+struct FusionGroup {
+  int64_t id = 0;
+  FusionKind kind = FusionKind::kLoop;
+  bool operator==(const FusionGroup& o) const { return id == o.id && kind == o.kind; }
+};
+
 class Graph {
  public:
   Graph() = default;
@@ -112,11 +142,32 @@ class Graph {
   void AddOutput(std::string name, int node) { outputs_.push_back({std::move(name), node}); }
   void ClearOutputs() { outputs_.clear(); }
 
+  // Fusion groups, sorted by id (ids need not be dense). Membership is the `fusion` attribute of
+  // the member nodes; copies of the graph keep both.
+  const std::vector<FusionGroup>& fusion_groups() const { return fusion_groups_; }
+  // The group with id `id`, or null.
+  const FusionGroup* FindFusionGroup(int64_t id) const;
+  // Adds (or replaces the kind of) group `group.id`.
+  void AddFusionGroup(FusionGroup group);
+  void set_fusion_groups(std::vector<FusionGroup> groups);
+  void ClearFusionGroups() { fusion_groups_.clear(); }
+  // The group node `id` is a member of (its integer `fusion` attribute), or -1.
+  int64_t FusionGroupOf(int id) const;
+  // Ids of the members of group `group`, in node order.
+  std::vector<int> FusionMembers(int64_t group) const;
+  // Members of every group at once: group id -> member ids in node order (groups with no member
+  // are absent; ids a node names without a table entry are present, for the verifier to report).
+  std::map<int64_t, std::vector<int>> FusionMembersByGroup() const;
+
  private:
   std::string name_ = "main";
   std::vector<Node> nodes_;
   std::vector<Output> outputs_;
+  std::vector<FusionGroup> fusion_groups_;
 };
+
+// The id a node's `fusion` attribute names, or -1 (no attribute, or not an integer).
+int64_t FusionAttrOf(const Node& node);
 
 }  // namespace kiln::ir
 

@@ -346,6 +346,8 @@ class Parser {
   absl::Status ParseType(Type* type);
   absl::Status ParseStatement(Graph& g);
   absl::Status ParseReturn(Graph& g);
+  absl::Status ParseFusionGroup(Graph& g);
+  void InferLegacyFusionGroups(Graph& g) const;
   absl::Status CheckParameters(const Graph& g);
 
   absl::StatusOr<AttrValue> ToAttr(const std::string& name, const RawValue& v);
@@ -357,6 +359,7 @@ class Parser {
   std::vector<const Token*> node_tok_;      // node id -> where its statement starts
   std::vector<const Token*> op_tok_;        // node id -> its op name
   std::map<std::string, int> param_names_;  // parameter name -> node
+  bool declared_groups_ = false;            // the text has 'fusion <id> kind=<kind>' lines
 };
 
 absl::Status Parser::ParseScalar(const Token& t, RawValue* v) {
@@ -694,6 +697,38 @@ absl::Status Parser::ParseReturn(Graph& g) {
   return absl::OkStatus();
 }
 
+// fusion <id> kind=<kind>: one entry of the graph's fusion group table.
+absl::Status Parser::ParseFusionGroup(Graph& g) {
+  Next();  // 'fusion', checked by the caller
+  const Token& id = Next();
+  if (id.kind != Tok::kInt) return Expected(id, "a fusion group id (a non-negative integer)");
+  RawValue v;
+  absl::Status s = ParseScalar(id, &v);
+  if (!s.ok()) return s;
+  if (v.i < 0) return Error(id, "fusion group id must not be negative");
+  if (g.FindFusionGroup(v.i) != nullptr)
+    return Error(id, "fusion group " + std::to_string(v.i) + " is already declared");
+  const Token& key = Next();
+  if (key.kind != Tok::kIdent || key.text != "kind") return Expected(key, "'kind'");
+  s = ExpectPunct('=');
+  if (!s.ok()) return s;
+  const Token& kind = Next();
+  FusionKind k;
+  if (kind.kind != Tok::kIdent || !ParseFusionKind(kind.text, &k))
+    return Expected(kind, "a fusion kind (loop, reduction, matmul_epilogue, conv_epilogue)");
+  g.AddFusionGroup({v.i, k});
+  declared_groups_ = true;
+  return absl::OkStatus();
+}
+
+// Text written before group declarations existed carries only `fusion=<n>` attributes: each group
+// gets the kind its members imply.
+void Parser::InferLegacyFusionGroups(Graph& g) const {
+  if (declared_groups_) return;
+  for (const auto& [id, members] : g.FusionMembersByGroup())
+    if (id >= 0) g.AddFusionGroup({id, InferFusionKind(g, members)});
+}
+
 absl::Status Parser::CheckParameters(const Graph& g) {
   std::vector<int> params;
   for (const Node& n : g.nodes())
@@ -726,6 +761,9 @@ absl::StatusOr<Graph> Parser::Parse() {
     if (t.kind == Tok::kValue) {
       s = ParseStatement(g);
       if (!s.ok()) return s;
+    } else if (t.kind == Tok::kIdent && t.text == "fusion" && g.num_nodes() == 0) {
+      s = ParseFusionGroup(g);
+      if (!s.ok()) return s;
     } else if (t.kind == Tok::kIdent && t.text == "return") {
       s = ParseReturn(g);
       if (!s.ok()) return s;
@@ -733,7 +771,9 @@ absl::StatusOr<Graph> Parser::Parse() {
     } else if (IsPunct(t, '}')) {
       return Error(t, "expected 'return' before '}'");
     } else {
-      return Expected(t, "a statement (%name = op(...)) or 'return'");
+      return Expected(t, g.num_nodes() == 0
+                             ? "a fusion group (fusion <id> kind=<kind>), a statement or 'return'"
+                             : "a statement (%name = op(...)) or 'return'");
     }
   }
   s = ExpectPunct('}');
@@ -742,6 +782,7 @@ absl::StatusOr<Graph> Parser::Parse() {
   if (end.kind != Tok::kEnd) return Expected(end, "end of input after the graph");
   s = CheckParameters(g);
   if (!s.ok()) return s;
+  InferLegacyFusionGroups(g);
 
   // Everything Verify checks should have been caught above with a position; this is a backstop.
   s = Verify(g);

@@ -284,6 +284,9 @@ std::string FormatLiteral(const Tensor& t) {
 
 std::string PrintGraph(const Graph& graph) {
   std::string out = "graph @" + SigilName(graph.name()) + " {\n";
+  for (const FusionGroup& g : graph.fusion_groups())
+    out +=
+        "  fusion " + std::to_string(g.id) + " kind=" + std::string(FusionKindName(g.kind)) + "\n";
   for (const Node& n : graph.nodes()) {
     out += "  %" + std::to_string(n.id()) + " = " + std::string(OpcodeName(n.opcode())) + "(";
     for (size_t i = 0; i < n.operands().size(); ++i) {

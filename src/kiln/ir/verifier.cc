@@ -3,11 +3,13 @@
 // Never aborts: attributes are inspected through the variant, not the aborting typed getters.
 #include "kiln/ir/verifier.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "kiln/ir/op_traits.h"
 #include "kiln/ir/shape_inference.h"
 
 namespace kiln::ir {
@@ -69,7 +71,125 @@ absl::Status CheckParameterAttrs(const Node& n, int i) {
   return absl::OkStatus();
 }
 
+std::string GroupRef(const FusionGroup& g) {
+  return "fusion group " + std::to_string(g.id) + " (" + std::string(FusionKindName(g.kind)) + ")";
+}
+
+std::string MemberRef(const Graph& graph, int id) { return NodeRef(graph.node(id), id); }
+
+// An epilogue after its head: [add] [activation] [add] (no second add for a convolution), each
+// member reading the one before.
+std::string EpilogueProblem(const Graph& graph, const FusionGroup& group,
+                            const std::vector<int>& members, bool conv) {
+  const Opcode head = conv ? Opcode::kConv2d : Opcode::kDotGeneral;
+  if (graph.node(members[0]).opcode() != head)
+    return MemberRef(graph, members[0]) + ": " + GroupRef(group) + " must start with " +
+           std::string(OpcodeName(head));
+  std::string steps;  // 'a' per add, 'f' per activation
+  for (size_t i = 1; i < members.size(); ++i) {
+    const Node& m = graph.node(members[i]);
+    const std::string where = MemberRef(graph, members[i]) + ": " + GroupRef(group);
+    bool reads_previous = false;
+    for (int op : m.operands()) reads_previous |= op == members[i - 1];
+    if (!reads_previous)
+      return where + ": an epilogue member must read the member before it, %" +
+             std::to_string(members[i - 1]);
+    if (m.opcode() == Opcode::kAdd)
+      steps += 'a';
+    else if (OpTraits(m.opcode()).epilogue_activation())
+      steps += 'f';
+    else
+      return where + ": an epilogue runs only add and the epilogue activations";
+  }
+  // [bias] [activation] [residual]; a convolution takes no residual.
+  static const std::vector<std::string> kMatmul = {"", "a", "f", "af", "aa", "fa", "afa"};
+  static const std::vector<std::string> kConv = {"", "a", "f", "af"};
+  const std::vector<std::string>& allowed = conv ? kConv : kMatmul;
+  const bool ok = std::find(allowed.begin(), allowed.end(), steps) != allowed.end();
+  if (!ok)
+    return MemberRef(graph, members.back()) + ": " + GroupRef(group) + ": an epilogue is at most " +
+           (conv ? "[bias add] [activation]" : "[bias add] [activation] [residual add]");
+  return "";
+}
+
+// Loop and reduction groups: loop-fusible ops, plus reduce_sum sinks nothing in the group reads.
+std::string LoopProblem(const Graph& graph, const FusionGroup& group,
+                        const std::vector<int>& members) {
+  const bool reduction = group.kind == FusionKind::kReduction;
+  bool has_sink = false;
+  for (int id : members) {
+    const Node& m = graph.node(id);
+    const OpInfo& t = OpTraits(m.opcode());
+    const std::string where = MemberRef(graph, id) + ": " + GroupRef(group);
+    if (t.loop_sink()) {
+      if (!reduction) return where + ": a reduce_sum sink makes it a reduction group, not a loop";
+      has_sink = true;
+      continue;
+    }
+    if (!t.loop_fusible()) return where + ": not a loop-fusible elementwise op";
+    for (int op : m.operands())
+      if (op >= members.front() && OpTraits(graph.node(op).opcode()).loop_sink())
+        return where + ": reads the reduction %" + std::to_string(op) + " of its own group";
+  }
+  if (reduction && !has_sink)
+    return MemberRef(graph, members.front()) + ": " + GroupRef(group) + ": has no reduce_sum sink";
+  return "";
+}
+
 }  // namespace
+
+FusionKind InferFusionKind(const Graph& graph, const std::vector<int>& members) {
+  if (members.empty()) return FusionKind::kLoop;
+  Opcode head = graph.node(members[0]).opcode();
+  if (head == Opcode::kDotGeneral) return FusionKind::kMatmulEpilogue;
+  if (head == Opcode::kConv2d) return FusionKind::kConvEpilogue;
+  for (int m : members)
+    if (OpTraits(graph.node(m).opcode()).loop_sink()) return FusionKind::kReduction;
+  return FusionKind::kLoop;
+}
+
+std::string FusionGroupProblem(const Graph& graph, const FusionGroup& group,
+                               const std::vector<int>& members) {
+  if (members.empty()) return "graph @" + graph.name() + ": " + GroupRef(group) + " has no members";
+  for (size_t i = 1; i < members.size(); ++i)
+    if (members[i] != members[i - 1] + 1)
+      return MemberRef(graph, members[i]) + ": " + GroupRef(group) +
+             ": members must be consecutive nodes, but the member before it is %" +
+             std::to_string(members[i - 1]);
+  switch (group.kind) {
+    case FusionKind::kLoop:
+    case FusionKind::kReduction:
+      return LoopProblem(graph, group, members);
+    case FusionKind::kMatmulEpilogue:
+      return EpilogueProblem(graph, group, members, /*conv=*/false);
+    case FusionKind::kConvEpilogue:
+      return EpilogueProblem(graph, group, members, /*conv=*/true);
+  }
+  return "";
+}
+
+absl::Status VerifyFusionGroups(const Graph& graph) {
+  for (const Node& n : graph.nodes()) {
+    auto it = n.attrs().find(kFusionAttr);
+    if (it == n.attrs().end()) continue;
+    if (!std::holds_alternative<int64_t>(it->second) || std::get<int64_t>(it->second) < 0)
+      return NodeError(n, n.id(), "attribute 'fusion' must be a non-negative integer (a group id)");
+    int64_t g = std::get<int64_t>(it->second);
+    if (graph.FindFusionGroup(g) == nullptr)
+      return NodeError(n, n.id(),
+                       "fusion group " + std::to_string(g) +
+                           " is not declared in the graph's fusion group table");
+  }
+  const std::map<int64_t, std::vector<int>> members = graph.FusionMembersByGroup();
+  static const std::vector<int> kNone;
+  for (const FusionGroup& group : graph.fusion_groups()) {
+    auto it = members.find(group.id);
+    std::string problem =
+        FusionGroupProblem(graph, group, it == members.end() ? kNone : it->second);
+    if (!problem.empty()) return absl::InvalidArgumentError(problem);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Verify(const Graph& graph) {
   const std::string where = "graph @" + graph.name();
@@ -150,7 +270,7 @@ absl::Status Verify(const Graph& graph) {
       return absl::InvalidArgumentError(where + ": output \"" + o.name + "\" refers to %" +
                                         std::to_string(o.node) + ", which does not exist");
   }
-  return absl::OkStatus();
+  return VerifyFusionGroups(graph);
 }
 
 }  // namespace kiln::ir

@@ -2,6 +2,9 @@
 
 #include <vector>
 
+#include "kiln/base/status.h"
+#include "kiln/compiler/graph_editor.h"
+
 namespace kiln::compiler {
 
 absl::StatusOr<bool> DcePass::Run(ir::Graph& graph) {
@@ -21,19 +24,10 @@ absl::StatusOr<bool> DcePass::Run(ir::Graph& graph) {
     for (int o : graph.node(id).operands()) stack.push_back(o);
   }
   if (num_live == n) return false;
-  // Nodes are already in topological order: keep the live ones in place and renumber.
-  ir::Graph out(graph.name());
-  std::vector<int> new_id(n, -1);
-  for (const ir::Node& node : graph.nodes()) {
-    if (!live[node.id()]) continue;
-    std::vector<int> operands;
-    operands.reserve(node.operands().size());
-    for (int o : node.operands()) operands.push_back(new_id[o]);
-    new_id[node.id()] = out.AddNode(node.opcode(), std::move(operands), node.type(), node.attrs(),
-                                    node.shared_literal());
-  }
-  for (const ir::Output& o : graph.outputs()) out.AddOutput(o.name, new_id[o.node]);
-  graph = std::move(out);
+  // Nodes are already in topological order: the editor keeps the live ones in place.
+  GraphEditor e(graph);
+  e.set_dead_code(GraphEditor::DeadCode::kDrop);
+  KILN_ASSIGN_OR_RETURN(graph, std::move(e).Build());
   return true;
 }
 

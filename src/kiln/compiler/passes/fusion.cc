@@ -5,8 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/base/status.h"
+#include "kiln/compiler/graph_editor.h"
 #include "kiln/ir/op_traits.h"
-#include "kiln/ir/verifier.h"
 
 namespace kiln::compiler {
 namespace {
@@ -108,173 +109,215 @@ int64_t EpilogueBiasAxis(const ir::Node& head) {
   return head.opcode() == Opcode::kConv2d ? 1 : head.type().shape.rank() - 1;
 }
 
-absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
-  const ir::Graph& g = graph;
-  const int n = g.num_nodes();
-  Groups groups;
-  groups.group_of.assign(n, -1);
-  std::vector<int> stamp(n, 0);
-  int epoch = 0;
+namespace {
 
-  // Uses per node (outputs count as uses that cannot be fused).
-  std::vector<std::vector<int>> users(n);
-  std::vector<char> is_output(n, 0);
-  for (const ir::Node& node : g.nodes())
-    for (int op : node.operands()) users[op].push_back(node.id());
-  for (const ir::Output& o : g.outputs()) is_output[o.node] = 1;
-  auto sole_user = [&](int id) -> int {
-    if (is_output[id] || users[id].size() != 1) return -1;
-    return users[id][0];
-  };
-  // Adds ungrouped node `id` to `group` unless that makes the group graph cyclic.
-  auto join = [&](int group, int id) {
-    if (groups.group_of[id] >= 0) return false;
-    groups.members[group].push_back(id);
-    groups.group_of[id] = group;
-    if (!CreatesCycle(g, groups, group, stamp, epoch)) return true;
-    groups.members[group].pop_back();
-    groups.group_of[id] = -1;
-    return false;
-  };
-
-  // Output fusion: dot_general [+ bias] [+ activation] [+ residual], each step the only user of
-  // the one before, becomes one group the backend runs as a matmul with post-ops. Residuals come
-  // second, and an add whose two operands both end such a chain joins neither (so the result does
-  // not depend on which matmul comes first, and a second run changes nothing).
-  if (options_.fuse_matmul_epilogues) {
-    std::vector<std::pair<int, int>> chains;  // (group, last member)
-    for (const ir::Node& dot : g.nodes()) {
-      // Heads: dot_general (bias along the last dim) and conv2d (bias along channels, no
-      // residual: oneDNN's convolution takes it only in its own blocked layout).
-      bool conv = dot.opcode() == Opcode::kConv2d;
-      if (dot.opcode() != Opcode::kDotGeneral && !conv) continue;
-      DType dt = dot.type().dtype;
-      if (dt != DType::kF32 && dt != DType::kBF16) continue;
-      if (g.node(dot.operand(0)).type().dtype != dt || g.node(dot.operand(1)).type().dtype != dt)
-        continue;
-      const ir::Type& type = dot.type();
-      int gi = static_cast<int>(groups.members.size());
-      groups.members.push_back({dot.id()});
-      groups.group_of[dot.id()] = gi;
-      int last = dot.id();
-      int u = sole_user(last);
-      if (u >= 0 && g.node(u).opcode() == Opcode::kAdd && g.node(u).type() == type) {
-        const ir::Node& add = g.node(u);
-        int other = add.operand(0) == last ? add.operand(1) : add.operand(0);
-        if (add.operand(0) != add.operand(1) && g.node(other).type() == type &&
-            IsBiasBroadcast(g, other, EpilogueBiasAxis(dot)) && join(gi, u))
-          last = u;
-      }
-      u = sole_user(last);
-      if (u >= 0 && IsEpilogueActivation(g.node(u).opcode()) && g.node(u).type() == type &&
-          join(gi, u))
-        last = u;
-      if (!conv) chains.push_back({gi, last});
-      if (conv && groups.members[gi].size() == 1) {  // a bare convolution
-        groups.group_of[dot.id()] = -1;
-        groups.members[gi].clear();
-      }
-    }
-    std::vector<char> chain_end(n, 0);
-    for (auto [gi, last] : chains) chain_end[last] = 1;
-    for (auto [gi, last] : chains) {
-      const ir::Type& type = g.node(last).type();
-      int u = sole_user(last);
-      if (u < 0 || g.node(u).opcode() != Opcode::kAdd || g.node(u).type() != type ||
-          groups.group_of[u] >= 0)
-        continue;
-      const ir::Node& add = g.node(u);
-      if (add.operand(0) == add.operand(1)) continue;
-      int other = add.operand(0) == last ? add.operand(1) : add.operand(0);
-      if (g.node(other).type() != type || g.node(other).opcode() == Opcode::kBroadcastInDim ||
-          chain_end[other])
-        continue;
-      join(gi, u);
-    }
-    for (auto [gi, last] : chains) {
-      if (groups.members[gi].size() == 1) {  // a bare matmul: nothing to fuse
-        groups.group_of[groups.members[gi][0]] = -1;
-        groups.members[gi].clear();
-      }
-    }
-    // What the backend cannot run as one matmul or convolution with post-ops is not formed.
-    for (std::vector<int>& members : groups.members) {
-      if (members.empty() || !options_.can_fuse) continue;
-      std::sort(members.begin(), members.end());
-      if (options_.can_fuse(g, members)) continue;
-      for (int m : members) groups.group_of[m] = -1;
-      members.clear();
-    }
+// Forms the groups of one graph: output fusions, loop groups, reduction sinks (FusionPass::Run).
+class GroupFormer {
+ public:
+  GroupFormer(const ir::Graph& g, const FusionOptions& options)
+      : g_(g), options_(options), n_(g.num_nodes()), stamp_(n_, 0), users_(n_), is_output_(n_, 0) {
+    groups_.group_of.assign(n_, -1);
+    // Uses per node (outputs count as uses that cannot be fused).
+    for (const ir::Node& node : g.nodes())
+      for (int op : node.operands()) users_[op].push_back(node.id());
+    for (const ir::Output& o : g.outputs()) is_output_[o.node] = 1;
   }
-  const int num_output_groups = static_cast<int>(groups.members.size());
 
-  for (const ir::Node& node : g.nodes()) {
-    if (groups.group_of[node.id()] >= 0) continue;  // in an output fusion
-    if (!IsLoopFusible(g, node)) continue;
-    int mine = static_cast<int>(groups.members.size());
-    groups.members.push_back({node.id()});
-    groups.group_of[node.id()] = mine;
+  void OutputFusions();
+  void LoopGroups();
+  void ReductionSinks();
+  void DropRefusedLoopGroups();
+  // Topological order of the groups as units (members contiguous); Internal error on a cycle.
+  absl::StatusOr<std::vector<int>> Order() const;
+
+  const Groups& groups() const { return groups_; }
+  ir::FusionKind kind(int group) const { return kind_[group]; }
+
+ private:
+  int NewGroup(int first, ir::FusionKind kind) {
+    int gi = static_cast<int>(groups_.members.size());
+    groups_.members.push_back({first});
+    groups_.group_of[first] = gi;
+    kind_.push_back(kind);
+    return gi;
+  }
+  void Dissolve(int group) {
+    for (int m : groups_.members[group]) groups_.group_of[m] = -1;
+    groups_.members[group].clear();
+  }
+  int SoleUser(int id) const {
+    if (is_output_[id] || users_[id].size() != 1) return -1;
+    return users_[id][0];
+  }
+  // Adds ungrouped node `id` to `group` unless that makes the group graph cyclic.
+  bool Join(int group, int id) {
+    if (groups_.group_of[id] >= 0) return false;
+    groups_.members[group].push_back(id);
+    groups_.group_of[id] = group;
+    if (!CreatesCycle(g_, groups_, group, stamp_, epoch_)) return true;
+    groups_.members[group].pop_back();
+    groups_.group_of[id] = -1;
+    return false;
+  }
+  // Whether the backend runs `group` as one kernel (members sorted into graph order first).
+  bool Accepted(int group) {
+    std::vector<int>& members = groups_.members[group];
+    if (members.empty() || !options_.can_fuse) return true;
+    std::sort(members.begin(), members.end());
+    return options_.can_fuse(g_, kind_[group], members);
+  }
+  // A dot_general or conv2d head with its bias and activation; -1 when `dot` is no head.
+  int EpilogueChain(const ir::Node& dot, int* last);
+  void Residuals(const std::vector<std::pair<int, int>>& chains);
+
+  const ir::Graph& g_;
+  const FusionOptions& options_;
+  const int n_;
+  Groups groups_;
+  std::vector<ir::FusionKind> kind_;  // per group
+  std::vector<int> stamp_;
+  int epoch_ = 0;
+  std::vector<std::vector<int>> users_;
+  std::vector<char> is_output_;
+  int num_output_groups_ = 0;
+};
+
+int GroupFormer::EpilogueChain(const ir::Node& dot, int* last) {
+  // Heads: dot_general (bias along the last dim) and conv2d (bias along channels, no residual:
+  // oneDNN's convolution takes it only in its own blocked layout).
+  const bool conv = dot.opcode() == Opcode::kConv2d;
+  if (dot.opcode() != Opcode::kDotGeneral && !conv) return -1;
+  DType dt = dot.type().dtype;
+  if (dt != DType::kF32 && dt != DType::kBF16) return -1;
+  if (g_.node(dot.operand(0)).type().dtype != dt || g_.node(dot.operand(1)).type().dtype != dt)
+    return -1;
+  const ir::Type& type = dot.type();
+  int gi =
+      NewGroup(dot.id(), conv ? ir::FusionKind::kConvEpilogue : ir::FusionKind::kMatmulEpilogue);
+  *last = dot.id();
+  int u = SoleUser(*last);
+  if (u >= 0 && g_.node(u).opcode() == Opcode::kAdd && g_.node(u).type() == type) {
+    const ir::Node& add = g_.node(u);
+    int other = add.operand(0) == *last ? add.operand(1) : add.operand(0);
+    if (add.operand(0) != add.operand(1) && g_.node(other).type() == type &&
+        IsBiasBroadcast(g_, other, EpilogueBiasAxis(dot)) && Join(gi, u))
+      *last = u;
+  }
+  u = SoleUser(*last);
+  if (u >= 0 && IsEpilogueActivation(g_.node(u).opcode()) && g_.node(u).type() == type &&
+      Join(gi, u))
+    *last = u;
+  return gi;
+}
+
+// Residuals come second, and an add whose two operands both end such a chain joins neither (so the
+// result does not depend on which matmul comes first, and a second run changes nothing).
+void GroupFormer::Residuals(const std::vector<std::pair<int, int>>& chains) {
+  std::vector<char> chain_end(n_, 0);
+  for (auto [gi, last] : chains) chain_end[last] = 1;
+  for (auto [gi, last] : chains) {
+    const ir::Type& type = g_.node(last).type();
+    int u = SoleUser(last);
+    if (u < 0 || g_.node(u).opcode() != Opcode::kAdd || g_.node(u).type() != type ||
+        groups_.group_of[u] >= 0)
+      continue;
+    const ir::Node& add = g_.node(u);
+    if (add.operand(0) == add.operand(1)) continue;
+    int other = add.operand(0) == last ? add.operand(1) : add.operand(0);
+    if (g_.node(other).type() != type || g_.node(other).opcode() == Opcode::kBroadcastInDim ||
+        chain_end[other])
+      continue;
+    Join(gi, u);
+  }
+}
+
+// Output fusion: dot_general [+ bias] [+ activation] [+ residual], each step the only user of the
+// one before, becomes one group the backend runs as a matmul with post-ops (conv2d: no residual).
+void GroupFormer::OutputFusions() {
+  if (options_.fuse_matmul_epilogues) {
+    std::vector<std::pair<int, int>> chains;  // (group, last member) of dot_general heads
+    for (const ir::Node& dot : g_.nodes()) {
+      int last = -1;
+      int gi = EpilogueChain(dot, &last);
+      if (gi < 0) continue;
+      if (kind_[gi] == ir::FusionKind::kMatmulEpilogue)
+        chains.push_back({gi, last});
+      else if (groups_.members[gi].size() == 1)
+        Dissolve(gi);  // a bare convolution
+    }
+    Residuals(chains);
+    for (auto [gi, last] : chains)
+      if (groups_.members[gi].size() == 1) Dissolve(gi);  // a bare matmul: nothing to fuse
+    // What the backend cannot run as one matmul or convolution with post-ops is not formed.
+    for (int gi = 0; gi < static_cast<int>(groups_.members.size()); ++gi)
+      if (!Accepted(gi)) Dissolve(gi);
+  }
+  num_output_groups_ = static_cast<int>(groups_.members.size());
+}
+
+// A node joins the loop groups of its operands that have its shape; groups merge through it.
+void GroupFormer::LoopGroups() {
+  for (const ir::Node& node : g_.nodes()) {
+    if (groups_.group_of[node.id()] >= 0) continue;  // in an output fusion
+    if (!IsLoopFusible(g_, node)) continue;
+    int mine = NewGroup(node.id(), ir::FusionKind::kLoop);
     std::vector<int> candidates;
     for (int op : node.operands()) {
-      int go = groups.group_of[op];
-      if (go < num_output_groups) continue;  // output fusions stay as they are
-      if (go < 0 || go == mine || g.node(op).type().shape != node.type().shape) continue;
+      int go = groups_.group_of[op];
+      if (go < num_output_groups_) continue;  // output fusions stay as they are
+      if (go < 0 || go == mine || g_.node(op).type().shape != node.type().shape) continue;
       if (std::find(candidates.begin(), candidates.end(), go) == candidates.end())
         candidates.push_back(go);
     }
     for (int c : candidates) {
-      if (groups.members[c].empty()) continue;  // merged already through another operand
-      if (groups.members[mine].size() + groups.members[c].size() >
+      if (groups_.members[c].empty()) continue;  // merged already through another operand
+      if (groups_.members[mine].size() + groups_.members[c].size() >
           static_cast<size_t>(options_.max_group_size))
         continue;
       // Tentatively merge c into mine; undo when it would create a cycle.
-      std::vector<int> saved_c = groups.members[c];
-      size_t saved_size = groups.members[mine].size();
-      groups.Merge(mine, c);
-      if (CreatesCycle(g, groups, mine, stamp, epoch)) {
-        groups.members[mine].resize(saved_size);
-        groups.members[c] = saved_c;
-        for (int m : saved_c) groups.group_of[m] = c;
+      std::vector<int> saved_c = groups_.members[c];
+      size_t saved_size = groups_.members[mine].size();
+      groups_.Merge(mine, c);
+      if (CreatesCycle(g_, groups_, mine, stamp_, epoch_)) {
+        groups_.members[mine].resize(saved_size);
+        groups_.members[c] = saved_c;
+        for (int m : saved_c) groups_.group_of[m] = c;
       }
     }
   }
+}
 
-  // Reductions: a reduce_sum of a loop group member joins the group as a sink (the kernel
-  // accumulates it while the values are in registers: the reduced tensor is never stored unless
-  // something else reads it).
-  if (options_.fuse_reductions) {
-    for (const ir::Node& node : g.nodes()) {
-      if (!IsLoopReduction(g, node) || groups.group_of[node.id()] >= 0) continue;
-      int go = groups.group_of[node.operand(0)];
-      if (go < num_output_groups || go < 0) continue;
-      if (groups.members[go].size() + 1 > static_cast<size_t>(options_.max_group_size)) continue;
-      join(go, node.id());
-    }
+// A reduce_sum of a loop group member joins the group as a sink (the kernel accumulates it while
+// the values are in registers: the reduced tensor is never stored unless something else reads it).
+void GroupFormer::ReductionSinks() {
+  if (!options_.fuse_reductions) return;
+  for (const ir::Node& node : g_.nodes()) {
+    if (!IsLoopReduction(g_, node) || groups_.group_of[node.id()] >= 0) continue;
+    int go = groups_.group_of[node.operand(0)];
+    if (go < num_output_groups_ || go < 0) continue;
+    if (groups_.members[go].size() + 1 > static_cast<size_t>(options_.max_group_size)) continue;
+    if (Join(go, node.id())) kind_[go] = ir::FusionKind::kReduction;
   }
+}
 
-  // Loop groups the backend refuses are dissolved (fewer groups never make the group graph cyclic).
-  if (options_.can_fuse) {
-    for (int gi = num_output_groups; gi < static_cast<int>(groups.members.size()); ++gi) {
-      std::vector<int>& members = groups.members[gi];
-      if (members.empty()) continue;
-      std::sort(members.begin(), members.end());
-      if (options_.can_fuse(g, members)) continue;
-      for (int m : members) groups.group_of[m] = -1;
-      members.clear();
-    }
-  }
+// Loop groups the backend refuses are dissolved (fewer groups never make the group graph cyclic).
+void GroupFormer::DropRefusedLoopGroups() {
+  for (int gi = num_output_groups_; gi < static_cast<int>(groups_.members.size()); ++gi)
+    if (!Accepted(gi)) Dissolve(gi);
+}
 
-  // Topological order of the quotient graph (groups as single units), each unit keyed by its
-  // last member's source id so the order stays close to the source.
-  std::vector<int> unit_of(n);  // unit id: group index, or groups.size() + node id
-  const int num_groups = static_cast<int>(groups.members.size());
-  for (int i = 0; i < n; ++i)
-    unit_of[i] = groups.group_of[i] >= 0 ? groups.group_of[i] : num_groups + i;
-  const int num_units = num_groups + n;
+// Topological order of the quotient graph (groups as single units), each unit keyed by its last
+// member's source id so the order stays close to the source.
+absl::StatusOr<std::vector<int>> GroupFormer::Order() const {
+  std::vector<int> unit_of(n_);  // unit id: group index, or groups.size() + node id
+  const int num_groups = static_cast<int>(groups_.members.size());
+  for (int i = 0; i < n_; ++i)
+    unit_of[i] = groups_.group_of[i] >= 0 ? groups_.group_of[i] : num_groups + i;
+  const int num_units = num_groups + n_;
   std::vector<int> key(num_units, -1), pending(num_units, 0);
   std::vector<std::vector<int>> consumers(num_units);
-  for (int i = 0; i < n; ++i) key[unit_of[i]] = std::max(key[unit_of[i]], i);
-  for (const ir::Node& node : g.nodes()) {
+  for (int i = 0; i < n_; ++i) key[unit_of[i]] = std::max(key[unit_of[i]], i);
+  for (const ir::Node& node : g_.nodes()) {
     int u = unit_of[node.id()];
     for (int op : node.operands()) {
       int uo = unit_of[op];
@@ -288,12 +331,12 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
   for (int u = 0; u < num_units; ++u)
     if (key[u] >= 0 && pending[u] == 0) ready.push({key[u], u});
   std::vector<int> order;
-  order.reserve(n);
+  order.reserve(n_);
   while (!ready.empty()) {
     int u = ready.top().second;
     ready.pop();
     if (u < num_groups) {
-      std::vector<int> m = groups.members[u];
+      std::vector<int> m = groups_.members[u];
       std::sort(m.begin(), m.end());
       order.insert(order.end(), m.begin(), m.end());
     } else {
@@ -302,49 +345,66 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
     for (int c : consumers[u])
       if (--pending[c] == 0) ready.push({key[c], c});
   }
-  if (static_cast<int>(order.size()) != n)
+  if (static_cast<int>(order.size()) != n_)
     return absl::InternalError("fusion: the group graph has a cycle (a bug in the cycle check)");
+  return order;
+}
 
-  // Group numbers in order of appearance.
-  std::vector<int> number(num_groups, -1);
-  int next = 0;
+// True when `graph` already is `order` (the identity) with exactly these attributes and table.
+bool AlreadyFused(const ir::Graph& graph, const std::vector<int>& order,
+                  const std::vector<int64_t>& want, const std::vector<ir::FusionGroup>& table) {
+  if (graph.fusion_groups() != table) return false;
+  for (int i = 0; i < graph.num_nodes(); ++i) {
+    if (order[i] != i) return false;
+    auto it = graph.node(i).attrs().find(kFusionAttr);
+    if (it == graph.node(i).attrs().end()) {
+      if (want[i] >= 0) return false;
+    } else if (!std::holds_alternative<int64_t>(it->second) ||
+               std::get<int64_t>(it->second) != want[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
+  const ir::Graph& g = graph;
+  GroupFormer former(g, options_);
+  former.OutputFusions();
+  former.LoopGroups();
+  former.ReductionSinks();
+  former.DropRefusedLoopGroups();
+  KILN_ASSIGN_OR_RETURN(std::vector<int> order, former.Order());
+
+  // Group numbers in order of appearance; the table records each group's kind.
+  const Groups& groups = former.groups();
+  std::vector<int64_t> number(groups.members.size(), -1);
+  std::vector<ir::FusionGroup> table;
   for (int id : order) {
     int gi = groups.group_of[id];
-    if (gi >= 0 && number[gi] < 0) number[gi] = next++;
+    if (gi < 0 || number[gi] >= 0) continue;
+    number[gi] = static_cast<int64_t>(table.size());
+    table.push_back({number[gi], former.kind(gi)});
   }
+  std::vector<int64_t> want(g.num_nodes(), -1);
+  for (int i = 0; i < g.num_nodes(); ++i)
+    if (groups.group_of[i] >= 0) want[i] = number[groups.group_of[i]];
+  if (AlreadyFused(g, order, want, table)) return false;
 
-  // Unchanged when the order is the identity and every attribute already matches.
-  bool changed = false;
-  for (int i = 0; i < n && !changed; ++i) {
-    if (order[i] != i) changed = true;
-    const ir::Node& node = g.node(i);
-    int want = groups.group_of[i] >= 0 ? number[groups.group_of[i]] : -1;
-    auto it = node.attrs().find(kFusionAttr);
-    int have = -1;
-    if (it != node.attrs().end() && std::holds_alternative<int64_t>(it->second))
-      have = static_cast<int>(std::get<int64_t>(it->second));
-    else if (it != node.attrs().end())
-      changed = true;
-    if (have != want) changed = true;
-  }
-  if (!changed) return false;
-
-  ir::Graph out(g.name());
-  std::vector<int> new_id(n, -1);
-  for (int old : order) {
-    const ir::Node& node = g.node(old);
-    std::vector<int> operands;
-    operands.reserve(node.operands().size());
-    for (int op : node.operands()) operands.push_back(new_id[op]);
+  GraphEditor e(g);
+  e.set_dead_code(GraphEditor::DeadCode::kKeep);
+  e.set_order(order);
+  e.set_fusion_groups(table);
+  for (const ir::Node& node : g.nodes()) {
+    if (want[node.id()] < 0 && !node.has_attr(kFusionAttr)) continue;
     ir::AttrMap attrs = node.attrs();
     attrs.erase(kFusionAttr);
-    if (groups.group_of[old] >= 0)
-      attrs[kFusionAttr] = static_cast<int64_t>(number[groups.group_of[old]]);
-    new_id[old] = out.AddNode(node.opcode(), std::move(operands), node.type(), std::move(attrs),
-                              node.shared_literal());
+    if (want[node.id()] >= 0) attrs[kFusionAttr] = want[node.id()];
+    e.SetAttrs(node.id(), std::move(attrs));
   }
-  for (const ir::Output& o : g.outputs()) out.AddOutput(o.name, new_id[o.node]);
-  graph = std::move(out);
+  KILN_ASSIGN_OR_RETURN(graph, std::move(e).Build());
   return true;
 }
 

@@ -2,6 +2,7 @@
 // elementwise ops of one shape into fusion groups that a backend runs as ONE kernel making a single
 // pass over memory, and orders the graph so each group's members are contiguous.
 //
+//                                             fusion 0 kind=loop
 //   %3 = mul(%g, %lr)                         %3 = mul(%g, %lr) {fusion=0}
 //   %4 = sub(%w, %3)                    ->    %4 = sub(%w, %3) {fusion=0}
 //   %5 = dot_general(%4, %x) {...}            %5 = dot_general(%4, %x) {...}
@@ -15,7 +16,10 @@
 //
 // Loop fusion: every node whose op is one of the cheap elementwise ops (add sub mul div max min
 // neg abs relu sqrt rsqrt sign compare select convert logical_and logical_or logical_not) on f32,
-// bf16 and bool values gets an integer attribute `fusion` naming its group (0, 1, ... in order).
+// bf16 and bool values gets an integer attribute `fusion` naming its group (0, 1, ... in order),
+// and the graph's fusion group table (ir/graph.h) records each group's kind: matmul_epilogue or
+// conv_epilogue for output fusions, loop, or reduction for a loop group with a reduce_sum sink.
+// IR text shows the table as `fusion <id> kind=<kind>` lines before the nodes.
 // A node joins the groups of its operands that have its shape; groups merge through it. A group
 // member used outside the group (or as a graph output) is one of the group's outputs: fusion never
 // duplicates work (multi-output fusion instead of recomputing a producer), so no expensive
@@ -41,9 +45,10 @@
 //
 // Order: the result is a topological order of the groups (each group placed where its last
 // member was, as far as dependencies allow), members of a group contiguous and in source order.
-// Run it last before scheduling-sensitive consumers (lowering): later rewrites may break the
-// contiguity. Idempotent: existing `fusion` attributes are recomputed, and a graph that already
-// carries exactly these groups in this order is reported unchanged.
+// Run it last before scheduling-sensitive consumers (lowering): a later rewrite that breaks a group
+// dissolves it (GraphEditor). Idempotent: existing `fusion` attributes and the table are
+// recomputed, and a graph that already carries exactly these groups in this order is reported
+// unchanged.
 // Cost: O(n * m) where m is the number of merges (a cycle check walks the graph per merge).
 #ifndef KILN_COMPILER_PASSES_FUSION_H_
 #define KILN_COMPILER_PASSES_FUSION_H_
@@ -58,8 +63,8 @@
 
 namespace kiln::compiler {
 
-// The attribute a fusion group member carries.
-inline constexpr char kFusionAttr[] = "fusion";
+// The attribute a fusion group member carries (ir/graph.h: the group's id in the graph's table).
+using ir::kFusionAttr;
 
 // The most outputs a reduction fused into a loop group may have (the kernel keeps one
 // accumulator per output and thread).
@@ -71,11 +76,11 @@ struct FusionOptions {
   bool fuse_reductions = true;
   // Output fusion: dot_general followed by a bias add, an activation and a residual add.
   bool fuse_matmul_epilogues = true;
-  // The backend's answer to "can you run this group (members in graph order) as one kernel?"
-  // (BackendTraits::can_fuse, compiler/execution_plan.h). An output fusion it refuses is not
-  // formed (its members stay free for loop fusion); a loop group it refuses is dissolved. Null:
-  // every group.
-  std::function<bool(const ir::Graph&, const std::vector<int>&)> can_fuse;
+  // The backend's answer to "can you run this group (its kind, members in graph order) as one
+  // kernel?" (BackendTraits::can_fuse, compiler/execution_plan.h). An output fusion it refuses is
+  // not formed (its members stay free for loop fusion); a loop group it refuses is dissolved.
+  // Null: every group.
+  std::function<bool(const ir::Graph&, ir::FusionKind, const std::vector<int>&)> can_fuse;
 };
 
 // True for the ops (and types) FusionPass puts into loop fusion groups.

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "kiln/base/status.h"
 #include "kiln/compiler/execution_plan.h"
+#include "kiln/compiler/graph_editor.h"
 #include "kiln/compiler/passes/fusion.h"
 #include "kiln/compiler/passes/schedule.h"
 
@@ -173,31 +175,25 @@ class Analysis {
 };
 
 // `g` with the candidate's copies placed before `insert_before` and its late users reading them.
-ir::Graph Apply(const ir::Graph& g, const Candidate& c) {
-  const int n = g.num_nodes();
-  std::vector<int> nid(n, -1), copy(n, -1);
-  std::vector<char> late(n, 0);
-  for (int u : c.late_users) late[u] = 1;
-  ir::Graph out(g.name());
-  for (int id = 0; id < n; ++id) {
-    if (id == c.insert_before) {
-      for (int x : c.chain) {
-        const ir::Node& s = g.node(x);
-        std::vector<int> ops;
-        for (int o : s.operands()) ops.push_back(copy[o] >= 0 ? copy[o] : nid[o]);
-        ir::AttrMap attrs = s.attrs();
-        attrs.erase(kFusionAttr);
-        copy[x] =
-            out.AddNode(s.opcode(), std::move(ops), s.type(), std::move(attrs), s.shared_literal());
-      }
-    }
-    const ir::Node& s = g.node(id);
+absl::StatusOr<ir::Graph> Apply(const ir::Graph& g, const Candidate& c) {
+  GraphEditor e(g);
+  e.set_dead_code(GraphEditor::DeadCode::kKeep);  // the original may be dead now: it stays
+  e.set_position(c.insert_before);
+  std::vector<int> copy(g.num_nodes(), -1);
+  for (int x : c.chain) {
+    const ir::Node& s = g.node(x);
     std::vector<int> ops;
-    for (int o : s.operands()) ops.push_back(late[id] && o == c.value ? copy[o] : nid[o]);
-    nid[id] = out.AddNode(s.opcode(), std::move(ops), s.type(), s.attrs(), s.shared_literal());
+    for (int o : s.operands()) ops.push_back(copy[o] >= 0 ? copy[o] : o);
+    ir::AttrMap attrs = s.attrs();
+    attrs.erase(kFusionAttr);  // a copy belongs to no group
+    copy[x] = e.AddCopy(s, std::move(ops), std::move(attrs));
   }
-  for (const ir::Output& o : g.outputs()) out.AddOutput(o.name, nid[o.node]);
-  return out;
+  for (int u : c.late_users) {
+    const std::vector<int>& ops = g.node(u).operands();
+    for (int i = 0; i < static_cast<int>(ops.size()); ++i)
+      if (ops[i] == c.value) KILN_RETURN_IF_ERROR(e.SetOperand(u, i, copy[c.value]));
+  }
+  return std::move(e).Build();
 }
 
 std::string MiB(int64_t bytes) {
@@ -232,10 +228,11 @@ absl::StatusOr<bool> RematPass::Run(ir::Graph& graph) {
   const bool limited = options_.memory_limit_bytes > 0;
   report_.measured_before = limited ? measure(g) : report_.peak_before;
 
-  auto apply = [&](const Candidate& c) {
-    g = Apply(g, c);
+  auto apply = [&](const Candidate& c) -> absl::Status {
+    KILN_ASSIGN_OR_RETURN(g, Apply(g, c));
     ++report_.recomputed;
     report_.added_nodes += static_cast<int>(c.chain.size());
+    return absl::OkStatus();
   };
   // Policy: what frees more than it costs and does not raise the peak, best first.
   while (report_.recomputed < options_.max_recomputed) {
@@ -246,7 +243,7 @@ absl::StatusOr<bool> RematPass::Run(ir::Graph& graph) {
       if (c.area_saved > 0 && c.new_peak <= a.peak() && (!best || c.area_saved > best->area_saved))
         best = &c;
     if (!best) break;
-    apply(*best);
+    KILN_RETURN_IF_ERROR(apply(*best));
   }
   // The copies sit just before their readers; the scheduler may find a better order around them
   // (it never raises the peak).
@@ -268,7 +265,7 @@ absl::StatusOr<bool> RematPass::Run(ir::Graph& graph) {
            (c.new_peak == best->new_peak && c.area_saved > best->area_saved)))
         best = &c;
     if (!best) break;
-    apply(*best);
+    KILN_RETURN_IF_ERROR(apply(*best));
     reschedule();
     measured = measure(g);
   }

@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/status.h"
 #include "kiln/compiler/execution_plan.h"
+#include "kiln/compiler/graph_editor.h"
 
 namespace kiln::compiler {
 namespace {
@@ -257,25 +259,11 @@ absl::StatusOr<ir::Graph> ReorderNodes(const ir::Graph& graph, const std::vector
   if (static_cast<int>(order.size()) != n)
     return absl::InvalidArgumentError(
         absl::StrCat("ReorderNodes: order has ", order.size(), " ids for ", n, " nodes"));
-  std::vector<int> new_id(n, -1);
-  ir::Graph out(graph.name());
-  for (int id : order) {
-    if (id < 0 || id >= n || new_id[id] >= 0)
-      return absl::InvalidArgumentError(
-          absl::StrCat("ReorderNodes: id ", id, " is out of range or repeated"));
-    const ir::Node& s = graph.node(id);
-    std::vector<int> operands;
-    operands.reserve(s.operands().size());
-    for (int o : s.operands()) {
-      if (new_id[o] < 0)
-        return absl::InvalidArgumentError(
-            absl::StrCat("ReorderNodes: %", id, " is placed before its operand %", o));
-      operands.push_back(new_id[o]);
-    }
-    new_id[id] =
-        out.AddNode(s.opcode(), std::move(operands), s.type(), s.attrs(), s.shared_literal());
-  }
-  for (const ir::Output& o : graph.outputs()) out.AddOutput(o.name, new_id[o.node]);
+  GraphEditor e(graph);
+  e.set_dead_code(GraphEditor::DeadCode::kKeep);
+  e.set_order(order);
+  absl::StatusOr<ir::Graph> out = std::move(e).Build();
+  if (!out.ok()) return Annotate(out.status(), "ReorderNodes");
   return out;
 }
 

@@ -1,19 +1,17 @@
 #include "kiln/runtime/cpu/cpu_backend.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kiln/base/log.h"
 #include "kiln/base/status.h"
 #include "kiln/compiler/cache.h"
 #include "kiln/compiler/compile.h"
 #include "kiln/compiler/execution_plan.h"
-#include "kiln/compiler/passes/fusion.h"
 #include "kiln/ir/op_traits.h"
-#include "kiln/ir/verifier.h"
 #include "kiln/runtime/cpu/internal/common.h"
 #include "kiln/runtime/cpu/internal/fused_loop.h"
 #include "kiln/runtime/cpu/machine.h"
@@ -116,20 +114,22 @@ bool LowersNatively(Opcode op) {
 compiler::BackendTraits CpuBackendTraits(const CpuBackendOptions& options) {
   using cpu::CanLowerConvEpilogue;
   using cpu::CanLowerMatmulEpilogue;
-  using ir::Opcode;
   compiler::BackendTraits t;
   t.alias_reshapes = true;
   t.outputs_outside_arena = true;
   const bool prefer_loops = options.prefer_loops;
-  t.can_fuse = [prefer_loops](const ir::Graph& g, const std::vector<int>& members) {
-    switch (g.node(members[0]).opcode()) {
-      case Opcode::kDotGeneral:
+  t.can_fuse = [prefer_loops](const ir::Graph& g, ir::FusionKind kind,
+                              const std::vector<int>& members) {
+    switch (kind) {
+      case ir::FusionKind::kMatmulEpilogue:
         return CanLowerMatmulEpilogue(g, members, prefer_loops);
-      case Opcode::kConv2d:
+      case ir::FusionKind::kConvEpilogue:
         return CanLowerConvEpilogue(g, members, prefer_loops);
-      default:
-        return true;  // a loop group: the fused loop kernel runs every loop-fusible op
+      case ir::FusionKind::kLoop:
+      case ir::FusionKind::kReduction:
+        break;
     }
+    return true;  // a loop group: the fused loop kernel runs every loop-fusible op
   };
   return t;
 }
@@ -161,11 +161,11 @@ class CpuBackend : public Backend {
     absl::StatusOr<std::unique_ptr<Executable>> exe = Lower(*m);
     if (exe.ok() && options_.remat_memory_limit_bytes > 0 &&
         (*exe)->plan().arena_bytes > options_.remat_memory_limit_bytes) {
-      std::fprintf(stderr,
-                   "kiln cpu backend: graph '%s' needs a %.1f MiB arena, over the remat memory "
-                   "limit of %.1f MiB: nothing left worth recomputing\n",
-                   input.name().c_str(), (*exe)->plan().arena_bytes / 1048576.0,
-                   options_.remat_memory_limit_bytes / 1048576.0);
+      KILN_LOG(WARNING) << absl::StrFormat(
+          "cpu backend: graph '%s' needs a %.1f MiB arena, over the remat memory limit of %.1f "
+          "MiB: nothing left worth recomputing",
+          input.name(), (*exe)->plan().arena_bytes / 1048576.0,
+          options_.remat_memory_limit_bytes / 1048576.0);
     }
     return exe;
   }

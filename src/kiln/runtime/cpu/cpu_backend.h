@@ -58,7 +58,7 @@ struct CpuBackendOptions {
   // Rematerialization (compiler/passes/remat.h): recompute cheap forward values next to their
   // late (backward) readers instead of keeping them alive. remat_memory_limit_bytes > 0 also
   // recomputes until the arena should fit that many bytes; a result that still does not fit is
-  // reported on stderr.
+  // logged as a warning (base/log.h).
   bool remat = false;
   int64_t remat_memory_limit_bytes = 0;
 };

@@ -709,17 +709,34 @@ TEST(CpuBackendFusionTest, FastExpMatchesLibm) {
   EXPECT_TRUE(std::isnan(cpu::FastExp(std::numeric_limits<float>::quiet_NaN())));
 }
 
-// The fusion attribute is a hint: hand-written, stale or non-contiguous groups (a graph
-// rewritten after the fusion pass) still compile, node by node, with the same results.
-TEST(CpuBackendFusionTest, StaleFusionAttributesAreOnlyHints) {
-  absl::StatusOr<ir::Graph> g = ir::ParseGraph(R"(
+// Hand-written groups: a group the backend cannot run as one kernel (a bare dot_general
+// "epilogue") runs node by node, with the same results. A malformed group (members not
+// consecutive: a graph rewritten after fusion without GraphEditor) is invalid IR, rejected with
+// the node and group named.
+TEST(CpuBackendFusionTest, HandWrittenGroupsTheBackendRefusesRunNodeByNode) {
+  absl::StatusOr<ir::Graph> bad = ir::ParseGraph(R"(
     graph @g {
       %0 = parameter() {index=0, name="x"} : f32[40]
       %1 = neg(%0) {fusion=0}
       %2 = exp(%1)
       %3 = add(%1, %2) {fusion=0}
+      return y=%3
+    })");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("node %3 (add): fusion group 0 (loop): members must be "
+                                        "consecutive"),
+            std::string_view::npos)
+      << bad.status();
+  absl::StatusOr<ir::Graph> g = ir::ParseGraph(R"(
+    graph @g {
+      fusion 0 kind=loop
+      fusion 1 kind=matmul_epilogue
+      %0 = parameter() {index=0, name="x"} : f32[40]
+      %1 = neg(%0) {fusion=0}
+      %2 = add(%1, %0) {fusion=0}
+      %3 = exp(%2)
       %4 = dot_general(%3, %3) {fusion=1, lhs_batch=[], lhs_contracting=[0], rhs_batch=[], rhs_contracting=[0]}
-      return y=%3, z=%4
+      return y=%2, z=%4
     })");
   ASSERT_TRUE(g.ok()) << g.status();
   auto plain = MakeCpuBackend({.optimize = false})->Compile(*g);

@@ -770,7 +770,7 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
   const int64_t acc_offset = AlignUp(static_cast<int64_t>(threads) * p.num_regs * kBlock * 4);
   lc.cpu->RequireWorkspace(acc_offset +
                            static_cast<int64_t>(threads) * p.acc_per_thread * sizeof(double));
-  std::string name = absl::StrCat("fusion ", root.attr_int(compiler::kFusionAttr), " %",
+  std::string name = absl::StrCat("fusion ", g.FusionGroupOf(members.front()), " %",
                                   members.front(), "..%", members.back(), " (loop: ", nm, " ops, ",
                                   p.inputs.size(), " in, ", p.outputs.size(), " out)");
   auto thunk = std::make_unique<FusedLoopThunk>(std::move(name), std::move(p), lc.cpu, threads);
