@@ -139,5 +139,116 @@ TEST(GraphEditor, ReplaceErrors) {
   EXPECT_FALSE(e.changed());
 }
 
+// The whole-graph rebuild controls the passes use (fusion, schedule, remat, dce).
+constexpr char kChain[] = R"(
+  graph @g {
+    %x = parameter() {index=0, name="x"} : f32[4]
+    %a = neg(%x)
+    %b = exp(%x)
+    %dead = abs(%x)
+    %c = add(%a, %b)
+    return c=%c
+  })";
+
+TEST(GraphEditor, ExplicitOrderAndDeadCodeModes) {
+  ir::Graph g = Parse(kChain);
+  {
+    GraphEditor e(g);
+    e.set_order({0, 2, 1, 3, 4});
+    absl::StatusOr<ir::Graph> out = std::move(e).Build();
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->node(1).opcode(), ir::Opcode::kExp);
+    EXPECT_EQ(out->node(2).opcode(), ir::Opcode::kNeg);
+    EXPECT_EQ(out->node(4).operands(), (std::vector<int>{2, 1}));
+  }
+  {
+    GraphEditor e(g);
+    e.set_order({0, 1, 4, 2});  // %c before its operand %b
+    absl::StatusOr<ir::Graph> out = std::move(e).Build();
+    ASSERT_FALSE(out.ok());
+    EXPECT_THAT(std::string(out.status().message()), HasSubstr("placed before its operand %2"));
+  }
+  {
+    GraphEditor e(g);
+    e.set_order({0, 1, 1, 2, 4});
+    EXPECT_FALSE(std::move(e).Build().ok());  // repeated
+  }
+  {
+    GraphEditor e(g);
+    e.set_dead_code(GraphEditor::DeadCode::kDrop);
+    absl::StatusOr<ir::Graph> out = std::move(e).Build();
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->num_nodes(), 4);  // %dead is gone
+  }
+  {
+    // kKeep keeps what a rewrite orphaned, which the default drops.
+    for (auto mode : {GraphEditor::DeadCode::kDropOrphaned, GraphEditor::DeadCode::kKeep}) {
+      GraphEditor e(g);
+      e.set_dead_code(mode);
+      ASSERT_TRUE(e.Replace(4, 1).ok());  // c := a: b and c are orphaned
+      absl::StatusOr<ir::Graph> out = std::move(e).Build();
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(out->num_nodes(), mode == GraphEditor::DeadCode::kKeep ? 4 : 3);
+    }
+  }
+}
+
+TEST(GraphEditor, OperandAndAttributeEditsAndCopies) {
+  ir::Graph g = Parse(kChain);
+  GraphEditor e(g);
+  e.set_dead_code(GraphEditor::DeadCode::kKeep);
+  e.set_position(4);
+  int copy = e.AddCopy(g.node(1), {0}, {{"note", int64_t{1}}});  // a second neg(%x)
+  ASSERT_TRUE(e.SetOperand(4, 0, copy).ok());
+  EXPECT_TRUE(e.changed());
+  EXPECT_EQ(e.operand(4, 0), copy);
+  EXPECT_FALSE(e.SetOperand(4, 2, copy).ok());  // no operand 2
+  EXPECT_FALSE(e.SetOperand(4, 0, 6).ok());     // no node %6
+  e.SetAttrs(3, {{"tag", std::string("x")}});
+  EXPECT_EQ(e.attrs_of(3).count("tag"), 1u);
+  absl::StatusOr<ir::Graph> out = std::move(e).Build();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(ir::Verify(*out).ok()) << ir::Verify(*out);
+  EXPECT_EQ(testing::Canonical(ir::PrintGraph(*out)), testing::Canonical(R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[4]
+      %a = neg(%x)
+      %b = exp(%x)
+      %dead = abs(%x) {tag="x"}
+      %a2 = neg(%x) {note=1}
+      %c = add(%a2, %b)
+      return c=%c
+    })"));
+}
+
+// A rewrite that breaks a fusion group (a node outside it placed between its members, or every
+// member gone) dissolves it; intact groups stay in the table.
+TEST(GraphEditor, BrokenFusionGroupsAreDissolved) {
+  ir::Graph g = Parse(R"(
+    graph @g {
+      fusion 0 kind=loop
+      fusion 1 kind=loop
+      fusion 2 kind=loop
+      %x = parameter() {index=0, name="x"} : f32[4]
+      %a = neg(%x) {fusion=0}
+      %b = abs(%a) {fusion=0}
+      %e = exp(%b)
+      %c = add(%e, %x) {fusion=1}
+      %d = mul(%c, %c) {fusion=1}
+      %f = sub(%d, %x) {fusion=2}
+      return f=%f
+    })");
+  GraphEditor e(g);
+  e.set_position(2);
+  absl::StatusOr<int> s = e.Add(ir::Opcode::kSqrt, {1});  // between %a and %b, outside group 0
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(e.SetOperand(2, 0, *s).ok());  // %b now reads the sqrt
+  ASSERT_TRUE(e.Replace(6, 5).ok());         // %f := %d: group 2 loses its only member
+  absl::StatusOr<ir::Graph> out = std::move(e).Build();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(ir::Verify(*out).ok()) << ir::Verify(*out) << "\n" << ir::PrintGraph(*out);
+  EXPECT_EQ(out->fusion_groups(), (std::vector<ir::FusionGroup>{{1, ir::FusionKind::kLoop}}));
+}
+
 }  // namespace
 }  // namespace kiln::compiler

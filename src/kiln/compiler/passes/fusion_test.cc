@@ -215,6 +215,8 @@ TEST(Fusion, MatmulEpilogueWithBiasActivationAndResidual) {
     })",
                 R"(
     graph @ffn {
+      fusion 0 kind=matmul_epilogue
+      fusion 1 kind=loop
       %0 = parameter() {index=0, name="x"} : f32[4,8]
       %1 = parameter() {index=1, name="w"} : f32[8,8]
       %2 = parameter() {index=2, name="b"} : f32[8]
@@ -305,6 +307,9 @@ TEST(Fusion, ReductionsJoinTheirOperandsGroup) {
     })",
                 R"(
     graph @g {
+      fusion 0 kind=reduction
+      fusion 1 kind=loop
+      fusion 2 kind=loop
       %0 = parameter() {index=0, name="w"} : f32[4,8]
       %1 = parameter() {index=1, name="g"} : f32[4,8]
       %2 = mul(%1, %1) {fusion=0}
@@ -333,6 +338,8 @@ TEST(Fusion, ConvolutionEpilogueBiasAndActivation) {
     })",
                 R"(
     graph @cnn {
+      fusion 0 kind=conv_epilogue
+      fusion 1 kind=loop
       %0 = parameter() {index=0, name="x"} : f32[1,2,4,4]
       %1 = parameter() {index=1, name="f"} : f32[3,2,3,3]
       %2 = parameter() {index=2, name="b"} : f32[3]
@@ -342,6 +349,31 @@ TEST(Fusion, ConvolutionEpilogueBiasAndActivation) {
       %6 = relu(%5) {fusion=0}
       %7 = add(%6, %6) {fusion=1}
       return y=%7
+    })");
+}
+
+// The pass rewrites the whole table: stale groups (a wrong kind, an unused id) are recomputed, and
+// a second run leaves the result alone.
+TEST(Fusion, RewritesAStaleGroupTable) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @g {
+      fusion 4 kind=reduction
+      fusion 9 kind=loop
+      %x = parameter() {index=0, name="x"} : f32[8]
+      %s = reduce_sum(%x) {dimensions=[0], fusion=4}
+      %a = neg(%x) {fusion=9}
+      %b = abs(%a) {fusion=9}
+      return a=%b, s=%s
+    })",
+                R"(
+    graph @g {
+      fusion 0 kind=loop
+      %0 = parameter() {index=0, name="x"} : f32[8]
+      %1 = reduce_sum(%0) {dimensions=[0]}
+      %2 = neg(%0) {fusion=0}
+      %3 = abs(%2) {fusion=0}
+      return a=%3, s=%1
     })");
 }
 
