@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/status.h"
 
 namespace kiln::data {
 namespace {
@@ -49,9 +50,8 @@ Dataset Dataset::Gather(const std::vector<int64_t>& indices) const {
   return out;
 }
 
-absl::StatusOr<TrainTestSplit> SplitDataset(const Dataset& all, double held_out_fraction,
-                                            uint64_t seed) {
-  const int64_t n = all.size();
+absl::StatusOr<SplitIndices> SplitExampleIndices(int64_t n, double held_out_fraction,
+                                                 uint64_t seed) {
   if (!(held_out_fraction > 0.0 && held_out_fraction < 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("held-out fraction must be in (0, 1), got ", held_out_fraction));
@@ -64,54 +64,19 @@ absl::StatusOr<TrainTestSplit> SplitDataset(const Dataset& all, double held_out_
   }
   std::mt19937_64 rng(seed);
   std::vector<int64_t> order = Permutation(n, rng);
-  std::vector<int64_t> held_idx(order.begin(), order.begin() + held);
-  std::vector<int64_t> train_idx(order.begin() + held, order.end());
-  TrainTestSplit split;
-  split.train = all.Gather(train_idx);
-  split.held_out = all.Gather(held_idx);
+  SplitIndices split;
+  split.held_out.assign(order.begin(), order.begin() + held);
+  split.train.assign(order.begin() + held, order.end());
   return split;
 }
 
-BatchIterator::BatchIterator(Dataset dataset, int64_t batch_size, uint64_t seed)
-    : dataset_(std::move(dataset)), batch_size_(batch_size), rng_(seed) {
-  order_ = Permutation(dataset_.size(), rng_);
-}
-
-absl::StatusOr<BatchIterator> BatchIterator::Create(const Dataset& dataset, int64_t batch_size,
-                                                    uint64_t seed) {
-  if (batch_size < 1 || batch_size > dataset.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("batch size must be in [1, ", dataset.size(),
-                                                   "] (the dataset size), got ", batch_size));
-  }
-  return BatchIterator(dataset, batch_size, seed);
-}
-
-absl::Status BatchIterator::Next(Tensor& features, Tensor& labels) {
-  const int64_t f = dataset_.num_features();
-  if (features.dtype() != DType::kF32 || features.shape() != Shape{batch_size_, f}) {
-    return absl::InvalidArgumentError(absl::StrCat("batch features must be f32[", batch_size_, ",",
-                                                   f, "], got ", features.TypeString()));
-  }
-  if (labels.dtype() != DType::kS32 || labels.shape() != Shape{batch_size_}) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch labels must be s32[", batch_size_, "], got ", labels.TypeString()));
-  }
-  if (position_ + batch_size_ > dataset_.size()) {
-    order_ = Permutation(dataset_.size(), rng_);
-    position_ = 0;
-    ++epoch_;
-  }
-  const float* src = dataset_.features.data<float>();
-  const int32_t* src_labels = dataset_.labels.data<int32_t>();
-  float* dst = features.data<float>();
-  int32_t* dst_labels = labels.data<int32_t>();
-  for (int64_t i = 0; i < batch_size_; ++i) {
-    const int64_t row = order_[position_ + i];
-    std::memcpy(dst + i * f, src + row * f, f * sizeof(float));
-    dst_labels[i] = src_labels[row];
-  }
-  position_ += batch_size_;
-  return absl::OkStatus();
+absl::StatusOr<TrainTestSplit> SplitDataset(const Dataset& all, double held_out_fraction,
+                                            uint64_t seed) {
+  KILN_ASSIGN_OR_RETURN(SplitIndices idx, SplitExampleIndices(all.size(), held_out_fraction, seed));
+  TrainTestSplit split;
+  split.train = all.Gather(idx.train);
+  split.held_out = all.Gather(idx.held_out);
+  return split;
 }
 
 }  // namespace kiln::data

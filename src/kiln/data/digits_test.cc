@@ -194,45 +194,20 @@ TEST(Permutation, KnownSequenceForSeed) {
   EXPECT_EQ(Permutation(8, rng), std::vector<int64_t>({7, 0, 5, 1, 2, 4, 3, 6}));
 }
 
-TEST(BatchIterator, EpochsCoverEveryRowOnceAndReshuffle) {
+TEST(SplitExampleIndices, IsSplitDatasetsSplitAsRowIndices) {
   Dataset all = Numbered(10);
-  auto it = BatchIterator::Create(all, 3, 5);
-  ASSERT_TRUE(it.ok()) << it.status();
-  EXPECT_EQ(it->batches_per_epoch(), 3);
-  Tensor x(DType::kF32, Shape{3, 2}), y(DType::kS32, Shape{3});
-  std::vector<std::vector<int64_t>> epochs(2);
-  for (int e = 0; e < 2; ++e) {
-    for (int b = 0; b < 3; ++b) {
-      ASSERT_TRUE(it->Next(x, y).ok());
-      EXPECT_EQ(it->epoch(), e);
-      for (int i = 0; i < 3; ++i) {
-        int64_t row = static_cast<int64_t>(x.data<float>()[2 * i]);
-        EXPECT_EQ(y.data<int32_t>()[i], row % 3);
-        epochs[e].push_back(row);
-      }
-    }
-  }
-  for (auto& rows : epochs) EXPECT_EQ(std::set<int64_t>(rows.begin(), rows.end()).size(), 9u);
-  EXPECT_NE(epochs[0], epochs[1]);
-
-  // Same seed, same stream.
-  auto again = BatchIterator::Create(all, 3, 5);
-  ASSERT_TRUE(again.ok());
-  ASSERT_TRUE(again->Next(x, y).ok());
-  EXPECT_EQ(static_cast<int64_t>(x.data<float>()[0]), epochs[0][0]);
-}
-
-TEST(BatchIterator, RejectsBadSizesAndTensors) {
-  Dataset all = Numbered(10);
-  EXPECT_FALSE(BatchIterator::Create(all, 0, 1).ok());
-  EXPECT_FALSE(BatchIterator::Create(all, 11, 1).ok());
-  auto it = BatchIterator::Create(all, 4, 1);
-  ASSERT_TRUE(it.ok());
-  Tensor x(DType::kF32, Shape{4, 2}), y(DType::kS32, Shape{4});
-  Tensor wrong_x(DType::kF32, Shape{3, 2}), wrong_y(DType::kS64, Shape{4});
-  EXPECT_EQ(it->Next(wrong_x, y).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(it->Next(x, wrong_y).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(it->Next(x, y).ok());
+  auto idx = SplitExampleIndices(all.size(), 0.3, 7);
+  ASSERT_TRUE(idx.ok()) << idx.status();
+  auto split = SplitDataset(all, 0.3, 7);
+  ASSERT_TRUE(split.ok());
+  ASSERT_EQ(idx->held_out.size(), 3u);
+  ASSERT_EQ(idx->train.size(), 7u);
+  for (size_t i = 0; i < idx->held_out.size(); ++i)
+    EXPECT_EQ(split->held_out.features.data<float>()[2 * i], idx->held_out[i]);
+  for (size_t i = 0; i < idx->train.size(); ++i)
+    EXPECT_EQ(split->train.features.data<float>()[2 * i], idx->train[i]);
+  EXPECT_EQ(SplitExampleIndices(10, 0.0, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitExampleIndices(10, 0.99, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -347,8 +347,8 @@ absl::StatusOr<std::unique_ptr<Source>> MakeTextSource(const std::string& path, 
                            absl::StrCat("text|", bytes.size(), "|", Hex64(Fnv1a(bytes))));
 }
 
-absl::StatusOr<std::unique_ptr<Source>> MakeSource(const std::string& source, int64_t seq_len,
-                                                   Env* env) {
+absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& source,
+                                                          int64_t seq_len, Env* env) {
   const size_t colon = source.find(':');
   const std::string kind = colon == std::string::npos ? "" : source.substr(0, colon);
   const std::string path = colon == std::string::npos ? "" : source.substr(colon + 1);
@@ -356,7 +356,7 @@ absl::StatusOr<std::unique_ptr<Source>> MakeSource(const std::string& source, in
     return absl::InvalidArgumentError(
         absl::StrCat("data source \"", source,
                      "\": expected \"safetensors:PATH\", \"records:GLOB_OR_DIR\", "
-                     "\"digits:PATH\" or \"text:PATH\""));
+                     "\"digits:PATH\", \"csv:PATH\" or \"text:PATH\""));
   if (kind == "safetensors") {
     KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
     KILN_ASSIGN_OR_RETURN(auto tensors, ParseSafetensors(bytes, nullptr, path));
@@ -369,15 +369,16 @@ absl::StatusOr<std::unique_ptr<Source>> MakeSource(const std::string& source, in
                        "(labels)"));
     return ArraySource::Make(x->second, y->second, path);
   }
-  if (kind == "digits") {
+  if (kind == "digits" || kind == "csv") {
     KILN_ASSIGN_OR_RETURN(Dataset d, LoadDigitsCsv(path));
-    return ArraySource::Make(d.features, d.labels, path);
+    // csv: orders and splits differently (IsCsv), so its states do not restore into digits:.
+    return ArraySource::Make(d.features, d.labels, path, kind == "csv" ? "csv" : "");
   }
   if (kind == "records") return RecordSource::Make(env, path);
   if (kind == "text") return MakeTextSource(path, seq_len, env);
   return absl::InvalidArgumentError(
       absl::StrCat("data source \"", source, "\": unknown kind \"", kind,
-                   "\" (allowed: safetensors, records, digits, text)"));
+                   "\" (allowed: safetensors, records, digits, csv, text)"));
 }
 
 }  // namespace
@@ -394,21 +395,24 @@ class InputPipeline::Impl {
   PipelineConfig config;
   Env* env = nullptr;
   std::unique_ptr<Source> source;
-  std::vector<int64_t> ids;  // kept global indices, ascending
+  // Kept global indices: ascending, except for csv: sources (their split's permuted order).
+  std::vector<int64_t> ids;
   TensorSpec x_type, y_type;
-  int64_t bpe = 0;  // batches per epoch
+  int64_t bpe = 0;  // batches per epoch (wrap: whole batches that fit in one epoch)
   uint64_t fingerprint = 0;
 
-  // Consumer position: the next batch Next() returns.
-  int64_t epoch = 0, batch = 0, seen = 0;
+  // Consumer position: the next batch Next() returns starts at example `pos` of epoch `epoch`'s
+  // order (drop, pad: pos = batch_in_epoch * batch_size).
+  int64_t epoch = 0, pos = 0, seen = 0;
   int64_t last_real = 0;
   absl::Status sticky;
 
   // Producer position and the order cache (producer thread only, or the caller when prefetch=0
   // or while the thread is stopped).
-  int64_t p_epoch = 0, p_batch = 0;
-  int64_t order_epoch = -1;
-  std::vector<int64_t> order;
+  int64_t p_epoch = 0, p_pos = 0;
+  // Two epochs' orders: a wrapped batch reads the end of one and the start of the next.
+  int64_t order_epoch[2] = {-1, -1};
+  std::vector<int64_t> order[2];
 
   // Prefetch queue.
   struct Slot {
@@ -426,6 +430,16 @@ class InputPipeline::Impl {
   ~Impl() { StopThread(); }
 
   int64_t M() const { return static_cast<int64_t>(ids.size()); }
+  bool wrap() const { return config.remainder == "wrap"; }
+
+  const std::vector<int64_t>& OrderOf(int64_t e) {
+    for (int k = 0; k < 2; ++k)
+      if (order_epoch[k] == e) return order[k];
+    const int k = order_epoch[0] < order_epoch[1] ? 0 : 1;  // replace the older one
+    order[k] = ComputeOrder(e);
+    order_epoch[k] = e;
+    return order[k];
+  }
 
   std::vector<int64_t> ComputeOrder(int64_t e) const {
     if (!config.shuffle) return ids;
@@ -472,12 +486,10 @@ class InputPipeline::Impl {
     return out;
   }
 
-  // Fills batch (e, b) into x, y (already of x_type / y_type); *real = rows that are examples.
-  absl::Status Produce(int64_t e, int64_t b, Tensor& x, Tensor& y, int64_t* real) {
-    if (order_epoch != e) {
-      order = ComputeOrder(e);
-      order_epoch = e;
-    }
+  // Fills the batch at (e, pos) into x, y (already of x_type / y_type); *real = rows that are
+  // examples. Wrap: rows past the epoch's end come from the start of the next epoch's order.
+  absl::Status Produce(int64_t e, int64_t pos, Tensor& x, Tensor& y, int64_t* real) {
+    const std::vector<int64_t>* ord = &OrderOf(e);
     const int64_t B = config.batch_size;
     const int64_t xb = x_type.shape.num_elements() / B * DTypeSize(x_type.dtype);
     const int64_t y_elems = y_type.shape.num_elements() / B;
@@ -485,10 +497,13 @@ class InputPipeline::Impl {
     auto* xd = static_cast<uint8_t*>(x.raw_data());
     auto* yd = static_cast<uint8_t*>(y.raw_data());
     *real = 0;
-    for (int64_t r = 0; r < B; ++r) {
-      const int64_t p = b * B + r;
+    for (int64_t r = 0, p = pos; r < B; ++r, ++p) {
+      if (p >= M() && wrap()) {
+        ord = &OrderOf(++e);
+        p = 0;
+      }
       if (p < M()) {
-        KILN_RETURN_IF_ERROR(source->Fetch(order[p], xd + r * xb, yd + r * yb));
+        KILN_RETURN_IF_ERROR(source->Fetch((*ord)[p], xd + r * xb, yd + r * yb));
         ++*real;
       } else {  // pad: zero features, ignore label (-1 for signed integers, else 0)
         std::memset(xd + r * xb, 0, xb);
@@ -501,9 +516,12 @@ class InputPipeline::Impl {
     return absl::OkStatus();
   }
 
-  void Advance(int64_t& e, int64_t& b) const {
-    if (++b == bpe) {
-      b = 0;
+  void Advance(int64_t& e, int64_t& pos) const {
+    pos += config.batch_size;
+    if (wrap()) {
+      for (; pos >= M(); pos -= M()) ++e;
+    } else if (pos >= bpe * config.batch_size) {
+      pos = 0;
       ++e;
     }
   }
@@ -519,9 +537,9 @@ class InputPipeline::Impl {
         free_slots.pop_front();
       }
       Slot& s = slots[slot];
-      s.status = Produce(p_epoch, p_batch, s.x, s.y, &s.real);
+      s.status = Produce(p_epoch, p_pos, s.x, s.y, &s.real);
       const bool failed = !s.status.ok();
-      if (!failed) Advance(p_epoch, p_batch);
+      if (!failed) Advance(p_epoch, p_pos);
       {
         std::lock_guard<std::mutex> lock(mu);
         ready.push_back(slot);
@@ -534,7 +552,7 @@ class InputPipeline::Impl {
   void StartThread() {
     if (config.prefetch <= 0) return;
     p_epoch = epoch;
-    p_batch = batch;
+    p_pos = pos;
     ready.clear();
     free_slots.clear();
     for (int i = 0; i < static_cast<int>(slots.size()); ++i) free_slots.push_back(i);
@@ -572,14 +590,20 @@ class InputPipeline::Impl {
 InputPipeline::InputPipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 InputPipeline::~InputPipeline() = default;
 
-absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const PipelineConfig& config,
-                                                                     Env* env) {
+namespace {
+
+bool IsCsv(const PipelineConfig& c) { return c.source.rfind("csv:", 0) == 0; }
+
+absl::Status CheckConfig(const PipelineConfig& config) {
   if (config.batch_size < 1)
     return absl::InvalidArgumentError(
         absl::StrCat("data.batch_size must be >= 1, got ", config.batch_size));
-  if (config.remainder != "drop" && config.remainder != "pad")
+  if (config.remainder != "drop" && config.remainder != "pad" &&
+      !(config.remainder == "wrap" && IsCsv(config)))
     return absl::InvalidArgumentError(
-        absl::StrCat("data.remainder must be \"drop\" or \"pad\", got \"", config.remainder, "\""));
+        absl::StrCat("data.remainder must be \"drop\" or \"pad\"",
+                     IsCsv(config) ? " or \"wrap\"" : "", ", got \"", config.remainder, "\"",
+                     config.remainder == "wrap" ? " (\"wrap\" is for csv: sources only)" : ""));
   if (config.split != "train" && config.split != "held_out")
     return absl::InvalidArgumentError(
         absl::StrCat("data.split must be \"train\" or \"held_out\", got \"", config.split, "\""));
@@ -596,31 +620,55 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const Pipel
   if (config.prefetch < 0 || config.prefetch > 1024)
     return absl::InvalidArgumentError(
         absl::StrCat("data.prefetch must be in [0, 1024], got ", config.prefetch));
+  return absl::OkStatus();
+}
 
+// The global indices of the examples of this host's share of config.split, in source order (csv:
+// sources: in the order of their permuted split, data::SplitExampleIndices).
+absl::StatusOr<std::vector<int64_t>> SelectExamples(const PipelineConfig& config, int64_t n) {
+  const bool want_held_out = config.split == "held_out";
+  std::vector<int64_t> ids;
+  auto keep = [&](int64_t i) {
+    if (i % config.num_shards == config.shard_index) ids.push_back(i);
+  };
+  if (IsCsv(config)) {
+    KILN_ASSIGN_OR_RETURN(SplitIndices split,
+                          SplitExampleIndices(n, config.held_out_fraction, config.split_seed));
+    for (int64_t i : want_held_out ? split.held_out : split.train) keep(i);
+    return ids;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const bool held_out = HeldOutHash(config.split_seed, i) < config.held_out_fraction;
+    if (held_out == want_held_out) keep(i);
+  }
+  return ids;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const PipelineConfig& config,
+                                                                     Env* env) {
+  KILN_RETURN_IF_ERROR(CheckConfig(config));
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->env = env;
-  KILN_ASSIGN_OR_RETURN(impl->source, MakeSource(config.source, config.seq_len, env));
+  KILN_ASSIGN_OR_RETURN(impl->source, MakeExampleSource(config.source, config.seq_len, env));
   const Source& src = *impl->source;
-  const bool want_held_out = config.split == "held_out";
-  for (int64_t i = 0; i < src.size(); ++i) {
-    if (i % config.num_shards != config.shard_index) continue;
-    const bool held_out = HeldOutHash(config.split_seed, i) < config.held_out_fraction;
-    if (held_out == want_held_out) impl->ids.push_back(i);
-  }
+  KILN_ASSIGN_OR_RETURN(impl->ids, SelectExamples(config, src.size()));
   const int64_t m = impl->M();
   const std::string what = absl::StrCat(config.source, " (split ", config.split, ", shard ",
                                         config.shard_index, " of ", config.num_shards, ")");
   if (m == 0)
     return absl::InvalidArgumentError(absl::StrCat(what, " has no examples out of ", src.size()));
-  if (config.remainder == "drop" && m < config.batch_size)
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " has ", m, " examples, fewer than batch_size ", config.batch_size,
-                     " (use remainder \"pad\" or a smaller batch)"));
-  impl->bpe = config.remainder == "drop" ? m / config.batch_size
-                                         : (m + config.batch_size - 1) / config.batch_size;
-  impl->x_type = {src.x_spec().dtype, PrependDim(config.batch_size, src.x_spec().shape)};
-  impl->y_type = {src.y_spec().dtype, PrependDim(config.batch_size, src.y_spec().shape)};
+  if (config.shrink_batch) impl->config.batch_size = std::min(config.batch_size, m);
+  const int64_t batch = impl->config.batch_size;
+  if (config.remainder != "pad" && m < batch)
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", m,
+                                                   " examples, fewer than batch_size ", batch,
+                                                   " (use remainder \"pad\" or a smaller batch)"));
+  impl->bpe = config.remainder == "pad" ? (m + batch - 1) / batch : m / batch;
+  impl->x_type = {src.x_spec().dtype, PrependDim(batch, src.x_spec().shape)};
+  impl->y_type = {src.y_spec().dtype, PrependDim(batch, src.y_spec().shape)};
   impl->fingerprint = Fnv1a(src.FingerprintMaterial());
   for (int i = 0; i < config.prefetch; ++i)
     impl->slots.push_back({Tensor(impl->x_type.dtype, impl->x_type.shape),
@@ -632,6 +680,10 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const Pipel
 const TensorSpec& InputPipeline::feature_type() const { return impl_->x_type; }
 const TensorSpec& InputPipeline::label_type() const { return impl_->y_type; }
 int64_t InputPipeline::epoch() const { return impl_->epoch; }
+int64_t InputPipeline::epoch_of_last_batch() const {
+  return impl_->pos > 0 ? impl_->epoch : std::max<int64_t>(impl_->epoch - 1, 0);
+}
+int64_t InputPipeline::source_examples() const { return impl_->source->size(); }
 int64_t InputPipeline::examples_seen() const { return impl_->seen; }
 int64_t InputPipeline::last_real_examples() const { return impl_->last_real; }
 int64_t InputPipeline::examples_per_epoch() const { return impl_->M(); }
@@ -647,7 +699,7 @@ absl::Status InputPipeline::Next(Tensor& x, Tensor& y) {
                      ", expected ", m.x_type.ToString(), " and ", m.y_type.ToString()));
   int64_t real = 0;
   if (m.config.prefetch <= 0) {
-    absl::Status s = m.Produce(m.epoch, m.batch, x, y, &real);
+    absl::Status s = m.Produce(m.epoch, m.pos, x, y, &real);
     if (!s.ok()) {
       m.sticky = s;
       return s;
@@ -676,19 +728,19 @@ absl::Status InputPipeline::Next(Tensor& x, Tensor& y) {
   }
   m.seen += real;
   m.last_real = real;
-  m.Advance(m.epoch, m.batch);
+  m.Advance(m.epoch, m.pos);
   return absl::OkStatus();
 }
 
 std::string InputPipeline::SaveState() const {
   const Impl& m = *impl_;
-  const int64_t pos = m.batch * m.config.batch_size;
+  const int64_t pos = m.pos;
   json j = {{"format", kStateFormat},
             {"source", m.config.source},
             {"fingerprint", Hex64(m.fingerprint)},
             {"config", m.ConfigJson()},
             {"epoch", m.epoch},
-            {"batch_in_epoch", m.batch},
+            {"batch_in_epoch", pos / m.config.batch_size},
             {"position_in_epoch", pos},
             {"examples_seen", m.seen},
             {"shard_index", m.config.shard_index},
@@ -733,12 +785,21 @@ absl::Status InputPipeline::RestoreState(const std::string& text) {
           theirs.contains(it.key()) ? theirs[it.key()].dump() : std::string("(missing)"),
           " but this pipeline has ", it.value().dump()));
   }
-  const int64_t b = j["batch_in_epoch"].get<int64_t>();
-  if (b >= m.bpe)
-    return bad(absl::StrCat("batch_in_epoch ", b, " is past the ", m.bpe, " batches per epoch"));
+  int64_t pos = 0;
+  if (m.wrap()) {  // batches do not line up with epochs: the position is in examples
+    if (!j.contains("position_in_epoch") || !j["position_in_epoch"].is_number_integer() ||
+        j["position_in_epoch"].get<int64_t>() < 0 || j["position_in_epoch"].get<int64_t>() >= m.M())
+      return bad(absl::StrCat("\"position_in_epoch\" must be an integer in [0, ", m.M(), ")"));
+    pos = j["position_in_epoch"].get<int64_t>();
+  } else {
+    const int64_t b = j["batch_in_epoch"].get<int64_t>();
+    if (b >= m.bpe)
+      return bad(absl::StrCat("batch_in_epoch ", b, " is past the ", m.bpe, " batches per epoch"));
+    pos = b * m.config.batch_size;
+  }
   m.StopThread();
   m.epoch = j["epoch"].get<int64_t>();
-  m.batch = b;
+  m.pos = pos;
   m.seen = j["examples_seen"].get<int64_t>();
   m.sticky = absl::OkStatus();
   m.StartThread();

@@ -27,6 +27,11 @@
 //                       records and iterator state"). All records must have the same dtypes and
 //                       shapes as the first one.
 //   "digits:PATH"       the digits CSV (digits.h): x f32 [N, 64], y s32 [N].
+//   "csv:PATH"          the same file, split and batched as a trainer's plain CSV path always was
+//                       (source.h): the held-out split is data::SplitDataset's (the first
+//                       round(held_out_fraction * N) examples of a permutation drawn from
+//                       mt19937_64(split_seed); train is the rest), each split's "source order"
+//                       is that permuted order, and remainder may also be "wrap".
 //   "text:PATH"         any file as a token stream for language models, with a byte-level
 //                       tokenizer (token = byte value 0..255, vocabulary 256; no special tokens).
 //                       Needs seq_len = S >= 1. The bytes are cut into N = floor(size / (S + 1))
@@ -40,7 +45,8 @@
 // i % num_shards == shard_index, and to the held-out split when
 // HeldOutHash(split_seed, i) < held_out_fraction (a fixed hash of the index, so the split does not
 // depend on sharding or on which process asks; about held_out_fraction of the examples, not
-// exactly). The examples kept (this host, this split) make one epoch, M examples.
+// exactly; csv: sources split as described above). The examples kept (this host, this split)
+// make one epoch, M examples.
 //
 // Order within an epoch (a pure function of seed and epoch number, see docs/formats.md):
 //   shuffle=false                 the kept examples in source order, every epoch.
@@ -56,6 +62,10 @@
 // (feature_type(), label_type()).
 //   remainder="drop"  an epoch yields floor(M / batch_size) batches; the last M % batch_size
 //                     examples of the epoch's order are skipped. Needs M >= batch_size.
+//   remainder="wrap"  (csv: sources only) batches run on across epochs: a batch that reaches the
+//                     end of an epoch's order continues with the start of the next epoch's, so no
+//                     example is skipped. Needs M >= batch_size; batches_per_epoch() is
+//                     floor(M / batch_size) and the state's position is in examples.
 //   remainder="pad"   an epoch yields ceil(M / batch_size) batches; the missing rows of the last
 //                     one have all-zero features and every label element -1 (signed-integer
 //                     labels; 0 for unsigned, bool and floating-point labels). -1 is the "ignore"
@@ -91,8 +101,8 @@
 namespace kiln::data {
 
 struct PipelineConfig {
-  // "safetensors:PATH", "records:GLOB_OR_DIR", "digits:PATH" or "text:PATH" (see the top of
-  // this file).
+  // "safetensors:PATH", "records:GLOB_OR_DIR", "digits:PATH", "csv:PATH" or "text:PATH" (see
+  // the top of this file).
   std::string source;
   int64_t seq_len = 0;  // text: sources only: tokens per example window (required, >= 1)
   int64_t batch_size = 32;
@@ -100,9 +110,12 @@ struct PipelineConfig {
   uint64_t seed = 0;
   // 0: a full in-memory permutation per epoch; B > 0: a B-slot streaming shuffle buffer.
   int64_t shuffle_buffer = 0;
-  std::string remainder = "drop";  // "drop" | "pad"
-  int prefetch = 2;                // batches prepared ahead on a background thread; 0: none
-  int shard_index = 0;             // per-host sharding: keep examples i % num_shards == shard_index
+  std::string remainder = "drop";  // "drop" | "pad" | "wrap" (csv: sources only)
+  // A split with fewer than batch_size examples gives batches of all of them (feature_type()
+  // then has that batch size): for evaluating a small held-out split whole.
+  bool shrink_batch = false;
+  int prefetch = 2;     // batches prepared ahead on a background thread; 0: none
+  int shard_index = 0;  // per-host sharding: keep examples i % num_shards == shard_index
   int num_shards = 1;
   // Fraction of the examples in the held-out split (0: no held-out split; train is everything).
   double held_out_fraction = 0.0;
@@ -136,8 +149,14 @@ class InputPipeline {
   // otherwise). Never ends: after the last batch of an epoch comes the first of the next.
   absl::Status Next(Tensor& x, Tensor& y);
 
-  // Completed epochs at the last batch returned (0 during the first epoch).
+  // Completed epochs at the last batch returned (0 during the first epoch): 1 as soon as the
+  // last batch of the first epoch has been returned.
   int64_t epoch() const;
+  // The epoch the last row of the last batch returned belongs to (0 before any): the epoch of
+  // that batch, which epoch() has already moved past at an epoch's end.
+  int64_t epoch_of_last_batch() const;
+  // Examples in the source before sharding and splitting (N above).
+  int64_t source_examples() const;
   // Real (not padding) examples returned so far, over all epochs.
   int64_t examples_seen() const;
   // Rows of the last batch returned that are real examples (batch_size except for a padded one).

@@ -8,7 +8,6 @@
 #include "kiln/autodiff/grad.h"
 #include "kiln/autodiff/graph_copy.h"
 #include "kiln/base/status.h"
-#include "kiln/nn/sgd.h"
 
 namespace kiln::nn {
 namespace {

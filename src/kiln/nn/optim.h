@@ -84,6 +84,9 @@ struct OptimizerConfig {
   int weight_decay_min_rank = 0;
 };
 
+// The output name of a parameter's (or optimizer state's) updated value in a train-step graph.
+inline std::string UpdatedName(const std::string& param) { return "new/" + param; }
+
 // The names of the train-step graph's extra inputs and outputs.
 inline constexpr char kStepInput[] = "opt/step";
 inline constexpr char kGradNormOutput[] = "grad_norm";

@@ -1,0 +1,230 @@
+#include "kiln/data/source.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/base/status.h"
+#include "kiln/data/pipeline.h"
+
+namespace kiln::data {
+namespace {
+
+// An input pipeline behind the Batcher interface: its SaveState() string is the checkpointed
+// state. A plain CSV path reports the epoch of the batch just returned (as the trainer's CSV
+// batcher always did) and still restores that batcher's {"epoch", "position"} states.
+class PipelineBatcher final : public Batcher {
+ public:
+  PipelineBatcher(std::unique_ptr<InputPipeline> p, bool csv, bool wrap)
+      : p_(std::move(p)), csv_(csv), wrap_(wrap) {}
+  absl::Status Next(Tensor& x, Tensor& y) override { return p_->Next(x, y); }
+  nlohmann::json State() const override { return {{"pipeline", p_->SaveState()}}; }
+  absl::Status Restore(const nlohmann::json& j) override {
+    if (j.is_object() && j.contains("pipeline") && j["pipeline"].is_string()) {
+      return p_->RestoreState(j["pipeline"].get<std::string>());
+    }
+    if (csv_ && j.is_object() && j.contains("position")) return RestoreCsvState(j);
+    return absl::DataLossError(
+        "checkpoint has no input-pipeline state (was it written with a CSV data.source?)");
+  }
+  int64_t epoch() const override { return csv_ ? p_->epoch_of_last_batch() : p_->epoch(); }
+
+ private:
+  // {"epoch": E, "position": P}: P examples of epoch E's order were taken. The next batch starts
+  // there, or at the next epoch when the rest of E cannot give it (drop) or E is used up (wrap).
+  absl::Status RestoreCsvState(const nlohmann::json& j) {
+    int64_t e = 0, pos = 0;
+    try {
+      e = j.at("epoch").get<int64_t>();
+      pos = j.at("position").get<int64_t>();
+    } catch (const std::exception& ex) {
+      return absl::DataLossError(
+          absl::StrCat("bad data iterator state in checkpoint: ", ex.what()));
+    }
+    const int64_t n = p_->examples_per_epoch(), b = p_->feature_type().shape[0];
+    if (e < 0 || pos < 0 || pos > n || (!wrap_ && pos % b != 0)) {
+      return absl::DataLossError("data iterator state out of range in checkpoint");
+    }
+    const int64_t seen = e * n + pos;
+    if (wrap_ ? pos == n : pos + b > n) {
+      ++e;
+      pos = 0;
+    }
+    nlohmann::json state = nlohmann::json::parse(p_->SaveState());
+    state["epoch"] = e;
+    state["batch_in_epoch"] = pos / b;
+    state["position_in_epoch"] = pos;
+    state["examples_seen"] = seen;
+    return p_->RestoreState(state.dump());
+  }
+
+  std::unique_ptr<InputPipeline> p_;
+  bool csv_, wrap_;
+};
+
+class PipelineEvalData final : public EvalData {
+ public:
+  explicit PipelineEvalData(std::unique_ptr<InputPipeline> p)
+      : p_(std::move(p)), start_(p_->SaveState()) {}
+  absl::Status Reset() override { return p_->RestoreState(start_); }
+  int64_t batches() const override { return p_->batches_per_epoch(); }
+  absl::Status Next(Tensor& x, Tensor& y) override { return p_->Next(x, y); }
+
+ private:
+  std::unique_ptr<InputPipeline> p_;
+  std::string start_;
+};
+
+absl::Status CheckPipelineTypes(const InputPipeline& p, bool lm) {
+  const TensorSpec& ft = p.feature_type();
+  const TensorSpec& lt = p.label_type();
+  if (lm) {
+    if (ft.dtype != DType::kS32 || lt.dtype != DType::kS32 || ft.shape.rank() != 2 || !(ft == lt)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.source: model.kind gpt needs s32 [batch, seq] tokens and next-token targets; "
+          "the source gives x ",
+          ft.ToString(), " and y ", lt.ToString()));
+    }
+  } else if (ft.dtype != DType::kF32 || lt.dtype != DType::kS32 || lt.shape.rank() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.source: classifier models need f32 features and s32 [batch] labels; the source "
+        "gives x ",
+        ft.ToString(), " and y ", lt.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRemainder(const SourceConfig& c, bool csv) {
+  if (csv && c.remainder == "pad") {
+    return absl::InvalidArgumentError(
+        "data.remainder: 'pad' needs an input-pipeline source (digits:, records:, "
+        "safetensors:); a plain CSV path allows drop, wrap");
+  }
+  if (!csv && c.remainder == "wrap") {
+    return absl::InvalidArgumentError(
+        "data.remainder: 'wrap' needs a CSV data.source; the input pipeline allows drop, pad");
+  }
+  return absl::OkStatus();
+}
+
+PipelineConfig TrainPipelineConfig(const SourceConfig& c, bool csv) {
+  PipelineConfig pc;
+  pc.source = csv ? "csv:" + c.source : c.source;
+  pc.seq_len = c.seq_len;
+  pc.batch_size = c.batch_size;
+  pc.shuffle = c.shuffle;
+  pc.seed = c.seed;
+  pc.shuffle_buffer = csv ? 0 : c.shuffle_buffer;
+  pc.remainder = c.remainder;
+  pc.prefetch = c.prefetch;
+  pc.held_out_fraction = c.held_out_fraction;
+  pc.split = "train";
+  pc.split_seed = c.seed;
+  return pc;
+}
+
+// The held-out split in a fixed order, whole batches of batch_size (fewer examples: one batch
+// of all of them).
+PipelineConfig HeldOutPipelineConfig(PipelineConfig pc) {
+  pc.split = "held_out";
+  pc.shuffle = false;
+  pc.prefetch = 0;
+  pc.remainder = "drop";
+  pc.shrink_batch = true;
+  return pc;
+}
+
+absl::StatusOr<TrainSource> OpenCsv(const SourceConfig& c, bool with_train, Env* env) {
+  const PipelineConfig pc = TrainPipelineConfig(c, /*csv=*/true);
+  absl::StatusOr<std::unique_ptr<InputPipeline>> held =
+      InputPipeline::Create(HeldOutPipelineConfig(pc), env);
+  if (!held.ok()) return Annotate(held.status(), "data.source");
+  TrainSource d;
+  d.held_out_examples = (*held)->examples_per_epoch();
+  const int64_t train_size = (*held)->source_examples() - d.held_out_examples;
+  if (c.batch_size > train_size) {
+    return absl::InvalidArgumentError(absl::StrCat("data.batch_size: ", c.batch_size,
+                                                   " is larger than the training split (",
+                                                   train_size, " examples)"));
+  }
+  if (with_train) {
+    absl::StatusOr<std::unique_ptr<InputPipeline>> train = InputPipeline::Create(pc, env);
+    if (!train.ok()) return Annotate(train.status(), "data.source");
+    d.train_examples = (*train)->examples_per_epoch();
+    d.train =
+        std::make_unique<PipelineBatcher>(*std::move(train), /*csv=*/true, c.remainder == "wrap");
+  }
+  d.shape.features =
+      (*held)->feature_type().shape.num_elements() / (*held)->feature_type().shape[0];
+  d.shape.num_classes = c.num_classes != 0 ? c.num_classes : 10;  // the digits layout's
+  d.shape.x_dims = {c.batch_size, d.shape.features};
+  d.shape.eval_batch = (*held)->feature_type().shape[0];
+  d.held_out = std::make_unique<PipelineEvalData>(*std::move(held));
+  return d;
+}
+
+absl::StatusOr<TrainSource> OpenPipeline(const SourceConfig& c, bool with_train, Env* env) {
+  const bool lm = c.language_model;
+  PipelineConfig pc = TrainPipelineConfig(c, /*csv=*/false);
+  TrainSource d;
+  if (with_train) {
+    absl::StatusOr<std::unique_ptr<InputPipeline>> train = InputPipeline::Create(pc, env);
+    if (!train.ok()) return Annotate(train.status(), "data.source");
+    KILN_RETURN_IF_ERROR(CheckPipelineTypes(**train, lm));
+    d.train_examples = (*train)->examples_per_epoch();
+    d.train = std::make_unique<PipelineBatcher>(*std::move(train), /*csv=*/false, /*wrap=*/false);
+  }
+  pc = HeldOutPipelineConfig(pc);
+  pc.shrink_batch = false;  // a held-out split smaller than a batch is an error here
+  absl::StatusOr<std::unique_ptr<InputPipeline>> held = InputPipeline::Create(pc, env);
+  if (!held.ok()) return Annotate(held.status(), "data.source (held-out split)");
+  if (!with_train) KILN_RETURN_IF_ERROR(CheckPipelineTypes(**held, lm));
+  const TensorSpec& ft = (*held)->feature_type();
+  d.shape.x_dims = ft.shape.dims();
+  d.shape.x_dims[0] = c.batch_size;
+  d.shape.features = ft.shape.num_elements() / pc.batch_size;
+  d.shape.eval_batch = pc.batch_size;
+  d.held_out_examples = (*held)->examples_per_epoch();
+  d.held_out = std::make_unique<PipelineEvalData>(*std::move(held));
+  d.shape.num_classes = c.num_classes;
+  if (lm) {
+    d.shape.num_classes = c.vocab_size;
+  } else if (d.shape.num_classes == 0) {
+    if (c.source.rfind("digits:", 0) != 0) {
+      return absl::InvalidArgumentError(
+          "data.num_classes: required for records:/safetensors: sources (0 means infer, which "
+          "only the digits layout can)");
+    }
+    d.shape.num_classes = 10;
+  }
+  return d;
+}
+
+}  // namespace
+
+bool IsPlainCsvPath(const std::string& s) {
+  return !(s.rfind("digits:", 0) == 0 || s.rfind("records:", 0) == 0 ||
+           s.rfind("safetensors:", 0) == 0 || s.rfind("text:", 0) == 0);
+}
+
+absl::StatusOr<TrainSource> MakeSource(const SourceConfig& config, bool with_train, Env* env) {
+  const bool csv = IsPlainCsvPath(config.source);
+  KILN_RETURN_IF_ERROR(CheckRemainder(config, csv));
+  absl::StatusOr<TrainSource> d =
+      csv ? OpenCsv(config, with_train, env) : OpenPipeline(config, with_train, env);
+  if (d.ok()) d->shape.language_model = config.language_model;
+  return d;
+}
+
+Tensor MakeInputTensor(const DataShape& shape, int64_t batch) {
+  std::vector<int64_t> dims = shape.x_dims;
+  dims[0] = batch;
+  return Tensor(shape.language_model ? DType::kS32 : DType::kF32, Shape(dims));
+}
+
+Tensor MakeTargetTensor(const DataShape& shape, int64_t batch) {
+  return shape.language_model ? Tensor(DType::kS32, Shape{batch, shape.features})
+                              : Tensor(DType::kS32, Shape{batch});
+}
+
+}  // namespace kiln::data
