@@ -53,7 +53,9 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -614,38 +616,45 @@ std::string JsonEscape(const std::string& s) {
   return o;
 }
 
-int Main(int argc, char** argv) {
+// The command line.
+struct Flags {
   int threads = 2, rounds = 5;
   double max_seconds = 20;
   std::string peer_script = "bench/peer_torch.py", out_path = "bench/out/results.json";
   std::string peer_coretype = "auto";
   bool use_peer = true, profile = false;
   std::string only;
+  std::string blas_dir;
+};
+
+// False (after printing the usage) on an unknown flag.
+bool ParseFlags(int argc, char** argv, Flags* flags) {
+  Flags& f = *flags;
   // Debian's OpenBLAS (libopenblas0-pthread) when installed; --peer-blas-dir overrides.
-  std::string blas_dir = "/usr/lib/x86_64-linux-gnu/openblas-pthread";
-  if (!std::filesystem::exists(blas_dir + "/libblas.so.3")) blas_dir.clear();
+  f.blas_dir = "/usr/lib/x86_64-linux-gnu/openblas-pthread";
+  if (!std::filesystem::exists(f.blas_dir + "/libblas.so.3")) f.blas_dir.clear();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--threads=", 0) == 0)
-      threads = std::max(1, std::atoi(a.c_str() + 10));
+      f.threads = std::max(1, std::atoi(a.c_str() + 10));
     else if (a.rfind("--rounds=", 0) == 0)
-      rounds = std::max(1, std::atoi(a.c_str() + 9));
+      f.rounds = std::max(1, std::atoi(a.c_str() + 9));
     else if (a.rfind("--peer=", 0) == 0)
-      peer_script = a.substr(7);
+      f.peer_script = a.substr(7);
     else if (a.rfind("--max-seconds=", 0) == 0)
-      max_seconds = std::atof(a.c_str() + 14);
+      f.max_seconds = std::atof(a.c_str() + 14);
     else if (a.rfind("--peer-blas-dir=", 0) == 0)
-      blas_dir = a.substr(16);
+      f.blas_dir = a.substr(16);
     else if (a.rfind("--peer-coretype=", 0) == 0)
-      peer_coretype = a.substr(16);
+      f.peer_coretype = a.substr(16);
     else if (a == "--no-peer")
-      use_peer = false;
+      f.use_peer = false;
     else if (a == "--profile")
-      profile = true;
+      f.profile = true;
     else if (a.rfind("--only=", 0) == 0)
-      only = a.substr(7);
+      f.only = a.substr(7);
     else if (a.rfind("--out=", 0) == 0)
-      out_path = a.substr(6);
+      f.out_path = a.substr(6);
     else {
       std::fprintf(stderr,
                    "usage: %s [--threads=2] [--rounds=5] [--max-seconds=20] "
@@ -653,21 +662,85 @@ int Main(int argc, char** argv) {
                    "[--peer-coretype=auto|NAME] [--no-peer] "
                    "[--out=bench/out/results.json] [--only=SUBSTRING] [--profile]\n",
                    argv[0]);
-      return 2;
+      return false;
     }
   }
-  omp_set_num_threads(threads);
-  bench::CpuInfo cpu_info = bench::ReadCpuInfo();
-  std::string isa = runtime::OneDnnIsaName();
-  std::printf("cpu: %s; oneDNN ISA %s; flags: %s\n", cpu_info.model.c_str(), isa.c_str(),
-              bench::SimdFlags(cpu_info).c_str());
+  return true;
+}
+
+// The bare oneDNN matmul rate (FLOP/s), f32 and bf16.
+std::pair<double, double> MatmulRates() {
+  return std::pair<double, double>(
+      2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kF32, 1024, 20),
+      2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kBF16, 1024, 20));
+}
+
+// One benchmark's compile times and memory (its step closure is not run again).
+struct Memory {
+  std::string name;
+  Workload w;
+  std::string peer_rss;  // the peer's "rss ..." reply
+};
+
+// The run: its flags, the peer, the matmul rates and what has been measured so far.
+struct Bench {
+  Flags flags;
+  bench::CpuInfo cpu_info;
+  std::string isa;
   std::unique_ptr<Peer> peer;
   PeerBlas peer_blas;
-  if (use_peer) {
-    peer = StartTunedPeer(peer_script, threads, blas_dir, peer_coretype, cpu_info, &peer_blas);
-    if (!peer) std::fprintf(stderr, "running without the peer\n");
+  double mm_f32 = 0, mm_bf16 = 0;
+  std::vector<Row> rows;
+  std::vector<std::pair<std::string, double>> compile_times;
+  std::vector<Memory> memory;
+
+  bool Selected(const std::string& name) const {
+    return flags.only.empty() || name.find(flags.only) != std::string::npos;
   }
-  std::printf("train_bench: %d threads, %d alternating rounds; peer: %s\n", threads, rounds,
+  // Runs one workload against the peer and records its row, compile time and memory.
+  void Add(const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup, double rate);
+};
+
+void Bench::Add(const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup,
+                double rate) {
+  if (!Selected(name)) return;
+  if (!w.ok()) {
+    std::printf("%-22s kiln failed: %s\n", name.c_str(), std::string(w.status().message()).c_str());
+    rows.push_back({name, 0, 0, 0, "kiln: " + std::string(w.status().message())});
+    return;
+  }
+  compile_times.push_back({name, w->compile_s});
+  memory.push_back({name, *w, ""});
+  memory.back().w.step = nullptr;  // keep the numbers, not the executable
+  memory.back().w.exe = nullptr;
+  Row r = RunPair(name, *w, peer.get(), flags.rounds, reps, warmup, flags.max_seconds);
+  r.bf16 = rate == mm_bf16;
+  rows.push_back(r);
+  if (r.peer_ms > 0) memory.back().peer_rss = peer->Command("rss " + name);
+  if (flags.profile) PrintProfile(name, *w, reps);
+  std::printf("%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  rounds %d  %.1f GFLOP/s %s\n",
+              r.name.c_str(), r.kiln_ms, r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
+              RatioText(r.kiln_ms, r.peer_ms).c_str(), r.rounds,
+              r.flops / (r.kiln_ms * 1e-3) * 1e-9, r.note.c_str());
+  std::fflush(stdout);
+}
+
+// The machine, the peer and the matmul rates at the start, with the warnings that qualify every
+// number after them.
+void StartAndReport(Bench& b) {
+  const Flags& f = b.flags;
+  omp_set_num_threads(f.threads);
+  b.cpu_info = bench::ReadCpuInfo();
+  b.isa = runtime::OneDnnIsaName();
+  std::printf("cpu: %s; oneDNN ISA %s; flags: %s\n", b.cpu_info.model.c_str(), b.isa.c_str(),
+              bench::SimdFlags(b.cpu_info).c_str());
+  if (f.use_peer) {
+    b.peer = StartTunedPeer(f.peer_script, f.threads, f.blas_dir, f.peer_coretype, b.cpu_info,
+                            &b.peer_blas);
+    if (!b.peer) std::fprintf(stderr, "running without the peer\n");
+  }
+  Peer* peer = b.peer.get();
+  std::printf("train_bench: %d threads, %d alternating rounds; peer: %s\n", f.threads, f.rounds,
               peer ? ("PyTorch " + peer->version()).c_str() : "none");
   if (peer && peer->version().find("/blas/libblas.so") != std::string::npos) {
     std::printf(
@@ -679,12 +752,9 @@ int Main(int argc, char** argv) {
 
   // The bare oneDNN rate, measured now and again after the models; the higher of the two is the
   // physical limit the models' shares are taken of (a load spike only lowers a measurement).
-  auto matmul_rates = [] {
-    return std::pair<double, double>(
-        2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kF32, 1024, 20),
-        2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kBF16, 1024, 20));
-  };
-  auto [mm_f32, mm_bf16] = matmul_rates();
+  std::tie(b.mm_f32, b.mm_bf16) = MatmulRates();
+  const double mm_f32 = b.mm_f32, mm_bf16 = b.mm_bf16;
+  const PeerBlas& peer_blas = b.peer_blas;
   std::printf("bare oneDNN matmul 1024^3 (start): f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n",
               mm_f32 * 1e-9, mm_bf16 * 1e-9);
   if (peer) {
@@ -708,56 +778,21 @@ int Main(int argc, char** argv) {
   std::printf(
       "mixed_bf16 on this CPU (oneDNN ISA %s): bf16 matmul %.0f / f32 %.0f GFLOP/s = "
       "%.2fx: %s\n",
-      isa.c_str(), mm_bf16 * 1e-9, mm_f32 * 1e-9, mm_bf16 / mm_f32,
+      b.isa.c_str(), mm_bf16 * 1e-9, mm_f32 * 1e-9, mm_bf16 / mm_f32,
       mm_bf16 >= mm_f32 ? "bf16 compute is faster; mixed_bf16 buys speed and memory"
                         : "bf16 compute is slower; mixed_bf16 buys memory, not speed");
+}
 
-  // The bench owns its compile cache (in memory only): the compile-hit rows measure it.
-  compiler::CompileCacheOptions cache_options;
-  cache_options.use_disk = false;
-  cache_options.log = [](const std::string& m) {
-    if (m.find("WARNING") != std::string::npos) std::fprintf(stderr, "%s\n", m.c_str());
-  };
-  compiler::CompileCache cache(std::move(cache_options));
-  std::unique_ptr<runtime::Backend> cpu = runtime::MakeCpuBackend({.compile_cache = &cache});
-  std::vector<Row> rows;
-  std::vector<std::pair<std::string, double>> compile_times;
-  struct Memory {
-    std::string name;
-    Workload w;            // compile times and memory only (its step closure is not run again)
-    std::string peer_rss;  // the peer's "rss ..." reply
-  };
-  std::vector<Memory> memory;
-  auto selected = [&](const std::string& name) {
-    return only.empty() || name.find(only) != std::string::npos;
-  };
-  auto add = [&](const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup,
-                 double rate) {
-    if (!only.empty() && name.find(only) == std::string::npos) return;
-    if (!w.ok()) {
-      std::printf("%-22s kiln failed: %s\n", name.c_str(),
-                  std::string(w.status().message()).c_str());
-      rows.push_back({name, 0, 0, 0, "kiln: " + std::string(w.status().message())});
-      return;
-    }
-    compile_times.push_back({name, w->compile_s});
-    memory.push_back({name, *w, ""});
-    memory.back().w.step = nullptr;  // keep the numbers, not the executable
-    memory.back().w.exe = nullptr;
-    Row r = RunPair(name, *w, peer.get(), rounds, reps, warmup, max_seconds);
-    r.bf16 = rate == mm_bf16;
-    rows.push_back(r);
-    if (r.peer_ms > 0) memory.back().peer_rss = peer->Command("rss " + name);
-    if (profile) PrintProfile(name, *w, reps);
-    std::printf("%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  rounds %d  %.1f GFLOP/s %s\n",
-                r.name.c_str(), r.kiln_ms,
-                r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
-                RatioText(r.kiln_ms, r.peer_ms).c_str(), r.rounds,
-                r.flops / (r.kiln_ms * 1e-3) * 1e-9, r.note.c_str());
-    std::fflush(stdout);
-  };
+// A bf16 train step the compiler cannot build yet is reported and skipped, not a failed row.
+bool SkipUnsupportedBf16(const std::string& name, DType dt, const absl::StatusOr<Workload>& w) {
+  if (dt != DType::kBF16 || w.ok()) return false;
+  std::printf("%-22s bf16: not yet (%s)\n", name.c_str(),
+              std::string(w.status().message()).substr(0, 160).c_str());
+  return true;
+}
 
-  // MLP training step, f32 (and bf16 if the train step compiles for it).
+// MLP and encoder-layer training steps, f32 and bf16.
+void RunTrainRows(Bench& b, runtime::Backend& cpu) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     nn::MlpClassifier mlp({.in_features = kMlpWidth,
                            .hidden = kMlpHidden,
@@ -765,130 +800,134 @@ int Main(int argc, char** argv) {
                            .activation = nn::Activation::kRelu,
                            .dtype = dt});
     std::string name = std::string("mlp_train_") + std::string(DTypeName(dt));
-    if (!selected(name)) continue;
+    if (!b.Selected(name)) continue;
     absl::StatusOr<ir::Graph> loss = mlp.LossGraph(256);
     absl::StatusOr<Workload> w =
         loss.ok()
-            ? TrainWorkload(*cpu, *loss, mlp.Params(),
+            ? TrainWorkload(cpu, *loss, mlp.Params(),
                             {RandomTensor(dt, Shape{256, kMlpWidth}, 5), RandomLabels(256, 10, 6)},
                             3 * MlpForwardFlops(256))
             : absl::StatusOr<Workload>(loss.status());
-    if (dt == DType::kBF16 && !w.ok()) {
-      std::printf("%-22s bf16: not yet (%s)\n", name.c_str(),
-                  std::string(w.status().message()).substr(0, 160).c_str());
-      continue;
-    }
-    add(name, std::move(w), 4, 3, dt == DType::kF32 ? mm_f32 : mm_bf16);
+    if (SkipUnsupportedBf16(name, dt, w)) continue;
+    b.Add(name, std::move(w), 4, 3, dt == DType::kF32 ? b.mm_f32 : b.mm_bf16);
   }
-  // Encoder layer training step, f32 and bf16.
   for (DType dt : {DType::kF32, DType::kBF16}) {
     nn::TransformerBlock block = EncoderBlock(dt);
     std::string name = std::string("encoder_train_") + std::string(DTypeName(dt));
-    if (!selected(name)) continue;
+    if (!b.Selected(name)) continue;
     absl::StatusOr<ir::Graph> loss = EncoderGraph(kEncBatch, /*loss=*/true, dt);
     absl::StatusOr<Workload> w =
-        loss.ok() ? TrainWorkload(*cpu, *loss, block.Params(),
+        loss.ok() ? TrainWorkload(cpu, *loss, block.Params(),
                                   {RandomTensor(dt, Shape{kEncBatch, kSeq, kD}, 7),
                                    RandomTensor(dt, Shape{kEncBatch, kSeq, kD}, 8)},
                                   3 * EncoderForwardFlops(kEncBatch))
                   : absl::StatusOr<Workload>(loss.status());
-    if (dt == DType::kBF16 && !w.ok()) {
-      std::printf("%-22s bf16: not yet (%s)\n", name.c_str(),
-                  std::string(w.status().message()).substr(0, 160).c_str());
-      continue;
-    }
-    add(name, std::move(w), 2, 2, dt == DType::kF32 ? mm_f32 : mm_bf16);
+    if (SkipUnsupportedBf16(name, dt, w)) continue;
+    b.Add(name, std::move(w), 2, 2, dt == DType::kF32 ? b.mm_f32 : b.mm_bf16);
   }
-  // Inference at batch 1 and 256.
+}
+
+// Inference at batch 1 and 256.
+void RunInferRows(Bench& b, runtime::Backend& cpu) {
   for (int64_t batch : {int64_t{1}, int64_t{256}}) {
-    if (!selected("mlp_infer_b" + std::to_string(batch))) continue;
+    if (!b.Selected("mlp_infer_b" + std::to_string(batch))) continue;
     nn::MlpClassifier mlp({.in_features = kMlpWidth, .hidden = kMlpHidden, .num_classes = 10});
     absl::StatusOr<ir::Graph> g = MlpForwardGraph(mlp, batch);
     absl::StatusOr<Workload> w =
-        g.ok() ? InferWorkload(*cpu, *g, mlp.Params(),
+        g.ok() ? InferWorkload(cpu, *g, mlp.Params(),
                                {RandomTensor(DType::kF32, Shape{batch, kMlpWidth}, 9)},
                                MlpForwardFlops(batch))
                : absl::StatusOr<Workload>(g.status());
-    add("mlp_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 50 : 24, 5, mm_f32);
+    b.Add("mlp_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 50 : 24, 5, b.mm_f32);
   }
   for (int64_t batch : {int64_t{1}, int64_t{256}}) {
-    if (!selected("encoder_infer_b" + std::to_string(batch))) continue;
+    if (!b.Selected("encoder_infer_b" + std::to_string(batch))) continue;
     nn::TransformerBlock block = EncoderBlock();
     absl::StatusOr<ir::Graph> g = EncoderGraph(batch, /*loss=*/false);
     absl::StatusOr<Workload> w =
-        g.ok() ? InferWorkload(*cpu, *g, block.Params(),
+        g.ok() ? InferWorkload(cpu, *g, block.Params(),
                                {RandomTensor(DType::kF32, Shape{batch, kSeq, kD}, 10)},
                                EncoderForwardFlops(batch))
                : absl::StatusOr<Workload>(g.status());
-    add("encoder_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 20 : 1, 1, mm_f32);
+    b.Add("encoder_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 20 : 1, 1,
+          b.mm_f32);
   }
-  // Dispatch overhead: a graph of many tiny ops. The default backend fuses the chain into a few
-  // loop kernels; the prefer_loops backend (no fusion) runs one thunk per op, which is what the
-  // per-thunk figure measures.
-  if (selected("dispatch")) {
-    constexpr int kOps = 2000;
-    absl::StatusOr<Workload> w = DispatchWorkload(*cpu, kOps);
-    std::unique_ptr<runtime::Backend> loops_backend =
-        runtime::MakeCpuBackend({.prefer_loops = true});
-    absl::StatusOr<Workload> wl = DispatchWorkload(*loops_backend, kOps);
-    if (w.ok() && wl.ok()) {
-      Row r = RunPair("dispatch_2000_tiny_ops", *w, peer.get(), rounds, 20, 20, max_seconds);
-      Row rl = RunPair("dispatch_loops", *wl, nullptr, rounds, 20, 20, max_seconds);
-      double per_thunk = rl.kiln_ms * 1e3 / std::max(1, wl->thunks);
-      std::printf(
-          "%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  (kiln: %d ops in %d fused thunks, %.4f "
-          "us/op; one thunk per op: %.4f us/thunk over %d thunks%s)\n",
-          r.name.c_str(), r.kiln_ms, r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
-          RatioText(r.kiln_ms, r.peer_ms).c_str(), kOps, w->thunks, r.kiln_ms * 1e3 / kOps,
-          per_thunk, wl->thunks,
-          r.peer_ms > 0 ? ("; peer " + JsonNumber(r.peer_ms * 1e3 / kOps, true) + " us/op").c_str()
-                        : "");
-      char buf[160];
-      std::snprintf(buf, sizeof(buf),
-                    "kiln %d fused thunks, %.4f us/op; one thunk per op: %.4f us/thunk", w->thunks,
-                    r.kiln_ms * 1e3 / kOps, per_thunk);
-      r.note = r.note.empty() ? buf : r.note + "; " + buf;
-      rows.push_back(r);
-      rows.push_back({"dispatch_us_per_thunk", per_thunk, 0, 0, "us per thunk, not ms"});
-    } else {
-      std::printf("dispatch failed: %s\n",
-                  std::string((w.ok() ? wl.status() : w.status()).message()).c_str());
-    }
+}
+
+// Dispatch overhead: a graph of many tiny ops. The default backend fuses the chain into a few
+// loop kernels; the prefer_loops backend (no fusion) runs one thunk per op, which is what the
+// per-thunk figure measures.
+void RunDispatchRows(Bench& b, runtime::Backend& cpu) {
+  if (!b.Selected("dispatch")) return;
+  constexpr int kOps = 2000;
+  const int rounds = b.flags.rounds;
+  const double max_seconds = b.flags.max_seconds;
+  absl::StatusOr<Workload> w = DispatchWorkload(cpu, kOps);
+  std::unique_ptr<runtime::Backend> loops_backend = runtime::MakeCpuBackend({.prefer_loops = true});
+  absl::StatusOr<Workload> wl = DispatchWorkload(*loops_backend, kOps);
+  if (!w.ok() || !wl.ok()) {
+    std::printf("dispatch failed: %s\n",
+                std::string((w.ok() ? wl.status() : w.status()).message()).c_str());
+    return;
   }
-  // Shares of the bare matmul rate.
-  {
-    auto [f32_end, bf16_end] = matmul_rates();
-    std::printf("bare oneDNN matmul 1024^3 (end):   f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n",
-                f32_end * 1e-9, bf16_end * 1e-9);
-    mm_f32 = std::max(mm_f32, f32_end);
-    mm_bf16 = std::max(mm_bf16, bf16_end);
-    std::printf(
-        "model FLOP/s as a share of the best bare oneDNN rate (f32 %.0f, bf16 %.0f GFLOP/s):\n",
-        mm_f32 * 1e-9, mm_bf16 * 1e-9);
-    for (Row& r : rows) {
-      if (r.flops <= 0 || r.kiln_ms <= 0) continue;
-      double kiln = r.flops / (r.kiln_ms * 1e-3) / (r.bf16 ? mm_bf16 : mm_f32);
-      double peer = r.peer_ms > 0 ? r.flops / (r.peer_ms * 1e-3) / (r.bf16 ? mm_bf16 : mm_f32) : 0;
-      char buf[96];
-      std::snprintf(buf, sizeof(buf), "kiln %.0f%% of oneDNN rate", 100 * kiln);
-      std::string peer_part =
-          peer > 0 ? ", peer " + std::to_string(static_cast<int>(100 * peer + 0.5)) + "%" : "";
-      std::printf("  %-22s %s%s\n", r.name.c_str(), buf, peer_part.c_str());
-      r.note = r.note.empty() ? buf + peer_part : r.note + "; " + buf + peer_part;
-    }
+  Row r = RunPair("dispatch_2000_tiny_ops", *w, b.peer.get(), rounds, 20, 20, max_seconds);
+  Row rl = RunPair("dispatch_loops", *wl, nullptr, rounds, 20, 20, max_seconds);
+  double per_thunk = rl.kiln_ms * 1e3 / std::max(1, wl->thunks);
+  std::printf(
+      "%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  (kiln: %d ops in %d fused thunks, %.4f "
+      "us/op; one thunk per op: %.4f us/thunk over %d thunks%s)\n",
+      r.name.c_str(), r.kiln_ms, r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
+      RatioText(r.kiln_ms, r.peer_ms).c_str(), kOps, w->thunks, r.kiln_ms * 1e3 / kOps, per_thunk,
+      wl->thunks,
+      r.peer_ms > 0 ? ("; peer " + JsonNumber(r.peer_ms * 1e3 / kOps, true) + " us/op").c_str()
+                    : "");
+  char buf[160];
+  std::snprintf(buf, sizeof(buf),
+                "kiln %d fused thunks, %.4f us/op; one thunk per op: %.4f us/thunk", w->thunks,
+                r.kiln_ms * 1e3 / kOps, per_thunk);
+  r.note = r.note.empty() ? buf : r.note + "; " + buf;
+  b.rows.push_back(r);
+  b.rows.push_back({"dispatch_us_per_thunk", per_thunk, 0, 0, "us per thunk, not ms"});
+}
+
+// Shares of the bare matmul rate (measured again now; the higher of the two counts).
+void ReportShares(Bench& b) {
+  auto [f32_end, bf16_end] = MatmulRates();
+  std::printf("bare oneDNN matmul 1024^3 (end):   f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n",
+              f32_end * 1e-9, bf16_end * 1e-9);
+  b.mm_f32 = std::max(b.mm_f32, f32_end);
+  b.mm_bf16 = std::max(b.mm_bf16, bf16_end);
+  std::printf(
+      "model FLOP/s as a share of the best bare oneDNN rate (f32 %.0f, bf16 %.0f GFLOP/s):\n",
+      b.mm_f32 * 1e-9, b.mm_bf16 * 1e-9);
+  for (Row& r : b.rows) {
+    if (r.flops <= 0 || r.kiln_ms <= 0) continue;
+    const double rate = r.bf16 ? b.mm_bf16 : b.mm_f32;
+    double kiln = r.flops / (r.kiln_ms * 1e-3) / rate;
+    double peer = r.peer_ms > 0 ? r.flops / (r.peer_ms * 1e-3) / rate : 0;
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "kiln %.0f%% of oneDNN rate", 100 * kiln);
+    std::string peer_part =
+        peer > 0 ? ", peer " + std::to_string(static_cast<int>(100 * peer + 0.5)) + "%" : "";
+    std::printf("  %-22s %s%s\n", r.name.c_str(), buf, peer_part.c_str());
+    r.note = r.note.empty() ? buf + peer_part : r.note + "; " + buf + peer_part;
   }
-  // Cold compile times: the first compile of each graph in this process (no compile cache yet),
-  // optimize + lower + the arena allocation, whose zeroing pays the page faults of fresh memory.
+}
+
+// Cold compile times and compile-cache hits.
+void ReportCompileTimes(Bench& b) {
+  // Cold: the first compile of each graph in this process (no compile cache yet), optimize +
+  // lower + the arena allocation, whose zeroing pays the page faults of fresh memory.
   std::printf("cold compile (optimize + lower + arena first touch):");
-  for (auto& [name, s] : compile_times) {
+  for (auto& [name, s] : b.compile_times) {
     std::printf(" %s %.0f ms;", name.c_str(), s * 1e3);
-    rows.push_back({"compile_cold_" + name, s * 1e3, 0, 0, "kiln only"});
+    b.rows.push_back({"compile_cold_" + name, s * 1e3, 0, 0, "kiln only"});
   }
   std::printf("\n");
   // Compile cache hits: the same train step compiled again in this process. The backend compile
   // alone (the cold number above also builds the step graph and allocates parameters and state).
   std::printf("compile, backend only: cold / cache hit / cache hit into recycled memory:\n");
-  for (const Memory& m : memory) {
+  for (const Memory& m : b.memory) {
     if (m.w.compile_hit_s <= 0) continue;
     std::printf("  %-22s %7.1f ms / %6.1f ms / %6.1f ms%s\n", m.name.c_str(),
                 m.w.compile_backend_s * 1e3, m.w.compile_hit_s * 1e3,
@@ -898,15 +937,18 @@ int Main(int argc, char** argv) {
     std::snprintf(note, sizeof(note),
                   "kiln only; backend compile %.1f ms cold; %.1f ms on a hit into recycled memory",
                   m.w.compile_backend_s * 1e3, m.w.compile_hit_recycled_s * 1e3);
-    rows.push_back({"compile_hit_" + m.name, m.w.compile_hit_s * 1e3, 0, 0, note});
+    b.rows.push_back({"compile_hit_" + m.name, m.w.compile_hit_s * 1e3, 0, 0, note});
   }
-  // Memory per step: Kiln's planned arena (every activation and temporary of one step; the
-  // parameters and optimizer state live outside it) against the growth of the peer's peak resident
-  // set over its baseline while it set up and ran the same benchmark (peer_torch.py, "rss").
+}
+
+// Memory per step: Kiln's planned arena (every activation and temporary of one step; the
+// parameters and optimizer state live outside it) against the growth of the peer's peak resident
+// set over its baseline while it set up and ran the same benchmark (peer_torch.py, "rss").
+void ReportMemory(Bench& b) {
   std::printf(
       "memory per training step: Kiln arena (lower bound) + resident params/state; "
       "peer peak RSS increase:\n");
-  for (const Memory& m : memory) {
+  for (const Memory& m : b.memory) {
     if (m.name.find("_train_") == std::string::npos) {
       std::printf("  %-22s arena %.1f MiB\n", m.name.c_str(), m.w.arena_bytes / 1048576.0);
       continue;
@@ -930,24 +972,28 @@ int Main(int argc, char** argv) {
                   "MiB, not ms: kiln arena (lower bound %.1f MiB; params+state %.1f MiB outside "
                   "it) vs peer peak RSS increase",
                   bound, state);
-    rows.push_back({"memory_" + m.name, arena, have_peer ? peer_mib : 0, 0, note});
+    b.rows.push_back({"memory_" + m.name, arena, have_peer ? peer_mib : 0, 0, note});
   }
-  rows.push_back({"onednn_matmul_1024_f32_gflops", mm_f32 * 1e-9, 0, 0, "GFLOP/s, not ms"});
-  rows.push_back({"onednn_matmul_1024_bf16_gflops", mm_bf16 * 1e-9, 0, 0, "GFLOP/s, not ms"});
+}
 
-  // results.json
+// results.json. False when it cannot be written.
+bool WriteResults(const Bench& b) {
+  const std::string& out_path = b.flags.out_path;
+  const Peer* peer = b.peer.get();
+  const PeerBlas& peer_blas = b.peer_blas;
   std::filesystem::path out(out_path);
   if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
   FILE* f = std::fopen(out_path.c_str(), "w");
   if (!f) {
     std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
-    return 1;
+    return false;
   }
-  std::fprintf(f, "{\n  \"threads\": %d,\n  \"rounds\": %d,\n  \"peer\": \"%s\",\n", threads,
-               rounds, peer ? JsonEscape("torch " + peer->version()).c_str() : "");
+  std::fprintf(f, "{\n  \"threads\": %d,\n  \"rounds\": %d,\n  \"peer\": \"%s\",\n",
+               b.flags.threads, b.flags.rounds,
+               peer ? JsonEscape("torch " + peer->version()).c_str() : "");
   std::fprintf(f, "  \"cpu\": {\"model\": \"%s\", \"flags\": \"%s\", \"onednn_isa\": \"%s\"},\n",
-               JsonEscape(cpu_info.model).c_str(), JsonEscape(bench::SimdFlags(cpu_info)).c_str(),
-               JsonEscape(isa).c_str());
+               JsonEscape(b.cpu_info.model).c_str(),
+               JsonEscape(bench::SimdFlags(b.cpu_info)).c_str(), JsonEscape(b.isa).c_str());
   std::fprintf(f,
                "  \"peer_blas\": {\"core\": \"%s\", \"default_core\": \"%s\", "
                "\"openblas_coretype\": \"%s\", \"matmul_1024_f32_gflops\": %s, "
@@ -958,12 +1004,12 @@ int Main(int argc, char** argv) {
                JsonNumber(peer_blas.matmul.gflops, peer != nullptr).c_str(),
                JsonNumber(peer_blas.default_gflops, peer && peer_blas.default_gflops > 0).c_str(),
                peer ? absl::StrFormat("%.3g", peer_blas.matmul.max_error).c_str() : "null",
-               JsonNumber(mm_f32 * 1e-9, true).c_str(),
+               JsonNumber(b.mm_f32 * 1e-9, true).c_str(),
                peer ? (g_peer_comparable ? "true" : "false") : "null",
                JsonEscape(peer_blas.note).c_str());
   std::fprintf(f, "  \"benchmarks\": [\n");
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
+  for (size_t i = 0; i < b.rows.size(); ++i) {
+    const Row& r = b.rows[i];
     bool pp = r.peer_ms > 0 && r.kiln_ms > 0;
     std::fprintf(f,
                  "    {\"name\": \"%s\", \"kiln_median_ms\": %s, \"peer_median_ms\": %s, "
@@ -972,12 +1018,35 @@ int Main(int argc, char** argv) {
                  JsonNumber(r.peer_ms, r.peer_ms > 0).c_str(),
                  JsonNumber(pp ? r.kiln_ms / r.peer_ms : 0, pp && g_peer_comparable).c_str(),
                  pp ? (g_peer_comparable ? "true" : "false") : "null", JsonEscape(r.note).c_str(),
-                 i + 1 < rows.size() ? "," : "");
+                 i + 1 < b.rows.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   std::fclose(f);
   std::printf("wrote %s (ratio = kiln / peer; < 1 means Kiln is faster)\n", out_path.c_str());
-  return 0;
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  Bench b;
+  if (!ParseFlags(argc, argv, &b.flags)) return 2;
+  StartAndReport(b);
+  // The bench owns its compile cache (in memory only): the compile-hit rows measure it.
+  compiler::CompileCacheOptions cache_options;
+  cache_options.use_disk = false;
+  cache_options.log = [](const std::string& m) {
+    if (m.find("WARNING") != std::string::npos) std::fprintf(stderr, "%s\n", m.c_str());
+  };
+  compiler::CompileCache cache(std::move(cache_options));
+  std::unique_ptr<runtime::Backend> cpu = runtime::MakeCpuBackend({.compile_cache = &cache});
+  RunTrainRows(b, *cpu);
+  RunInferRows(b, *cpu);
+  RunDispatchRows(b, *cpu);
+  ReportShares(b);
+  ReportCompileTimes(b);
+  ReportMemory(b);
+  b.rows.push_back({"onednn_matmul_1024_f32_gflops", b.mm_f32 * 1e-9, 0, 0, "GFLOP/s, not ms"});
+  b.rows.push_back({"onednn_matmul_1024_bf16_gflops", b.mm_bf16 * 1e-9, 0, 0, "GFLOP/s, not ms"});
+  return WriteResults(b) ? 0 : 1;
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "nlohmann/json.hpp"
 #ifdef KILN_HAVE_CPU_BACKEND
 #include "kiln/runtime/cpu/cpu_backend.h"
+#include "tests/support/pass_sweep.h"
 #endif
 
 namespace kiln {
@@ -168,10 +169,19 @@ std::vector<BackendUnderTest> Backends() {
   std::vector<BackendUnderTest> out;
   out.push_back({"reference", runtime::MakeReferenceBackend()});
 #ifdef KILN_HAVE_CPU_BACKEND
-  out.push_back({"cpu", runtime::MakeCpuBackend()});
+  // With the pipeline options of the CTest pass sweeps (tests/support/pass_sweep.h).
+  out.push_back({"cpu", runtime::MakeCpuBackend(testing::SweepCpuOptions())});
 #endif
   return out;
 }
+
+#ifdef KILN_HAVE_CPU_BACKEND
+// A sweep entry (golden_test_without_<pass>) really runs without its pass.
+TEST(GoldenPassSweep, TheSweepReachesTheBackend) {
+  for (BackendUnderTest& b : Backends())
+    if (b.name == "cpu") EXPECT_TRUE(testing::SweepReaches(*b.backend));
+}
+#endif
 
 // One graph output to check against one golden tensor.
 struct Expectation {

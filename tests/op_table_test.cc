@@ -42,6 +42,7 @@
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/executable.h"
 #include "kiln/runtime/reference/reference_backend.h"
+#include "tests/support/pass_sweep.h"
 
 namespace kiln::optable {
 namespace {
@@ -54,20 +55,25 @@ Backend& Reference() {
   return *b;
 }
 
+// The cpu backends run the compiler with the pipeline options of the CTest pass sweeps
+// (KILN_DISABLE_PASSES etc., tests/support/pass_sweep.h).
 Backend& Cpu() {
-  static Backend* b = runtime::MakeCpuBackend().release();
+  static Backend* b = runtime::MakeCpuBackend(testing::SweepCpuOptions()).release();
   return *b;
 }
 
 // The cpu backend with Kiln's own loops where it would otherwise call oneDNN.
 Backend& CpuLoops() {
   static Backend* b = [] {
-    runtime::CpuBackendOptions o;
+    runtime::CpuBackendOptions o = testing::SweepCpuOptions();
     o.prefer_loops = true;
     return runtime::MakeCpuBackend(o).release();
   }();
   return *b;
 }
+
+// A sweep entry (op_table_test_without_<pass>) really runs without its pass.
+TEST(OpTablePassSweep, TheSweepReachesTheBackend) { EXPECT_TRUE(testing::SweepReaches(Cpu())); }
 
 #define ASSERT_OK_AND_ASSIGN(lhs, expr) \
   ASSERT_OK_AND_ASSIGN_IMPL_(OP_TABLE_CONCAT_(op_table_so_, __LINE__), lhs, expr)

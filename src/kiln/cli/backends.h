@@ -1,7 +1,12 @@
 // Backends by name, for the command line: "cpu" (oneDNN, the default) and "reference" (plain
-// loops, the oracle).
+// loops, the oracle), and the one place the kiln command reads the environment.
 //
 //   KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Backend> b, MakeBackendByName("cpu"));
+//
+// The libraries read no environment variable: what the compiler and the compile cache take from
+// the environment (docs/cli.md, "Environment") is read here, by FromEnvironment, into their
+// options: once per backend the CLI makes (a command makes one) for the pipeline options, once per
+// process for the compile cache.
 #ifndef KILN_CLI_BACKENDS_H_
 #define KILN_CLI_BACKENDS_H_
 
@@ -11,15 +16,31 @@
 
 #include "absl/status/statusor.h"
 #include "kiln/compiler/cache.h"
+#include "kiln/compiler/pipeline.h"
 #include "kiln/runtime/executable.h"
 
 namespace kiln::cli {
 
+// The environment as the kiln command uses it.
+struct EnvOptions {
+  // KILN_DISABLE_PASSES=cse,dce (disabled_passes), KILN_VERIFY_EACH_PASS=1|0 (verify_each_pass),
+  // KILN_DUMP_IR=dir (dump_dir): handed to the cpu backend's compiler pipeline.
+  compiler::PipelineOptions pipeline;
+  // KILN_CACHE_DIR: the compile cache's disk tier (empty: memory only).
+  std::string cache_dir;
+  // KILN_CACHE_LOG=1: log every compile-cache miss (also on with a cache dir).
+  bool cache_log = false;
+};
+
+// Reads the variables above. InvalidArgument when KILN_DISABLE_PASSES names something that is no
+// compiler pass (the message names it, the variable's value and the passes).
+absl::StatusOr<EnvOptions> FromEnvironment();
+
 // The names MakeBackendByName accepts, default first.
 std::vector<std::string> BackendNames();
 
-// InvalidArgument listing the choices for an unknown name.
-// "cpu" (with ProcessCompileCache) or "reference".
+// "cpu" (with ProcessCompileCache and FromEnvironment's pipeline options) or "reference".
+// InvalidArgument listing the choices for an unknown name, or FromEnvironment's error.
 absl::StatusOr<std::unique_ptr<runtime::Backend>> MakeBackendByName(const std::string& name);
 
 // This process's compile cache, made on first use from the environment: in memory, and on disk

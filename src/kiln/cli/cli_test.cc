@@ -313,6 +313,20 @@ TEST(Cli, RunJsonSaysWhatTheCompilerRan) {
   EXPECT_EQ(reference_options["disabled_passes"], nlohmann::json::array());
 }
 
+// The CLI reads KILN_DISABLE_PASSES (the compiler does not): a name that is no pass stops the
+// command with the message naming it and the passes, before anything is trained.
+TEST(Cli, UnknownPassInKilnDisablePassesIsAnError) {
+  const std::string run = FreshDir("bad_disable");
+  setenv("KILN_DISABLE_PASSES", "cse,csee", 1);
+  KilnResult r = TrainShort(run, 2, 2);
+  unsetenv("KILN_DISABLE_PASSES");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("KILN_DISABLE_PASSES names unknown pass 'csee'"));
+  EXPECT_THAT(r.err, HasSubstr("the passes are decompose, simplify"));
+  EXPECT_FALSE(fs::exists(run + "/metrics.jsonl"));
+  fs::remove_all(run);
+}
+
 TEST(Cli, DivergenceStopsWithAdviceAndCommitsNoNonFiniteCheckpoint) {
   const std::string run = FreshDir("diverge");
   KilnResult r =

@@ -63,19 +63,11 @@ nlohmann::json RunInfo(const runtime::Backend& backend, const std::string& preci
   j["hardware_threads"] = std::thread::hardware_concurrency();
   if (std::string commit = GitCommit(); !commit.empty()) j["git_commit"] = commit;
   // What the backend says it compiles with (Backend::Describe: the reference backend runs no pass
-  // at all, docs/compiler.md), minus the passes KILN_DISABLE_PASSES names (the compiler checks
-  // they are real pass names). The precision policy comes from the config.
+  // at all, docs/compiler.md), including the passes disabled by name (KILN_DISABLE_PASSES, read
+  // into the backend's options by FromEnvironment). The precision policy comes from the config.
   nlohmann::json options = backend.Describe();
-  std::vector<std::string> disabled;
-  const char* env = std::getenv("KILN_DISABLE_PASSES");
-  if (env != nullptr && options.value("optimize", false)) {
-    for (absl::string_view name : absl::StrSplit(env, ',', absl::SkipWhitespace()))
-      disabled.emplace_back(std::string(absl::StripAsciiWhitespace(name)));
-  }
-  if (std::find(disabled.begin(), disabled.end(), "fusion") != disabled.end())
-    options["fusion"] = false;
+  if (!options.contains("disabled_passes")) options["disabled_passes"] = nlohmann::json::array();
   options["precision"] = precision;
-  options["disabled_passes"] = disabled;
   j["compiler_options"] = options;
   return j;
 }

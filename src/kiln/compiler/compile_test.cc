@@ -173,5 +173,54 @@ TEST(Optimize, EachPassDisabledInTurnStillComputesTheSame) {
   }
 }
 
+// Compile runs the precision policy first: under mixed_bf16 the matmuls of a forward graph compute
+// in bf16 (with optimize off too: the policy is what the program computes), the parameters and
+// outputs keep their f32 types, and the result is what ApplyPrecisionPolicy gives.
+TEST(Compile, AppliesThePrecisionPolicy) {
+  absl::StatusOr<ir::Graph> loss = MlpLoss(DType::kF32, 4);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  auto bf16_matmuls = [](const ir::Graph& g) {
+    int n = 0;
+    for (const ir::Node& node : g.nodes())
+      n += node.opcode() == ir::Opcode::kDotGeneral && node.type().dtype == DType::kBF16;
+    return n;
+  };
+  for (bool optimize : {false, true}) {
+    SCOPED_TRACE(optimize ? "optimized" : "as given");
+    CompileOptions o = TestOptions(/*decompose=*/true);
+    o.optimize = optimize;
+    absl::StatusOr<CompiledModule> f32 = Compile(*loss, BackendTraits{}, o);
+    ASSERT_TRUE(f32.ok()) << f32.status();
+    EXPECT_EQ(bf16_matmuls(f32->graph), 0);
+    o.precision = PrecisionPolicy::kMixedBf16;
+    absl::StatusOr<CompiledModule> mixed = Compile(*loss, BackendTraits{}, o);
+    ASSERT_TRUE(mixed.ok()) << mixed.status();
+    EXPECT_EQ(bf16_matmuls(mixed->graph), 3);
+    EXPECT_EQ(mixed->graph.node(mixed->graph.parameters()[2]).type().dtype, DType::kF32);
+    EXPECT_EQ(mixed->graph.node(mixed->graph.outputs()[0].node).type().dtype, DType::kF32);
+    if (!optimize) {
+      absl::StatusOr<ir::Graph> rewritten =
+          ApplyPrecisionPolicy(*loss, PrecisionPolicy::kMixedBf16, kParams);
+      ASSERT_TRUE(rewritten.ok()) << rewritten.status();
+      EXPECT_EQ(ir::PrintGraph(mixed->graph), ir::PrintGraph(*rewritten));
+    }
+  }
+}
+
+TEST(Compile, PrecisionPolicyKeepsF32MasterWeights) {
+  absl::StatusOr<ir::Graph> loss = MlpLoss(DType::kF64, 4);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  absl::StatusOr<ir::Graph> r = ApplyPrecisionPolicy(*loss, PrecisionPolicy::kBf16, kParams);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("precision bf16 keeps f32 master weights, but parameter "
+                                      "'w1' is f64"),
+            std::string::npos)
+      << r.status();
+  // kF32 is no rewrite at all, whatever the dtypes.
+  absl::StatusOr<ir::Graph> same = ApplyPrecisionPolicy(*loss, PrecisionPolicy::kF32, kParams);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(ir::PrintGraph(*same), ir::PrintGraph(*loss));
+}
+
 }  // namespace
 }  // namespace kiln::compiler

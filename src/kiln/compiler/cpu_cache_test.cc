@@ -155,7 +155,8 @@ TEST(CpuCompileCache, DiskTierServesAnotherCacheInstance) {
 
 TEST(CpuCompileCache, DefaultCacheAndOptOut) {
   ir::Graph g = Mlp(3);
-  // The process-wide cache: a second compile is a hit (no visible stats; same outputs).
+  // No cache by default (the cache is the caller's; there is no process-wide one): every
+  // compile runs the pipeline, and gives the same outputs.
   std::unique_ptr<runtime::Backend> cpu = runtime::MakeCpuBackend();
   ExpectBitIdentical(RunOn(*cpu, g), RunOn(*cpu, g));
   // Opted out, a provided cache is never consulted.
@@ -163,6 +164,26 @@ TEST(CpuCompileCache, DefaultCacheAndOptOut) {
   CompileCache cache(log.Options());
   RunOn(*runtime::MakeCpuBackend({.use_compile_cache = false, .compile_cache = &cache}), g);
   EXPECT_EQ(cache.stats().hits() + cache.stats().misses, 0);
+}
+
+// The backend's pipeline options (what the kiln CLI fills from KILN_DISABLE_PASSES) reach the
+// compiler: a disabled pass changes the cache key, an unknown one is the compiler's error, and
+// Describe records them.
+TEST(CpuCompileCache, PipelineOptionsReachTheCompiler) {
+  ir::Graph g = Mlp(3);
+  Logged log;
+  CompileCache cache(log.Options());
+  runtime::CpuBackendOptions o{.compile_cache = &cache};
+  ASSERT_TRUE(runtime::MakeCpuBackend(o)->Compile(g).ok());
+  o.pipeline.disabled_passes = {"cse"};
+  std::unique_ptr<runtime::Backend> no_cse = runtime::MakeCpuBackend(o);
+  ASSERT_TRUE(no_cse->Compile(g).ok());
+  EXPECT_EQ(cache.stats().misses, 2);
+  EXPECT_EQ(no_cse->Describe()["disabled_passes"], nlohmann::json({"cse"}));
+  o.pipeline.disabled_passes = {"nosuchpass"};
+  absl::StatusOr<std::unique_ptr<runtime::Executable>> bad = runtime::MakeCpuBackend(o)->Compile(g);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unknown pass 'nosuchpass'"), std::string::npos);
 }
 
 }  // namespace

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/compile.h"
 #include "kiln/nn/model.h"
-#include "kiln/nn/sgd.h"
 
 namespace kiln::nn {
 namespace {
@@ -79,22 +79,18 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
   }
   KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngSeedInput));
   KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngStepInput));
-  // Mixed precision rewrites the loss graph before autodiff, so the backward pass inherits the
-  // bf16 compute while the f32 parameters (master weights) get f32 gradients.
+  // The precision policy goes through the compiler's one entry for it, on the LOSS graph before
+  // autodiff, not through CompileOptions::precision on the step graph: rewritten first, the
+  // backward pass inherits the bf16 compute through convert's VJP while the f32 parameters
+  // (master weights) get f32 gradients and the optimizer update stays f32. Applied after autodiff
+  // it would be another program (compiler::ApplyPrecisionPolicy, compile.h, says how).
   const ir::Graph* loss = &loss_graph;
   ir::Graph low_precision_loss;
   if (options.precision != compiler::PrecisionPolicy::kF32) {
-    for (const ParamSpec& p : param_specs) {
-      if (p.dtype != DType::kF32) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TrainStep: precision ", compiler::PrecisionPolicyName(options.precision),
-            " keeps f32 master weights, but parameter '", p.name, "' is ",
-            std::string(DTypeName(p.dtype)), " (use precision f32 for a non-f32 model)"));
-      }
-    }
-    low_precision_loss = loss_graph;
-    compiler::MixedPrecisionPass pass(options.precision);
-    KILN_RETURN_IF_ERROR(pass.Run(low_precision_loss).status());
+    absl::StatusOr<ir::Graph> rewritten =
+        compiler::ApplyPrecisionPolicy(loss_graph, options.precision, initial.names());
+    if (!rewritten.ok()) return Annotate(rewritten.status(), "TrainStep");
+    low_precision_loss = *std::move(rewritten);
     loss = &low_precision_loss;
   }
   KILN_ASSIGN_OR_RETURN(

@@ -1,5 +1,5 @@
-// A compiled training step with parameters and optimizer state resident between steps: the
-// generalization of SgdTrainer to any optimizer config (optim.h), clipping and schedules.
+// A compiled training step with parameters and optimizer state resident between steps, for any
+// optimizer config (optim.h), clipping and schedules.
 //
 //   KILN_ASSIGN_OR_RETURN(ir::Graph loss, model.TrainLossGraph(32));
 //   KILN_ASSIGN_OR_RETURN(ParamStore params, InitParams(model.Params(), seed));
@@ -16,12 +16,13 @@
 // has dropout, as "rng/step" with "rng/seed" = rng_seed) advances by one per Run; a run resumed
 // with Restore(..., t) therefore computes bit-identical steps.
 //
-// Mixed precision: options.precision other than kF32 runs compiler::MixedPrecisionPass on the
-// loss graph before autodiff (the JAX/jmp recipe). Matmuls and convolutions (and, under kBf16,
-// elementwise math) compute in bf16 forward and backward, through convert's VJP; parameters stay
-// f32 master weights, their gradients arrive in f32, and the optimizer update and its state stay
-// f32. Reductions, softmax, norms and the loss stay f32. The loss graph must take f32 parameters
-// then (InvalidArgument otherwise: a policy is for f32 models).
+// Mixed precision: options.precision other than kF32 rewrites the loss graph before autodiff
+// (compiler::ApplyPrecisionPolicy, the compiler's one entry for policies: the JAX/jmp recipe).
+// Matmuls and convolutions (and, under kBf16, elementwise math) compute in bf16 forward and
+// backward, through convert's VJP; parameters stay f32 master weights, their gradients arrive in
+// f32, and the optimizer update and its state stay f32. Reductions, softmax, norms and the loss
+// stay f32. The loss graph must take f32 parameters then (InvalidArgument otherwise: a policy is
+// for f32 models).
 #ifndef KILN_NN_TRAIN_STEP_H_
 #define KILN_NN_TRAIN_STEP_H_
 

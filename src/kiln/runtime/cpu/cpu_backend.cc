@@ -1,5 +1,6 @@
 #include "kiln/runtime/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,6 +149,7 @@ class CpuBackend : public Backend {
   absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& input) override {
     compiler::CompileOptions copts;
     copts.optimize = options_.optimize;
+    copts.pipeline = options_.pipeline;
     copts.keep_composite = LowersNatively;
     copts.fuse_loops = options_.fuse && !options_.prefer_loops;
     copts.remat.enabled = options_.remat || options_.remat_memory_limit_bytes > 0;
@@ -171,12 +173,19 @@ class CpuBackend : public Backend {
   }
 
   nlohmann::json Describe() const override {
+    // Passes disabled by name only matter when the pipeline runs.
+    std::vector<std::string> disabled;
+    if (options_.optimize) disabled = options_.pipeline.disabled_passes;
+    const bool fusion_disabled =
+        std::find(disabled.begin(), disabled.end(), "fusion") != disabled.end();
     return {{"backend", "cpu/" + OneDnnIsaName()},
             {"optimize", options_.optimize},
-            {"fusion", options_.optimize && options_.fuse && !options_.prefer_loops},
+            {"fusion",
+             options_.optimize && options_.fuse && !options_.prefer_loops && !fusion_disabled},
             {"prefer_loops", options_.prefer_loops},
             {"remat", options_.remat || options_.remat_memory_limit_bytes > 0},
-            {"compile_cache", options_.use_compile_cache && options_.compile_cache != nullptr}};
+            {"compile_cache", options_.use_compile_cache && options_.compile_cache != nullptr},
+            {"disabled_passes", disabled}};
   }
 
   absl::StatusOr<std::unique_ptr<Executable>> Lower(const compiler::CompiledModule& m) override {

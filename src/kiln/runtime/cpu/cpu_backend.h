@@ -15,7 +15,8 @@
 // (compiler::Optimize: decompose, then the simplify group: algebraic, constant-fold, cse,
 // transpose-fold, dce), keeping every composite the backend lowers natively (softmax, log_softmax,
 // layer_norm, rms_norm, cross_entropy, attention). CpuBackendOptions::optimize = false compiles the
-// graph as given; KILN_DISABLE_PASSES=cse,dce skips single passes (see compiler/pipeline.h). The
+// graph as given; CpuBackendOptions::pipeline skips single passes by name, dumps IR or verifies
+// after every pass (compiler/pipeline.h; the kiln CLI fills it from KILN_DISABLE_PASSES etc.). The
 // executable's graph() is the optimized one, with the same parameters and outputs as the input. A
 // graph compiled before with the same options skips the pipeline: the optimized graph comes from a
 // compile cache (use_compile_cache).
@@ -31,6 +32,7 @@
 #include <memory>
 
 #include "kiln/compiler/execution_plan.h"
+#include "kiln/compiler/pipeline.h"
 #include "kiln/runtime/executable.h"
 
 namespace kiln::compiler {
@@ -61,6 +63,10 @@ struct CpuBackendOptions {
   // logged as a warning (base/log.h).
   bool remat = false;
   int64_t remat_memory_limit_bytes = 0;
+  // The pipeline's debugging options: passes disabled by name, IR dumps, verification after every
+  // pass. Read by no one from the environment here: the caller fills them (the kiln CLI from
+  // KILN_DISABLE_PASSES / KILN_DUMP_IR / KILN_VERIFY_EACH_PASS, cli/backends.h).
+  compiler::PipelineOptions pipeline;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options = {});

@@ -17,6 +17,7 @@
 #include "kiln/ir/builder.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/reference/reference_backend.h"
+#include "tests/support/pass_sweep.h"
 
 namespace kiln::runtime {
 namespace {
@@ -138,8 +139,11 @@ Case RandomCase(uint32_t seed, DType dt) {
 }
 
 TEST(FusionFuzz, RandomGraphsMatchTheReferenceAndTheUnfusedBackend) {
-  auto fused = MakeCpuBackend({.use_compile_cache = false});
-  auto unfused = MakeCpuBackend({.fuse = false, .use_compile_cache = false});
+  // With the pipeline options of the CTest pass sweeps (tests/support/pass_sweep.h).
+  auto fused = MakeCpuBackend(testing::SweepCpuOptions({.use_compile_cache = false}));
+  auto unfused =
+      MakeCpuBackend(testing::SweepCpuOptions({.fuse = false, .use_compile_cache = false}));
+  EXPECT_TRUE(testing::SweepReaches(*fused));  // a sweep entry really runs without its pass
   auto reference = MakeReferenceBackend();
   int fused_groups = 0;
   for (DType dt : {DType::kF32, DType::kBF16}) {
@@ -197,9 +201,7 @@ TEST(FusionFuzz, RandomGraphsMatchTheReferenceAndTheUnfusedBackend) {
     }
   }
   // The generator really exercises fusion (unless CTest reruns the suite without the pass).
-  const char* disabled = std::getenv("KILN_DISABLE_PASSES");
-  if (disabled == nullptr || std::string(disabled).find("fusion") == std::string::npos)
-    EXPECT_GT(fused_groups, 100);
+  if (!testing::SweepDisables("fusion")) EXPECT_GT(fused_groups, 100);
 }
 
 }  // namespace
