@@ -1,10 +1,13 @@
 // Op-table rows for the elementwise ops: unary math, binary arithmetic with numpy broadcasting,
-// comparisons, logic, select and convert.
+// comparisons, logic, select and convert. A plain unary or binary op needs no row here when the
+// defaults AddPlainElementwiseRows derives from its opcodes.def columns fit it.
 #include <functional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kiln/ir/op_traits.h"
 #include "op_table.h"
 
 namespace kiln::optable {
@@ -60,6 +63,37 @@ void AddBinary(std::vector<OpCase>& rows, Opcode op, const std::string& stem,
 // identity (a finite difference of a rounding step measures the rounding, not the VJP).
 DType Narrow(DType dt, DType target) { return dt == DType::kF64 ? DType::kF64 : target; }
 
+// The plain elementwise rows of opcodes.def (families kUnary and kBinary) without a row of their
+// own below, from their columns: dtypes are the floats, and unless kFloatOnly also the integers
+// with results compared exactly (abs neg relu sign are exact); a unary op draws its inputs where it
+// is smooth (kPositive: [0.2, 5]; kKinkAtZero: away from 0 in [-3, 3]; else [-4, 4]), a binary op
+// both operands from [-2, 2]; all are differentiable. An op these defaults do not fit (a narrower
+// domain, a tie-prone op) adds its own rows.
+void AddPlainElementwiseRows(std::vector<OpCase>& rows) {
+  std::set<Opcode> own;
+  for (const OpCase& c : rows) own.insert(c.opcode);
+  for (int i = 0; i < ir::kNumOpcodes; ++i) {
+    const Opcode op = static_cast<Opcode>(i);
+    const ir::OpInfo& info = ir::OpTraits(op);
+    if (!info.plain_elementwise() || own.count(op)) continue;
+    const std::string stem(info.name);
+    const std::vector<DType> dtypes = info.float_only() ? FloatTypes() : FloatAndIntTypes();
+    const bool exact = !info.float_only();
+    if (info.family == ir::KernelFamily::kUnary) {
+      const Gen gen = info.positive_domain() ? Uniform(0.2, 5)
+                      : info.kink_at_zero()  ? AwayFromZero(-3, 3)
+                                             : Uniform(-4, 4);
+      AddUnary(
+          rows, op, stem, [op](Value x) { return ir::ElementwiseUnary(op, x); }, gen, dtypes, true,
+          exact);
+    } else {
+      AddBinary(
+          rows, op, stem, [op](Value a, Value b) { return ir::ElementwiseBinary(op, a, b); },
+          Uniform(-2, 2), Uniform(-2, 2), dtypes, true, false);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> ElementwiseCases() {
@@ -68,14 +102,8 @@ std::vector<OpCase> ElementwiseCases() {
   const std::vector<DType> kFI = FloatAndIntTypes();
   const std::vector<DType> kLogic = {DType::kBool, DType::kS32};
 
-  // ---- abs ----
-  AddUnary(rows, Opcode::kAbs, "abs", ir::Abs, AwayFromZero(-3, 3), kFI, true, true);
-  // ---- cos ----
-  AddUnary(rows, Opcode::kCos, "cos", ir::Cos, Uniform(-4, 4), kF, true);
   // ---- erf ----
   AddUnary(rows, Opcode::kErf, "erf", ir::Erf, Uniform(-2.5, 2.5), kF, true);
-  // ---- exp ----
-  AddUnary(rows, Opcode::kExp, "exp", ir::Exp, Uniform(-4, 4), kF, true);
   // ---- gelu ----
   AddUnary(
       rows, Opcode::kGelu, "gelu_erf", [](Value x) { return ir::Gelu(x, false); }, Uniform(-4, 4),
@@ -92,10 +120,6 @@ std::vector<OpCase> ElementwiseCases() {
   // ---- logical_not ----
   AddUnary(rows, Opcode::kLogicalNot, "logical_not", ir::LogicalNot, Grid(-1, 0.5, 5), kLogic,
            false);
-  // ---- neg ----
-  AddUnary(rows, Opcode::kNeg, "neg", ir::Neg, Uniform(-3, 3), kFI, true, true);
-  // ---- relu ----
-  AddUnary(rows, Opcode::kRelu, "relu", ir::Relu, AwayFromZero(-3, 3), kFI, true, true);
   // ---- rsqrt ----
   AddUnary(rows, Opcode::kRsqrt, "rsqrt", ir::Rsqrt, Uniform(0.3, 5), kF, true);
   // ---- sigmoid ----
@@ -106,29 +130,6 @@ std::vector<OpCase> ElementwiseCases() {
            {Shape{3, 17}});
   // ---- silu ----
   AddUnary(rows, Opcode::kSilu, "silu", ir::Silu, Uniform(-6, 6), kF, true);
-  // ---- sin ----
-  AddUnary(rows, Opcode::kSin, "sin", ir::Sin, Uniform(-4, 4), kF, true);
-  // ---- sqrt ----
-  AddUnary(rows, Opcode::kSqrt, "sqrt", ir::Sqrt, Uniform(0.2, 5), kF, true);
-  // ---- tanh ----
-  AddUnary(rows, Opcode::kTanh, "tanh", ir::Tanh, Uniform(-4, 4), kF, true);
-
-  // Tiny inputs: outputs of order x, so the result's relative accuracy shows (an absolute error
-  // of 1e-7 would be a 1e-5 relative error here).
-  {
-    const Gen tiny = Uniform(-1e-2, 1e-2);
-    const std::vector<Shape> one = {Shape{33}};
-    AddUnary(rows, Opcode::kSin, "sin_near_zero", ir::Sin, tiny, kF, true, false, one);
-    AddUnary(rows, Opcode::kTanh, "tanh_near_zero", ir::Tanh, tiny, kF, true, false, one);
-    AddUnary(rows, Opcode::kErf, "erf_near_zero", ir::Erf, tiny, kF, true, false, one);
-    AddUnary(rows, Opcode::kSilu, "silu_near_zero", ir::Silu, tiny, kF, true, false, one);
-    AddUnary(
-        rows, Opcode::kGelu, "gelu_erf_near_zero", [](Value x) { return ir::Gelu(x, false); }, tiny,
-        kF, true, false, one);
-    AddUnary(
-        rows, Opcode::kGelu, "gelu_tanh_near_zero", [](Value x) { return ir::Gelu(x, true); }, tiny,
-        kF, true, false, one);
-  }
 
   // ---- convert ----
   {
@@ -158,12 +159,6 @@ std::vector<OpCase> ElementwiseCases() {
              Grid(-1, 0.5, 5), {DType::kF32, DType::kS32}, false, true, shapes);
   }
 
-  // ---- add ----
-  AddBinary(rows, Opcode::kAdd, "add", ir::Add, Uniform(-2, 2), Uniform(-2, 2), kFI, true);
-  // ---- sub ----
-  AddBinary(rows, Opcode::kSub, "sub", ir::Sub, Uniform(-2, 2), Uniform(-2, 2), kFI, true);
-  // ---- mul ----
-  AddBinary(rows, Opcode::kMul, "mul", ir::Mul, Uniform(-2, 2), Uniform(-2, 2), kFI, true);
   // ---- div ----
   // Integer division (s32) must agree between the backends too (truncation, as in XLA).
   AddBinary(rows, Opcode::kDiv, "div", ir::Div, Uniform(-2, 2), AwayFromZero(-2, 2, 0.5), kFI,
@@ -225,6 +220,24 @@ std::vector<OpCase> ElementwiseCases() {
       c.exact = true;
       rows.push_back(std::move(c));
     }
+  }
+  AddPlainElementwiseRows(rows);
+
+  // Tiny inputs: outputs of order x, so the result's relative accuracy shows (an absolute error
+  // of 1e-7 would be a 1e-5 relative error here).
+  {
+    const Gen tiny = Uniform(-1e-2, 1e-2);
+    const std::vector<Shape> one = {Shape{33}};
+    AddUnary(rows, Opcode::kSin, "sin_near_zero", ir::Sin, tiny, kF, true, false, one);
+    AddUnary(rows, Opcode::kTanh, "tanh_near_zero", ir::Tanh, tiny, kF, true, false, one);
+    AddUnary(rows, Opcode::kErf, "erf_near_zero", ir::Erf, tiny, kF, true, false, one);
+    AddUnary(rows, Opcode::kSilu, "silu_near_zero", ir::Silu, tiny, kF, true, false, one);
+    AddUnary(
+        rows, Opcode::kGelu, "gelu_erf_near_zero", [](Value x) { return ir::Gelu(x, false); }, tiny,
+        kF, true, false, one);
+    AddUnary(
+        rows, Opcode::kGelu, "gelu_tanh_near_zero", [](Value x) { return ir::Gelu(x, true); }, tiny,
+        kF, true, false, one);
   }
   return rows;
 }

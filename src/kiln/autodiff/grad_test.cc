@@ -256,15 +256,12 @@ void AddPlainElementwiseRows(std::map<Opcode, Row>& t) {
       const Gen gen = info.positive_domain() ? Uniform(0.5, 2.0)
                       : info.kink_at_zero()  ? AwayFromZero(0.2, 1.0)
                                              : Uniform(-3, 3);
-      t[op].cases = {{name, {{"x", {2, 3}, gen}}, [op](Builder& b, const std::vector<Value>& p) {
-                        return b.AddNode(op, {p[0]});
-                      }}};
+      t[op].cases = {
+          Unary(name, {2, 3}, gen, [op](Value x) { return ir::ElementwiseUnary(op, x); })};
       continue;
     }
-    auto apply = [op](Builder& b, const std::vector<Value>& p) {
-      // b: [2, 3] as is, or [3] broadcast along the rows.
-      Value rhs = p[1].rank() == p[0].rank() ? p[1] : ir::BroadcastInDim(p[1], p[0].shape(), {1});
-      return b.AddNode(op, {p[0], rhs});
+    auto apply = [op](Builder&, const std::vector<Value>& p) {
+      return ir::ElementwiseBinary(op, p[0], p[1]);
     };
     t[op].cases = {
         {"same", {{"a", {2, 3}, Uniform(-2, 2)}, {"b", {2, 3}, Uniform(-2, 2)}}, apply},

@@ -263,6 +263,9 @@ absl::StatusOr<Graph> Builder::Build() {
 #undef KILN_IR_DEFINE_kUnary
 #undef KILN_IR_DEFINE_kBinary
 
+Value ElementwiseUnary(Opcode op, Value x) { return Unary(op, x); }
+Value ElementwiseBinary(Opcode op, Value a, Value b) { return Binary(op, a, b); }
+
 Value Gelu(Value x, bool tanh_approximation) {
   return Unary(Opcode::kGelu, x,
                {{"approximate", std::string(tanh_approximation ? "tanh" : "none")}});

@@ -97,6 +97,11 @@ class Builder {
 #undef KILN_IR_DECLARE_kUnary
 #undef KILN_IR_DECLARE_kBinary
 
+// The same by opcode, for code that iterates the rows (the op tests): any unary op without
+// required attributes, and any binary op (broadcasting numpy-style).
+Value ElementwiseUnary(Opcode op, Value x);
+Value ElementwiseBinary(Opcode op, Value a, Value b);
+
 // gelu with its attribute: approximate="tanh" when tanh_approximation (Gelu(x) is the exact form).
 Value Gelu(Value x, bool tanh_approximation);
 

@@ -125,9 +125,9 @@ std::map<Opcode, GraphFn> OpTable() {
     const Opcode op = static_cast<Opcode>(i);
     if (!OpTraits(op).plain_elementwise()) continue;
     t[op] = [op](Builder& b) {
-      std::vector<Value> operands = {P(b, "a", {2, 3})};
-      if (OpcodeArity(op) == 2) operands.push_back(P(b, "b", {2, 3}));
-      b.Output("y", b.AddNode(op, operands));
+      Value a = P(b, "a", {2, 3});
+      b.Output("y", OpcodeArity(op) == 2 ? ElementwiseBinary(op, a, P(b, "b", {2, 3}))
+                                         : ElementwiseUnary(op, a));
     };
   }
   t[Opcode::kAllGather] = [](Builder& b) { b.Output("y", AllGather(P(b, "x", {2, 3}), 1, 4)); };

@@ -7,6 +7,7 @@
 
 #include "kiln/base/status.h"
 #include "kiln/ir/element_semantics.h"
+#include "kiln/ir/op_traits.h"
 #include "kiln/runtime/reference/kernels.h"
 
 namespace kiln::runtime::reference {
@@ -168,30 +169,26 @@ absl::StatusOr<Kernel> MakeConvert(const ir::Node& n, OperandTypes types) {
 }  // namespace
 
 absl::StatusOr<Kernel> MakeElementwiseKernel(const ir::Node& n, OperandTypes types) {
-  switch (n.opcode()) {
-    case Opcode::kCompare:
+  using F = ir::KernelFamily;
+  switch (ir::OpTraits(n.opcode()).family) {
+    case F::kCompare:
       return MakeCompare(n, types);
-    case Opcode::kConvert:
+    case F::kConvert:
       return MakeConvert(n, types);
-    case Opcode::kLogicalAnd:
-    case Opcode::kLogicalNot:
-    case Opcode::kLogicalOr:
+    case F::kLogical:
       return MakeLogical(n, types);
-    case Opcode::kSelect:
+    case F::kSelect:
       return MakeSelect(n, types);
-    case Opcode::kAdd:
-    case Opcode::kSub:
-    case Opcode::kMul:
-    case Opcode::kDiv:
-    case Opcode::kPow:
-    case Opcode::kMax:
-    case Opcode::kMin:
+    case F::kBinary:
       return MakeBinary(n, types);
+    case F::kUnary:
+      if (ir::UnaryFor(n).f != nullptr) return MakeUnary(n, types);
+      break;
     default:
-      if (UnaryFor(n).f != nullptr) return MakeUnary(n, types);
-      return absl::InternalError("elementwise: unexpected op " +
-                                 std::string(ir::OpcodeName(n.opcode())));
+      break;
   }
+  return absl::InternalError("elementwise: unexpected op " +
+                             std::string(ir::OpcodeName(n.opcode())));
 }
 
 }  // namespace kiln::runtime::reference
