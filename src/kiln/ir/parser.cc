@@ -345,6 +345,7 @@ class Parser {
   absl::Status ParseValue(RawValue* v);
   absl::Status ParseType(Type* type);
   absl::Status ParseStatement(Graph& g);
+  absl::Status ParseAttributes(Opcode op, AttrMap* attrs, std::optional<RawValue>* literal_value);
   absl::Status ParseReturn(Graph& g);
   absl::Status ParseFusionGroup(Graph& g);
   void InferLegacyFusionGroups(Graph& g) const;
@@ -542,6 +543,42 @@ absl::Status Parser::ParseType(Type* type) {
   return absl::OkStatus();
 }
 
+// '{' attribute (',' attribute)* '}', when present; a constant's `value` goes to `literal_value`.
+absl::Status Parser::ParseAttributes(Opcode op, AttrMap* attrs,
+                                     std::optional<RawValue>* literal_value) {
+  if (IsPunct(Peek(), '{')) {
+    Next();
+    if (IsPunct(Peek(), '}')) {
+      Next();
+    } else {
+      std::set<std::string> seen;
+      while (true) {
+        const Token& key = Next();
+        if (key.kind != Tok::kIdent && key.kind != Tok::kString)
+          return Expected(key, "an attribute name");
+        if (!seen.insert(key.text).second)
+          return Error(key, "duplicate attribute '" + Printable(key.text) + "'");
+        absl::Status s = ExpectPunct('=');
+        if (!s.ok()) return s;
+        RawValue v;
+        s = ParseValue(&v);
+        if (!s.ok()) return s;
+        if (op == Opcode::kConstant && key.text == "value") {
+          *literal_value = std::move(v);
+        } else {
+          absl::StatusOr<AttrValue> a = ToAttr(key.text, v);
+          if (!a.ok()) return a.status();
+          attrs->emplace(key.text, *std::move(a));
+        }
+        const Token& sep = Next();
+        if (IsPunct(sep, '}')) break;
+        if (!IsPunct(sep, ',')) return Expected(sep, "',' or '}'");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Parser::ParseStatement(Graph& g) {
   const Token& name = Next();  // kValue, checked by the caller
   auto prev = values_.find(name.text);
@@ -579,36 +616,8 @@ absl::Status Parser::ParseStatement(Graph& g) {
 
   AttrMap attrs;
   std::optional<RawValue> literal_value;
-  if (IsPunct(Peek(), '{')) {
-    Next();
-    if (IsPunct(Peek(), '}')) {
-      Next();
-    } else {
-      std::set<std::string> seen;
-      while (true) {
-        const Token& key = Next();
-        if (key.kind != Tok::kIdent && key.kind != Tok::kString)
-          return Expected(key, "an attribute name");
-        if (!seen.insert(key.text).second)
-          return Error(key, "duplicate attribute '" + Printable(key.text) + "'");
-        s = ExpectPunct('=');
-        if (!s.ok()) return s;
-        RawValue v;
-        s = ParseValue(&v);
-        if (!s.ok()) return s;
-        if (*op == Opcode::kConstant && key.text == "value") {
-          literal_value = std::move(v);
-        } else {
-          absl::StatusOr<AttrValue> a = ToAttr(key.text, v);
-          if (!a.ok()) return a.status();
-          attrs.emplace(key.text, *std::move(a));
-        }
-        const Token& sep = Next();
-        if (IsPunct(sep, '}')) break;
-        if (!IsPunct(sep, ',')) return Expected(sep, "',' or '}'");
-      }
-    }
-  }
+  s = ParseAttributes(*op, &attrs, &literal_value);
+  if (!s.ok()) return s;
 
   std::optional<Type> declared;
   if (IsPunct(Peek(), ':')) {

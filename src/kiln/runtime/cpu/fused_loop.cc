@@ -580,6 +580,105 @@ class FusedLoopThunk : public Thunk {
   std::vector<void*> out_ptrs_;
 };
 
+struct Pending {
+  FOp op;
+  int dst, a, b, c;  // value numbers
+};
+
+// The value number of fused input `r` (the same node through the same view is one input), adding
+// it to p.inputs when new. Values 0..nm-1 are members; nm + k is input k.
+int InputValue(const ir::Graph& g, const FusionReads::Read& r, const std::vector<int64_t>& out_dims,
+               int nm, Program& p) {
+  for (size_t k = 0; k < p.inputs.size(); ++k) {
+    const Input& in = p.inputs[k];
+    if (in.node != r.node) continue;
+    Input probe;
+    probe.node = r.node;
+    if (r.broadcast_dims) {
+      MakeBroadcastView(g.node(r.node).type().shape.dims(), *r.broadcast_dims, out_dims, probe);
+    }
+    if (probe.view == in.view && probe.inner == in.inner && probe.outer == in.outer &&
+        probe.dims == in.dims && probe.strides == in.strides)
+      return nm + static_cast<int>(k);
+  }
+  Input in;
+  in.node = r.node;
+  in.dtype = g.node(r.node).type().dtype;
+  if (r.broadcast_dims)
+    MakeBroadcastView(g.node(r.node).type().shape.dims(), *r.broadcast_dims, out_dims, in);
+  p.inputs.push_back(in);
+  return nm + static_cast<int>(p.inputs.size()) - 1;
+}
+
+// Register allocation over value numbers (0..nm-1 members, then inputs): a value's register is
+// freed after its last read (outputs and inputs stay live to the end of the block: stores run
+// last; inputs load first). Fills p.code, the registers of inputs, outputs and reductions, and
+// p.num_regs / p.num_slots.
+absl::Status AllocateRegisters(const std::vector<Pending>& code, const std::vector<int>& out_values,
+                               const std::vector<int>& reduction_values, int nm,
+                               const ir::Node& root, Program& p) {
+  const int nv = nm + static_cast<int>(p.inputs.size());
+  std::vector<int> last_use(nv, -1);
+  for (size_t k = 0; k < code.size(); ++k)
+    for (int v : {code[k].a, code[k].b, code[k].c})
+      if (v >= 0) last_use[v] = std::max<int>(last_use[v], static_cast<int>(k));
+  for (int v : out_values) last_use[v] = static_cast<int>(code.size()) + 1;
+  for (int v : reduction_values) last_use[v] = static_cast<int>(code.size()) + 1;
+  std::vector<int> reg(nv, -1), free_regs;
+  int num_regs = 0;
+  auto alloc = [&]() {
+    if (!free_regs.empty()) {
+      int r = free_regs.back();
+      free_regs.pop_back();
+      return r;
+    }
+    return num_regs++;
+  };
+  // f32 contiguous inputs are read in place (pointer slots numbered after the registers);
+  // scalar inputs keep their register for the whole run (filled once per thread).
+  std::vector<char> pinned(nv, 0);
+  for (int k = 0; k < static_cast<int>(p.inputs.size()); ++k) {
+    Input& in = p.inputs[k];
+    in.direct = in.view == View::kContiguous && in.dtype == DType::kF32;
+    if (in.direct) continue;
+    reg[nm + k] = alloc();
+    if (in.view == View::kScalar) pinned[nm + k] = 1;
+  }
+  for (size_t k = 0; k < code.size(); ++k) {
+    const Pending& c = code[k];
+    if (reg[c.dst] < 0) reg[c.dst] = alloc();
+    // Operands whose last read is this instruction free their register afterwards, unless the
+    // destination is the same value (a rounding step in place).
+    for (int v : {c.a, c.b, c.c})
+      if (v >= 0 && v != c.dst && reg[v] >= 0 && !pinned[v] && last_use[v] == static_cast<int>(k)) {
+        bool dup = false;
+        for (int r : free_regs) dup |= r == reg[v];
+        if (!dup) free_regs.push_back(reg[v]);
+      }
+  }
+  // Direct inputs take the slots after the scratch registers.
+  int num_slots = num_regs;
+  for (int k = 0; k < static_cast<int>(p.inputs.size()); ++k)
+    if (p.inputs[k].direct) reg[nm + k] = num_slots++;
+  if (num_slots > kMaxSlots)
+    return Unimplemented(root, absl::StrCat("fusion group needs ", num_slots,
+                                            " registers; the kernel has ", kMaxSlots));
+  for (size_t k = 0; k < code.size(); ++k) {
+    const Pending& c = code[k];
+    p.code.push_back({c.op, static_cast<int16_t>(reg[c.dst]), static_cast<int16_t>(reg[c.a]),
+                      static_cast<int16_t>(c.b >= 0 ? reg[c.b] : -1),
+                      static_cast<int16_t>(c.c >= 0 ? reg[c.c] : -1)});
+  }
+  for (size_t k = 0; k < p.inputs.size(); ++k) p.inputs[k].reg = static_cast<int16_t>(reg[nm + k]);
+  for (size_t k = 0; k < p.outputs.size(); ++k)
+    p.outputs[k].reg = static_cast<int16_t>(reg[out_values[k]]);
+  for (size_t k = 0; k < p.reductions.size(); ++k)
+    p.reductions[k].reg = static_cast<int16_t>(reg[reduction_values[k]]);
+  p.num_regs = std::max(num_regs, 1);
+  p.num_slots = std::max(num_slots, 1);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& reads,
@@ -604,34 +703,10 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
   // the f32 -> bf16 direction rounds; bf16 -> f32 and bool -> float conversions are free.
   const int nm = static_cast<int>(members.size());
   std::vector<int> value_of_member(nm, -1);  // a member may alias another value (free convert)
-  auto input_value = [&](int member, int operand_index) -> int {
-    const FusionReads::Read& r = reads.at(member)[operand_index];
-    // The same node read through a different view is a different input.
-    for (size_t k = 0; k < p.inputs.size(); ++k) {
-      const Input& in = p.inputs[k];
-      if (in.node != r.node) continue;
-      Input probe;
-      probe.node = r.node;
-      if (r.broadcast_dims) {
-        MakeBroadcastView(g.node(r.node).type().shape.dims(), *r.broadcast_dims, out_dims, probe);
-      }
-      if (probe.view == in.view && probe.inner == in.inner && probe.outer == in.outer &&
-          probe.dims == in.dims && probe.strides == in.strides)
-        return nm + static_cast<int>(k);
-    }
-    Input in;
-    in.node = r.node;
-    in.dtype = g.node(r.node).type().dtype;
-    if (r.broadcast_dims)
-      MakeBroadcastView(g.node(r.node).type().shape.dims(), *r.broadcast_dims, out_dims, in);
-    p.inputs.push_back(in);
-    return nm + static_cast<int>(p.inputs.size()) - 1;
+  auto input_value = [&](int member, int operand_index) {
+    return InputValue(g, reads.at(member)[operand_index], out_dims, nm, p);
   };
 
-  struct Pending {
-    FOp op;
-    int dst, a, b, c;  // value numbers
-  };
   std::vector<Pending> code;
   std::vector<int> reduction_values;  // per reduction: the value it accumulates
   for (int i = 0; i < nm; ++i) {
@@ -704,67 +779,7 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
     out_values.push_back(value_of_member[i]);
   }
 
-  // Register allocation over value numbers: a value's register is freed after its last read
-  // (outputs and inputs stay live to the end of the block: stores run last; inputs load first).
-  const int nv = nm + static_cast<int>(p.inputs.size());
-  std::vector<int> last_use(nv, -1);
-  for (size_t k = 0; k < code.size(); ++k)
-    for (int v : {code[k].a, code[k].b, code[k].c})
-      if (v >= 0) last_use[v] = std::max<int>(last_use[v], static_cast<int>(k));
-  for (int v : out_values) last_use[v] = static_cast<int>(code.size()) + 1;
-  for (int v : reduction_values) last_use[v] = static_cast<int>(code.size()) + 1;
-  std::vector<int> reg(nv, -1), free_regs;
-  int num_regs = 0;
-  auto alloc = [&]() {
-    if (!free_regs.empty()) {
-      int r = free_regs.back();
-      free_regs.pop_back();
-      return r;
-    }
-    return num_regs++;
-  };
-  // f32 contiguous inputs are read in place (pointer slots numbered after the registers);
-  // scalar inputs keep their register for the whole run (filled once per thread).
-  std::vector<char> pinned(nv, 0);
-  for (int k = 0; k < static_cast<int>(p.inputs.size()); ++k) {
-    Input& in = p.inputs[k];
-    in.direct = in.view == View::kContiguous && in.dtype == DType::kF32;
-    if (in.direct) continue;
-    reg[nm + k] = alloc();
-    if (in.view == View::kScalar) pinned[nm + k] = 1;
-  }
-  for (size_t k = 0; k < code.size(); ++k) {
-    Pending& c = code[k];
-    if (reg[c.dst] < 0) reg[c.dst] = alloc();
-    // Operands whose last read is this instruction free their register afterwards, unless the
-    // destination is the same value (a rounding step in place).
-    for (int v : {c.a, c.b, c.c})
-      if (v >= 0 && v != c.dst && reg[v] >= 0 && !pinned[v] && last_use[v] == static_cast<int>(k)) {
-        bool dup = false;
-        for (int r : free_regs) dup |= r == reg[v];
-        if (!dup) free_regs.push_back(reg[v]);
-      }
-  }
-  // Direct inputs take the slots after the scratch registers.
-  int num_slots = num_regs;
-  for (int k = 0; k < static_cast<int>(p.inputs.size()); ++k)
-    if (p.inputs[k].direct) reg[nm + k] = num_slots++;
-  if (num_slots > kMaxSlots)
-    return Unimplemented(root, absl::StrCat("fusion group needs ", num_slots,
-                                            " registers; the kernel has ", kMaxSlots));
-  for (size_t k = 0; k < code.size(); ++k) {
-    const Pending& c = code[k];
-    p.code.push_back({c.op, static_cast<int16_t>(reg[c.dst]), static_cast<int16_t>(reg[c.a]),
-                      static_cast<int16_t>(c.b >= 0 ? reg[c.b] : -1),
-                      static_cast<int16_t>(c.c >= 0 ? reg[c.c] : -1)});
-  }
-  for (size_t k = 0; k < p.inputs.size(); ++k) p.inputs[k].reg = static_cast<int16_t>(reg[nm + k]);
-  for (size_t k = 0; k < p.outputs.size(); ++k)
-    p.outputs[k].reg = static_cast<int16_t>(reg[out_values[k]]);
-  for (size_t k = 0; k < p.reductions.size(); ++k)
-    p.reductions[k].reg = static_cast<int16_t>(reg[reduction_values[k]]);
-  p.num_regs = std::max(num_regs, 1);
-  p.num_slots = std::max(num_slots, 1);
+  KILN_RETURN_IF_ERROR(AllocateRegisters(code, out_values, reduction_values, nm, root, p));
 
   int threads = std::max(1, omp_get_max_threads());
   const int64_t acc_offset = AlignUp(static_cast<int64_t>(threads) * p.num_regs * kBlock * 4);
