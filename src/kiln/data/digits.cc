@@ -2,12 +2,10 @@
 
 #include <zlib.h>
 
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -119,44 +117,57 @@ absl::StatusOr<Dataset> ParseLabeledCsv(std::string_view text, const std::string
   return ds;
 }
 
-absl::StatusOr<std::string> ReadMaybeGzippedFile(const std::string& path) {
-  // gzopen reads plain files transparently; open with fopen first for a precise errno.
-  FILE* probe = std::fopen(path.c_str(), "rb");
-  if (probe == nullptr) {
-    const int err = errno;
-    const std::string msg = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
-    return err == ENOENT ? absl::NotFoundError(msg) : absl::InvalidArgumentError(msg);
-  }
-  std::fclose(probe);
-  gzFile gz = gzopen(path.c_str(), "rb");
-  if (gz == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot open ", path, " with zlib"));
+namespace {
+
+// Inflates gzip `in` (one or more concatenated members, as gzip and zlib's gzread allow); bytes
+// after the last member that do not start another one are ignored, as gzread does.
+absl::StatusOr<std::string> Gunzip(const std::string& in, const std::string& path) {
+  z_stream z = {};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {
+    return absl::InternalError(absl::StrCat(path, ": cannot start zlib"));
   }
   std::string out;
   std::vector<char> buf(1 << 16);
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  z.avail_in = static_cast<uInt>(in.size());
+  int rc = Z_OK;
   while (true) {
-    int got = gzread(gz, buf.data(), static_cast<unsigned>(buf.size()));
-    if (got < 0) {
-      int errnum = 0;
-      const char* what = gzerror(gz, &errnum);
-      std::string msg = absl::StrCat(path, ": corrupt gzip data: ", what ? what : "unknown error");
-      gzclose(gz);
-      return absl::DataLossError(msg);
+    z.next_out = reinterpret_cast<Bytef*>(buf.data());
+    z.avail_out = static_cast<uInt>(buf.size());
+    rc = inflate(&z, Z_NO_FLUSH);
+    out.append(buf.data(), buf.size() - z.avail_out);
+    if (rc == Z_STREAM_END) {
+      if (z.avail_in < 2 || z.next_in[0] != 0x1f || z.next_in[1] != 0x8b) break;
+      inflateReset(&z);  // another member follows
+      continue;
     }
-    if (got == 0) break;
-    out.append(buf.data(), got);
+    if (rc == Z_OK) continue;
+    if (rc == Z_BUF_ERROR && z.avail_in == 0) break;  // the input ended inside a member
+    const std::string what = z.msg != nullptr ? z.msg : "unknown error";
+    inflateEnd(&z);
+    return absl::DataLossError(absl::StrCat(path, ": corrupt gzip data: ", what));
   }
-  // A truncated gzip stream reads as a short file; gzclose_r reports it as Z_BUF_ERROR.
-  int rc = gzclose(gz);
-  if (rc != Z_OK) {
+  inflateEnd(&z);
+  if (rc != Z_STREAM_END) {
     return absl::DataLossError(
         absl::StrCat(path, ": truncated or corrupt gzip data (zlib code ", rc, ")"));
   }
   return out;
 }
 
-absl::StatusOr<Dataset> LoadLabeledCsv(const std::string& path, const LabeledCsvOptions& options) {
-  KILN_ASSIGN_OR_RETURN(std::string text, ReadMaybeGzippedFile(path));
+}  // namespace
+
+absl::StatusOr<std::string> ReadMaybeGzippedFile(const std::string& path, Env* env) {
+  KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
+  const bool gzip = bytes.size() >= 2 && static_cast<uint8_t>(bytes[0]) == 0x1f &&
+                    static_cast<uint8_t>(bytes[1]) == 0x8b;
+  if (!gzip) return bytes;
+  return Gunzip(bytes, path);
+}
+
+absl::StatusOr<Dataset> LoadLabeledCsv(const std::string& path, const LabeledCsvOptions& options,
+                                       Env* env) {
+  KILN_ASSIGN_OR_RETURN(std::string text, ReadMaybeGzippedFile(path, env));
   return ParseLabeledCsv(text, path, options);
 }
 

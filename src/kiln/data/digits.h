@@ -1,6 +1,6 @@
 // Loaders for small labeled CSV datasets such as scikit-learn's handwritten digits
 // (examples/data/digits.csv.gz: 1797 rows of 64 pixel intensities 0..16, then the class 0..9;
-// no header). Gzip-compressed and plain files are both read (zlib detects which).
+// no header). Gzip-compressed and plain files are both read, through kiln::Env.
 //
 //   KILN_ASSIGN_OR_RETURN(Dataset digits, LoadDigitsCsv("examples/data/digits.csv.gz"));
 //   digits.features;   // f32[1797,64], pixels scaled by 1/16 into [0, 1]
@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "kiln/base/env.h"
 #include "kiln/data/dataset.h"
 
 namespace kiln::data {
@@ -32,18 +33,20 @@ struct LabeledCsvOptions {
 absl::StatusOr<Dataset> ParseLabeledCsv(std::string_view text, const std::string& source,
                                         const LabeledCsvOptions& options = {});
 
-// Reads `path` (gzip or plain) and parses it. NotFound if the file does not exist, DataLoss if
-// the gzip stream is corrupt.
+// Reads `path` (gzip or plain) through `env` and parses it. NotFound if the file does not exist,
+// DataLoss if the gzip stream is corrupt or truncated.
 absl::StatusOr<Dataset> LoadLabeledCsv(const std::string& path,
-                                       const LabeledCsvOptions& options = {});
+                                       const LabeledCsvOptions& options = {},
+                                       Env* env = Env::Default());
 
 // The digits layout: 64 features in [0, 16], 10 classes.
-inline absl::StatusOr<Dataset> LoadDigitsCsv(const std::string& path) {
-  return LoadLabeledCsv(path, LabeledCsvOptions{});
+inline absl::StatusOr<Dataset> LoadDigitsCsv(const std::string& path, Env* env = Env::Default()) {
+  return LoadLabeledCsv(path, LabeledCsvOptions{}, env);
 }
 
-// The whole file, gunzipped when it is gzip-compressed.
-absl::StatusOr<std::string> ReadMaybeGzippedFile(const std::string& path);
+// The whole file, gunzipped when it is gzip-compressed (it starts with the gzip magic 1f 8b).
+absl::StatusOr<std::string> ReadMaybeGzippedFile(const std::string& path,
+                                                 Env* env = Env::Default());
 
 }  // namespace kiln::data
 

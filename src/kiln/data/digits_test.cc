@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/base/mem_env.h"
 #include "kiln/data/dataset.h"
 
 namespace kiln::data {
@@ -119,6 +120,45 @@ TEST(LoadLabeledCsv, TruncatedGzipIsDataLoss) {
   ASSERT_FALSE(ds.ok());
   EXPECT_EQ(ds.status().code(), absl::StatusCode::kDataLoss) << ds.status();
   EXPECT_THAT(std::string(ds.status().message()), HasSubstr(cut));
+}
+
+std::string Gzipped(const std::string& name, const std::string& text) {
+  const std::string path = TempPath(name);
+  WriteGzip(path, text);
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(LoadLabeledCsv, ReadsThroughTheEnvGzippedConcatenatedOrPlain) {
+  std::unique_ptr<MemEnv> env = NewMemEnv();
+  ASSERT_TRUE(env->CreateDir("/d").ok());
+  const std::string first = "0,2,4,1\n", second = "4,4,4,0\n";
+  // Two gzip members back to back read as their texts concatenated (gzip(1) semantics).
+  ASSERT_TRUE(WriteStringToFile(env.get(), Gzipped("m1.gz", first) + Gzipped("m2.gz", second),
+                                "/d/two.csv.gz")
+                  .ok());
+  ASSERT_TRUE(WriteStringToFile(env.get(), first + second, "/d/plain.csv").ok());
+  auto gz = LoadLabeledCsv("/d/two.csv.gz", Tiny(), env.get());
+  auto plain = LoadLabeledCsv("/d/plain.csv", Tiny(), env.get());
+  ASSERT_TRUE(gz.ok()) << gz.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(gz->size(), 2);
+  EXPECT_TRUE(gz->features.BitwiseEquals(plain->features));
+  EXPECT_TRUE(gz->labels.BitwiseEquals(plain->labels));
+
+  const std::string whole = Gzipped("whole.gz", first + second + first);
+  ASSERT_TRUE(
+      WriteStringToFile(env.get(), whole.substr(0, whole.size() - 6), "/d/cut.csv.gz").ok());
+  auto cut = LoadLabeledCsv("/d/cut.csv.gz", Tiny(), env.get());
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << cut.status();
+  EXPECT_THAT(std::string(cut.status().message()), HasSubstr("/d/cut.csv.gz"));
+  std::string flipped = whole;
+  flipped[12] ^= 0x55;  // inside the deflate data
+  ASSERT_TRUE(WriteStringToFile(env.get(), flipped, "/d/bad.csv.gz").ok());
+  EXPECT_EQ(LoadLabeledCsv("/d/bad.csv.gz", Tiny(), env.get()).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(LoadLabeledCsv("/d/none.csv", Tiny(), env.get()).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(LoadDigitsCsv, RealDigitsFile) {

@@ -370,7 +370,7 @@ absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& sou
     return ArraySource::Make(x->second, y->second, path);
   }
   if (kind == "digits" || kind == "csv") {
-    KILN_ASSIGN_OR_RETURN(Dataset d, LoadDigitsCsv(path));
+    KILN_ASSIGN_OR_RETURN(Dataset d, LoadDigitsCsv(path, env));
     // csv: orders and splits differently (IsCsv), so its states do not restore into digits:.
     return ArraySource::Make(d.features, d.labels, path, kind == "csv" ? "csv" : "");
   }
