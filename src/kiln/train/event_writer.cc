@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -406,13 +405,7 @@ absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::stri
 absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::string& dir,
                                                                  Options options) {
   if (dir.empty()) return absl::InvalidArgumentError("event file directory is empty");
-  if (options.env != nullptr) {
-    KILN_RETURN_IF_ERROR(options.env->CreateDir(dir));
-  } else {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return absl::ErrnoToStatus(ec.value(), "cannot create event directory " + dir);
-  }
+  KILN_RETURN_IF_ERROR((options.env != nullptr ? options.env : Env::Default())->CreateDir(dir));
   if (options.hostname.empty()) {
     char host[256] = {0};
     if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {

@@ -1,10 +1,8 @@
 #include "kiln/train/trace.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -12,6 +10,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/status.h"
 
 namespace kiln::train {
 namespace {
@@ -301,34 +300,10 @@ std::string Profiler::ToJson() const {
   return out;
 }
 
-absl::Status Profiler::WriteJson(const std::string& path) const {
-  const std::string json = ToJson();
+absl::Status Profiler::WriteJson(const std::string& path, Env* env) const {
   const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, "cannot create trace file " + tmp);
-  const char* p = json.data();
-  size_t n = json.size();
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return absl::ErrnoToStatus(err, "cannot write trace file " + tmp);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    return absl::ErrnoToStatus(err, "cannot fsync trace file " + tmp);
-  }
-  if (::close(fd) != 0) return absl::ErrnoToStatus(errno, "cannot close trace file " + tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::ErrnoToStatus(errno, "cannot rename " + tmp + " to " + path);
-  }
-  return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(WriteStringToFile(env, ToJson(), tmp, /*sync=*/true));
+  return env->RenameFile(tmp, path);
 }
 
 }  // namespace kiln::train

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kiln/base/env.h"
 
 namespace kiln::train {
 
@@ -137,8 +138,8 @@ class Profiler {
 
   // The trace as JSON (see the header comment).
   std::string ToJson() const;
-  // Writes ToJson() to `path` atomically (temp file, fsync, rename).
-  absl::Status WriteJson(const std::string& path) const;
+  // Writes ToJson() to `path` through `env`, atomically (path.tmp, Sync, rename over path).
+  absl::Status WriteJson(const std::string& path, Env* env = Env::Default()) const;
 
  private:
   ScopedEvent StartScope(std::string_view cat, std::string_view name);

@@ -13,6 +13,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/base/fault_injection_env.h"
+#include "kiln/base/mem_env.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln::train {
@@ -239,6 +241,30 @@ TEST(ProfilerTest, WriteJsonAtomically) {
   EXPECT_EQ(OfPhase(j, "X").size(), 1u);
   EXPECT_FALSE(std::ifstream(path + ".tmp").good());
   EXPECT_EQ(p.WriteJson("/nonexistent/dir/trace.json").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ProfilerTest, WriteJsonGoesThroughTheEnvAndSurvivesACrashWhole) {
+  Profiler::Options opt;
+  opt.enabled = true;
+  Profiler p(opt);
+  { auto s = p.Scope("compile", "compile"); }
+  std::unique_ptr<MemEnv> mem = NewMemEnv();
+  FaultInjectionEnv env(mem.get());
+  ASSERT_TRUE(env.CreateDir("/run").ok());
+  ASSERT_TRUE(env.SyncDir("/").ok());
+  ASSERT_TRUE(env.SyncDir("/run").ok());
+  ASSERT_TRUE(WriteStringToFile(&env, "old", "/run/trace.json", /*sync=*/true).ok());
+  ASSERT_TRUE(env.SyncDir("/run").ok());
+  ASSERT_TRUE(p.WriteJson("/run/trace.json", &env).ok());
+  auto text = ReadFileToString(&env, "/run/trace.json");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(OfPhase(json::parse(*text), "X").size(), 1u);
+  EXPECT_FALSE(env.FileExists("/run/trace.json.tmp"));
+  // Power loss before the rename is made durable: the old file, whole (never a torn new one).
+  ASSERT_TRUE(env.SimulateCrash().ok());
+  text = ReadFileToString(&env, "/run/trace.json");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "old");
 }
 
 }  // namespace

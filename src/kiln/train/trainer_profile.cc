@@ -80,7 +80,7 @@ absl::StatusOr<double> MeasureMatmulPeak(runtime::Backend& backend, int64_t n) {
 }  // namespace
 
 absl::Status Trainer::ReportProfile(double total, double input, double compute, int64_t steps) {
-  KILN_RETURN_IF_ERROR(profiler_.WriteJson(config_.output_dir + "/trace.json"));
+  KILN_RETURN_IF_ERROR(profiler_.WriteJson(config_.output_dir + "/trace.json", run_dir_->env()));
   if (steps == 0) {
     Log("profile: no steps fell in --profile-steps; trace.json holds only the compile events");
     return absl::OkStatus();
