@@ -16,9 +16,9 @@
 // element i of that operand only to write element i of the result:
 // - one-node kernels, by opcode (operand indices that may be overwritten; the `in-place` column of
 //   ir/opcodes.def, read through ir::InPlaceOperands):
-//     abs cos erf exp gelu log neg relu rsqrt sigmoid sign silu sin sqrt tanh logical_not: 0
-//     add sub mul div: 0 (oneDNN binary documents in-place for src0 only)
-//     max min pow logical_and logical_or: 0 or 1
+//     every unary op (abs exp gelu ... tanh) and logical_not: 0
+//     binary ops with a oneDNN algorithm (add sub mul div): 0 (oneDNN binary documents in-place
+//     for src0 only); the other binary ops (max min pow) and logical_and logical_or: 0 or 1
 //   Never: dot_general, convolutions, transposes, broadcasts, reductions, convert (oneDNN reorder),
 //   select (the reference kernel memcpy's each element), data movement, composites: they read
 //   other elements than the one they write, or make no promise about out == in.
