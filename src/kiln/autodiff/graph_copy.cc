@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kiln/ir/op_traits.h"
 
 namespace kiln::autodiff {
 
@@ -29,13 +30,13 @@ ir::Value CopyNode(ir::Builder& b, const ir::Node& n, const std::vector<ir::Valu
       b.SetError(absl::InternalError(
           absl::StrCat("CopyNode: parameter %", n.id(), " must be copied by CopyParameters")));
       return ir::Value();
-    case ir::Opcode::kIota:
-    case ir::Opcode::kRandomBits:
-    case ir::Opcode::kConvert:
-      return b.AddNode(n.opcode(), operands, n.attrs(), n.type());
     default:
-      return b.AddNode(n.opcode(), operands, n.attrs());
+      break;
   }
+  // iota, random_bits and convert carry their declared type over; the rest infer theirs again.
+  if (ir::OpTraits(n.opcode()).declared_type())
+    return b.AddNode(n.opcode(), operands, n.attrs(), n.type());
+  return b.AddNode(n.opcode(), operands, n.attrs());
 }
 
 absl::StatusOr<ValueMap> CopyGraph(const ir::Graph& g, ir::Builder& b,

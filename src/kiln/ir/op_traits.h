@@ -103,6 +103,11 @@ struct OpInfo {
   // there).
   constexpr bool positive_domain() const { return has(op_traits::kPositive); }
   constexpr bool kink_at_zero() const { return has(op_traits::kKinkAtZero); }
+  // Its result type is declared by the caller, not inferred: the sources (parameter, constant,
+  // iota, random_bits) and convert (its new dtype).
+  constexpr bool declared_type() const {
+    return kind == OpKind::kSource || family == KernelFamily::kConvert;
+  }
   // A plain elementwise op: unary or binary family, its builder function generated from its row.
   constexpr bool plain_elementwise() const {
     return family == KernelFamily::kUnary || family == KernelFamily::kBinary;

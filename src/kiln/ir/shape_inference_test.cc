@@ -346,10 +346,7 @@ std::map<Opcode, OpCases> Table() {
   return t;
 }
 
-bool TakesDeclared(Opcode op) {
-  return op == Opcode::kParameter || op == Opcode::kConstant || op == Opcode::kIota ||
-         op == Opcode::kRandomBits || op == Opcode::kConvert;
-}
+bool TakesDeclared(Opcode op) { return OpTraits(op).declared_type(); }
 
 TEST(ShapeInferenceTest, TableCoversEveryOpcode) {
   std::map<Opcode, OpCases> table = Table();
@@ -386,6 +383,15 @@ TEST(ShapeInferenceTest, FloatOnlyColumnMatchesTheElementRules) {
     EXPECT_EQ(info.float_only(), !has_int_rule) << OpcodeName(op);
   }
   EXPECT_GE(plain, 22);
+}
+
+TEST(ShapeInferenceTest, DeclaredTypeColumnsAreTheDocumentedOps) {
+  std::vector<std::string> declared;
+  for (int i = 0; i < kNumOpcodes; ++i)
+    if (TakesDeclared(static_cast<Opcode>(i)))
+      declared.emplace_back(OpcodeName(static_cast<Opcode>(i)));
+  EXPECT_EQ(declared,
+            (std::vector<std::string>{"constant", "convert", "iota", "parameter", "random_bits"}));
 }
 
 TEST(ShapeInferenceTest, ValidCases) {
