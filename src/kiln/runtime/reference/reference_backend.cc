@@ -41,7 +41,11 @@ class ReferenceBackend : public Backend {
 
   // One plain-loop kernel per node (fusion groups a graph carries are ignored), every value in the
   // arena.
-  compiler::BackendTraits Traits() const override { return {.fusion = false}; }
+  compiler::BackendTraits Traits() const override {
+    compiler::BackendTraits t;
+    t.fusion = false;
+    return t;
+  }
 
   // The oracle runs the graph as given: no pass at all (compiler::CompileOptions::optimize off).
   absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) override {
