@@ -106,152 +106,188 @@ std::vector<int64_t> TwoSidedFirstFit(const std::vector<Interval>& intervals, in
   return offset;
 }
 
+// The graph as the planner sees it: each node's step and the values its kernel reads, from the
+// execution plan when there is one, else node order and operands.
+struct PlanView {
+  const ir::Graph& graph;
+  const ExecutionPlan* schedule;
+  int64_t step(int id) const { return schedule ? schedule->step[id] : id; }
+  const std::vector<int>& reads(int id) const {
+    return schedule ? schedule->reads[id] : graph.node(id).operands();
+  }
+};
+
+// Inputs some member of `kernel` reads through a broadcasting view (not as one of its operands):
+// their elements are read out of order, so no output may take them. A member operand the kernel
+// does not read (nor computes) was replaced by a view of its own operands; a read with no matching
+// operand, or more reads of a node than operands naming it, is such a view too.
+std::vector<int> ViewedInputs(const PlanView& view, const std::vector<int>& kernel) {
+  std::vector<int> viewed;
+  for (int m : kernel) {
+    const std::vector<int>& ops = view.graph.node(m).operands();
+    const std::vector<int>& rs = view.reads(m);
+    for (int o : ops) {
+      bool member = std::find(kernel.begin(), kernel.end(), o) != kernel.end();
+      if (!member && std::find(rs.begin(), rs.end(), o) == rs.end())
+        for (int oo : view.graph.node(o).operands()) viewed.push_back(oo);
+    }
+    for (int r : rs)
+      if (std::count(rs.begin(), rs.end(), r) > std::count(ops.begin(), ops.end(), r))
+        viewed.push_back(r);
+  }
+  return viewed;
+}
+
+// In-place merges of one kernel (the nodes computed at step `s`): an output takes the buffer of an
+// input that dies at this step, has its size and shape, and is read directly. `buffer[id]` is the
+// node whose buffer `id` uses.
+void MergeKernel(const PlanView& view, const std::vector<int>& kernel, int64_t s,
+                 const std::vector<int64_t>& last_use, const std::vector<char>& in_arena,
+                 std::vector<char>& taken, std::vector<int>& buffer, int* reuses) {
+  const ir::Graph& graph = view.graph;
+  const std::vector<int> viewed = ViewedInputs(view, kernel);
+  // `in` must be read directly by the kernel (a member's operand, in its reads).
+  auto reads_directly = [&](int in) {
+    for (int m : kernel) {
+      const std::vector<int>& ops = graph.node(m).operands();
+      const std::vector<int>& rs = view.reads(m);
+      if (std::find(ops.begin(), ops.end(), in) != ops.end() &&
+          std::find(rs.begin(), rs.end(), in) != rs.end())
+        return true;
+    }
+    return false;
+  };
+  auto can_take = [&](int out, int in) {
+    const ir::Type& to = graph.node(out).type();
+    const ir::Type& ti = graph.node(in).type();
+    return in_arena[out] && in_arena[in] && !taken[in] && last_use[in] == s && to.byte_size() > 0 &&
+           to.byte_size() == ti.byte_size() && to.shape == ti.shape &&
+           std::find(kernel.begin(), kernel.end(), in) == kernel.end() &&
+           std::find(viewed.begin(), viewed.end(), in) == viewed.end() && reads_directly(in);
+  };
+  auto take = [&](int out, int in) {
+    buffer[out] = buffer[in];
+    taken[in] = 1;
+    ++*reuses;
+  };
+  if (kernel.size() == 1) {
+    const ir::Node& v = graph.node(kernel[0]);
+    for (int i : ir::InPlaceOperands(v.opcode())) {  // opcodes.def's in-place column
+      if (i >= static_cast<int>(v.operands().size())) continue;
+      if (can_take(v.id(), v.operand(i))) {
+        take(v.id(), v.operand(i));
+        break;
+      }
+    }
+    return;
+  }
+  bool all_elementwise = true;
+  for (int m : kernel)
+    all_elementwise &= ir::OpcodeKind(graph.node(m).opcode()) == ir::OpKind::kElementwise ||
+                       graph.node(m).opcode() == ir::Opcode::kReduceSum;  // a fused sink
+  if (!all_elementwise) return;
+  for (int out : kernel) {
+    bool done = false;
+    for (int m : kernel) {
+      for (int in : graph.node(m).operands()) {
+        if (can_take(out, in)) {
+          take(out, in);
+          done = true;
+          break;
+        }
+      }
+      if (done) break;
+    }
+  }
+}
+
+// In-place merges: buffer[id] is the node whose buffer `id` uses (itself unless it took a dying
+// operand's). Steps run in order, so a merged chain's newest member is always its tail.
+std::vector<int> InPlaceMerges(const PlanView& view, const std::vector<int64_t>& last_use,
+                               const std::vector<char>& in_arena, int* reuses) {
+  const int n = view.graph.num_nodes();
+  std::vector<int> buffer(n);
+  for (int i = 0; i < n; ++i) buffer[i] = i;
+  std::vector<std::vector<int>> kernel_at(n);  // step -> the nodes its kernel computes
+  for (const ir::Node& node : view.graph.nodes())
+    if (NeedsArena(node) && view.step(node.id()) >= 0 && view.step(node.id()) < n)
+      kernel_at[view.step(node.id())].push_back(node.id());
+  std::vector<char> taken(n, 0);
+  for (int s = 0; s < n; ++s)
+    if (!kernel_at[s].empty())
+      MergeKernel(view, kernel_at[s], s, last_use, in_arena, taken, buffer, reuses);
+  return buffer;
+}
+
+// One interval per buffer (a merged chain is one buffer), in order of definition (by step: steps
+// need not follow ids under an execution plan).
+std::vector<Interval> BufferIntervals(const PlanView& view, const std::vector<int>& buffer,
+                                      const std::vector<int64_t>& last_use,
+                                      const std::vector<char>& in_arena) {
+  std::vector<Interval> intervals;
+  std::vector<int> interval_of(view.graph.num_nodes(), -1);
+  for (const ir::Node& node : view.graph.nodes()) {
+    int id = node.id();
+    if (!in_arena[id]) continue;
+    int b = buffer[id];
+    if (b == id) {
+      interval_of[id] = static_cast<int>(intervals.size());
+      intervals.push_back({id, AlignUp(node.type().byte_size()), view.step(id), last_use[id]});
+    } else {
+      Interval& iv = intervals[interval_of[b]];
+      iv.end = std::max(iv.end, last_use[id]);
+      iv.start = std::min<int64_t>(iv.start, view.step(id));
+    }
+  }
+  std::stable_sort(intervals.begin(), intervals.end(),
+                   [](const Interval& a, const Interval& b) { return a.start < b.start; });
+  return intervals;
+}
+
+// The most aligned bytes live at any one step (events sorted by time): no packing can beat it.
+int64_t PeakLiveBytes(const std::vector<Interval>& intervals) {
+  std::map<int64_t, int64_t> delta;  // time -> change in live bytes
+  for (const Interval& iv : intervals) {
+    delta[iv.start] += iv.size;
+    delta[iv.end + 1] -= iv.size;
+  }
+  int64_t live = 0, peak = 0;
+  for (const auto& [t, d] : delta) {
+    live += d;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
 }  // namespace
 
 BufferPlan PlanBuffers(const ir::Graph& graph, const ExecutionPlan* schedule,
                        const BufferPlanOptions& options) {
   const int n = graph.num_nodes();
+  const PlanView view{graph, schedule};
   BufferPlan plan;
   plan.offsets.assign(n, -1);
 
   // Liveness: a value lives from its kernel's step to its last reader's; graph outputs to the end.
   // A value nobody reads still needs storage at its own step. Operands and the result of one
   // kernel overlap in time (both live at that step), so a kernel never writes over an input it is
-  // reading, except through the in-place merges below.
-  auto step = [&](int id) { return schedule ? schedule->step[id] : id; };
-  auto reads = [&](int id) -> const std::vector<int>& {
-    return schedule ? schedule->reads[id] : graph.node(id).operands();
-  };
+  // reading, except through the in-place merges.
   std::vector<int64_t> last_use(n);
-  for (int i = 0; i < n; ++i) last_use[i] = step(i);
+  for (int i = 0; i < n; ++i) last_use[i] = view.step(i);
   for (const ir::Node& node : graph.nodes())
-    for (int op : reads(node.id())) last_use[op] = std::max<int64_t>(last_use[op], step(node.id()));
+    for (int op : view.reads(node.id()))
+      last_use[op] = std::max<int64_t>(last_use[op], view.step(node.id()));
   for (const ir::Output& out : graph.outputs()) last_use[out.node] = n;
   std::vector<char> in_arena(n, 0);
   for (const ir::Node& node : graph.nodes())
     in_arena[node.id()] = NeedsArena(node) && (!schedule || schedule->in_arena[node.id()]);
 
-  // In-place merges: buffer[id] is the node whose buffer `id` uses (itself unless it took a dying
-  // operand's). Steps run in order, so a merged chain's newest member is always its tail.
   std::vector<int> buffer(n);
   for (int i = 0; i < n; ++i) buffer[i] = i;
-  if (options.in_place) {
-    std::vector<std::vector<int>> kernel_at(n);  // step -> the nodes its kernel computes
-    for (const ir::Node& node : graph.nodes())
-      if (NeedsArena(node) && step(node.id()) >= 0 && step(node.id()) < n)
-        kernel_at[step(node.id())].push_back(node.id());
-    std::vector<char> taken(n, 0);
-    for (int s = 0; s < n; ++s) {
-      const std::vector<int>& kernel = kernel_at[s];
-      if (kernel.empty()) continue;
-      // Inputs some member reads through a broadcasting view (not as one of its operands): their
-      // elements are read out of order, so no output may take them.
-      // A member operand the kernel does not read (nor computes) was replaced by a view of its
-      // own operands; a read with no matching operand, or more reads of a node than operands
-      // naming it, is such a view too.
-      std::vector<int> viewed;
-      for (int m : kernel) {
-        const std::vector<int>& ops = graph.node(m).operands();
-        const std::vector<int>& rs = reads(m);
-        for (int o : ops) {
-          bool member = std::find(kernel.begin(), kernel.end(), o) != kernel.end();
-          if (!member && std::find(rs.begin(), rs.end(), o) == rs.end())
-            for (int oo : graph.node(o).operands()) viewed.push_back(oo);
-        }
-        for (int r : rs)
-          if (std::count(rs.begin(), rs.end(), r) > std::count(ops.begin(), ops.end(), r))
-            viewed.push_back(r);
-      }
-      // `in` must be read directly by the kernel (a member's operand, in its reads).
-      auto reads_directly = [&](int in) {
-        for (int m : kernel) {
-          const std::vector<int>& ops = graph.node(m).operands();
-          const std::vector<int>& rs = reads(m);
-          if (std::find(ops.begin(), ops.end(), in) != ops.end() &&
-              std::find(rs.begin(), rs.end(), in) != rs.end())
-            return true;
-        }
-        return false;
-      };
-      auto can_take = [&](int out, int in) {
-        const ir::Type& to = graph.node(out).type();
-        const ir::Type& ti = graph.node(in).type();
-        return in_arena[out] && in_arena[in] && !taken[in] && last_use[in] == s &&
-               to.byte_size() > 0 && to.byte_size() == ti.byte_size() && to.shape == ti.shape &&
-               std::find(kernel.begin(), kernel.end(), in) == kernel.end() &&
-               std::find(viewed.begin(), viewed.end(), in) == viewed.end() && reads_directly(in);
-      };
-      auto take = [&](int out, int in) {
-        buffer[out] = buffer[in];
-        taken[in] = 1;
-        ++plan.in_place_reuses;
-      };
-      if (kernel.size() == 1) {
-        const ir::Node& v = graph.node(kernel[0]);
-        for (int i : ir::InPlaceOperands(v.opcode())) {  // opcodes.def's in-place column
-          if (i >= static_cast<int>(v.operands().size())) continue;
-          if (can_take(v.id(), v.operand(i))) {
-            take(v.id(), v.operand(i));
-            break;
-          }
-        }
-        continue;
-      }
-      bool all_elementwise = true;
-      for (int m : kernel)
-        all_elementwise &= ir::OpcodeKind(graph.node(m).opcode()) == ir::OpKind::kElementwise ||
-                           graph.node(m).opcode() == ir::Opcode::kReduceSum;  // a fused sink
-      if (!all_elementwise) continue;
-      for (int out : kernel) {
-        bool done = false;
-        for (int m : kernel) {
-          for (int in : graph.node(m).operands()) {
-            if (can_take(out, in)) {
-              take(out, in);
-              done = true;
-              break;
-            }
-          }
-          if (done) break;
-        }
-      }
-    }
-  }
+  if (options.in_place) buffer = InPlaceMerges(view, last_use, in_arena, &plan.in_place_reuses);
 
-  // One interval per buffer (a merged chain is one buffer), in order of definition.
-  std::vector<Interval> intervals;
-  std::vector<int> interval_of(n, -1);
-  for (const ir::Node& node : graph.nodes()) {
-    int id = node.id();
-    if (!in_arena[id]) continue;
-    int b = buffer[id];
-    if (b == id) {
-      interval_of[id] = static_cast<int>(intervals.size());
-      intervals.push_back({id, AlignUp(node.type().byte_size()), step(id), last_use[id]});
-    } else {
-      Interval& iv = intervals[interval_of[b]];
-      iv.end = std::max(iv.end, last_use[id]);
-      iv.start = std::min<int64_t>(iv.start, step(id));
-    }
-  }
-  // Steps need not follow ids under an execution plan: keep definition order by step.
-  std::stable_sort(intervals.begin(), intervals.end(),
-                   [](const Interval& a, const Interval& b) { return a.start < b.start; });
-
-  // Lower bound: the most aligned bytes live at any one step (events sorted by time).
-  {
-    std::map<int64_t, int64_t> delta;  // time -> change in live bytes
-    for (const Interval& iv : intervals) {
-      delta[iv.start] += iv.size;
-      delta[iv.end + 1] -= iv.size;
-    }
-    int64_t live = 0;
-    for (const auto& [t, d] : delta) {
-      live += d;
-      plan.lower_bound_bytes = std::max(plan.lower_bound_bytes, live);
-    }
-  }
-
+  const std::vector<Interval> intervals = BufferIntervals(view, buffer, last_use, in_arena);
+  plan.lower_bound_bytes = PeakLiveBytes(intervals);
   std::vector<int64_t> offset = BestFitDecreasing(intervals, &plan.arena_bytes);
   if (plan.arena_bytes > plan.lower_bound_bytes) {
     // Best-fit decreasing can fragment even on a chain (sizes 3,4,4,2,4 need 10 for a bound of

@@ -121,24 +121,10 @@ std::vector<ParamSpec> OptimizerStateSpecs(const OptimizerConfig& config,
   return specs;
 }
 
-absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
-                                         const std::vector<std::string>& params,
-                                         const OptimizerConfig& config,
-                                         const std::string& loss_output) {
-  KILN_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
-  // The trained parameters' specs (their types come from the loss graph).
-  std::vector<ParamSpec> param_specs;
-  for (const std::string& p : params) {
-    const int id = loss_graph.FindParameter(p);
-    if (id < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("train step: '", p, "' is not a parameter of the loss graph"));
-    }
-    param_specs.push_back({p, loss_graph.node(id).type().dtype, loss_graph.node(id).type().shape,
-                           Initializer::Zeros()});
-  }
-  const std::vector<ParamSpec> state_specs = OptimizerStateSpecs(config, param_specs);
-  // Names the step adds must be free.
+// The names the train step adds (its inputs and outputs) must be free in the loss graph.
+absl::Status CheckAddedNamesFree(const ir::Graph& loss_graph,
+                                 const std::vector<ParamSpec>& param_specs,
+                                 const std::vector<ParamSpec>& state_specs) {
   std::set<std::string> added_inputs = {kStepInput};
   std::set<std::string> added_outputs = {kGradNormOutput, kLearningRateOutput};
   for (const ParamSpec& s : state_specs) added_inputs.insert(s.name);
@@ -156,6 +142,27 @@ absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
                                                      name, "' (the train step adds it)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
+                                         const std::vector<std::string>& params,
+                                         const OptimizerConfig& config,
+                                         const std::string& loss_output) {
+  KILN_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
+  // The trained parameters' specs (their types come from the loss graph).
+  std::vector<ParamSpec> param_specs;
+  for (const std::string& p : params) {
+    const int id = loss_graph.FindParameter(p);
+    if (id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train step: '", p, "' is not a parameter of the loss graph"));
+    }
+    param_specs.push_back({p, loss_graph.node(id).type().dtype, loss_graph.node(id).type().shape,
+                           Initializer::Zeros()});
+  }
+  const std::vector<ParamSpec> state_specs = OptimizerStateSpecs(config, param_specs);
+  KILN_RETURN_IF_ERROR(CheckAddedNamesFree(loss_graph, param_specs, state_specs));
   KILN_ASSIGN_OR_RETURN(ir::Graph g, autodiff::Grad(loss_graph, params, loss_output));
 
   ir::Builder b(loss_graph.name() + "_train_step");

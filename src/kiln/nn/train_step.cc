@@ -51,16 +51,9 @@ absl::Status CopyInto(const ParamStore& from, ParamStore& to, const std::string&
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& backend,
-                                                             const ir::Graph& loss_graph,
-                                                             ParamStore initial,
-                                                             const TrainStepOptions& options) {
-  if (loss_graph.FindOutput(options.loss_output) < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TrainStep: the loss graph has no output '", options.loss_output, "'"));
-  }
+// The specs of the trained parameters, each checked against the loss graph's input of its name.
+absl::StatusOr<std::vector<ParamSpec>> CheckedParamSpecs(const ir::Graph& loss_graph,
+                                                         const ParamStore& initial) {
   std::vector<ParamSpec> param_specs;
   for (int i = 0; i < initial.size(); ++i) {
     const std::string& name = initial.names()[i];
@@ -77,6 +70,20 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
     }
     param_specs.push_back({name, want.dtype, want.shape, Initializer::Zeros()});
   }
+  return param_specs;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& backend,
+                                                             const ir::Graph& loss_graph,
+                                                             ParamStore initial,
+                                                             const TrainStepOptions& options) {
+  if (loss_graph.FindOutput(options.loss_output) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: the loss graph has no output '", options.loss_output, "'"));
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<ParamSpec> param_specs, CheckedParamSpecs(loss_graph, initial));
   KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngSeedInput));
   KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngStepInput));
   // The precision policy goes through the compiler's one entry for it, on the LOSS graph before

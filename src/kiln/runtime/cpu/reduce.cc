@@ -113,6 +113,49 @@ int64_t Product(const std::vector<Group>& g) {
   return p;
 }
 
+// The innermost group is kept: each output row accumulates kChunk contiguous outputs at a time
+// over the reduced groups.
+template <typename S, Red kOp>
+std::unique_ptr<Thunk> KeptInnerReduceThunk(const ir::Node& n, int in, int out,
+                                            const std::vector<Group>& kept,
+                                            const std::vector<Group>& red) {
+  using R = Reducer<S, kOp>;
+  using Acc = typename R::Acc;
+  int64_t I = kept.back().size;
+  std::vector<Group> kouter(kept.begin(), kept.end() - 1);
+  int64_t KO = Product(kouter), RC = Product(red);
+  constexpr int64_t kChunk = 256;
+  int64_t chunks = (I + kChunk - 1) / kChunk;
+  int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, RC * kChunk));
+  return MakeFnThunk(n, "loop reduce", [=](RunContext& ctx) {
+    const S* x = static_cast<const S*>(ctx.buffers[in]);
+    S* y = static_cast<S*>(ctx.buffers[out]);
+    ParallelFor(KO * chunks, grain, [&](int64_t b, int64_t e) {
+      Acc acc[kChunk];
+      Odometer ko;
+      ko.Seek(kouter, b / chunks);
+      int64_t last_o = b / chunks;
+      for (int64_t t = b; t < e; ++t) {
+        int64_t o = t / chunks, j0 = (t % chunks) * kChunk, len = std::min(kChunk, I - j0);
+        while (last_o < o) {
+          ko.Next(kouter);
+          ++last_o;
+        }
+        for (int64_t j = 0; j < len; ++j) acc[j] = R::Init();
+        Odometer r;
+        r.Seek(red, 0);
+        for (int64_t ri = 0; ri < RC; ++ri) {
+          const S* row = x + ko.offset + r.offset + j0;
+          for (int64_t j = 0; j < len; ++j) acc[j] = R::Apply(acc[j], R::Load(row[j]));
+          r.Next(red);
+        }
+        S* dst = y + o * I + j0;
+        for (int64_t j = 0; j < len; ++j) dst[j] = R::Store(acc[j]);
+      }
+    });
+  });
+}
+
 template <typename S, Red kOp>
 std::unique_ptr<Thunk> ReduceThunk(const ir::Node& n, LowerContext& lc,
                                    const std::vector<Group>& groups) {
@@ -134,41 +177,7 @@ std::unique_ptr<Thunk> ReduceThunk(const ir::Node& n, LowerContext& lc,
   for (const Group& g : groups) (g.reduced ? red : kept).push_back(g);
   bool inner_kept = !groups.back().reduced;
 
-  if (inner_kept) {
-    int64_t I = kept.back().size;
-    std::vector<Group> kouter(kept.begin(), kept.end() - 1);
-    int64_t KO = Product(kouter), RC = Product(red);
-    constexpr int64_t kChunk = 256;
-    int64_t chunks = (I + kChunk - 1) / kChunk;
-    int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, RC * kChunk));
-    return MakeFnThunk(n, "loop reduce", [=](RunContext& ctx) {
-      const S* x = static_cast<const S*>(ctx.buffers[in]);
-      S* y = static_cast<S*>(ctx.buffers[out]);
-      ParallelFor(KO * chunks, grain, [&](int64_t b, int64_t e) {
-        Acc acc[kChunk];
-        Odometer ko;
-        ko.Seek(kouter, b / chunks);
-        int64_t last_o = b / chunks;
-        for (int64_t t = b; t < e; ++t) {
-          int64_t o = t / chunks, j0 = (t % chunks) * kChunk, len = std::min(kChunk, I - j0);
-          while (last_o < o) {
-            ko.Next(kouter);
-            ++last_o;
-          }
-          for (int64_t j = 0; j < len; ++j) acc[j] = R::Init();
-          Odometer r;
-          r.Seek(red, 0);
-          for (int64_t ri = 0; ri < RC; ++ri) {
-            const S* row = x + ko.offset + r.offset + j0;
-            for (int64_t j = 0; j < len; ++j) acc[j] = R::Apply(acc[j], R::Load(row[j]));
-            r.Next(red);
-          }
-          S* dst = y + o * I + j0;
-          for (int64_t j = 0; j < len; ++j) dst[j] = R::Store(acc[j]);
-        }
-      });
-    });
-  }
+  if (inner_kept) return KeptInnerReduceThunk<S, kOp>(n, in, out, kept, red);
 
   // Innermost group reduced: contiguous runs of J.
   int64_t J = red.back().size;
