@@ -1,6 +1,7 @@
 #include "kiln/autodiff/graph_copy.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -33,10 +34,15 @@ ir::Value CopyNode(ir::Builder& b, const ir::Node& n, const std::vector<ir::Valu
     default:
       break;
   }
+  // Fusion group membership is not copied: the copy is a new program (rewrites may insert nodes
+  // between members, and the builder's graph has no group table), so the fusion pass forms its
+  // groups again when it is compiled.
+  ir::AttrMap attrs = n.attrs();
+  attrs.erase(ir::kFusionAttr);
   // iota, random_bits and convert carry their declared type over; the rest infer theirs again.
   if (ir::OpTraits(n.opcode()).declared_type())
-    return b.AddNode(n.opcode(), operands, n.attrs(), n.type());
-  return b.AddNode(n.opcode(), operands, n.attrs());
+    return b.AddNode(n.opcode(), operands, std::move(attrs), n.type());
+  return b.AddNode(n.opcode(), operands, std::move(attrs));
 }
 
 absl::StatusOr<ValueMap> CopyGraph(const ir::Graph& g, ir::Builder& b,

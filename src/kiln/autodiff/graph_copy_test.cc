@@ -5,6 +5,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/ir/builder.h"
+#include "kiln/ir/parser.h"
 #include "kiln/ir/printer.h"
 #include "kiln/ir/verifier.h"
 
@@ -115,6 +116,30 @@ TEST(GraphCopy, RewriterErrorsPropagate) {
                   return absl::UnimplementedError("no");
                 });
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// A fused graph copies into an unfused one: membership is the fusion pass's to form again on the
+// copy (whose node order may differ), so no member keeps a `fusion` attribute naming a group the
+// copy lacks, and the copy verifies.
+TEST(GraphCopy, DropsFusionMembership) {
+  absl::StatusOr<ir::Graph> fused = ir::ParseGraph(R"(graph @g {
+  fusion 0 kind=loop
+  %0 = parameter() {index=0, name="x"} : f32[4]
+  %1 = mul(%0, %0) {fusion=0} : f32[4]
+  %2 = neg(%1) {fusion=0} : f32[4]
+  return y=%2
+}
+)");
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_TRUE(ir::Verify(*fused).ok());
+  ir::Builder b("copy");
+  absl::StatusOr<ValueMap> map = CopyGraph(*fused, b);
+  ASSERT_TRUE(map.ok()) << map.status();
+  b.Output("y", (*map)[2]);
+  absl::StatusOr<ir::Graph> copy = b.Build();
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_TRUE(ir::Verify(*copy).ok()) << ir::Verify(*copy);
+  for (const ir::Node& n : copy->nodes()) EXPECT_FALSE(n.has_attr(ir::kFusionAttr)) << n.id();
 }
 
 }  // namespace
