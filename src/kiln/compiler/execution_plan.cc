@@ -6,6 +6,7 @@
 
 #include "kiln/base/memory.h"
 #include "kiln/compiler/passes/fusion.h"
+#include "kiln/ir/op_traits.h"
 #include "kiln/ir/verifier.h"
 
 namespace kiln::compiler {
@@ -76,7 +77,7 @@ void PlanFusedReads(const ir::Graph& graph, ExecutionPlan& plan) {
           const ir::Node& o = graph.node(op);
           bool absorb = k.kind == Kind::kLoop ? o.opcode() == Opcode::kBroadcastInDim
                         : k.kind == Kind::kMatmulEpilogue || k.kind == Kind::kConvEpilogue
-                            ? IsBiasBroadcast(graph, op, EpilogueBiasAxis(graph.node(k.members[0])))
+                            ? op == k.epilogue.bias_broadcast
                             : false;
           if (absorb && plan.group_of[op] < 0) read = {o.operand(0), op, false};
           plan.reads[m].push_back(read.node);
@@ -114,6 +115,36 @@ std::vector<char> MarkNeeded(const ir::Graph& graph, ExecutionPlan& plan) {
 
 }  // namespace
 
+std::optional<EpilogueSteps> MatchEpilogue(const ir::Graph& graph,
+                                           const std::vector<int>& members) {
+  if (members.empty()) return std::nullopt;
+  const ir::Node& head = graph.node(members[0]);
+  const int64_t axis = EpilogueBiasAxis(head);
+  EpilogueSteps ep;
+  ep.out = members.back();
+  int prev = head.id();
+  for (size_t i = 1; i < members.size(); ++i) {
+    const ir::Node& m = graph.node(members[i]);
+    const bool binary = m.operands().size() == 2;
+    if (binary && m.operand(0) != prev && m.operand(1) != prev) return std::nullopt;
+    const int other = binary ? (m.operand(0) == prev ? m.operand(1) : m.operand(0)) : -1;
+    if (m.opcode() == Opcode::kAdd && ep.bias < 0 && ep.activation < 0 && ep.residual < 0 &&
+        IsBiasBroadcast(graph, other, axis)) {
+      ep.bias_broadcast = other;
+      ep.bias = graph.node(other).operand(0);
+    } else if (m.opcode() == Opcode::kAdd && ep.residual < 0) {
+      ep.residual = other;
+    } else if (ep.activation < 0 && ep.residual < 0 && m.operands().size() == 1 &&
+               m.operand(0) == prev && ir::OpTraits(m.opcode()).epilogue_activation()) {
+      ep.activation = m.id();
+    } else {
+      return std::nullopt;
+    }
+    prev = m.id();
+  }
+  return ep;
+}
+
 int64_t ArenaBytes(const ir::Type& type) { return AlignUp(type.byte_size()); }
 
 ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits) {
@@ -137,7 +168,13 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
     for (auto& [group, members] : FusionGroups(graph)) {
       plan.groups_contiguous &= Contiguous(members);
       if (!RunsFused(graph, group, members, traits)) continue;
-      fused.push_back({KernelKindOf(group.kind), std::move(members), group.id});
+      ExecutionPlan::Kernel k{KernelKindOf(group.kind), std::move(members), group.id};
+      if (k.kind == Kind::kMatmulEpilogue || k.kind == Kind::kConvEpilogue) {
+        std::optional<EpilogueSteps> ep = MatchEpilogue(graph, k.members);
+        if (!ep) continue;  // not a chain a backend runs as post-ops: node by node
+        k.epilogue = *ep;
+      }
+      fused.push_back(std::move(k));
     }
   }
   std::sort(fused.begin(), fused.end(),

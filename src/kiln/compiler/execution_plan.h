@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "kiln/ir/graph.h"
@@ -47,6 +48,21 @@ struct BackendTraits {
 // The compiler's default memory model: fusion groups as one kernel each, every value in the arena.
 inline BackendTraits PlainTraits() { return {}; }
 
+// The steps of an epilogue fusion group [head, (bias add), (activation), (residual add)]:
+// result = residual + activation(head + bias), written to the last member's buffer. Worked out
+// once (MatchEpilogue), carried on the plan's kernel, read by backends' can_fuse and lowering.
+struct EpilogueSteps {
+  int bias = -1;            // the rank-1 bias (the operand of bias_broadcast), or -1
+  int bias_broadcast = -1;  // its broadcast_in_dim (read through a view), or -1
+  int activation = -1;      // the activation member, or -1
+  int residual = -1;        // the same-shaped residual operand, or -1
+  int out = -1;             // the last member: its buffer receives the result
+};
+// The steps of `members` (graph order, members[0] the dot_general or conv2d head), or nullopt when
+// they are not such a chain: the bias add (IsBiasBroadcast along EpilogueBiasAxis) comes before
+// the activation (an op with the epilogue_activation trait) and both before the residual add.
+std::optional<EpilogueSteps> MatchEpilogue(const ir::Graph& graph, const std::vector<int>& members);
+
 struct ExecutionPlan {
   enum class KernelKind {
     kNode,            // one node
@@ -58,6 +74,7 @@ struct ExecutionPlan {
     KernelKind kind = KernelKind::kNode;
     std::vector<int> members;   // node ids in graph order; the kernel runs at members.back()
     int64_t fusion_group = -1;  // the group's id in the graph's table; -1 for kNode
+    EpilogueSteps epilogue;     // kMatmulEpilogue / kConvEpilogue: its steps
   };
   // Where a fused member reads one operand from.
   struct Read {

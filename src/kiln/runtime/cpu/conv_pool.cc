@@ -180,13 +180,13 @@ bool CanLowerConvEpilogue(const ir::Graph& g, const std::vector<int>& members, b
   if (t != DType::kF32 && t != DType::kBF16) return false;
   for (int i = 0; i < 2; ++i)
     if (g.node(conv.operand(i)).type().dtype != t) return false;
-  absl::StatusOr<Epilogue> ep = ParseEpilogue(members, g);
-  return ep.ok() && ep->residual < 0;
+  std::optional<compiler::EpilogueSteps> steps = compiler::MatchEpilogue(g, members);
+  return steps && steps->residual < 0 && OneDnnEpilogue(*steps, g).ok();
 }
 
-LowerResult LowerConvEpilogue(const std::vector<int>& members, LowerContext& lc) {
-  const ir::Node& conv = lc.graph.node(members[0]);
-  KILN_ASSIGN_OR_RETURN(Epilogue ep, ParseEpilogue(members, lc.graph));
+LowerResult LowerConvEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerContext& lc) {
+  const ir::Node& conv = lc.graph.node(k.members[0]);
+  KILN_ASSIGN_OR_RETURN(Epilogue ep, OneDnnEpilogue(k.epilogue, lc.graph));
   if (conv.type().dtype != DType::kF32) {
     LowerResult r = ConvWithType(conv, lc, DnnlType(conv.type().dtype), &ep);
     if (r.ok() || r.status().code() != absl::StatusCode::kUnimplemented) return r;

@@ -224,10 +224,10 @@ class CpuBackend : public Backend {
             thunk = LowerFusedLoop(k.members, reads, plan.needed, lc);
             break;
           case compiler::ExecutionPlan::KernelKind::kConvEpilogue:
-            thunk = LowerConvEpilogue(k.members, lc);
+            thunk = LowerConvEpilogue(k, lc);
             break;
           case compiler::ExecutionPlan::KernelKind::kMatmulEpilogue:
-            thunk = LowerMatmulEpilogue(k.members, lc);
+            thunk = LowerMatmulEpilogue(k, lc);
             break;
           case compiler::ExecutionPlan::KernelKind::kNode:
             for (int op : node.operands())

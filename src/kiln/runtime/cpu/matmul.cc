@@ -10,7 +10,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kiln/compiler/passes/fusion.h"
 #include "kiln/ir/op_traits.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
@@ -296,35 +295,25 @@ LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc) {
 }
 
 // ---- dot_general + bias + activation + residual (output fusion) ----
-absl::StatusOr<Epilogue> ParseEpilogue(const std::vector<int>& members, const ir::Graph& g) {
-  const ir::Node& head = g.node(members[0]);
-  int64_t axis = compiler::EpilogueBiasAxis(head);
+absl::StatusOr<Epilogue> OneDnnEpilogue(const compiler::EpilogueSteps& steps, const ir::Graph& g) {
   Epilogue ep;
-  ep.out = members.back();
-  int prev = head.id();
-  for (size_t i = 1; i < members.size(); ++i) {
-    const ir::Node& m = g.node(members[i]);
-    int other =
-        m.operands().size() == 2 ? (m.operand(0) == prev ? m.operand(1) : m.operand(0)) : -1;
-    if (m.opcode() == ir::Opcode::kAdd && ep.bias < 0 && !ep.has_act && ep.residual < 0 &&
-        compiler::IsBiasBroadcast(g, other, axis)) {
-      ep.bias = g.node(other).operand(0);
-      ep.label += "+bias";
-    } else if (m.opcode() == ir::Opcode::kAdd && ep.residual < 0) {
-      ep.residual = other;
-      ep.label += "+residual";
-    } else if (!ep.has_act && ep.residual < 0 && m.operands().size() == 1) {
-      std::optional<OneDnnEltwiseAlg> act = OneDnnEltwise(m);
-      if (!ir::OpTraits(m.opcode()).epilogue_activation() || !act)
-        return Unimplemented(m, "not an epilogue activation");
-      ep.has_act = true;
-      ep.act = act->alg;
-      ep.alpha = act->alpha;
-      ep.label += "+" + std::string(ir::OpcodeName(m.opcode()));
-    } else {
-      return Unimplemented(m, "not an epilogue step");
-    }
-    prev = m.id();
+  ep.out = steps.out;
+  if (steps.bias >= 0) {
+    ep.bias = steps.bias;
+    ep.label += "+bias";
+  }
+  if (steps.activation >= 0) {
+    const ir::Node& m = g.node(steps.activation);
+    std::optional<OneDnnEltwiseAlg> act = OneDnnEltwise(m);
+    if (!act) return Unimplemented(m, "no oneDNN eltwise post-op for this activation");
+    ep.has_act = true;
+    ep.act = act->alg;
+    ep.alpha = act->alpha;
+    ep.label += "+" + std::string(ir::OpcodeName(m.opcode()));
+  }
+  if (steps.residual >= 0) {
+    ep.residual = steps.residual;
+    ep.label += "+residual";
   }
   return ep;
 }
@@ -338,13 +327,16 @@ bool CanLowerMatmulEpilogue(const ir::Graph& g, const std::vector<int>& members,
   if (dt != DType::kF32 && dt != DType::kBF16) return false;
   DotPlan p = MakePlan(dot, g.node(dot.operand(0)).type(), g.node(dot.operand(1)).type());
   // The bias runs along the matmul's N: the output's last dim must be all of N.
-  return p.K > 0 && dot.type().shape.rank() >= 1 && dot.type().shape.dims().back() == p.N;
+  if (p.K <= 0 || dot.type().shape.rank() < 1 || dot.type().shape.dims().back() != p.N)
+    return false;
+  std::optional<compiler::EpilogueSteps> steps = compiler::MatchEpilogue(g, members);
+  return steps && OneDnnEpilogue(*steps, g).ok();
 }
 
-LowerResult LowerMatmulEpilogue(const std::vector<int>& members, LowerContext& lc) {
+LowerResult LowerMatmulEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerContext& lc) {
   const ir::Graph& g = lc.graph;
-  const ir::Node& dot = g.node(members[0]);
-  KILN_ASSIGN_OR_RETURN(Epilogue ep, ParseEpilogue(members, g));
+  const ir::Node& dot = g.node(k.members[0]);
+  KILN_ASSIGN_OR_RETURN(Epilogue ep, OneDnnEpilogue(k.epilogue, g));
   DotPlan p = MakePlan(dot, g.node(dot.operand(0)).type(), g.node(dot.operand(1)).type());
   return OneDnnMatmul(dot, lc, p, /*force_copy=*/false, ep);
 }

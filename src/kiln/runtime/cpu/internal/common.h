@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/execution_plan.h"
 #include "kiln/ir/graph.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/executable.h"
@@ -387,11 +388,8 @@ std::optional<OneDnnEltwiseAlg> OneDnnEltwise(const ir::Node& n);
 std::optional<dnnl::algorithm> OneDnnBinary(ir::Opcode op);
 
 LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc);  // matmul.cc
-// An output fusion group [dot_general, (bias add), (activation), (residual add)] as one oneDNN
-// matmul with bias and post-ops, writing the last member's buffer (matmul.cc).
-// The post-ops of an output fusion group [head, (bias add), (activation), (residual add)] (the
-// bias recognized by compiler::IsBiasBroadcast):
-// dst = residual + act(head + bias), written to node `out`.
+// The oneDNN post-ops of an epilogue fusion group, from the steps the execution plan worked out
+// (compiler::EpilogueSteps): dst = residual + act(head + bias), written to node `out`.
 struct Epilogue {
   int bias = -1;  // node of the rank-1 bias, or -1
   bool has_act = false;
@@ -401,13 +399,16 @@ struct Epilogue {
   int out = -1;       // node whose buffer receives the result (-1: the head itself)
   std::string label;  // "+bias+relu+residual"
 };
-absl::StatusOr<Epilogue> ParseEpilogue(const std::vector<int>& members, const ir::Graph& g);
+// Unimplemented when the activation has no oneDNN eltwise algorithm.
+absl::StatusOr<Epilogue> OneDnnEpilogue(const compiler::EpilogueSteps& steps, const ir::Graph& g);
+// An output fusion group [dot_general, (bias add), (activation), (residual add)] as one oneDNN
+// matmul with bias and post-ops, writing the last member's buffer (matmul.cc).
 bool CanLowerMatmulEpilogue(const ir::Graph& g, const std::vector<int>& members, bool prefer_loops);
-LowerResult LowerMatmulEpilogue(const std::vector<int>& members, LowerContext& lc);
+LowerResult LowerMatmulEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerContext& lc);
 // conv2d [+ bias] [+ activation] as one oneDNN convolution with bias and an eltwise post-op
 // (conv_pool.cc).
 bool CanLowerConvEpilogue(const ir::Graph& g, const std::vector<int>& members, bool prefer_loops);
-LowerResult LowerConvEpilogue(const std::vector<int>& members, LowerContext& lc);
+LowerResult LowerConvEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerContext& lc);
 LowerResult LowerConv(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
 LowerResult LowerPool(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
 LowerResult LowerOneDnnUnary(const ir::Node& n, LowerContext& lc);      // onednn_ops.cc
