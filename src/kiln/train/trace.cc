@@ -224,6 +224,11 @@ void Profiler::SetThreadName(std::string name) {
   thread_names_[tid] = std::move(name);
 }
 
+void Profiler::SetOtherData(std::string key, TraceArg value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  other_data_[std::move(key)] = std::move(value);
+}
+
 void Profiler::Reserve(size_t n) {
   n = std::min(n, options_.max_events);
   std::lock_guard<std::mutex> lock(mu_);
@@ -296,7 +301,16 @@ std::string Profiler::ToJson() const {
   absl::StrAppend(&out,
                   "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"kiln\","
                   "\"clock\":\"steady (CLOCK_MONOTONIC)\",\"dropped_events\":",
-                  dropped, "}}\n");
+                  dropped);
+  std::vector<std::pair<std::string, TraceArg>> other(other_data_.begin(), other_data_.end());
+  if (!other.empty()) {
+    std::string obj;
+    AppendArgs(other, &obj);  // "{...}": its members join otherData's
+    obj.front() = ',';
+    obj.pop_back();
+    out.append(obj);
+  }
+  out.append("}}\n");
   return out;
 }
 

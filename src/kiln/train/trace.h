@@ -17,7 +17,8 @@
 //     {"name":"thread_name","ph":"M","pid":P,"tid":1,"args":{"name":"trainer"}},
 //     {"name":"fused_kernel_3","cat":"compute","ph":"X","ts":1234.567,"dur":89.012,"pid":P,
 //      "tid":1,"args":{"flops":1200000000}}, ...],
-//    "displayTimeUnit":"ms","otherData":{...}}
+//    "displayTimeUnit":"ms","otherData":{"producer":"kiln",...,"dropped_events":0, <SetOtherData
+//    keys, sorted>}}
 // ts and dur are microseconds with nanosecond decimals, on the steady clock (CLOCK_MONOTONIC), so
 // traces of several processes on one host line up. Events are sorted by thread, then start time,
 // then longest first, so a parent precedes the children it encloses: RAII scopes on one thread nest
@@ -120,6 +121,9 @@ class Profiler {
 
   // Names the calling thread's track (recorded even when disabled).
   void SetThreadName(std::string name);
+  // A key of the trace's "otherData" object (recorded even when disabled; a key set again is
+  // replaced), e.g. the profile's memory breakdown: SetOtherData("memory_mib/arena", 412.0).
+  void SetOtherData(std::string key, TraceArg value);
 
   // Steady-clock nanoseconds, the clock of every event.
   static int64_t NowNs();
@@ -151,6 +155,7 @@ class Profiler {
   mutable std::mutex mu_;
   std::vector<TraceEvent> events_;
   std::map<int, std::string> thread_names_;
+  std::map<std::string, TraceArg> other_data_;
   size_t dropped_ = 0;
 };
 

@@ -223,6 +223,22 @@ TEST(ProfilerTest, ExplicitEventsAndEscaping) {
   EXPECT_EQ(complete[0].at("args").at("path"), "/a\\b\xef\xbf\xbd");  // invalid byte -> U+FFFD
 }
 
+TEST(ProfilerTest, OtherDataJoinsTheTraceMetadata) {
+  Profiler p;  // disabled: metadata is recorded anyway
+  EXPECT_EQ(json::parse(p.ToJson()).at("otherData").size(), 3u);
+  p.SetOtherData("memory_mib/arena", 412.5);
+  p.SetOtherData("verdict", "matmul-bound");
+  p.SetOtherData("steps", int64_t{2});
+  p.SetOtherData("steps", int64_t{3});  // replaced, not repeated
+  json other = json::parse(p.ToJson()).at("otherData");
+  EXPECT_EQ(other.at("producer"), "kiln");
+  EXPECT_EQ(other.at("dropped_events"), 0);
+  EXPECT_EQ(other.at("memory_mib/arena"), 412.5);
+  EXPECT_EQ(other.at("verdict"), "matmul-bound");
+  EXPECT_EQ(other.at("steps"), 3);
+  EXPECT_EQ(other.size(), 6u);
+}
+
 TEST(ProfilerTest, WriteJsonAtomically) {
   std::string tmpl = ::testing::TempDir() + "/trace_test.XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());

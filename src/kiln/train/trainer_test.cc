@@ -416,5 +416,44 @@ TEST(TrainerTest, CountsMatmulFlops) {
   fs::remove_all(out);
 }
 
+// --profile-steps: the summary names a verdict, the largest kernels with their shapes, and the
+// memory breakdown; trace.json carries the breakdown in its otherData.
+TEST(TrainerTest, ProfileSummaryHasVerdictKernelsAndMemoryBreakdown) {
+  auto cpu = runtime::MakeCpuBackend();
+  std::string out = TempDir("profile");
+  TrainConfig c = SmallConfig(out);
+  c.steps = 6;
+  c.eval_every = 0;
+  std::ostringstream log;
+  TrainerOptions opts{.backend = cpu.get(), .log = &log};
+  opts.profile_steps = std::make_pair(int64_t{3}, int64_t{5});
+  auto t = Trainer::Create(c, opts);
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto r = (*t)->Run();
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string text = log.str();
+  EXPECT_NE(text.find("profile of 2 steps"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nverdict: "), std::string::npos) << text;
+  EXPECT_NE(text.find("shares of the step: matmul/conv "), std::string::npos) << text;
+  EXPECT_NE(text.find("largest kernels (per step):"), std::string::npos) << text;
+  EXPECT_NE(text.find("f32[32,64] x f32[64,16] -> f32[32,16]"), std::string::npos) << text;
+  // MLP 64-16-10: 1210 f32 parameters, two resident sets; adamw keeps two moments per parameter.
+  EXPECT_NE(text.find("memory (MiB): parameters 0.0, gradients 0.0 (inside the arena), "
+                      "optimizer state 0.0, arena "),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(", other "), std::string::npos) << text;
+  EXPECT_NE(text.find("; peak RSS "), std::string::npos) << text;
+  std::ifstream f(out + "/trace.json");
+  std::stringstream trace;
+  trace << f.rdbuf();
+  for (const char* key : {"\"memory_mib/parameters\":", "\"memory_mib/gradients\":",
+                          "\"memory_mib/optimizer_state\":", "\"memory_mib/arena\":",
+                          "\"memory_mib/other\":", "\"memory_mib/peak_rss\":", "\"verdict\":"}) {
+    EXPECT_NE(trace.str().find(key), std::string::npos) << key;
+  }
+  fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace kiln::train

@@ -1,0 +1,240 @@
+#include "kiln/train/profile_analysis.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kiln::train {
+
+std::string_view BoundName(Bound b) {
+  switch (b) {
+    case Bound::kInput:
+      return "input-bound";
+    case Bound::kMatmul:
+      return "matmul-bound";
+    case Bound::kMemory:
+      return "memory-bound";
+    case Bound::kOverhead:
+      return "overhead-bound";
+  }
+  return "?";
+}
+
+namespace {
+
+double Share(double part, double whole) { return whole > 0 ? part / whole : 0; }
+
+bool Tiny(const KernelStat& k, const ProfileThresholds& t) {
+  return k.calls > 0 && k.seconds / static_cast<double>(k.calls) < t.tiny_kernel_seconds;
+}
+
+std::string VerdictLine(const ProfileVerdict& v, const ProfileInputs& in,
+                        const ProfileThresholds& t, double uncovered, int64_t calls_per_step) {
+  const double steps = static_cast<double>(std::max<int64_t>(in.steps, 1));
+  switch (v.bound) {
+    case Bound::kInput:
+      return absl::StrFormat(
+          "input-bound: the step waits on data %.0f%% of the time; raise prefetch or simplify "
+          "decoding",
+          100 * v.input_share);
+    case Bound::kMatmul: {
+      std::string bare = v.matmul_bare_fraction > 0
+                             ? absl::StrFormat(" = %.0f%% of the bare oneDNN rate for their shapes",
+                                               100 * v.matmul_bare_fraction)
+                             : " (bare rate not measured)";
+      std::string peak = in.matmul_peak > 0 ? absl::StrFormat(" (square f32 peak %.0f GFLOP/s)",
+                                                              in.matmul_peak / 1e9)
+                                            : "";
+      return absl::StrFormat(
+          "matmul-bound: matmul/conv kernels are %.0f%% of the step at %.1f GFLOP/s%s%s; below "
+          "the bare rate, the shapes or the fused post-ops cost the difference",
+          100 * v.matmul_share, v.matmul_rate / 1e9, bare, peak);
+    }
+    case Bound::kMemory: {
+      std::string bw = in.memcpy_bandwidth > 0
+                           ? absl::StrFormat(" = %.0f%% of memcpy bandwidth (%.1f GB/s)",
+                                             100 * v.memory_rate / in.memcpy_bandwidth,
+                                             in.memcpy_bandwidth / 1e9)
+                           : "";
+      return absl::StrFormat(
+          "memory-bound kernels: non-matmul kernels are %.0f%% of the step at %.1f GB/s%s; the "
+          "largest are listed below",
+          100 * v.memory_share, v.memory_rate / 1e9, bw);
+    }
+    case Bound::kOverhead:
+      return absl::StrFormat(
+          "overhead-bound: %.0f%% of the step is dispatch: %d kernels/step, %d of them under "
+          "%.0f us, and %.2f ms/step outside any kernel; fewer, larger kernels (a larger batch, "
+          "more fusion) would help",
+          100 * v.overhead_share, calls_per_step, v.tiny_kernels, 1e6 * t.tiny_kernel_seconds,
+          1e3 * uncovered / steps);
+  }
+  return "";
+}
+
+}  // namespace
+
+ProfileVerdict ClassifyProfile(const std::vector<KernelStat>& kernels, const ProfileInputs& in,
+                               const ProfileThresholds& t) {
+  ProfileVerdict v;
+  const double steps = static_cast<double>(std::max<int64_t>(in.steps, 1));
+  double kernel_s = 0, matmul_s = 0, memory_s = 0, tiny_s = 0, flops = 0, bytes = 0, bare_s = 0;
+  bool bare_known = true;
+  int64_t calls = 0, tiny_calls = 0;
+  for (const KernelStat& k : kernels) {
+    kernel_s += k.seconds;
+    calls += k.calls;
+    if (Tiny(k, t)) {
+      tiny_s += k.seconds;
+      tiny_calls += k.calls;
+    } else if (k.kind == KernelKind::kMatmul) {
+      matmul_s += k.seconds;
+      flops += k.flops * static_cast<double>(k.calls);
+      if (k.bare_seconds > 0) {
+        bare_s += k.bare_seconds * static_cast<double>(k.calls);
+      } else if (in.matmul_peak > 0) {
+        bare_s += k.flops * static_cast<double>(k.calls) / in.matmul_peak;
+      } else {
+        bare_known = false;
+      }
+    } else {
+      memory_s += k.seconds;
+      bytes += k.bytes * static_cast<double>(k.calls);
+    }
+  }
+  const double uncovered = std::max(0.0, in.step_seconds - in.input_seconds - kernel_s);
+  const double whole = std::max(in.step_seconds, in.input_seconds + kernel_s);
+  v.input_share = Share(in.input_seconds, whole);
+  v.matmul_share = Share(matmul_s, whole);
+  v.memory_share = Share(memory_s, whole);
+  v.overhead_share = Share(uncovered + tiny_s, whole);
+  v.tiny_kernels = static_cast<int64_t>(static_cast<double>(tiny_calls) / steps);
+  v.matmul_rate = Share(flops, matmul_s);
+  v.matmul_bare_fraction = bare_known ? Share(bare_s, matmul_s) : 0;
+  v.memory_rate = Share(bytes, memory_s);
+  if (v.input_share >= t.input_share) {
+    v.bound = Bound::kInput;
+  } else if (v.matmul_share >= v.memory_share && v.matmul_share >= v.overhead_share) {
+    v.bound = Bound::kMatmul;
+  } else if (v.memory_share >= v.overhead_share) {
+    v.bound = Bound::kMemory;
+  } else {
+    v.bound = Bound::kOverhead;
+  }
+  const int64_t calls_per_step = static_cast<int64_t>(static_cast<double>(calls) / steps);
+  v.text = absl::StrFormat(
+      "verdict: %s\nshares of the step: matmul/conv %.1f%%, other kernels %.1f%%, overhead "
+      "%.1f%% (%.2f ms/step outside kernels + %d kernels/step under %.0f us), input wait %.1f%%",
+      VerdictLine(v, in, t, uncovered, calls_per_step), 100 * v.matmul_share, 100 * v.memory_share,
+      100 * v.overhead_share, 1e3 * uncovered / steps, v.tiny_kernels, 1e6 * t.tiny_kernel_seconds,
+      100 * v.input_share);
+  return v;
+}
+
+std::string FormatTopKernels(const std::vector<KernelStat>& kernels, const ProfileInputs& in,
+                             int top) {
+  std::vector<const KernelStat*> rows;
+  for (const KernelStat& k : kernels) rows.push_back(&k);
+  std::stable_sort(rows.begin(), rows.end(), [](const KernelStat* a, const KernelStat* b) {
+    return a->seconds > b->seconds;
+  });
+  if (static_cast<int>(rows.size()) > top) rows.resize(top);
+  const double steps = static_cast<double>(std::max<int64_t>(in.steps, 1));
+  std::string out = "largest kernels (per step):";
+  for (const KernelStat* k : rows) {
+    std::string rate;
+    if (k->kind == KernelKind::kMatmul) {
+      const double r = Share(k->flops * static_cast<double>(k->calls), k->seconds);
+      const double bare = k->bare_seconds > 0 ? k->flops / k->bare_seconds : in.matmul_peak;
+      rate = absl::StrFormat("%.1f GFLOP/s", r / 1e9);
+      if (bare > 0) {
+        absl::StrAppend(&rate, absl::StrFormat(" = %.0f%% of bare %.0f%s", 100 * r / bare,
+                                               bare / 1e9, k->bare_seconds > 0 ? "" : " (square)"));
+      }
+    } else {
+      const double r = Share(k->bytes * static_cast<double>(k->calls), k->seconds);
+      rate = absl::StrFormat("%.2f GB/s", r / 1e9);
+      if (in.memcpy_bandwidth > 0) {
+        absl::StrAppend(&rate,
+                        absl::StrFormat(" = %.0f%% of memcpy", 100 * r / in.memcpy_bandwidth));
+      }
+    }
+    absl::StrAppend(
+        &out, absl::StrFormat("\n  %8.2f ms %5.1f%%  x%-4g %s  %s  %s", 1e3 * k->seconds / steps,
+                              100 * Share(k->seconds, in.step_seconds),
+                              static_cast<double>(k->calls) / steps, k->op, k->shapes, rate));
+  }
+  return out;
+}
+
+std::string FormatMemoryBreakdown(const MemoryBreakdown& m) {
+  auto mib = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+  std::string out = absl::StrFormat(
+      "memory (MiB): parameters %.1f, gradients %.1f (inside the arena), optimizer state %.1f, "
+      "arena %.1f",
+      mib(m.parameters), mib(m.gradients), mib(m.optimizer_state), mib(m.arena));
+  if (m.peak_rss >= 0) {
+    absl::StrAppend(
+        &out, absl::StrFormat(", other %.1f; peak RSS %.1f", mib(m.other()), mib(m.peak_rss)));
+  } else {
+    absl::StrAppend(&out, "; peak RSS unknown (no /proc/self/status)");
+  }
+  return out;
+}
+
+int64_t ParseVmHwmBytes(std::string_view proc_status) {
+  std::istringstream in{std::string(proc_status)};
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) != 0) continue;
+    std::istringstream fields(line.substr(6));
+    int64_t kib = -1;
+    std::string unit;
+    fields >> kib >> unit;
+    if (fields.fail() || kib < 0 || unit != "kB") return -1;
+    return kib * 1024;
+  }
+  return -1;
+}
+
+int64_t PeakRssBytes() {
+  std::ifstream f("/proc/self/status");
+  if (!f) return -1;
+  std::stringstream text;
+  text << f.rdbuf();
+  return ParseVmHwmBytes(text.str());
+}
+
+double MemcpyBandwidth() {
+  static const double bandwidth = [] {
+    constexpr size_t kBytes = size_t{64} << 20;
+    const int threads = std::max(1u, std::thread::hardware_concurrency());
+    std::unique_ptr<char[]> src(new char[kBytes]), dst(new char[kBytes]);
+    std::memset(src.get(), 1, kBytes);  // first touch outside the timing
+    std::memset(dst.get(), 0, kBytes);
+    const size_t chunk = kBytes / static_cast<size_t>(threads);
+    double best = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      auto start = std::chrono::steady_clock::now();
+      std::vector<std::thread> pool;
+      for (int i = 0; i < threads; ++i) {
+        pool.emplace_back(
+            [&, i] { std::memcpy(dst.get() + i * chunk, src.get() + i * chunk, chunk); });
+      }
+      for (std::thread& th : pool) th.join();
+      best = std::min(
+          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return 2.0 * static_cast<double>(chunk * threads) / best;
+  }();
+  return bandwidth;
+}
+
+}  // namespace kiln::train
