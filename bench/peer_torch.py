@@ -39,6 +39,22 @@ Benchmarks (identical to the Kiln side):
         batch 32, loss mse(layer(x), target) in f32, AdamW; bf16 casts layer and data.
     mlp_infer_b{1,256}, encoder_infer_b{1,256}: forward under torch.inference_mode().
     dispatch_2000_tiny_ops: y = y * a + b, 1000 times, on float32[8] (2000 eager ops).
+    gpt2_small_train: GPT-2 small (Gpt2 below: vocab 50257, 1024 positions, d 768, 12 layers,
+        12 heads, GELU tanh, layer-norm eps 1e-5, tied LM head, no dropout), tokens and
+        next-token targets int64 [4, 128], loss = mean cross-entropy over the 512 positions,
+        clip_grad_norm_(1.0), AdamW(lr 1e-3, wd 0.01). Initialised as GPT-2 is (weights and
+        embeddings N(0, 0.02), c_proj weights N(0, 0.02 / sqrt(2 * 12)), biases zero, layer norms
+        ones), as Kiln's nn::Gpt: with torch's default N(0, 1) embeddings the logit gradients
+        are denormal and the LM-head matmuls run ~30x slower. Denormals are flushed
+        (torch.set_flush_denormal) for the gpt2 rows.
+    gpt2_small_infer_b{1,8}: its logits [B, 128, 50257] under torch.inference_mode().
+
+`peer_torch.py --check-gpt2 VOCAB CTX DIM LAYERS HEADS` (bench/gpt2_peer_test.cc) builds that
+config, checks its logits against the line-by-line port of transformers' GPT-2 that
+scripts/check_gpt_torch.py uses (src/kiln/nn/testdata/gen_gpt_golden.py) and prints
+"param <Hugging Face name> <shape, e.g. 32x96>" per parameter, then "ok" (exit 0), or "FAIL ..." (exit 1);
+exit 77 when torch is not importable. `peer_torch.py --gpt2-small-config` prints the gpt2_small
+rows' configuration: "config <vocab> <ctx> <dim> <layers> <heads> <seq> <train batch>".
 """
 import ctypes
 import gc
@@ -46,9 +62,13 @@ import os
 import sys
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError as e:  # the CTest check is skipped, not failed, without torch
+    print("SKIP: torch is not importable by %s: %s" % (sys.executable, e))
+    sys.exit(77)
 
 THREADS = int(os.environ.get("OMP_NUM_THREADS", "2"))
 torch.set_num_threads(THREADS)
@@ -71,13 +91,92 @@ def encoder(dtype=torch.float32):
                                       batch_first=True, norm_first=True).to(dtype)
 
 
-def train_step_fn(model, inputs, loss_fn):
+class Gpt2Block(nn.Module):
+    """A pre-norm GPT-2 block: x += attn(ln_1(x)); x += mlp(ln_2(x)), causal attention over
+    c_attn's output split into q, k, v, GELU tanh. nn.Linear weights are [out, in] (Hugging
+    Face's Conv1D transposed); the names are Hugging Face's."""
+
+    def __init__(self, d, heads, eps):
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(d, eps=eps)
+        self.attn = nn.Module()
+        self.attn.c_attn = nn.Linear(d, 3 * d)
+        self.attn.c_proj = nn.Linear(d, d)
+        self.ln_2 = nn.LayerNorm(d, eps=eps)
+        self.mlp = nn.Module()
+        self.mlp.c_fc = nn.Linear(d, 4 * d)
+        self.mlp.c_proj = nn.Linear(4 * d, d)
+
+    def forward(self, x, mask):
+        b, s, d = x.shape
+        dh = d // self.heads
+        qkv = self.attn.c_attn(self.ln_1(x)).view(b, s, 3, self.heads, dh).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        w = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / dh ** 0.5)
+        w = torch.softmax(w.masked_fill(mask[:s, :s], float("-inf")), dim=-1)
+        o = torch.matmul(w, v).transpose(1, 2).reshape(b, s, d)
+        x = x + self.attn.c_proj(o)
+        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class Gpt2(nn.Module):
+    """GPT-2 (GPT2LMHeadModel without dropout), as Kiln's nn::Gpt: logits = ln_f(h) @ wte^T."""
+
+    def __init__(self, vocab, ctx, d, layers, heads, eps=1e-5, std=0.02):
+        super().__init__()
+        self.transformer = nn.Module()
+        self.transformer.wte = nn.Embedding(vocab, d)
+        self.transformer.wpe = nn.Embedding(ctx, d)
+        self.transformer.h = nn.ModuleList(Gpt2Block(d, heads, eps) for _ in range(layers))
+        self.transformer.ln_f = nn.LayerNorm(d, eps=eps)
+        self.register_buffer("mask", torch.ones(ctx, ctx, dtype=torch.bool).triu(1))
+        # GPT2PreTrainedModel._init_weights (and nn::Gpt's initializers).
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, std=std / (2 * max(1, layers)) ** 0.5)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif ".ln_" in name or name.startswith("transformer.ln_f"):
+                nn.init.ones_(p)
+            else:
+                nn.init.normal_(p, std=std)
+
+    def forward(self, tokens):
+        t = self.transformer
+        s = tokens.shape[1]
+        h = t.wte(tokens) + t.wpe.weight[:s]
+        for block in t.h:
+            h = block(h, self.mask)
+        return F.linear(t.ln_f(h), t.wte.weight)
+
+    def hf_state_dict(self):
+        """The parameters under Hugging Face names and layouts (Conv1D weights [in, out])."""
+        out = {}
+        for name, p in self.named_parameters():
+            transpose = ".attn.c_" in name or ".mlp.c_" in name
+            out[name] = (p.t() if transpose and name.endswith("weight") else p).detach()
+        return out
+
+
+GPT2_SMALL = dict(vocab=50257, ctx=1024, d=768, layers=12, heads=12)
+GPT2_SEQ, GPT2_TRAIN_BATCH = 128, 4
+
+
+def gpt2_lm_loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def train_step_fn(model, inputs, loss_fn, clip_norm=0.0):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    params = list(model.parameters())
 
     def step():
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(inputs[0]), inputs[1])
         loss.backward()
+        if clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, clip_norm)
         opt.step()
     return step
 
@@ -110,6 +209,15 @@ def make(name):
     if name.startswith("encoder_infer_b"):
         batch = int(name[len("encoder_infer_b"):])
         return infer_fn(encoder(), torch.rand(batch, SEQ, D) * 2 - 1), 1
+    if name == "gpt2_small_train":
+        tokens = torch.randint(0, GPT2_SMALL["vocab"], (GPT2_TRAIN_BATCH, GPT2_SEQ))
+        targets = torch.randint(0, GPT2_SMALL["vocab"], (GPT2_TRAIN_BATCH, GPT2_SEQ))
+        return train_step_fn(Gpt2(**GPT2_SMALL), (tokens, targets), gpt2_lm_loss,
+                             clip_norm=1.0), 2
+    if name.startswith("gpt2_small_infer_b"):
+        batch = int(name[len("gpt2_small_infer_b"):])
+        tokens = torch.randint(0, GPT2_SMALL["vocab"], (batch, GPT2_SEQ))
+        return infer_fn(Gpt2(**GPT2_SMALL), tokens), 1
     if name == "dispatch_2000_tiny_ops":
         x, a, b = torch.rand(8), torch.full((8,), 0.5), torch.rand(8)
 
@@ -212,6 +320,8 @@ def main():
         if words[0] == "quit":
             break
         if words[0] == "setup":
+            # GPT-2's peer flushes denormals (the module docstring); the other rows run as before.
+            torch.set_flush_denormal(words[1].startswith("gpt2_"))
             baselines[words[1]] = reset_peak_rss()
             fn, warmup = make(words[1])
             if fn is None:
@@ -255,5 +365,40 @@ def main():
             print("skip unknown command", flush=True)
 
 
+def check_gpt2(vocab, ctx, d, layers, heads):
+    """The --check-gpt2 mode (module docstring). Returns the exit status."""
+    sys.dont_write_bytecode = True  # no __pycache__ in the source tree when CTest runs this
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src",
+                                    "kiln", "nn", "testdata"))
+    import gen_gpt_golden  # the plain-torch port of transformers' GPT-2
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = Gpt2(vocab, ctx, d, layers, heads)
+    # Biases and norms perturbed so that a mix-up of them shows in the logits.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    tokens = torch.randint(0, vocab, (2, max(1, ctx - 1)))
+    with torch.no_grad():
+        got = model(tokens)
+        want = gen_gpt_golden.gpt2_logits(model.hf_state_dict(), tokens, n_head=heads,
+                                          n_layer=layers)
+    worst = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
+    for name, p in model.hf_state_dict().items():
+        print("param %s %s" % (name, "x".join(str(n) for n in p.shape)))
+    if list(got.shape) != list(want.shape) or not worst <= 1e-5:
+        print("FAIL: the peer's GPT-2 logits differ from gen_gpt_golden's by %.3g" % worst)
+        return 1
+    print("ok")
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--gpt2-small-config"]:
+        print("config %d %d %d %d %d %d %d" % (GPT2_SMALL["vocab"], GPT2_SMALL["ctx"],
+                                              GPT2_SMALL["d"], GPT2_SMALL["layers"],
+                                              GPT2_SMALL["heads"], GPT2_SEQ, GPT2_TRAIN_BATCH))
+        sys.exit(0)
+    if len(sys.argv) == 7 and sys.argv[1] == "--check-gpt2":
+        sys.exit(check_gpt2(*(int(a) for a in sys.argv[2:])))
     main()

@@ -3,9 +3,18 @@
 //   train_bench [--threads=2] [--rounds=5] [--max-seconds=20] [--peer=bench/peer_torch.py]
 //               [--peer-blas-dir=DIR] [--peer-coretype=auto|NAME] [--no-peer]
 //               [--out=bench/out/results.json] [--only=SUBSTRING] [--profile]
+//               [--gpt2-rounds=3] [--no-gpt2]
 //
 // --only runs the benchmarks whose name contains SUBSTRING; --profile prints, after each one,
 // Kiln's time per kind of thunk (from Executable's thunk observer).
+//
+// The GPT-2-small rows (gpt2_small_train: AdamW, clip 1.0, batch 4 x 128 tokens;
+// gpt2_small_infer_b1 / _b8: the logits) take ~2.5 s per training step per side, so they run
+// --gpt2-rounds rounds (not --rounds, and not cut short by --max-seconds) and --no-gpt2 skips
+// them. Besides the step times they report each side's peak resident-set growth over the row
+// (Kiln: this process, reset before the model is built; the peer: its own) and, for the train
+// step, its roofline floor: the step's matmul FLOPs at the bare oneDNN f32 rate plus the bytes
+// the optimizer must move (AdamW with clipping: 32 per parameter) at this machine's memcpy rate.
 //
 // The peer's OpenBLAS kernels (bench/peer_blas.h): the driver asks the peer which core type
 // OpenBLAS picked and measures its 1024^3 f32 matmul beside oneDNN's. When OpenBLAS fell back to
@@ -46,6 +55,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -60,10 +70,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "bench/gpt2_bench.h"
 #include "bench/peer_blas.h"
 #include "kiln/base/status.h"
 #include "kiln/compiler/cache.h"
 #include "kiln/ir/builder.h"
+#include "kiln/nn/gpt.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/optim.h"
 #include "kiln/nn/params.h"
@@ -283,6 +295,14 @@ Tensor RandomLabels(int64_t n, int classes, uint32_t seed) {
   return Tensor::FromVector(Shape{n}, v);
 }
 
+// Token ids [batch, seq] uniform in [0, vocab).
+Tensor RandomTokens(int64_t batch, int64_t seq, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(batch * seq);
+  for (int32_t& x : v) x = static_cast<int32_t>(rng() % vocab);
+  return Tensor::FromVector(Shape{batch, seq}, v);
+}
+
 nn::OptimizerConfig AdamW() {
   nn::OptimizerConfig c;
   c.kind = nn::OptimizerKind::kAdamW;
@@ -303,6 +323,12 @@ struct Workload {
   // arena's lower bound; the resident parameters and optimizer state (both ping-pong sets).
   double compile_backend_s = 0, compile_hit_s = 0, compile_hit_recycled_s = 0;
   int64_t lower_bound_bytes = 0, state_bytes = 0;
+  bool train = false;
+  // The bytes a step must move outside its matmuls at the least (the roofline floor; 0: none).
+  double min_bytes = 0;
+  // This process's peak resident-set growth from before the model was built to the end of the
+  // row (-1: not measured).
+  int64_t rss_delta = -1;
   runtime::Executable* exe = nullptr;  // for --profile
 };
 
@@ -317,6 +343,12 @@ double EncoderForwardFlops(int64_t batch) {
   double per_token = 2.0 * kD * 3 * kD + 2.0 * kD * kD + 2.0 * 2 * kD * kFf + 2.0 * 2 * kSeq * kD;
   return per_token * batch * kSeq;
 }
+
+using bench::AdamWClipBytes;
+using bench::Gpt2Small;
+using bench::GptForwardFlops;
+using bench::kGptSeq;
+using bench::kGptTrainBatch;
 
 nn::TransformerBlock EncoderBlock(DType dt = DType::kF32) {
   return nn::TransformerBlock("enc",
@@ -364,14 +396,18 @@ struct Holder {
   std::vector<Tensor*> out;
 };
 
+// `measure_hits`: also compile the step twice more (compile-cache hits; each a second resident
+// copy of the parameters and state while it lives).
 absl::StatusOr<Workload> TrainWorkload(runtime::Backend& backend, const ir::Graph& loss,
                                        const std::vector<nn::ParamSpec>& specs,
-                                       std::vector<Tensor> data, double flops) {
+                                       std::vector<Tensor> data, double flops,
+                                       const nn::OptimizerConfig& optimizer = AdamW(),
+                                       bool measure_hits = true) {
   auto h = std::make_shared<Holder>();
   KILN_ASSIGN_OR_RETURN(nn::ParamStore params, nn::InitParams(specs, 0));
   double t0 = Seconds();
   KILN_ASSIGN_OR_RETURN(
-      h->train, nn::TrainStep::Create(backend, loss, std::move(params), {.optimizer = AdamW()}));
+      h->train, nn::TrainStep::Create(backend, loss, std::move(params), {.optimizer = optimizer}));
   double t1 = Seconds();
   h->tensors = std::move(data);
   for (const Tensor& t : h->tensors) h->in.push_back(&t);
@@ -386,6 +422,8 @@ absl::StatusOr<Workload> TrainWorkload(runtime::Backend& backend, const ir::Grap
   for (const nn::ParamStore* store : {&h->train->params(), &h->train->optimizer_state()})
     for (int i = 0; i < store->size(); ++i) w.state_bytes += 2 * store->value(i).byte_size();
   w.compile_backend_s = h->train->compile_seconds();
+  w.train = true;
+  if (!measure_hits) return w;
   for (double* hit : {&w.compile_hit_s, &w.compile_hit_recycled_s}) {
     KILN_ASSIGN_OR_RETURN(nn::ParamStore again_params, nn::InitParams(specs, 0));
     KILN_ASSIGN_OR_RETURN(
@@ -530,7 +568,10 @@ struct Row {
   double flops = 0;
   std::string note;
   int rounds = 0;
-  bool bf16 = false;  // its FLOP/s is a share of the bf16 matmul rate
+  bool bf16 = false;     // its FLOP/s is a share of the bf16 matmul rate
+  double min_bytes = 0;  // the step's bytes outside its matmuls (Workload::min_bytes)
+  // The fastest and slowest timed rep of each side (0: none).
+  double kiln_lo = 0, kiln_hi = 0, peer_lo = 0, peer_hi = 0;
 };
 
 // Whether Kiln / peer ratios mean anything: false when the peer's matmul runs at under half of
@@ -597,6 +638,12 @@ Row RunPair(const std::string& name, Workload& w, Peer* peer, int rounds, int re
   }
   row.kiln_ms = Median(tk);
   row.peer_ms = with_peer ? Median(tp) : 0;
+  if (!tk.empty())
+    std::tie(row.kiln_lo, row.kiln_hi) =
+        std::pair(*std::ranges::min_element(tk), *std::ranges::max_element(tk));
+  if (with_peer && !tp.empty())
+    std::tie(row.peer_lo, row.peer_hi) =
+        std::pair(*std::ranges::min_element(tp), *std::ranges::max_element(tp));
   return row;
 }
 
@@ -618,11 +665,11 @@ std::string JsonEscape(const std::string& s) {
 
 // The command line.
 struct Flags {
-  int threads = 2, rounds = 5;
+  int threads = 2, rounds = 5, gpt2_rounds = 3;
   double max_seconds = 20;
   std::string peer_script = "bench/peer_torch.py", out_path = "bench/out/results.json";
   std::string peer_coretype = "auto";
-  bool use_peer = true, profile = false;
+  bool use_peer = true, profile = false, gpt2 = true;
   std::string only;
   std::string blas_dir;
 };
@@ -651,6 +698,10 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       f.use_peer = false;
     else if (a == "--profile")
       f.profile = true;
+    else if (a.rfind("--gpt2-rounds=", 0) == 0)
+      f.gpt2_rounds = std::max(1, std::atoi(a.c_str() + 14));
+    else if (a == "--no-gpt2")
+      f.gpt2 = false;
     else if (a.rfind("--only=", 0) == 0)
       f.only = a.substr(7);
     else if (a.rfind("--out=", 0) == 0)
@@ -660,7 +711,8 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
                    "usage: %s [--threads=2] [--rounds=5] [--max-seconds=20] "
                    "[--peer=bench/peer_torch.py] [--peer-blas-dir=DIR] "
                    "[--peer-coretype=auto|NAME] [--no-peer] "
-                   "[--out=bench/out/results.json] [--only=SUBSTRING] [--profile]\n",
+                   "[--out=bench/out/results.json] [--only=SUBSTRING] [--profile] "
+                   "[--gpt2-rounds=3] [--no-gpt2]\n",
                    argv[0]);
       return false;
     }
@@ -673,6 +725,45 @@ std::pair<double, double> MatmulRates() {
   return std::pair<double, double>(
       2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kF32, 1024, 20),
       2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kBF16, 1024, 20));
+}
+
+// memcpy bandwidth on the OpenMP threads (bytes read + written per second): 64 MiB copied in one
+// slice per thread, the median of 7 copies after 2 untimed ones.
+double MemcpyRate() {
+  const size_t n = size_t{64} << 20;
+  std::vector<char> src(n, 1), dst(n, 0);  // first touch before timing
+  std::vector<double> times;
+  for (int i = 0; i < 9; ++i) {
+    double t0 = Seconds();
+#pragma omp parallel
+    {
+      const size_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+      const size_t chunk = (n + nt - 1) / nt, lo = std::min(n, id * chunk);
+      std::memcpy(dst.data() + lo, src.data() + lo, std::min(n, lo + chunk) - lo);
+    }
+    if (i >= 2) times.push_back(Seconds() - t0);
+  }
+  return 2.0 * n / Median(times);
+}
+
+// A "<field>: <n> kB" line of /proc/self/status in bytes (-1 if absent).
+int64_t StatusBytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::atoll(line.c_str() + field.size() + 1) * 1024;
+  }
+  return -1;
+}
+
+// As the peer does (peer_torch.py): returns freed heap to the OS, resets the kernel's peak-RSS
+// counter and returns the resident set now (-1 when the peak cannot be reset).
+int64_t ResetPeakRss() {
+  malloc_trim(0);
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.close();
+  return clear ? StatusBytes("VmRSS") : -1;
 }
 
 // One benchmark's compile times and memory (its step closure is not run again).
@@ -693,17 +784,25 @@ struct Bench {
   std::vector<Row> rows;
   std::vector<std::pair<std::string, double>> compile_times;
   std::vector<Memory> memory;
+  double memcpy_rate = 0;     // bytes/s, measured when a row has a roofline floor
+  int64_t rss_baseline = -1;  // set by StartMemory, taken by the next Add
 
   bool Selected(const std::string& name) const {
     return flags.only.empty() || name.find(flags.only) != std::string::npos;
   }
-  // Runs one workload against the peer and records its row, compile time and memory.
-  void Add(const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup, double rate);
+  // Before building a workload: its row will report this process's peak RSS growth.
+  void StartMemory() { rss_baseline = ResetPeakRss(); }
+  // Runs one workload against the peer and records its row, compile time and memory. `rounds`
+  // 0: flags.rounds, under flags.max_seconds; else exactly that many.
+  void Add(const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup, double rate,
+           int rounds = 0);
 };
 
 void Bench::Add(const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup,
-                double rate) {
+                double rate, int rounds) {
   if (!Selected(name)) return;
+  const int64_t baseline = rss_baseline;
+  rss_baseline = -1;
   if (!w.ok()) {
     std::printf("%-22s kiln failed: %s\n", name.c_str(), std::string(w.status().message()).c_str());
     rows.push_back({name, 0, 0, 0, "kiln: " + std::string(w.status().message())});
@@ -713,15 +812,21 @@ void Bench::Add(const std::string& name, absl::StatusOr<Workload> w, int reps, i
   memory.push_back({name, *w, ""});
   memory.back().w.step = nullptr;  // keep the numbers, not the executable
   memory.back().w.exe = nullptr;
-  Row r = RunPair(name, *w, peer.get(), flags.rounds, reps, warmup, flags.max_seconds);
+  Row r = RunPair(name, *w, peer.get(), rounds > 0 ? rounds : flags.rounds, reps, warmup,
+                  rounds > 0 ? 1e30 : flags.max_seconds);
   r.bf16 = rate == mm_bf16;
+  r.min_bytes = w->min_bytes;
   rows.push_back(r);
+  if (baseline >= 0) memory.back().w.rss_delta = StatusBytes("VmHWM") - baseline;
   if (r.peer_ms > 0) memory.back().peer_rss = peer->Command("rss " + name);
   if (flags.profile) PrintProfile(name, *w, reps);
-  std::printf("%-22s kiln %9.3f ms  peer %9s ms  ratio %6s  rounds %d  %.1f GFLOP/s %s\n",
-              r.name.c_str(), r.kiln_ms, r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-",
-              RatioText(r.kiln_ms, r.peer_ms).c_str(), r.rounds,
-              r.flops / (r.kiln_ms * 1e-3) * 1e-9, r.note.c_str());
+  std::printf(
+      "%-22s kiln %9.3f ms [%.3f-%.3f]  peer %9s ms [%.3f-%.3f]  ratio %6s  rounds %d  %.1f "
+      "GFLOP/s %s\n",
+      r.name.c_str(), r.kiln_ms, r.kiln_lo, r.kiln_hi,
+      r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-", r.peer_lo, r.peer_hi,
+      RatioText(r.kiln_ms, r.peer_ms).c_str(), r.rounds, r.flops / (r.kiln_ms * 1e-3) * 1e-9,
+      r.note.c_str());
   std::fflush(stdout);
 }
 
@@ -854,6 +959,54 @@ void RunInferRows(Bench& b, runtime::Backend& cpu) {
   }
 }
 
+// "logits" [batch, seq, vocab] of `gpt` (no argmax: the peer computes the logits alone).
+absl::StatusOr<ir::Graph> GptLogitsGraph(const nn::Gpt& gpt, int64_t batch) {
+  KILN_RETURN_IF_ERROR(gpt.Validate());
+  ir::Builder b("gpt_logits");
+  nn::ParamValues p = nn::AddParameters(b, gpt.Params());
+  ir::Value tokens = b.Parameter("tokens", DType::kS32, Shape{batch, gpt.seq_len()});
+  b.Output("logits", gpt.Logits(p, tokens, nn::RngInputs{}));
+  return b.Build();
+}
+
+// GPT-2 small: the train step (AdamW, clip 1.0, batch 4) and the logits at batch 1 and 8, for
+// --gpt2-rounds rounds each (the header comment).
+void RunGpt2Rows(Bench& b, runtime::Backend& cpu) {
+  if (!b.flags.gpt2) return;
+  const nn::Gpt gpt(Gpt2Small());
+  const nn::GptConfig& c = gpt.config();
+  int64_t num_params = 0;
+  for (const nn::ParamSpec& spec : gpt.Params()) num_params += spec.shape.num_elements();
+  const int rounds = b.flags.gpt2_rounds;
+  if (b.Selected("gpt2_small_train")) {
+    b.StartMemory();
+    nn::OptimizerConfig opt = AdamW();
+    opt.clip_norm = 1.0;
+    absl::StatusOr<ir::Graph> loss = gpt.LossGraph(kGptTrainBatch);
+    absl::StatusOr<Workload> w =
+        loss.ok() ? TrainWorkload(cpu, *loss, gpt.Params(),
+                                  {RandomTokens(kGptTrainBatch, kGptSeq, c.vocab_size, 11),
+                                   RandomTokens(kGptTrainBatch, kGptSeq, c.vocab_size, 12)},
+                                  3 * GptForwardFlops(c, kGptTrainBatch), opt,
+                                  /*measure_hits=*/false)
+                  : absl::StatusOr<Workload>(loss.status());
+    if (w.ok()) w->min_bytes = AdamWClipBytes(num_params);
+    b.Add("gpt2_small_train", std::move(w), /*reps=*/2, /*warmup=*/1, b.mm_f32, rounds);
+  }
+  for (int64_t batch : {int64_t{1}, int64_t{8}}) {
+    const std::string name = "gpt2_small_infer_b" + std::to_string(batch);
+    if (!b.Selected(name)) continue;
+    b.StartMemory();
+    absl::StatusOr<ir::Graph> g = GptLogitsGraph(gpt, batch);
+    absl::StatusOr<Workload> w =
+        g.ok()
+            ? InferWorkload(cpu, *g, gpt.Params(), {RandomTokens(batch, kGptSeq, c.vocab_size, 13)},
+                            GptForwardFlops(c, batch))
+            : absl::StatusOr<Workload>(g.status());
+    b.Add(name, std::move(w), batch == 1 ? 5 : 3, 1, b.mm_f32, rounds);
+  }
+}
+
 // Dispatch overhead: a graph of many tiny ops. The default backend fuses the chain into a few
 // loop kernels; the prefer_loops backend (no fusion) runs one thunk per op, which is what the
 // per-thunk figure measures.
@@ -914,6 +1067,39 @@ void ReportShares(Bench& b) {
   }
 }
 
+// The roofline floor of the rows that have one (Row::min_bytes): FLOPs at the best bare oneDNN
+// rate plus min_bytes at the memcpy rate (measured now, the higher of two), and each side's time
+// as a multiple of it.
+void ReportRoofline(Bench& b) {
+  std::vector<Row> floors;
+  for (const Row& r : b.rows) {
+    if (r.min_bytes <= 0 || r.kiln_ms <= 0) continue;
+    if (floors.empty()) {
+      b.memcpy_rate = std::max(MemcpyRate(), MemcpyRate());
+      std::printf("memcpy 64 MiB: %.1f GB/s (read + written)\n", b.memcpy_rate * 1e-9);
+    }
+    const double rate = r.bf16 ? b.mm_bf16 : b.mm_f32;
+    const double floor_ms = (r.flops / rate + r.min_bytes / b.memcpy_rate) * 1e3;
+    char note[256];
+    std::snprintf(
+        note, sizeof(note),
+        "roofline floor %.1f ms = %.1f GFLOP at %.0f GFLOP/s + %.2f GB at %.1f GB/s "
+        "memcpy; kiln x%.3f of it%s",
+        floor_ms, r.flops * 1e-9, rate * 1e-9, r.min_bytes * 1e-9, b.memcpy_rate * 1e-9,
+        r.kiln_ms / floor_ms,
+        r.peer_ms > 0 ? absl::StrFormat(", peer x%.3f", r.peer_ms / floor_ms).c_str() : "");
+    std::printf("  %-22s %s\n", r.name.c_str(), note);
+    floors.push_back({"roofline_floor_" + r.name, floor_ms, 0, 0, std::string("ms; ") + note});
+    floors.push_back({"roofline_multiple_" + r.name, r.kiln_ms / floor_ms,
+                      r.peer_ms > 0 ? r.peer_ms / floor_ms : 0, 0,
+                      "step time / roofline floor, not ms"});
+  }
+  b.rows.insert(b.rows.end(), floors.begin(), floors.end());
+  if (b.memcpy_rate > 0) {
+    b.rows.push_back({"memcpy_gbps", b.memcpy_rate * 1e-9, 0, 0, "GB/s read + written, not ms"});
+  }
+}
+
 // Cold compile times and compile-cache hits.
 void ReportCompileTimes(Bench& b) {
   // Cold: the first compile of each graph in this process (no compile cache yet), optimize +
@@ -943,18 +1129,14 @@ void ReportCompileTimes(Bench& b) {
 
 // Memory per step: Kiln's planned arena (every activation and temporary of one step; the
 // parameters and optimizer state live outside it) against the growth of the peer's peak resident
-// set over its baseline while it set up and ran the same benchmark (peer_torch.py, "rss").
+// set over its baseline while it set up and ran the same benchmark (peer_torch.py, "rss"). Rows
+// that measured it (Bench::StartMemory) also give Kiln's own peak RSS growth, like for like.
 void ReportMemory(Bench& b) {
   std::printf(
       "memory per training step: Kiln arena (lower bound) + resident params/state; "
       "peer peak RSS increase:\n");
   for (const Memory& m : b.memory) {
-    if (m.name.find("_train_") == std::string::npos) {
-      std::printf("  %-22s arena %.1f MiB\n", m.name.c_str(), m.w.arena_bytes / 1048576.0);
-      continue;
-    }
-    double arena = m.w.arena_bytes / 1048576.0, bound = m.w.lower_bound_bytes / 1048576.0;
-    double state = m.w.state_bytes / 1048576.0, peer_mib = 0;
+    double peer_mib = 0;
     std::istringstream in(m.peer_rss);
     std::string word;
     long long delta = 0;
@@ -962,11 +1144,28 @@ void ReportMemory(Bench& b) {
     if (have_peer) peer_mib = delta / 1048576.0;
     char peer_text[96];
     std::snprintf(peer_text, sizeof(peer_text), "%.1f MiB", peer_mib);
+    const std::string peer_part =
+        have_peer ? peer_text : (m.peer_rss.empty() ? "not run" : m.peer_rss.c_str());
+    const double kiln_rss = m.w.rss_delta / 1048576.0;
+    const std::string rss_part =
+        m.w.rss_delta >= 0 ? absl::StrFormat("; kiln peak RSS +%.1f MiB", kiln_rss) : "";
+    if (m.w.rss_delta >= 0) {
+      b.rows.push_back({"rss_" + m.name, kiln_rss, have_peer ? peer_mib : 0, 0,
+                        "MiB, not ms: peak resident-set growth over the row, kiln process vs "
+                        "peer process"});
+    }
+    if (!m.w.train) {
+      std::printf("  %-22s arena %.1f MiB%s%s\n", m.name.c_str(), m.w.arena_bytes / 1048576.0,
+                  rss_part.c_str(), m.w.rss_delta >= 0 ? ("; peer +" + peer_part).c_str() : "");
+      continue;
+    }
+    double arena = m.w.arena_bytes / 1048576.0, bound = m.w.lower_bound_bytes / 1048576.0;
+    double state = m.w.state_bytes / 1048576.0;
     std::printf(
-        "  %-22s arena %7.1f MiB (lower bound %7.1f, x%.3f) + %6.1f MiB params/state; "
+        "  %-22s arena %7.1f MiB (lower bound %7.1f, x%.3f) + %6.1f MiB params/state%s; "
         "peer +%s\n",
-        m.name.c_str(), arena, bound, bound > 0 ? arena / bound : 0.0, state,
-        have_peer ? peer_text : (m.peer_rss.empty() ? "not run" : m.peer_rss.c_str()));
+        m.name.c_str(), arena, bound, bound > 0 ? arena / bound : 0.0, state, rss_part.c_str(),
+        peer_part.c_str());
     char note[200];
     std::snprintf(note, sizeof(note),
                   "MiB, not ms: kiln arena (lower bound %.1f MiB; params+state %.1f MiB outside "
@@ -974,6 +1173,16 @@ void ReportMemory(Bench& b) {
                   bound, state);
     b.rows.push_back({"memory_" + m.name, arena, have_peer ? peer_mib : 0, 0, note});
   }
+}
+
+// "kiln_range_ms": [lo, hi], "peer_range_ms": [lo, hi], (each only when timed).
+std::string RangesJson(const Row& r) {
+  std::string out;
+  if (r.kiln_hi > 0)
+    out += absl::StrFormat("\"kiln_range_ms\": [%.4f, %.4f], ", r.kiln_lo, r.kiln_hi);
+  if (r.peer_hi > 0)
+    out += absl::StrFormat("\"peer_range_ms\": [%.4f, %.4f], ", r.peer_lo, r.peer_hi);
+  return out;
 }
 
 // results.json. False when it cannot be written.
@@ -988,8 +1197,10 @@ bool WriteResults(const Bench& b) {
     std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
     return false;
   }
-  std::fprintf(f, "{\n  \"threads\": %d,\n  \"rounds\": %d,\n  \"peer\": \"%s\",\n",
-               b.flags.threads, b.flags.rounds,
+  std::fprintf(f,
+               "{\n  \"threads\": %d,\n  \"rounds\": %d,\n  \"gpt2_rounds\": %d,\n  "
+               "\"peer\": \"%s\",\n",
+               b.flags.threads, b.flags.rounds, b.flags.gpt2_rounds,
                peer ? JsonEscape("torch " + peer->version()).c_str() : "");
   std::fprintf(f, "  \"cpu\": {\"model\": \"%s\", \"flags\": \"%s\", \"onednn_isa\": \"%s\"},\n",
                JsonEscape(b.cpu_info.model).c_str(),
@@ -1013,9 +1224,9 @@ bool WriteResults(const Bench& b) {
     bool pp = r.peer_ms > 0 && r.kiln_ms > 0;
     std::fprintf(f,
                  "    {\"name\": \"%s\", \"kiln_median_ms\": %s, \"peer_median_ms\": %s, "
-                 "\"ratio\": %s, \"comparable\": %s, \"note\": \"%s\"}%s\n",
+                 "%s\"ratio\": %s, \"comparable\": %s, \"note\": \"%s\"}%s\n",
                  JsonEscape(r.name).c_str(), JsonNumber(r.kiln_ms, r.kiln_ms > 0).c_str(),
-                 JsonNumber(r.peer_ms, r.peer_ms > 0).c_str(),
+                 JsonNumber(r.peer_ms, r.peer_ms > 0).c_str(), RangesJson(r).c_str(),
                  JsonNumber(pp ? r.kiln_ms / r.peer_ms : 0, pp && g_peer_comparable).c_str(),
                  pp ? (g_peer_comparable ? "true" : "false") : "null", JsonEscape(r.note).c_str(),
                  i + 1 < b.rows.size() ? "," : "");
@@ -1041,7 +1252,9 @@ int Main(int argc, char** argv) {
   RunTrainRows(b, *cpu);
   RunInferRows(b, *cpu);
   RunDispatchRows(b, *cpu);
+  RunGpt2Rows(b, *cpu);
   ReportShares(b);
+  ReportRoofline(b);
   ReportCompileTimes(b);
   ReportMemory(b);
   b.rows.push_back({"onednn_matmul_1024_f32_gflops", b.mm_f32 * 1e-9, 0, 0, "GFLOP/s, not ms"});
