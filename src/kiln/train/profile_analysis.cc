@@ -52,10 +52,15 @@ std::string VerdictLine(const ProfileVerdict& v, const ProfileInputs& in,
       std::string peak = in.matmul_peak > 0 ? absl::StrFormat(" (square f32 peak %.0f GFLOP/s)",
                                                               in.matmul_peak / 1e9)
                                             : "";
+      // Far below the bare rate, the time is not the arithmetic: dispatch, thread wake-up, cold
+      // caches. Closer to it, the shapes, layouts and fused post-ops cost the difference.
+      const bool far = v.matmul_bare_fraction > 0 && v.matmul_bare_fraction < 0.25;
       return absl::StrFormat(
-          "matmul-bound: matmul/conv kernels are %.0f%% of the step at %.1f GFLOP/s%s%s; below "
-          "the bare rate, the shapes or the fused post-ops cost the difference",
-          100 * v.matmul_share, v.matmul_rate / 1e9, bare, peak);
+          "matmul-bound: matmul/conv kernels are %.0f%% of the step at %.1f GFLOP/s%s%s; %s",
+          100 * v.matmul_share, v.matmul_rate / 1e9, bare, peak,
+          far ? "that far below the bare rate the time is not the arithmetic (dispatch, thread "
+                "wake-up, cold caches): see the largest kernels below"
+              : "the gap to the bare rate is the shapes, layouts and fused post-ops");
     }
     case Bound::kMemory: {
       std::string bw = in.memcpy_bandwidth > 0
@@ -155,7 +160,7 @@ std::string FormatTopKernels(const std::vector<KernelStat>& kernels, const Profi
       const double bare = k->bare_seconds > 0 ? k->flops / k->bare_seconds : in.matmul_peak;
       rate = absl::StrFormat("%.1f GFLOP/s", r / 1e9);
       if (bare > 0) {
-        absl::StrAppend(&rate, absl::StrFormat(" = %.0f%% of bare %.0f%s", 100 * r / bare,
+        absl::StrAppend(&rate, absl::StrFormat(" = %.0f%% of bare %.3g%s", 100 * r / bare,
                                                bare / 1e9, k->bare_seconds > 0 ? "" : " (square)"));
       }
     } else {

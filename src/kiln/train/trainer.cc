@@ -377,7 +377,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   if (loop.profiling) {
     loop.prof_a = options_.profile_steps->first;
     loop.prof_b = options_.profile_steps->second;
-    profiler_.Reserve(size_t{16} * (loop.prof_b - loop.prof_a) + 64);
+    // One event per kernel per step, and a few around them: growing the buffer inside the window
+    // would fault pages into the kernel times.
+    const size_t per_step = static_cast<size_t>(step_->executable().num_thunks()) + 16;
+    profiler_.Reserve(per_step * static_cast<size_t>(loop.prof_b - loop.prof_a) + 64);
   }
   while (step_->step() < c.steps) {
     if (stop_.load(std::memory_order_relaxed) || PreemptionRequested()) {
