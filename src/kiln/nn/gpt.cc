@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kiln/base/env.h"
 #include "kiln/tensor/safetensors.h"
 
 namespace kiln::nn {
@@ -229,12 +229,10 @@ absl::Status Gpt::ExportHuggingFace(const ParamStore& params, const std::string&
     tensors.emplace_back(spec.name, t->dtype() == DType::kF32 ? *t : t->ConvertTo(DType::kF32));
   }
   const std::string config_path = dir + "/config.json";
-  {
-    std::ofstream out(config_path, std::ios::binary | std::ios::trunc);
-    out << HuggingFaceConfigJson();
-    out.close();
-    if (!out) return absl::InternalError("GPT-2 export: cannot write " + config_path);
-  }
+  if (absl::Status s = WriteStringToFile(Env::Default(), HuggingFaceConfigJson(), config_path);
+      !s.ok())
+    return absl::Status(
+        s.code(), "GPT-2 export: cannot write " + config_path + ": " + std::string(s.message()));
   return WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
 }
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -469,21 +468,24 @@ absl::StatusOr<TrainConfig> ParseTrainConfig(const std::string& yaml_text,
 
 absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
                                             const std::vector<std::string>& overrides,
-                                            std::vector<std::string>* notes) {
-  std::error_code dir_ec;
-  if (std::filesystem::is_directory(path, dir_ec)) {
-    const std::string inside = (std::filesystem::path(path) / "config.yaml").string();
+                                            std::vector<std::string>* notes, Env* env) {
+  if (env == nullptr) env = Env::Default();
+  if (absl::StatusOr<bool> dir = env->IsDirectory(path); dir.ok() && *dir) {
+    const std::string inside = JoinPath(path, "config.yaml");
     return absl::InvalidArgumentError(
         absl::StrCat("config: ", path, " is a directory, not a YAML config file",
-                     std::filesystem::exists(inside, dir_ec)
+                     env->FileExists(inside)
                          ? absl::StrCat("; to train that run again, pass its config: ", inside)
                          : "; pass a file such as examples/mlp_digits.yaml"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  absl::StatusOr<TrainConfig> c = ParseTrainConfig(ss.str(), path, overrides, notes);
+  absl::StatusOr<std::string> text = ReadFileToString(env, path);
+  if (!text.ok()) {
+    if (!env->FileExists(path))
+      return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+    return absl::Status(text.status().code(), absl::StrCat("cannot read config file ", path, ": ",
+                                                           text.status().message()));
+  }
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(*text, path, overrides, notes);
   if (!c.ok()) return c.status();
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -495,8 +497,8 @@ absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
     }
   }
   if (fs::path(file).is_relative()) {
-    fs::path alt = fs::path(path).parent_path() / file;
-    if (!fs::exists(file, ec) && fs::exists(alt, ec)) file = alt.string();
+    const std::string alt = JoinPath(Dirname(path), file);
+    if (!env->FileExists(file) && env->FileExists(alt)) file = alt;
     // Absolute in the resolved config, so `kiln eval RUNDIR` works from any directory.
     fs::path abs = fs::absolute(file, ec);
     if (!ec) c->data.source = prefix + abs.lexically_normal().string();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kiln/base/env.h"
 
 namespace kiln::train {
 
@@ -109,11 +110,12 @@ absl::StatusOr<TrainConfig> ParseTrainConfig(const std::string& yaml_text,
                                              const std::string& source,
                                              const std::vector<std::string>& overrides = {},
                                              std::vector<std::string>* notes = nullptr);
-// Reads `path` and parses it. A relative data.source is resolved against the current directory
-// first and then the config file's directory.
+// Reads `path` through `env` (null: Env::Default()) and parses it. A relative data.source is
+// resolved against the current directory first and then the config file's directory.
 absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
                                             const std::vector<std::string>& overrides = {},
-                                            std::vector<std::string>* notes = nullptr);
+                                            std::vector<std::string>* notes = nullptr,
+                                            Env* env = nullptr);
 
 // Range and consistency checks (also run by Parse/Load). InvalidArgument naming the key.
 absl::Status ValidateTrainConfig(const TrainConfig& config);

@@ -1,7 +1,10 @@
 #include "kiln/train/config.h"
 
+#include <memory>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/base/mem_env.h"
 
 namespace kiln::train {
 namespace {
@@ -241,6 +244,26 @@ TEST(ConfigTest, NonfinitePatienceIsAPositiveKey) {
   EXPECT_EQ(ParseTrainConfig(kBase, "t.yaml")->nonfinite_patience, 3);
   EXPECT_THAT(ParseTrainConfig(kBase, "t.yaml", {"nonfinite_patience=0"}).status().message(),
               HasSubstr("nonfinite_patience: must be >= 1"));
+}
+
+// The config file, the directory check and the data path's resolution all go through the Env.
+TEST(ConfigTest, LoadsThroughTheEnv) {
+  std::unique_ptr<MemEnv> env = NewMemEnv();
+  ASSERT_TRUE(env->CreateDir("/runs").ok());
+  ASSERT_TRUE(env->CreateDir("/runs/exp").ok());
+  ASSERT_TRUE(WriteStringToFile(env.get(), kBase, "/runs/exp/config.yaml").ok());
+  ASSERT_TRUE(WriteStringToFile(env.get(), "x\n", "/runs/exp/d.csv").ok());
+  absl::StatusOr<TrainConfig> c = LoadTrainConfig("/runs/exp/config.yaml", {}, nullptr, env.get());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->steps, 50);
+  // d.csv is not in the current directory of the MemEnv, but beside the config.
+  EXPECT_EQ(c->data.source, "/runs/exp/d.csv");
+  absl::StatusOr<TrainConfig> dir = LoadTrainConfig("/runs/exp", {}, nullptr, env.get());
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(dir.status().message(), HasSubstr("pass its config: /runs/exp/config.yaml"));
+  absl::StatusOr<TrainConfig> missing = LoadTrainConfig("/runs/nope.yaml", {}, nullptr, env.get());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("/runs/nope.yaml"));
 }
 
 }  // namespace
