@@ -17,6 +17,8 @@ function(kiln_cc_test)
   add_executable(${K_NAME} ${K_SRCS})
   target_compile_options(${K_NAME} PRIVATE -Wall -Wno-sign-compare)
   target_compile_definitions(${K_NAME} PRIVATE KILN_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  # Header-only test helpers: #include "tests/support/temp_dir.h".
+  target_include_directories(${K_NAME} PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${K_NAME} PRIVATE ${K_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
   add_test(NAME ${K_NAME} COMMAND ${K_NAME})
   if(K_LABELS)

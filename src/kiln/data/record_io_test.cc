@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kiln/base/fault_injection_env.h"
 #include "kiln/base/mem_env.h"
+#include "tests/support/temp_dir.h"
 
 namespace kiln::data {
 namespace {
@@ -53,13 +54,7 @@ std::string SpecFrame(const std::string& data) {
   return len + Le(SpecMask(SpecCrc32c(len)), 4) + data + Le(SpecMask(SpecCrc32c(data)), 4);
 }
 
-std::string MakeTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/record_io_test.XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  EXPECT_NE(::mkdtemp(buf.data()), nullptr);
-  return buf.data();
-}
+std::string MakeTempDir() { return kiln::test_support::MakeTempDir("record_io_test"); }
 
 std::string ReadFileBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kiln/base/mem_env.h"
 #include "kiln/data/record_io.h"
+#include "tests/support/temp_dir.h"
 
 namespace kiln::train {
 namespace {
@@ -31,13 +32,7 @@ std::string FromHex(const std::string& hex) {
   return out;
 }
 
-std::string MakeTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/event_writer_test.XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  EXPECT_NE(::mkdtemp(buf.data()), nullptr);
-  return buf.data();
-}
+std::string MakeTempDir() { return kiln::test_support::MakeTempDir("event_writer_test"); }
 
 std::string ReadFileBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -11,19 +11,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/temp_dir.h"
 
 namespace kiln::train {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string MakeTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/metrics_test.XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  EXPECT_NE(::mkdtemp(buf.data()), nullptr);
-  return buf.data();
-}
+std::string MakeTempDir() { return kiln::test_support::MakeTempDir("metrics_test"); }
 
 std::vector<std::string> ReadLines(const std::string& path) {
   std::ifstream in(path);
