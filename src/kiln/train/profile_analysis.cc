@@ -143,6 +143,33 @@ ProfileVerdict ClassifyProfile(const std::vector<KernelStat>& kernels, const Pro
   return v;
 }
 
+namespace {
+
+std::string KernelLine(const KernelStat& k, const ProfileInputs& in) {
+  const double steps = static_cast<double>(std::max<int64_t>(in.steps, 1));
+  std::string rate;
+  if (k.kind == KernelKind::kMatmul) {
+    const double r = Share(k.flops * static_cast<double>(k.calls), k.seconds);
+    const double bare = k.bare_seconds > 0 ? k.flops / k.bare_seconds : in.matmul_peak;
+    rate = absl::StrFormat("%.1f GFLOP/s", r / 1e9);
+    if (bare > 0) {
+      absl::StrAppend(&rate, absl::StrFormat(" = %.0f%% of bare %.3g%s", 100 * r / bare, bare / 1e9,
+                                             k.bare_seconds > 0 ? "" : " (square)"));
+    }
+  } else {
+    const double r = Share(k.bytes * static_cast<double>(k.calls), k.seconds);
+    rate = absl::StrFormat("%.2f GB/s", r / 1e9);
+    if (in.memcpy_bandwidth > 0) {
+      absl::StrAppend(&rate, absl::StrFormat(" = %.0f%% of memcpy", 100 * r / in.memcpy_bandwidth));
+    }
+  }
+  return absl::StrFormat("\n  %8.2f ms %5.1f%%  x%-4g %s  %s  %s", 1e3 * k.seconds / steps,
+                         100 * Share(k.seconds, in.step_seconds),
+                         static_cast<double>(k.calls) / steps, k.op, k.shapes, rate);
+}
+
+}  // namespace
+
 std::string FormatTopKernels(const std::vector<KernelStat>& kernels, const ProfileInputs& in,
                              int top) {
   std::vector<const KernelStat*> rows;
@@ -150,31 +177,19 @@ std::string FormatTopKernels(const std::vector<KernelStat>& kernels, const Profi
   std::stable_sort(rows.begin(), rows.end(), [](const KernelStat* a, const KernelStat* b) {
     return a->seconds > b->seconds;
   });
-  if (static_cast<int>(rows.size()) > top) rows.resize(top);
-  const double steps = static_cast<double>(std::max<int64_t>(in.steps, 1));
-  std::string out = "largest kernels (per step):";
-  for (const KernelStat* k : rows) {
-    std::string rate;
-    if (k->kind == KernelKind::kMatmul) {
-      const double r = Share(k->flops * static_cast<double>(k->calls), k->seconds);
-      const double bare = k->bare_seconds > 0 ? k->flops / k->bare_seconds : in.matmul_peak;
-      rate = absl::StrFormat("%.1f GFLOP/s", r / 1e9);
-      if (bare > 0) {
-        absl::StrAppend(&rate, absl::StrFormat(" = %.0f%% of bare %.3g%s", 100 * r / bare,
-                                               bare / 1e9, k->bare_seconds > 0 ? "" : " (square)"));
-      }
-    } else {
-      const double r = Share(k->bytes * static_cast<double>(k->calls), k->seconds);
-      rate = absl::StrFormat("%.2f GB/s", r / 1e9);
-      if (in.memcpy_bandwidth > 0) {
-        absl::StrAppend(&rate,
-                        absl::StrFormat(" = %.0f%% of memcpy", 100 * r / in.memcpy_bandwidth));
-      }
+  std::string out;
+  for (KernelKind kind : {KernelKind::kMatmul, KernelKind::kMemory}) {
+    std::string lines;
+    int n = 0;
+    for (const KernelStat* k : rows) {
+      if (k->kind != kind || n >= top) continue;
+      lines += KernelLine(*k, in);
+      ++n;
     }
-    absl::StrAppend(
-        &out, absl::StrFormat("\n  %8.2f ms %5.1f%%  x%-4g %s  %s  %s", 1e3 * k->seconds / steps,
-                              100 * Share(k->seconds, in.step_seconds),
-                              static_cast<double>(k->calls) / steps, k->op, k->shapes, rate));
+    if (n == 0) continue;
+    absl::StrAppend(&out, out.empty() ? "" : "\n", "largest ",
+                    kind == KernelKind::kMatmul ? "matmul/conv" : "other",
+                    " kernels (per step):", lines);
   }
   return out;
 }

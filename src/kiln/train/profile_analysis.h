@@ -72,8 +72,9 @@ struct ProfileVerdict {
 ProfileVerdict ClassifyProfile(const std::vector<KernelStat>& kernels, const ProfileInputs& in,
                                const ProfileThresholds& t = {});
 
-// The `top` rows by time, one line each: time per step, share of the step, calls per step,
-// the achieved rate (GFLOP/s and % of bare for matmuls, GB/s and % of memcpy otherwise).
+// The `top` matmul rows and the `top` other rows by time, one line each: time per step, share
+// of the step, calls per step, the achieved rate (GFLOP/s and % of bare for matmuls, GB/s and %
+// of memcpy otherwise).
 std::string FormatTopKernels(const std::vector<KernelStat>& kernels, const ProfileInputs& in,
                              int top);
 

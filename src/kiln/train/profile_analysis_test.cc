@@ -60,7 +60,13 @@ TEST(ClassifyProfileTest, MatmulDominated) {
   EXPECT_THAT(top, HasSubstr("2430.00 ms  72.5%  x219  dot_general (onednn matmul)  f32[512,768]"));
   EXPECT_THAT(top, HasSubstr("160.0 GFLOP/s = 40% of bare 400 (square)"));
   EXPECT_THAT(top, HasSubstr("8.00 GB/s = 40% of memcpy"));
-  EXPECT_LT(top.find("dot_general"), top.find("fusion"));  // largest first
+  EXPECT_THAT(top, HasSubstr("largest matmul/conv kernels (per step):\n   2430.00 ms"));
+  EXPECT_THAT(top, HasSubstr("\nlargest other kernels (per step):\n    520.00 ms"));
+  // Each kind's largest first, `top` of each.
+  k.push_back(Loop(2 * 0.6, 2, 1e6));
+  top = FormatTopKernels(k, in, 1);
+  EXPECT_THAT(top, HasSubstr("other kernels (per step):\n    600.00 ms"));
+  EXPECT_THAT(top, ::testing::Not(HasSubstr("520.00 ms")));
 }
 
 TEST(ClassifyProfileTest, MemoryDominated) {
@@ -86,8 +92,9 @@ TEST(ClassifyProfileTest, OverheadDominated) {
   EXPECT_NEAR(v.matmul_share, 1.0 / 10.5, 1e-9);
   EXPECT_EQ(v.memory_share, 0);
   EXPECT_NEAR(v.overhead_share, 9.5 / 10.5, 1e-9);
-  EXPECT_THAT(v.text, HasSubstr("verdict: overhead-bound: 90% of the step is dispatch: 1101 "
-                                "kernels/step, 1100 of them under 20 us, and 4.00 ms/step outside"));
+  EXPECT_THAT(v.text,
+              HasSubstr("verdict: overhead-bound: 90% of the step is dispatch: 1101 "
+                        "kernels/step, 1100 of them under 20 us, and 4.00 ms/step outside"));
 }
 
 TEST(ClassifyProfileTest, InputWaitAtTheThresholdWins) {

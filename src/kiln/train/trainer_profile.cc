@@ -239,6 +239,8 @@ absl::Status Trainer::ReportProfile(double total, double input, double compute, 
     Log("profile: no steps fell in --profile-steps; trace.json holds only the compile events");
     return absl::OkStatus();
   }
+  // The run's peak so far, before the profile's own measurements allocate their operands.
+  const int64_t peak_rss = PeakRssBytes();
   runtime::Backend& backend = *options_.backend;
   const runtime::Executable& exe = step_->executable();
   const double flops = CountMatmulFlops(exe.graph());
@@ -262,7 +264,7 @@ absl::Status Trainer::ReportProfile(double total, double input, double compute, 
                       .gradients = step_->params().num_elements() * int64_t{4},
                       .optimizer_state = 2 * StoreBytes(step_->optimizer_state()),
                       .arena = exe.plan().arena_bytes,
-                      .peak_rss = PeakRssBytes()};
+                      .peak_rss = peak_rss};
   constexpr double kMiB = 1024.0 * 1024.0;
   profiler_.SetOtherData("verdict", std::string(BoundName(v.bound)));
   profiler_.SetOtherData("memory_mib/parameters", mem.parameters / kMiB);

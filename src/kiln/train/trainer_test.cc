@@ -435,7 +435,7 @@ TEST(TrainerTest, ProfileSummaryHasVerdictKernelsAndMemoryBreakdown) {
   EXPECT_NE(text.find("profile of 2 steps"), std::string::npos) << text;
   EXPECT_NE(text.find("\nverdict: "), std::string::npos) << text;
   EXPECT_NE(text.find("shares of the step: matmul/conv "), std::string::npos) << text;
-  EXPECT_NE(text.find("largest kernels (per step):"), std::string::npos) << text;
+  EXPECT_NE(text.find("largest matmul/conv kernels (per step):"), std::string::npos) << text;
   EXPECT_NE(text.find("f32[32,64] x f32[64,16] -> f32[32,16]"), std::string::npos) << text;
   // MLP 64-16-10: 1210 f32 parameters, two resident sets; adamw keeps two moments per parameter.
   EXPECT_NE(text.find("memory (MiB): parameters 0.0, gradients 0.0 (inside the arena), "
