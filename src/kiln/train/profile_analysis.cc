@@ -163,7 +163,7 @@ std::string KernelLine(const KernelStat& k, const ProfileInputs& in) {
       absl::StrAppend(&rate, absl::StrFormat(" = %.0f%% of memcpy", 100 * r / in.memcpy_bandwidth));
     }
   }
-  return absl::StrFormat("\n  %8.2f ms %5.1f%%  x%-4g %s  %s  %s", 1e3 * k.seconds / steps,
+  return absl::StrFormat("\n  %9.3f ms %5.1f%%  x%-4g %s  %s  %s", 1e3 * k.seconds / steps,
                          100 * Share(k.seconds, in.step_seconds),
                          static_cast<double>(k.calls) / steps, k.op, k.shapes, rate);
 }

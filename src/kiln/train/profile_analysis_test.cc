@@ -57,16 +57,17 @@ TEST(ClassifyProfileTest, MatmulDominated) {
   k[0].bare_seconds = 0;
   EXPECT_NEAR(ClassifyProfile(k, in).matmul_bare_fraction, 0.4, 1e-9);
   std::string top = FormatTopKernels(k, in, 8);
-  EXPECT_THAT(top, HasSubstr("2430.00 ms  72.5%  x219  dot_general (onednn matmul)  f32[512,768]"));
+  EXPECT_THAT(top,
+              HasSubstr("2430.000 ms  72.5%  x219  dot_general (onednn matmul)  f32[512,768]"));
   EXPECT_THAT(top, HasSubstr("160.0 GFLOP/s = 40% of bare 400 (square)"));
   EXPECT_THAT(top, HasSubstr("8.00 GB/s = 40% of memcpy"));
-  EXPECT_THAT(top, HasSubstr("largest matmul/conv kernels (per step):\n   2430.00 ms"));
-  EXPECT_THAT(top, HasSubstr("\nlargest other kernels (per step):\n    520.00 ms"));
+  EXPECT_THAT(top, HasSubstr("largest matmul/conv kernels (per step):\n   2430.000 ms"));
+  EXPECT_THAT(top, HasSubstr("\nlargest other kernels (per step):\n    520.000 ms"));
   // Each kind's largest first, `top` of each.
   k.push_back(Loop(2 * 0.6, 2, 1e6));
   top = FormatTopKernels(k, in, 1);
-  EXPECT_THAT(top, HasSubstr("other kernels (per step):\n    600.00 ms"));
-  EXPECT_THAT(top, ::testing::Not(HasSubstr("520.00 ms")));
+  EXPECT_THAT(top, HasSubstr("other kernels (per step):\n    600.000 ms"));
+  EXPECT_THAT(top, ::testing::Not(HasSubstr("520.000 ms")));
 }
 
 TEST(ClassifyProfileTest, MemoryDominated) {

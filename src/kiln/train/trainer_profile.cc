@@ -180,7 +180,8 @@ Row DescribeThunk(const ir::Graph& g, const compiler::ExecutionPlan& plan,
                      g.node(c.operands()[1]).type().ToString(), " -> ", c.type().ToString());
     if (c.opcode() == ir::Opcode::kDotGeneral) row.dot = contraction;
   } else {
-    row.stat.shapes = absl::StrCat(JoinTypes(g, reads, 3), " -> ", JoinTypes(g, writes, 2));
+    row.stat.shapes = absl::StrCat(JoinTypes(g, reads, 3), reads.empty() ? "-> " : " -> ",
+                                   JoinTypes(g, writes, 2));
   }
   return row;
 }
