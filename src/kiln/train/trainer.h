@@ -179,7 +179,8 @@ class Trainer {
   bool progress_line_open_ = false;
 };
 
-// Multiply-adds x2 of every dot_general and conv2d (forward and backward) node of `graph`.
+// Multiply-adds x2 of every dot_general, conv2d (forward and backward) and attention node of
+// `graph` (attention: both of its products, causal or not).
 double CountMatmulFlops(const ir::Graph& graph);
 
 // The optimizer a config describes (schedule total = config.steps).

@@ -3,7 +3,9 @@
 // measured against, and the report Trainer::Run prints (docs/train.md "--profile-steps A:B"); the
 // classification itself is profile_analysis.h. Split from trainer.cc, which keeps the loop.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -21,7 +23,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// FLOPs of one node (0 for anything but contractions and convolutions).
+// FLOPs of one node (0 for anything but contractions, convolutions and attention).
 double NodeFlops(const ir::Graph& graph, const ir::Node& n) {
   auto elems = [&](int operand) {
     return static_cast<double>(graph.node(n.operands()[operand]).type().shape.num_elements());
@@ -45,6 +47,14 @@ double NodeFlops(const ir::Graph& graph, const ir::Node& n) {
     case ir::Opcode::kConv2dBackwardFilter: {  // operands input, grad_out; result = filter
       const Shape& w = n.type().shape;
       return 2 * elems(1) * out / static_cast<double>(w[0]);
+    }
+    case ir::Opcode::kAttention: {  // q[...,Sq,D] k[...,Sk,D] v[...,Sk,Dv]: QK^T, then PV
+      const Shape& q = graph.node(n.operands()[0]).type().shape;
+      const Shape& k = graph.node(n.operands()[1]).type().shape;
+      const double d = static_cast<double>(q[q.rank() - 1]);
+      const double dv = static_cast<double>(n.type().shape[n.type().shape.rank() - 1]);
+      const double sk = static_cast<double>(k[k.rank() - 2]);
+      return 2 * (out / dv) * sk * d + 2 * out * sk;
     }
     default:
       return 0;

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kiln/base/fault_injection_env.h"
 #include "kiln/base/mem_env.h"
+#include "kiln/ir/builder.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/train/event_writer.h"
 
@@ -414,6 +415,18 @@ TEST(TrainerTest, CountsMatmulFlops) {
   EXPECT_GE(flops, 2 * fwd);
   EXPECT_LE(flops, 3 * fwd);
   fs::remove_all(out);
+}
+
+// Attention counts both of its products: QK^T (2·B·H·Sq·Sk·D) and PV (2·B·H·Sq·Sk·Dv).
+TEST(TrainerTest, CountsAttentionFlops) {
+  ir::Builder b("attn");
+  ir::Value q = b.Parameter("q", DType::kF32, {2, 3, 5, 8});
+  ir::Value k = b.Parameter("k", DType::kF32, {2, 3, 7, 8});
+  ir::Value v = b.Parameter("v", DType::kF32, {2, 3, 7, 4});
+  b.Output("o", ir::Attention(q, k, v, /*causal=*/true));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_DOUBLE_EQ(CountMatmulFlops(*g), 2.0 * 6 * 5 * 7 * 8 + 2.0 * 6 * 5 * 7 * 4);
 }
 
 // --profile-steps: the summary names a verdict, the largest kernels with their shapes, and the
