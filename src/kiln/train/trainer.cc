@@ -14,6 +14,7 @@
 #include "kiln/nn/optim.h"
 #include "kiln/nn/params.h"
 #include "kiln/train/divergence.h"
+#include "kiln/train/profile_analysis.h"
 
 namespace kiln::train {
 namespace {
@@ -436,6 +437,7 @@ absl::StatusOr<nn::StepMetrics> Trainer::Step(int64_t number, Loop& loop) {
     loop.prof_input += Seconds(t1 - t0);
     loop.prof_compute += Seconds(t2 - t1);
     ++loop.prof_steps;
+    profile_peak_rss_ = PeakRssBytes();  // the breakdown's peak: the window's, not the save's
   }
   if (loop.ran == 1) {
     loop.timed_start = t2;

@@ -167,6 +167,7 @@ class Trainer {
   std::unique_ptr<CheckpointManager> ckpt_;
   std::unique_ptr<MultiSink> metrics_;
   Profiler profiler_;
+  int64_t profile_peak_rss_ = -1;  // VmHWM at the end of the last profiled step (-1: none yet)
   Tensor x_, x_flat_, y_;
   std::atomic<bool> stop_{false};
   int64_t start_step_ = 0;

@@ -250,8 +250,9 @@ absl::Status Trainer::ReportProfile(double total, double input, double compute, 
     Log("profile: no steps fell in --profile-steps; trace.json holds only the compile events");
     return absl::OkStatus();
   }
-  // The run's peak so far, before the profile's own measurements allocate their operands.
-  const int64_t peak_rss = PeakRssBytes();
+  // The peak at the end of the profiled window: not the final checkpoint's host copy, nor the
+  // operands of the measurements below.
+  const int64_t peak_rss = profile_peak_rss_ >= 0 ? profile_peak_rss_ : PeakRssBytes();
   runtime::Backend& backend = *options_.backend;
   const runtime::Executable& exe = step_->executable();
   const double flops = CountMatmulFlops(exe.graph());
