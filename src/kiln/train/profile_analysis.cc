@@ -49,6 +49,12 @@ std::string VerdictLine(const ProfileVerdict& v, const ProfileInputs& in,
                              ? absl::StrFormat(" = %.0f%% of the bare oneDNN rate for their shapes",
                                                100 * v.matmul_bare_fraction)
                              : " (bare rate not measured)";
+      if (v.bare_slowed > 0) {
+        absl::StrAppend(&bare, absl::StrFormat(" (at least: %d of the bare measurements ran slower "
+                                               "than the step, so the machine is busy; rerun on a "
+                                               "quiet one)",
+                                               v.bare_slowed));
+      }
       std::string peak = in.matmul_peak > 0 ? absl::StrFormat(" (square f32 peak %.0f GFLOP/s)",
                                                               in.matmul_peak / 1e9)
                                             : "";
@@ -103,7 +109,11 @@ ProfileVerdict ClassifyProfile(const std::vector<KernelStat>& kernels, const Pro
       matmul_s += k.seconds;
       flops += k.flops * static_cast<double>(k.calls);
       if (k.bare_seconds > 0) {
-        bare_s += k.bare_seconds * static_cast<double>(k.calls);
+        // The bare primitive never beats the same matmul inside the step; when its measurement
+        // says so, other load slowed it: count the step's own time instead, and say so.
+        const double mean = k.seconds / static_cast<double>(k.calls);
+        if (k.bare_seconds > mean) ++v.bare_slowed;
+        bare_s += std::min(k.bare_seconds, mean) * static_cast<double>(k.calls);
       } else if (in.matmul_peak > 0) {
         bare_s += k.flops * static_cast<double>(k.calls) / in.matmul_peak;
       } else {
@@ -155,6 +165,7 @@ std::string KernelLine(const KernelStat& k, const ProfileInputs& in) {
     if (bare > 0) {
       absl::StrAppend(&rate, absl::StrFormat(" = %.0f%% of bare %.3g%s", 100 * r / bare, bare / 1e9,
                                              k.bare_seconds > 0 ? "" : " (square)"));
+      if (r > bare) absl::StrAppend(&rate, " (bare slowed by other load)");
     }
   } else {
     const double r = Share(k.bytes * static_cast<double>(k.calls), k.seconds);

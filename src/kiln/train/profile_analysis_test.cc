@@ -53,6 +53,15 @@ TEST(ClassifyProfileTest, MatmulDominated) {
                                 "at 160.0 GFLOP/s = 60% of the bare oneDNN rate for their shapes"));
   EXPECT_THAT(v.text, HasSubstr("other kernels 15.5%"));
 
+  // A bare measurement slower than the step itself was disturbed: the step's time stands in.
+  k[0].bare_seconds = 1.5 * 2.43 / 219;
+  ProfileVerdict slowed = ClassifyProfile(k, in);
+  EXPECT_EQ(slowed.bare_slowed, 1);
+  EXPECT_NEAR(slowed.matmul_bare_fraction, 1.0, 1e-9);
+  EXPECT_THAT(slowed.text, HasSubstr("= 100% of the bare oneDNN rate for their shapes (at least: "
+                                     "1 of the bare measurements ran slower than the step"));
+  EXPECT_THAT(FormatTopKernels(k, in, 8), HasSubstr("(bare slowed by other load)"));
+
   // Without a bare time per row, the square peak stands in: 160 / 400.
   k[0].bare_seconds = 0;
   EXPECT_NEAR(ClassifyProfile(k, in).matmul_bare_fraction, 0.4, 1e-9);
