@@ -46,6 +46,7 @@
 #include <malloc.h>
 #include <omp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -572,7 +573,16 @@ struct Row {
   double min_bytes = 0;  // the step's bytes outside its matmuls (Workload::min_bytes)
   // The fastest and slowest timed rep of each side (0: none).
   double kiln_lo = 0, kiln_hi = 0, peer_lo = 0, peer_hi = 0;
+  // Page faults (minor + major) of this process per timed Kiln step: median and most.
+  double kiln_faults = 0, kiln_faults_max = 0;
 };
+
+// Page faults (minor + major) this process has taken so far.
+int64_t PageFaults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt + u.ru_majflt;
+}
 
 // Whether Kiln / peer ratios mean anything: false when the peer's matmul runs at under half of
 // oneDNN's (a crippled BLAS), set once both rates are measured.
@@ -597,15 +607,17 @@ Row RunPair(const std::string& name, Workload& w, Peer* peer, int rounds, int re
   std::string skip = peer ? peer->Setup(name) : "no peer";
   bool with_peer = skip.empty();
   if (!with_peer) row.note = "peer: " + skip;
-  std::vector<double> tk, tp;
+  std::vector<double> tk, tp, faults;
   // Each round starts with one untimed step on each side: the first step after the other side
   // ran (cold caches, sleeping threads) is not the steady state either side is measured in.
   auto kiln_round = [&] {
     w.step();
     for (int i = 0; i < reps; ++i) {
+      const int64_t f0 = PageFaults();
       double t0 = Seconds();
       w.step();
       tk.push_back((Seconds() - t0) * 1e3);
+      faults.push_back(static_cast<double>(PageFaults() - f0));
     }
   };
   // OpenBLAS's worker threads spin for a long time after each call (THREAD_TIMEOUT, 2^28 cycles
@@ -637,6 +649,8 @@ Row RunPair(const std::string& name, Workload& w, Peer* peer, int rounds, int re
     }
   }
   row.kiln_ms = Median(tk);
+  row.kiln_faults = Median(faults);
+  if (!faults.empty()) row.kiln_faults_max = *std::ranges::max_element(faults);
   row.peer_ms = with_peer ? Median(tp) : 0;
   if (!tk.empty())
     std::tie(row.kiln_lo, row.kiln_hi) =
@@ -822,11 +836,11 @@ void Bench::Add(const std::string& name, absl::StatusOr<Workload> w, int reps, i
   if (flags.profile) PrintProfile(name, *w, reps);
   std::printf(
       "%-22s kiln %9.3f ms [%.3f-%.3f]  peer %9s ms [%.3f-%.3f]  ratio %6s  rounds %d  %.1f "
-      "GFLOP/s %s\n",
+      "GFLOP/s  kiln page faults/step %.0f (most %.0f) %s\n",
       r.name.c_str(), r.kiln_ms, r.kiln_lo, r.kiln_hi,
       r.peer_ms > 0 ? JsonNumber(r.peer_ms, true).c_str() : "-", r.peer_lo, r.peer_hi,
       RatioText(r.kiln_ms, r.peer_ms).c_str(), r.rounds, r.flops / (r.kiln_ms * 1e-3) * 1e-9,
-      r.note.c_str());
+      r.kiln_faults, r.kiln_faults_max, r.note.c_str());
   std::fflush(stdout);
 }
 
