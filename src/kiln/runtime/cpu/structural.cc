@@ -192,6 +192,33 @@ std::unique_ptr<Thunk> ScatterAddThunk(const ir::Node& n, LowerContext& lc) {
 
 }  // namespace
 
+// iota: the index along `dimension`. The output is runs of `inner` equal values (the dims after
+// `dimension`), the value counting 0..D-1 and starting over for each outer index; the threads
+// write whole runs with typed stores (a constant of [tokens x vocab] for the one-hot of a
+// cross-entropy gradient is rebuilt every step, so it must run at memory speed).
+template <typename T>
+LowerResult IotaThunk(const ir::Node& n) {
+  const DType t = n.type().dtype;
+  const Shape& s = n.type().shape;
+  const int dim = static_cast<int>(n.attr_int("dimension"));
+  int64_t D = s.dim(dim), inner = 1;
+  for (int d = dim + 1; d < s.rank(); ++d) inner *= s.dim(d);
+  const int64_t runs = inner == 0 ? 0 : s.num_elements() / inner;
+  const int out = n.id();
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, inner));
+  return MakeFnThunk(n, "loop", [=](RunContext& ctx) {
+    T* y = static_cast<T*>(ctx.buffers[out]);
+    ParallelFor(runs, grain, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        T v;  // the value converted as the reference kernel converts it
+        StoreFromDouble(&v, t, 0, static_cast<double>(r % D));
+        T* row = y + r * inner;
+        for (int64_t i = 0; i < inner; ++i) row[i] = v;
+      }
+    });
+  });
+}
+
 LowerResult LowerIndexing(const ir::Node& n, LowerContext& lc) {
   switch (n.opcode()) {
     case Opcode::kGather: {
@@ -237,19 +264,11 @@ LowerResult LowerIndexing(const ir::Node& n, LowerContext& lc) {
           UnsupportedDType(n, t));
     }
     case Opcode::kIota: {
-      const Shape& s = n.type().shape;
-      int dim = static_cast<int>(n.attr_int("dimension"));
-      int64_t D = s.dim(dim), inner = 1, count = s.num_elements();
-      for (int d = dim + 1; d < s.rank(); ++d) inner *= s.dim(d);
-      int out = n.id();
       DType t = n.type().dtype;
-      return MakeFnThunk(n, "loop", [=](RunContext& ctx) {
-        void* y = ctx.buffers[out];
-        ParallelFor(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i)
-            StoreFromDouble(y, t, i, static_cast<double>((i / inner) % D));
-        });
-      });
+      if (t == DType::kBool) return IotaThunk<uint8_t>(n);
+      return VisitNumeric(
+          t, [&](auto tag) -> LowerResult { return IotaThunk<typename decltype(tag)::type>(n); },
+          UnsupportedDType(n, t));
     }
     default:
       return Unimplemented(n, "not an indexing op");
