@@ -59,6 +59,13 @@ Value DecomposeRmsNorm(Value x, Value gamma, double epsilon) {
   return x * BroadcastBack(r, x, last) * gamma;
 }
 
+// The class index is a broadcast of a [num_classes] iota along the last dim, not an iota of the
+// whole [..., num_classes] shape: nothing of that size is materialized for it, and the compare
+// reads both sides through broadcasting views. With fewer than 2^24 classes the compare runs in
+// f32 (every class index and every label that could equal one is exact in f32; a label at or
+// above 2^24 rounds to a value that is still >= num_classes, so it matches nothing as before),
+// which the loop fusion takes: the one-hot of a cross-entropy gradient over a 50257-word
+// vocabulary then costs no pass over memory of its own.
 Value OneHot(Value labels, int64_t num_classes, DType dtype) {
   ir::Builder* b = labels.builder();
   std::vector<int64_t> dims = labels.shape().dims();
@@ -66,8 +73,12 @@ Value OneHot(Value labels, int64_t num_classes, DType dtype) {
   for (size_t i = 0; i < bd.size(); ++i) bd[i] = static_cast<int64_t>(i);
   dims.push_back(num_classes);
   Shape shape(dims);
-  Value classes = b->Iota(labels.dtype(), shape, static_cast<int64_t>(dims.size()) - 1);
-  Value hit = ir::Eq(classes, ir::BroadcastInDim(labels, shape, bd));
+  const int64_t last = static_cast<int64_t>(dims.size()) - 1;
+  const bool exact_in_f32 = num_classes <= (int64_t{1} << 24) && IsInteger(labels.dtype());
+  const DType index_type = exact_in_f32 ? DType::kF32 : labels.dtype();
+  Value classes = ir::BroadcastInDim(b->Iota(index_type, Shape{num_classes}, 0), shape, {last});
+  Value as_index = labels.dtype() == index_type ? labels : ir::Convert(labels, index_type);
+  Value hit = ir::Eq(classes, ir::BroadcastInDim(as_index, shape, bd));
   return ir::Select(hit, b->Scalar(1.0, dtype), b->Scalar(0.0, dtype));
 }
 
