@@ -1106,7 +1106,12 @@ void ReportRoofline(Bench& b) {
         floor_ms, r.flops * 1e-9, rate * 1e-9, r.min_bytes * 1e-9, b.memcpy_rate * 1e-9,
         r.kiln_ms / floor_ms,
         r.peer_ms > 0 ? absl::StrFormat(", peer x%.3f", r.peer_ms / floor_ms).c_str() : "");
-    std::printf("  %-22s %s\n", r.name.c_str(), note);
+    // A step faster than its floor means the bare rates were measured under other load.
+    const char* caveat = r.kiln_ms < floor_ms
+                             ? " (a step below its floor: the bare rates were measured under "
+                               "other load, so this floor is no bound)"
+                             : "";
+    std::printf("  %-22s %s%s\n", r.name.c_str(), note, caveat);
     floors.push_back({"roofline_floor_" + r.name, floor_ms, 0, 0, std::string("ms; ") + note});
     floors.push_back({"roofline_multiple_" + r.name, r.kiln_ms / floor_ms,
                       r.peer_ms > 0 ? r.peer_ms / floor_ms : 0, 0,
