@@ -141,6 +141,26 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   for (int64_t i = 0; i < n; ++i) row[i] *= inv;
 }
 
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) float LogSumExpRowF32(
+    const float* row, int64_t n) {
+  float mp[8];
+  for (int k = 0; k < 8; ++k) mp[k] = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) mp[k] = std::max(mp[k], row[j + k]);
+  float m = -std::numeric_limits<float>::infinity();
+  for (int k = 0; k < 8; ++k) m = std::max(m, mp[k]);
+  for (; j < n; ++j) m = std::max(m, row[j]);
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) part[k] += FastExp(row[j + k] - m);
+  float sum =
+      ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  for (; j < n; ++j) sum += FastExp(row[j] - m);
+  return m + std::log(sum);
+}
+
 namespace {
 
 absl::Status MakeMatmul(const ir::Node& n, CpuContext& cpu, WorkspaceLayout& layout,

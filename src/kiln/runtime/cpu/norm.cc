@@ -3,6 +3,7 @@
 // compute in f32 (f64 for f64), two passes over each row for numerical stability.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "kiln/runtime/cpu/internal/common.h"
 
@@ -111,11 +112,16 @@ std::unique_ptr<Thunk> CrossEntropyThunk(const ir::Node& n, LowerContext& lc) {
               y[r] = Elem<S>::Store(C(0));
               continue;
             }
-            C m = -std::numeric_limits<C>::infinity();
-            for (int64_t i = 0; i < Cn; ++i) m = std::max(m, Elem<S>::Load(p[i]));
-            C sum = 0;
-            for (int64_t i = 0; i < Cn; ++i) sum += std::exp(Elem<S>::Load(p[i]) - m);
-            C lse = m + std::log(sum);
+            C lse;
+            if constexpr (std::is_same_v<S, float>) {
+              lse = LogSumExpRowF32(p, Cn);  // vectorized: a vocabulary-wide row is the hot case
+            } else {
+              C m = -std::numeric_limits<C>::infinity();
+              for (int64_t i = 0; i < Cn; ++i) m = std::max(m, Elem<S>::Load(p[i]));
+              C sum = 0;
+              for (int64_t i = 0; i < Cn; ++i) sum += std::exp(Elem<S>::Load(p[i]) - m);
+              lse = m + std::log(sum);
+            }
             y[r] = Elem<S>::Store(lse - Elem<S>::Load(p[k]));
           }
         });

@@ -115,6 +115,10 @@ inline float FastExp(float x) {
 // Softmax of one row in place (with a scale applied first): max, exp(x - max) with FastExp, and
 // a sum with 8 partial accumulators, all vectorized (runtime ISA dispatch; attention.cc).
 void SoftmaxRowF32(float* row, int64_t n, float scale);
+// log(sum(exp(row))) of one row (n > 0), read only: the max, then FastExp(x - max) summed in 8
+// lanes combined in a fixed order (deterministic), plus the max. attention.cc, beside
+// SoftmaxRowF32.
+float LogSumExpRowF32(const float* row, int64_t n);
 
 template <typename T>
 struct TypeTag {
