@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/pipeline.h"
+#include "tests/support/temp_dir.h"
 
 namespace kiln::data {
 namespace {
@@ -25,8 +26,7 @@ constexpr int64_t kRows = 131;
 // A digits-layout CSV whose row i carries i in its first two pixels (i / 17, i % 17), so every
 // batch row names its example.
 std::string WriteCsv() {
-  const std::string path =
-      ::testing::TempDir() + "/source_test_" + std::to_string(::getpid()) + ".csv";
+  const std::string path = kiln::test_support::MakeTempDir("source_test") + "/digits.csv";
   std::string text;
   for (int64_t i = 0; i < kRows; ++i) {
     text += std::to_string(i / 17) + "," + std::to_string(i % 17);

@@ -16,6 +16,7 @@
 #include "kiln/base/fault_injection_env.h"
 #include "kiln/base/mem_env.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/temp_dir.h"
 
 namespace kiln::train {
 namespace {
@@ -240,11 +241,7 @@ TEST(ProfilerTest, OtherDataJoinsTheTraceMetadata) {
 }
 
 TEST(ProfilerTest, WriteJsonAtomically) {
-  std::string tmpl = ::testing::TempDir() + "/trace_test.XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  ASSERT_NE(::mkdtemp(buf.data()), nullptr);
-  const std::string path = std::string(buf.data()) + "/trace.json";
+  const std::string path = kiln::test_support::MakeTempDir("trace_test") + "/trace.json";
   Profiler::Options opt;
   opt.enabled = true;
   Profiler p(opt);

@@ -13,17 +13,16 @@
 #include "kiln/ir/builder.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/train/event_writer.h"
+#include "tests/support/temp_dir.h"
 
 namespace kiln::train {
 namespace {
 
 namespace fs = std::filesystem;
 
+// A run directory that does not exist yet, inside a temp folder removed when the test exits.
 std::string TempDir(const std::string& name) {
-  fs::path p =
-      fs::temp_directory_path() / ("kiln_trainer_test_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(p);
-  return p.string();
+  return kiln::test_support::MakeTempDir("kiln_trainer_test_" + name) + "/run";
 }
 
 constexpr char kCsv[] = KILN_SOURCE_DIR "/examples/data/digits.csv.gz";
