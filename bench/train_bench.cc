@@ -73,6 +73,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/gpt2_bench.h"
 #include "bench/peer_blas.h"
+#include "kiln/base/memory.h"
 #include "kiln/base/status.h"
 #include "kiln/compiler/cache.h"
 #include "kiln/ir/builder.h"
@@ -741,34 +742,9 @@ std::pair<double, double> MatmulRates() {
       2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kBF16, 1024, 20));
 }
 
-// memcpy bandwidth on the OpenMP threads (bytes read + written per second): 64 MiB copied in one
-// slice per thread, the median of 7 copies after 2 untimed ones.
-double MemcpyRate() {
-  const size_t n = size_t{64} << 20;
-  std::vector<char> src(n, 1), dst(n, 0);  // first touch before timing
-  std::vector<double> times;
-  for (int i = 0; i < 9; ++i) {
-    double t0 = Seconds();
-#pragma omp parallel
-    {
-      const size_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-      const size_t chunk = (n + nt - 1) / nt, lo = std::min(n, id * chunk);
-      std::memcpy(dst.data() + lo, src.data() + lo, std::min(n, lo + chunk) - lo);
-    }
-    if (i >= 2) times.push_back(Seconds() - t0);
-  }
-  return 2.0 * n / Median(times);
-}
-
-// A "<field>: <n> kB" line of /proc/self/status in bytes (-1 if absent).
-int64_t StatusBytes(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::atoll(line.c_str() + field.size() + 1) * 1024;
-  }
-  return -1;
-}
+// memcpy bandwidth on as many threads as OpenMP uses (bytes read + written per second, the median
+// of 7 copies of 64 MiB: base/memory.h).
+double MemcpyRate() { return MemcpyBytesPerSecond(omp_get_max_threads(), 7); }
 
 // As the peer does (peer_torch.py): returns freed heap to the OS, resets the kernel's peak-RSS
 // counter and returns the resident set now (-1 when the peak cannot be reset).
@@ -777,7 +753,7 @@ int64_t ResetPeakRss() {
   std::ofstream clear("/proc/self/clear_refs");
   clear << "5";
   clear.close();
-  return clear ? StatusBytes("VmRSS") : -1;
+  return clear ? ProcStatusBytes("VmRSS") : -1;
 }
 
 // One benchmark's compile times and memory (its step closure is not run again).
@@ -831,7 +807,7 @@ void Bench::Add(const std::string& name, absl::StatusOr<Workload> w, int reps, i
   r.bf16 = rate == mm_bf16;
   r.min_bytes = w->min_bytes;
   rows.push_back(r);
-  if (baseline >= 0) memory.back().w.rss_delta = StatusBytes("VmHWM") - baseline;
+  if (baseline >= 0) memory.back().w.rss_delta = ProcStatusBytes("VmHWM") - baseline;
   if (r.peer_ms > 0) memory.back().peer_rss = peer->Command("rss " + name);
   if (flags.profile) PrintProfile(name, *w, reps);
   std::printf(

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 namespace kiln {
 
@@ -23,6 +24,17 @@ inline constexpr int64_t AlignUp(int64_t bytes, int64_t alignment = kBufferAlign
 // `bytes` zeroed bytes (at least `alignment`, a power of two up to the page size) aligned to
 // `alignment`, every page mapped. Throws std::bad_alloc when the memory is not available.
 std::shared_ptr<uint8_t> AllocatePopulated(int64_t bytes, int64_t alignment);
+
+// The bytes of a "<field>: <n> kB" line of a /proc/<pid>/status text (VmHWM, VmRSS, ...), or -1
+// when the field is absent or malformed.
+int64_t ParseProcStatusBytes(std::string_view status_text, std::string_view field);
+// The same for this process (/proc/self/status), or -1 where there is none.
+int64_t ProcStatusBytes(std::string_view field);
+
+// memcpy bandwidth in bytes read + written per second: 64 MiB copied in one slice per thread on
+// `threads` threads, the median of `reps` copies after 2 untimed ones (the buffers are touched
+// before timing). The memory-bound limit that benchmarks and the profile rate kernels against.
+double MemcpyBytesPerSecond(int threads, int reps);
 
 }  // namespace kiln
 

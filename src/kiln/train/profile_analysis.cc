@@ -1,15 +1,13 @@
 #include "kiln/train/profile_analysis.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kiln/base/memory.h"
 
 namespace kiln::train {
 
@@ -220,51 +218,11 @@ std::string FormatMemoryBreakdown(const MemoryBreakdown& m) {
   return out;
 }
 
-int64_t ParseVmHwmBytes(std::string_view proc_status) {
-  std::istringstream in{std::string(proc_status)};
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) != 0) continue;
-    std::istringstream fields(line.substr(6));
-    int64_t kib = -1;
-    std::string unit;
-    fields >> kib >> unit;
-    if (fields.fail() || kib < 0 || unit != "kB") return -1;
-    return kib * 1024;
-  }
-  return -1;
-}
-
-int64_t PeakRssBytes() {
-  std::ifstream f("/proc/self/status");
-  if (!f) return -1;
-  std::stringstream text;
-  text << f.rdbuf();
-  return ParseVmHwmBytes(text.str());
-}
+int64_t PeakRssBytes() { return ProcStatusBytes("VmHWM"); }
 
 double MemcpyBandwidth() {
-  static const double bandwidth = [] {
-    constexpr size_t kBytes = size_t{64} << 20;
-    const int threads = std::max(1u, std::thread::hardware_concurrency());
-    std::unique_ptr<char[]> src(new char[kBytes]), dst(new char[kBytes]);
-    std::memset(src.get(), 1, kBytes);  // first touch outside the timing
-    std::memset(dst.get(), 0, kBytes);
-    const size_t chunk = kBytes / static_cast<size_t>(threads);
-    double best = 1e30;
-    for (int rep = 0; rep < 5; ++rep) {
-      auto start = std::chrono::steady_clock::now();
-      std::vector<std::thread> pool;
-      for (int i = 0; i < threads; ++i) {
-        pool.emplace_back(
-            [&, i] { std::memcpy(dst.get() + i * chunk, src.get() + i * chunk, chunk); });
-      }
-      for (std::thread& th : pool) th.join();
-      best = std::min(
-          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    return 2.0 * static_cast<double>(chunk * threads) / best;
-  }();
+  static const double bandwidth = MemcpyBytesPerSecond(
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), /*reps=*/5);
   return bandwidth;
 }
 

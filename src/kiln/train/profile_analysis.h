@@ -96,12 +96,10 @@ struct MemoryBreakdown {
 // "memory: parameters 474.8 MiB, gradients 237.4 MiB (in the arena), ..." (several lines).
 std::string FormatMemoryBreakdown(const MemoryBreakdown& m);
 
-// VmHWM of a /proc/<pid>/status text in bytes, or -1 when absent.
-int64_t ParseVmHwmBytes(std::string_view proc_status);
 // This process's peak resident set (VmHWM of /proc/self/status), or -1 where there is none.
 int64_t PeakRssBytes();
-// Bytes/s (read + written) of a 64 MiB memcpy split over the hardware threads, best of 5;
-// measured on the first call and cached for the process.
+// Bytes/s (read + written) of a 64 MiB memcpy split over the hardware threads, the median of 5
+// (kiln::MemcpyBytesPerSecond, base/memory.h); measured on the first call and cached.
 double MemcpyBandwidth();
 
 }  // namespace kiln::train

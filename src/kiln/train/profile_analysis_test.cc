@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/base/memory.h"
 
 namespace kiln::train {
 namespace {
@@ -137,10 +138,11 @@ TEST(MemoryBreakdownTest, FormatsEveryPartInMiB) {
 }
 
 TEST(MemoryBreakdownTest, ParsesVmHwm) {
-  EXPECT_EQ(ParseVmHwmBytes("Name:\tkiln\nVmPeak:\t  900 kB\nVmHWM:\t  5120 kB\nVmRSS:\t 10 kB\n"),
+  EXPECT_EQ(ParseProcStatusBytes(
+                "Name:\tkiln\nVmPeak:\t  900 kB\nVmHWM:\t  5120 kB\nVmRSS:\t 10 kB\n", "VmHWM"),
             5120 * 1024);
-  EXPECT_EQ(ParseVmHwmBytes("Name:\tkiln\n"), -1);
-  EXPECT_EQ(ParseVmHwmBytes("VmHWM:\tlots\n"), -1);
+  EXPECT_EQ(ParseProcStatusBytes("Name:\tkiln\n", "VmHWM"), -1);
+  EXPECT_EQ(ParseProcStatusBytes("VmHWM:\tlots\n", "VmHWM"), -1);
   const int64_t rss = PeakRssBytes();  // Linux: this process has touched at least a page
   EXPECT_GT(rss, 4096);
 }
