@@ -7,10 +7,9 @@
 
 namespace kiln::internal {
 
-// A failed check is logged at ERROR (never filtered out: the process is about to abort) with the
+// A failed check is logged at ERROR (the highest severity, so no minimum filters it out) with the
 // place of the check, not of this function.
 void CheckOkFailed(const char* file, int line, const absl::Status& s) {
-  log::SetMinSeverity(log::Severity::kDebug);
   log::Write(
       log::Severity::kError, file, line,
       std::string(file) + ":" + std::to_string(line) + ": KILN_CHECK_OK failed: " + s.ToString());
@@ -18,7 +17,6 @@ void CheckOkFailed(const char* file, int line, const absl::Status& s) {
 }
 
 void CheckFailed(const char* file, int line, const char* cond) {
-  log::SetMinSeverity(log::Severity::kDebug);
   log::Write(log::Severity::kError, file, line,
              std::string(file) + ":" + std::to_string(line) + ": KILN_CHECK failed: " + cond);
   std::abort();
