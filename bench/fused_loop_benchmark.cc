@@ -1,0 +1,184 @@
+// The cpu backend's fused loop kernels (runtime/cpu/fused_loop.cc) on the memory-bound groups of a
+// GPT-2-small train step, against memcpy bandwidth measured in the same run (DESIGN.md §5):
+//   adamw        the AdamW update of nn/optim.cc over [3072,768] (4 tensors in, 3 out), outputs
+//                in separate tensors and in place of p, m, v (as the train step runs it)
+//   layernorm    (x - mean) * rstd * gamma + beta over [4,128,768]: per-row [4,128] (column
+//                views) and per-feature [768] (row views) broadcasts, 2 outputs
+//   rowreduce    d = x - mean, sum(d * d) over the last dim: a column-view reduction
+//   xent_grad    p * scale - onehot over [4,128,50257] with [4,128] and [50257] broadcasts
+// Prints per kernel the median time, GB/s of the bytes it reads and writes, and that as a share of
+// memcpy (median of the measurements taken between kernels).
+//
+//   fused_loop_benchmark [--threads=2] [--reps=20] [--only=name]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/base/memory.h"
+#include "kiln/base/status.h"
+#include "kiln/ir/builder.h"
+#include "kiln/runtime/cpu/cpu_backend.h"
+
+namespace kiln {
+namespace {
+
+using ir::Value;
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Case {
+  std::string name;
+  ir::Graph graph;
+  // Output k is written over input in_place[k] (or a fresh tensor when -1).
+  std::vector<int> in_place;
+};
+
+ir::Graph AdamW(int64_t r, int64_t c) {
+  ir::Builder b("adamw");
+  Value p = b.Parameter("p", DType::kF32, {r, c});
+  Value g = b.Parameter("g", DType::kF32, {r, c});
+  Value m0 = b.Parameter("m", DType::kF32, {r, c});
+  Value v0 = b.Parameter("v", DType::kF32, {r, c});
+  Value decay = b.Parameter("decay", DType::kF32, {});
+  Value step_size = b.Parameter("step_size", DType::kF32, {});
+  Value bc2_sqrt = b.Parameter("bc2_sqrt", DType::kF32, {});
+  Value pd = p * decay;
+  Value m = m0 * 0.9 + g * (1.0 - 0.9);
+  Value v = v0 * 0.999 + g * g * (1.0 - 0.999);
+  Value denom = ir::Sqrt(v) / bc2_sqrt + 1e-8;
+  b.Output("p", pd - step_size * (m / denom));
+  b.Output("m", m);
+  b.Output("v", v);
+  return b.Build().value();
+}
+
+ir::Graph LayerNorm(int64_t b0, int64_t b1, int64_t d) {
+  ir::Builder b("layernorm");
+  Value x = b.Parameter("x", DType::kF32, {b0, b1, d});
+  Value mean = b.Parameter("mean", DType::kF32, {b0, b1});
+  Value rstd = b.Parameter("rstd", DType::kF32, {b0, b1});
+  Value gamma = b.Parameter("gamma", DType::kF32, {d});
+  Value beta = b.Parameter("beta", DType::kF32, {d});
+  Shape s{b0, b1, d};
+  Value xhat = (x - ir::BroadcastInDim(mean, s, {0, 1})) * ir::BroadcastInDim(rstd, s, {0, 1});
+  b.Output("xhat", xhat);
+  b.Output("y", xhat * ir::BroadcastInDim(gamma, s, {2}) + ir::BroadcastInDim(beta, s, {2}));
+  return b.Build().value();
+}
+
+ir::Graph RowReduce(int64_t b0, int64_t b1, int64_t d) {
+  ir::Builder b("rowreduce");
+  Value x = b.Parameter("x", DType::kF32, {b0, b1, d});
+  Value mean = b.Parameter("mean", DType::kF32, {b0, b1});
+  Value dx = x - ir::BroadcastInDim(mean, Shape{b0, b1, d}, {0, 1});
+  b.Output("d", dx);
+  b.Output("var", ir::ReduceSum(dx * dx, {2}));
+  return b.Build().value();
+}
+
+ir::Graph XentGrad(int64_t b0, int64_t b1, int64_t v) {
+  ir::Builder b("xent_grad");
+  Value p = b.Parameter("p", DType::kF32, {b0, b1, v});
+  Value scale = b.Parameter("scale", DType::kF32, {b0, b1});
+  Value onehot = b.Parameter("onehot", DType::kF32, {v});
+  Shape s{b0, b1, v};
+  b.Output("dlogits",
+           p * ir::BroadcastInDim(scale, s, {0, 1}) - ir::BroadcastInDim(onehot, s, {2}));
+  return b.Build().value();
+}
+
+struct Timing {
+  double seconds, bytes;
+  std::string thunk;
+};
+
+Timing Run(const Case& c, int reps) {
+  auto exe = runtime::MakeCpuBackend()->Compile(c.graph).value();
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(0.5f, 1.5f);
+  std::vector<Tensor> ins, outs;
+  double bytes = 0;
+  for (int id : c.graph.parameters()) {
+    const ir::Type& t = c.graph.node(id).type();
+    Tensor x(t.dtype, t.shape);
+    float* f = static_cast<float*>(x.raw_data());
+    for (int64_t i = 0; i < t.shape.num_elements(); ++i) f[i] = dist(rng);
+    bytes += 4.0 * static_cast<double>(t.shape.num_elements());
+    ins.push_back(std::move(x));
+  }
+  for (const ir::Output& o : c.graph.outputs()) {
+    const ir::Type& t = c.graph.node(o.node).type();
+    outs.emplace_back(t.dtype, t.shape);
+    bytes += 4.0 * static_cast<double>(t.shape.num_elements());
+  }
+  std::vector<const Tensor*> ip;
+  for (const Tensor& t : ins) ip.push_back(&t);
+  std::vector<Tensor*> op;
+  for (size_t k = 0; k < outs.size(); ++k)
+    op.push_back(k < c.in_place.size() && c.in_place[k] >= 0 ? &ins[c.in_place[k]] : &outs[k]);
+  std::vector<double> times;
+  for (int i = 0; i < reps + 3; ++i) {
+    double t0 = Seconds();
+    KILN_CHECK_OK(exe->RunInto(ip, op));
+    if (i >= 3) times.push_back(Seconds() - t0);
+  }
+  std::string thunk;
+  for (int i = 0; i < exe->num_thunks(); ++i) thunk += (i ? "; " : "") + exe->thunk(i).name();
+  return {Median(times), bytes, thunk};
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) {
+  using namespace kiln;
+  int threads = 2, reps = 20;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--threads=", 0) == 0) threads = std::atoi(a.c_str() + 10);
+    if (a.rfind("--reps=", 0) == 0) reps = std::atoi(a.c_str() + 7);
+    if (a.rfind("--only=", 0) == 0) only = a.substr(7);
+  }
+  omp_set_num_threads(threads);
+  std::vector<Case> cases;
+  cases.push_back({"adamw", AdamW(3072, 768), {}});
+  cases.push_back({"adamw_in_place", AdamW(3072, 768), {0, 2, 3}});
+  cases.push_back({"layernorm", LayerNorm(4, 128, 768), {}});
+  cases.push_back({"rowreduce", RowReduce(4, 128, 768), {}});
+  cases.push_back({"xent_grad", XentGrad(4, 128, 50257), {}});
+  std::vector<double> memcpy_bw;
+  memcpy_bw.push_back(MemcpyBytesPerSecond(threads, 5));
+  std::vector<std::pair<std::string, Timing>> results;
+  for (const Case& c : cases) {
+    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    results.emplace_back(c.name, Run(c, reps));
+    memcpy_bw.push_back(MemcpyBytesPerSecond(threads, 5));
+  }
+  const double bw = Median(memcpy_bw);
+  std::printf("memcpy %.2f GB/s (median of %zu, %d threads)\n", bw / 1e9, memcpy_bw.size(),
+              threads);
+  for (const auto& [name, t] : results) {
+    const double r = t.bytes / t.seconds;
+    std::printf("%-15s %9.3f ms %8.2f GB/s = %3.0f%% of memcpy   [%s]\n", name.c_str(),
+                1e3 * t.seconds, r / 1e9, 100 * r / bw, t.thunk.c_str());
+  }
+  return 0;
+}
