@@ -4,6 +4,13 @@
 // per-thread scratch registers that stay in L1, then stores the members that are used outside the
 // group. One pass over memory for the whole chain, one thunk, no per-op library dispatch.
 //
+// Inputs load a run at a time, with the dtype picked once per input and block: a kRows view
+// copies runs of its inner vector, a kCols view fills runs of one row's value, a kStrided view
+// walks its outer dims once per run of the innermost one (copy, fill or gather); reductions
+// accumulate the same runs (a run into one output is summed over f64 partial sums first).
+// Contiguous inputs are prefetched a couple of blocks ahead, since the ops read one input
+// stream at a time.
+//
 // Semantics match the unfused loops bit for bit: values compute in f32; a bf16 member rounds to
 // bf16 (nearest even) after its op, exactly as storing and reloading it would; bool values are
 // 0/1 floats. Outputs are stored at the end of each block, after every input read of that block,
@@ -19,6 +26,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/compiler/passes/fusion.h"
@@ -31,6 +39,8 @@ namespace {
 using ir::Opcode;
 
 constexpr int64_t kBlock = 256;
+// How many blocks ahead RunBlocks prefetches contiguous inputs.
+constexpr int64_t kPrefetchBlocks = 2;
 // Scratch registers plus direct-input slots; the fusion pass caps groups at 64 members, so a
 // program needs at most a few hundred.
 constexpr int kMaxSlots = 512;
@@ -120,11 +130,13 @@ struct Program {
 // The per-block pieces are always inlined into RunBlocks, which is compiled once per ISA.
 #define KILN_BLOCK_INLINE inline __attribute__((always_inline))
 
-// Calls f(j, offset) for the elements start + j (j < n) of a strided view, in order, walking the
-// multi-index incrementally.
+// Calls f(j, offset, len, stride) for runs of a strided view covering the elements start + j
+// (j < n) in order: a run is `len` consecutive elements along the innermost collapsed dim, at
+// `offset` + t * `stride` in the operand. The outer multi-index advances once per run.
 template <typename F>
-KILN_BLOCK_INLINE void ForEachStrided(const Input& v, int64_t start, int64_t n, F&& f) {
+KILN_BLOCK_INLINE void ForEachStridedRun(const Input& v, int64_t start, int64_t n, F&& f) {
   const int rank = static_cast<int>(v.dims.size());
+  const int64_t inner = v.dims[rank - 1], s0 = v.strides[rank - 1];
   int64_t idx[kMaxRank];
   int64_t rem = start, off = 0;
   for (int d = rank - 1; d >= 0; --d) {
@@ -132,9 +144,16 @@ KILN_BLOCK_INLINE void ForEachStrided(const Input& v, int64_t start, int64_t n, 
     rem /= v.dims[d];
     off += idx[d] * v.strides[d];
   }
-  for (int64_t j = 0; j < n; ++j) {
-    f(j, off);
-    for (int d = rank - 1; d >= 0; --d) {
+  for (int64_t j = 0; j < n;) {
+    const int64_t run = std::min(n - j, inner - idx[rank - 1]);
+    f(j, off, run, s0);
+    j += run;
+    off += run * s0;
+    idx[rank - 1] += run;
+    if (idx[rank - 1] < inner) continue;
+    off -= inner * s0;
+    idx[rank - 1] = 0;
+    for (int d = rank - 2; d >= 0; --d) {
       off += v.strides[d];
       if (++idx[d] < v.dims[d]) break;
       off -= v.strides[d] * v.dims[d];
@@ -143,64 +162,77 @@ KILN_BLOCK_INLINE void ForEachStrided(const Input& v, int64_t start, int64_t n, 
   }
 }
 
-KILN_BLOCK_INLINE void LoadInput(const Input& in, const void* base, int64_t start, int64_t n,
-                                 float* r) {
-  auto load_at = [&](int64_t idx) -> float {
-    switch (in.dtype) {
-      case DType::kF32:
-        return static_cast<const float*>(base)[idx];
-      case DType::kBF16:
-        return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[idx]);
-      default:
-        return static_cast<const uint8_t*>(base)[idx] ? 1.0f : 0.0f;
+// One element of an input's storage type as the f32 the ops compute in.
+KILN_BLOCK_INLINE float ToF32(float x) { return x; }
+KILN_BLOCK_INLINE float ToF32(uint16_t x) { return Bf16BitsToFloat(x); }
+KILN_BLOCK_INLINE float ToF32(uint8_t x) { return x ? 1.0f : 0.0f; }
+
+// r[t] = src[t * stride] for t < n, with the unit-stride (copy) and zero-stride (fill) cases as
+// their own vectorizable loops.
+template <typename T>
+KILN_BLOCK_INLINE void LoadRun(const T* src, int64_t stride, int64_t n, float* r) {
+  if (stride == 1) {
+    if constexpr (std::is_same_v<T, float>) {
+      std::memcpy(r, src, n * sizeof(float));
+    } else {
+      for (int64_t t = 0; t < n; ++t) r[t] = ToF32(src[t]);
     }
-  };
+  } else if (stride == 0) {
+    const float v = ToF32(src[0]);
+    for (int64_t t = 0; t < n; ++t) r[t] = v;
+  } else {
+    for (int64_t t = 0; t < n; ++t) r[t] = ToF32(src[t * stride]);
+  }
+}
+
+// Reads elements [start, start+n) of `in` (storage type T) as floats into r, one run at a time:
+// kRows copies runs of the inner vector, kCols fills runs of one row's value.
+template <typename T>
+KILN_BLOCK_INLINE void LoadInputAs(const Input& in, const T* base, int64_t start, int64_t n,
+                                   float* r) {
   switch (in.view) {
     case View::kContiguous:
-      switch (in.dtype) {
-        case DType::kF32:
-          std::memcpy(r, static_cast<const float*>(base) + start, n * sizeof(float));
-          return;
-        case DType::kBF16: {
-          const uint16_t* p = static_cast<const uint16_t*>(base) + start;
-          for (int64_t j = 0; j < n; ++j) r[j] = Bf16BitsToFloat(p[j]);
-          return;
-        }
-        default: {
-          const uint8_t* p = static_cast<const uint8_t*>(base) + start;
-          for (int64_t j = 0; j < n; ++j) r[j] = p[j] ? 1.0f : 0.0f;
-          return;
-        }
-      }
-    case View::kScalar: {
-      float v = load_at(0);
-      for (int64_t j = 0; j < n; ++j) r[j] = v;
+      LoadRun(base + start, 1, n, r);
       return;
-    }
+    case View::kScalar:
+      LoadRun(base, 0, n, r);
+      return;
     case View::kRows: {
       int64_t k = start % in.inner;
-      for (int64_t j = 0; j < n; ++j) {
-        r[j] = load_at(k);
-        if (++k == in.inner) k = 0;
+      for (int64_t j = 0; j < n; k = 0) {
+        const int64_t run = std::min(n - j, in.inner - k);
+        LoadRun(base + k, 1, run, r + j);
+        j += run;
       }
       return;
     }
     case View::kCols: {
       int64_t row = start / in.inner, col = start % in.inner;
-      float v = load_at(row % in.outer);
-      for (int64_t j = 0; j < n; ++j) {
-        r[j] = v;
-        if (++col == in.inner) {
-          col = 0;
-          ++row;
-          v = load_at(row % in.outer);
-        }
+      for (int64_t j = 0; j < n; col = 0, ++row) {
+        const int64_t run = std::min(n - j, in.inner - col);
+        LoadRun(base + row % in.outer, 0, run, r + j);
+        j += run;
       }
       return;
     }
     case View::kStrided:
-      ForEachStrided(in, start, n, [&](int64_t j, int64_t off) { r[j] = load_at(off); });
+      ForEachStridedRun(in, start, n, [&](int64_t j, int64_t off, int64_t len, int64_t stride) {
+        LoadRun(base + off, stride, len, r + j);
+      });
       return;
+  }
+}
+
+// The dtype is picked once per input and block, never per element.
+KILN_BLOCK_INLINE void LoadInput(const Input& in, const void* base, int64_t start, int64_t n,
+                                 float* r) {
+  switch (in.dtype) {
+    case DType::kF32:
+      return LoadInputAs(in, static_cast<const float*>(base), start, n, r);
+    case DType::kBF16:
+      return LoadInputAs(in, static_cast<const uint16_t*>(base), start, n, r);
+    default:
+      return LoadInputAs(in, static_cast<const uint8_t*>(base), start, n, r);
   }
 }
 
@@ -291,7 +323,30 @@ KILN_BLOCK_INLINE void RunCode(const Instr* code, int num_instrs, float* const* 
   }
 }
 
-// acc[view(start + j)] += r[j] for j < n.
+// The sum of x[0..n) in f64, over 8 independent partial sums (vectorizable).
+KILN_BLOCK_INLINE double SumRun(const float* x, int64_t n) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8)
+    for (int k = 0; k < 8; ++k) part[k] += x[t + k];
+  double s = 0;
+  for (int k = 0; k < 8; ++k) s += part[k];
+  for (; t < n; ++t) s += x[t];
+  return s;
+}
+
+// acc[t * stride] += x[t] for t < n (stride 0: one output takes the run's sum).
+KILN_BLOCK_INLINE void AccumulateRun(const float* x, int64_t n, int64_t stride, double* acc) {
+  if (stride == 0) {
+    acc[0] += SumRun(x, n);
+  } else if (stride == 1) {
+    for (int64_t t = 0; t < n; ++t) acc[t] += x[t];
+  } else {
+    for (int64_t t = 0; t < n; ++t) acc[t * stride] += x[t];
+  }
+}
+
+// acc[view(start + j)] += r[j] for j < n, one run of the view at a time.
 KILN_BLOCK_INLINE void Accumulate(const Reduction& red, int64_t start, int64_t n, const float* r,
                                   double* acc) {
   const Input& v = red.view;
@@ -308,38 +363,30 @@ KILN_BLOCK_INLINE void Accumulate(const Reduction& red, int64_t start, int64_t n
       return;
     }
     case View::kContiguous:
-      for (int64_t j = 0; j < n; ++j) acc[start + j] += r[j];
+      AccumulateRun(r, n, 1, acc + start);
       return;
     case View::kRows: {
-      // Runs of consecutive outputs: acc[k..] += r[j..], vectorized.
       int64_t k = start % v.inner;
-      for (int64_t j = 0; j < n;) {
-        int64_t run = std::min(n - j, v.inner - k);
-        double* a = acc + k;
-        const float* x = r + j;
-        for (int64_t t = 0; t < run; ++t) a[t] += x[t];
+      for (int64_t j = 0; j < n; k = 0) {
+        const int64_t run = std::min(n - j, v.inner - k);
+        AccumulateRun(r + j, run, 1, acc + k);
         j += run;
-        k = 0;
       }
       return;
     }
     case View::kCols: {
       int64_t row = start / v.inner, col = start % v.inner;
-      double s = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        s += r[j];
-        if (++col == v.inner) {
-          acc[row % v.outer] += s;
-          s = 0;
-          col = 0;
-          ++row;
-        }
+      for (int64_t j = 0; j < n; col = 0, ++row) {
+        const int64_t run = std::min(n - j, v.inner - col);
+        AccumulateRun(r + j, run, 0, acc + row % v.outer);
+        j += run;
       }
-      if (col != 0) acc[row % v.outer] += s;
       return;
     }
     case View::kStrided:
-      ForEachStrided(v, start, n, [&](int64_t j, int64_t off) { acc[off] += r[j]; });
+      ForEachStridedRun(v, start, n, [&](int64_t j, int64_t off, int64_t len, int64_t stride) {
+        AccumulateRun(r + j, len, stride, acc + off);
+      });
       return;
   }
 }
@@ -370,6 +417,19 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     int64_t b0, int64_t b1) {
   for (int64_t blk = b0; blk < b1; ++blk) {
     int64_t start = blk * kBlock, n = std::min(kBlock, p.count - start);
+    // The ops read one input stream at a time, a block each: prefetch the contiguous inputs
+    // kPrefetchBlocks ahead so every stream has lines in flight.
+    const int64_t ahead = start + kPrefetchBlocks * kBlock;
+    if (ahead < p.count) {
+      for (size_t i = 0; i < p.inputs.size(); ++i) {
+        const Input& in = p.inputs[i];
+        if (in.view != View::kContiguous) continue;
+        const int64_t size = in.dtype == DType::kF32 ? 4 : in.dtype == DType::kBF16 ? 2 : 1;
+        const char* q = static_cast<const char*>(in_ptrs[i]) + ahead * size;
+        const int64_t bytes = std::min(kBlock, p.count - ahead) * size;
+        for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(q + off, 0, 3);
+      }
+    }
     for (size_t i = 0; i < p.inputs.size(); ++i) {
       const Input& in = p.inputs[i];
       if (in.direct)
@@ -377,7 +437,11 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
       else if (in.view != View::kScalar)
         LoadInput(in, in_ptrs[i], start, n, slot[in.reg]);
     }
-    RunCode(p.code.data(), static_cast<int>(p.code.size()), slot, n);
+    // Full blocks run a copy of the ops with the trip count known at compile time.
+    if (n == kBlock)
+      RunCode(p.code.data(), static_cast<int>(p.code.size()), slot, kBlock);
+    else
+      RunCode(p.code.data(), static_cast<int>(p.code.size()), slot, n);
     for (const Reduction& red : p.reductions)
       Accumulate(red, start, n, slot[red.reg], acc + red.acc_offset);
     for (size_t i = 0; i < p.outputs.size(); ++i)
