@@ -82,7 +82,13 @@ absl::StatusOr<ValueMap> CopyGraph(const ir::Graph& g, ir::Builder& b,
 }
 
 void CopyOutputs(const ir::Graph& g, const ValueMap& map, ir::Builder& b) {
-  for (const ir::Output& o : g.outputs()) b.Output(o.name, map[o.node]);
+  for (const ir::Output& o : g.outputs()) {
+    const int donor = o.in_place_of >= 0 ? g.ParameterWithIndex(o.in_place_of) : -1;
+    if (donor >= 0)
+      b.Output(o.name, map[o.node], map[donor]);
+    else
+      b.Output(o.name, map[o.node]);
+  }
 }
 
 }  // namespace kiln::autodiff

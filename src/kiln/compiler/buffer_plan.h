@@ -63,10 +63,14 @@ struct BufferPlan {
   using Aliases = std::vector<std::pair<int, int>>;
   Aliases aliases;
   // Graph outputs kept out of the arena (set by backends): the executable computes them straight
-  // into the caller's output tensors. Per node, the offset of its slot in a staging buffer used
-  // only when the caller's tensor overlaps an input or another output (-1: not such an output).
+  // into the caller's output tensors. Per node, >= 0 for such an output: its offset in a staging
+  // layout of staging_bytes (what all of them could need at once); the executable allocates an
+  // output's staging buffer only when the caller's tensor overlaps an input or another output.
   std::vector<int64_t> staging_offsets;
   int64_t staging_bytes = 0;
+  // Per graph output: computed straight into its in_place_of parameter's buffer when the caller
+  // passes the same tensor for both (ExecutionPlan::in_place_outputs; set by backends).
+  std::vector<char> in_place_outputs;
 };
 
 struct BufferPlanOptions {

@@ -121,13 +121,15 @@ std::string DescribeOptionsChange(const std::string& before, const std::string& 
   return out;
 }
 
-// True when `optimized` has the parameters and output names of `input` (a guard against a
-// colliding or misplaced entry).
+// True when `optimized` has the parameters and output names (and donations) of `input` (a guard
+// against a colliding or misplaced entry).
 bool SameInterface(const ir::Graph& input, const ir::Graph& optimized) {
   if (ParamTypes(input) != ParamTypes(optimized)) return false;
   if (input.outputs().size() != optimized.outputs().size()) return false;
   for (size_t i = 0; i < input.outputs().size(); ++i)
-    if (input.outputs()[i].name != optimized.outputs()[i].name) return false;
+    if (input.outputs()[i].name != optimized.outputs()[i].name ||
+        input.outputs()[i].in_place_of != optimized.outputs()[i].in_place_of)
+      return false;
   return true;
 }
 

@@ -145,6 +145,61 @@ std::optional<EpilogueSteps> MatchEpilogue(const ir::Graph& graph,
   return ep;
 }
 
+namespace {
+
+// Whether kernel `k` of `plan` may write a result over `param` while it reads it: it reads
+// element i of param only to write element i (see ExecutionPlan::in_place_outputs).
+bool KernelOverwritesSafely(const ir::Graph& graph, const ExecutionPlan& plan, int k, int param) {
+  const ExecutionPlan::Kernel& kernel = plan.kernels[k];
+  if (kernel.kind == ExecutionPlan::KernelKind::kNode) {
+    const ir::Node& node = graph.node(kernel.members[0]);
+    const std::vector<int> allowed = ir::InPlaceOperands(node.opcode());
+    for (int i = 0; i < static_cast<int>(node.operands().size()); ++i)
+      if (plan.alias_of[node.operand(i)] == param &&
+          (std::find(allowed.begin(), allowed.end(), i) == allowed.end() ||
+           graph.node(node.operand(i)).type().shape.num_elements() !=
+               node.type().shape.num_elements()))
+        return false;
+    return true;
+  }
+  if (kernel.kind != ExecutionPlan::KernelKind::kLoop) return false;
+  for (int m : kernel.members) {
+    const ir::Opcode op = graph.node(m).opcode();
+    if (ir::OpcodeKind(op) != ir::OpKind::kElementwise && op != Opcode::kReduceSum) return false;
+    for (const ExecutionPlan::Read& r : plan.operand_reads[m])
+      if (!r.inside && plan.alias_of[r.node] == param &&
+          (r.broadcast >= 0 || graph.node(r.node).type().shape.num_elements() !=
+                                   graph.node(m).type().shape.num_elements()))
+        return false;
+  }
+  return true;
+}
+
+// ExecutionPlan::in_place_outputs.
+std::vector<char> PlanInPlaceOutputs(const ir::Graph& graph, const ExecutionPlan& plan) {
+  const std::vector<ir::Output>& outputs = graph.outputs();
+  std::vector<char> in_place(outputs.size(), 0);
+  std::map<int, int> uses;  // output node -> how many outputs it is
+  for (const ir::Output& o : outputs) ++uses[o.node];
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const ir::Output& o = outputs[i];
+    const int param = o.in_place_of >= 0 ? graph.ParameterWithIndex(o.in_place_of) : -1;
+    const int k = o.node < graph.num_nodes() ? plan.kernel_of[o.node] : -1;
+    if (param < 0 || k < 0 || !plan.outside_arena[o.node] || uses[o.node] != 1) continue;
+    bool ok = true;
+    for (const ir::Output& other : outputs) ok &= plan.alias_of[other.node] != param;
+    const int step = plan.step[o.node];
+    for (int r = 0; r < graph.num_nodes() && ok; ++r) {
+      if (plan.kernel_of[r] < 0 || plan.kernel_of[r] == k) continue;
+      for (int b : plan.reads[r]) ok &= b != param || plan.step[r] < step;
+    }
+    in_place[i] = ok && KernelOverwritesSafely(graph, plan, k, param);
+  }
+  return in_place;
+}
+
+}  // namespace
+
 int64_t ArenaBytes(const ir::Type& type) { return AlignUp(type.byte_size()); }
 
 ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits) {
@@ -238,6 +293,7 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
     else
       plan.in_arena[id] = 1;
   }
+  plan.in_place_outputs = PlanInPlaceOutputs(graph, plan);
   return plan;
 }
 

@@ -105,6 +105,17 @@ struct ExecutionPlan {
   std::vector<char> in_arena;       // has a buffer of its own in the arena
   std::vector<char> outside_arena;  // a graph output computed into the caller's tensor
 
+  // Per graph output (outputs() order): it has an in_place_of parameter (ir::Output) and is
+  // computed straight into that parameter's buffer when the caller passes one tensor for both.
+  // That holds when the output is computed into the caller's tensor (outside_arena) by a kernel,
+  // is no other output's value, no graph output is the parameter itself, every other kernel
+  // that reads the parameter runs before that kernel, and that kernel reads the parameter only
+  // where writing element i after reading element i is safe: a loop kernel of elementwise
+  // members (and reduce_sum sinks) reading it directly, not through a broadcast view, or a single
+  // node whose opcode may overwrite those operands (ir::InPlaceOperands). Otherwise the
+  // executable computes the output elsewhere and copies it over the input at the end of the run.
+  std::vector<char> in_place_outputs;
+
   // False when some fusion group of the graph is not contiguous (planned node by node): a graph
   // rewritten after the fusion pass, which the schedule pass leaves as it is.
   bool groups_contiguous = true;

@@ -62,5 +62,65 @@ TEST(ExecutionPlan, MatchEpilogueRefusesAnythingButTheChain) {
   EXPECT_EQ(bias_only->residual, -1);
 }
 
+// An update in place of its parameter is written over it when every other reader runs first and
+// the kernel reads it element for element.
+TEST(ExecutionPlan, InPlaceOutputs) {
+  const BackendTraits traits{.alias_reshapes = true, .outputs_outside_arena = true};
+  // The transpose reads w before the loop kernel that overwrites it: in place.
+  ir::Graph before = MustParse(R"(graph @g {
+  fusion 0 kind=loop
+  %0 = parameter() {index=0, name="w"} : f32[4,4]
+  %1 = parameter() {index=1, name="g"} : f32[4,4]
+  %2 = transpose(%0) {permutation=[1,0]} : f32[4,4]
+  %3 = mul(%1, %1) {fusion=0} : f32[4,4]
+  %4 = sub(%0, %3) {fusion=0} : f32[4,4]
+  return w_new=%4 in_place_of %0, t=%2
+}
+)");
+  EXPECT_EQ(PlanExecution(before, traits).in_place_outputs, (std::vector<char>{1, 0}));
+  // The same reader after the update: not in place (the executable copies instead).
+  ir::Graph after = MustParse(R"(graph @g {
+  fusion 0 kind=loop
+  %0 = parameter() {index=0, name="w"} : f32[4,4]
+  %1 = parameter() {index=1, name="g"} : f32[4,4]
+  %2 = mul(%1, %1) {fusion=0} : f32[4,4]
+  %3 = sub(%0, %2) {fusion=0} : f32[4,4]
+  %4 = transpose(%0) {permutation=[1,0]} : f32[4,4]
+  return w_new=%3 in_place_of %0, t=%4
+}
+)");
+  EXPECT_EQ(PlanExecution(after, traits).in_place_outputs, (std::vector<char>{0, 0}));
+  // A kernel that reads other elements of w than the one it writes: never in place.
+  ir::Graph transposed = MustParse(R"(graph @g {
+  %0 = parameter() {index=0, name="w"} : f32[4,4]
+  %1 = transpose(%0) {permutation=[1,0]} : f32[4,4]
+  return w_new=%1 in_place_of %0
+}
+)");
+  EXPECT_EQ(PlanExecution(transposed, traits).in_place_outputs, (std::vector<char>{0}));
+  // A loop reading w through a broadcasting view: not in place either.
+  ir::Graph viewed = MustParse(R"(graph @g {
+  fusion 0 kind=reduction
+  %0 = parameter() {index=0, name="w"} : f32[4]
+  %1 = parameter() {index=1, name="g"} : f32[4,4]
+  %2 = broadcast_in_dim(%0) {broadcast_dimensions=[1], shape=[4,4]} : f32[4,4]
+  %3 = add(%2, %1) {fusion=0} : f32[4,4]
+  %4 = reduce_sum(%3) {dimensions=[0], fusion=0} : f32[4]
+  return w_new=%4 in_place_of %0
+}
+)");
+  EXPECT_EQ(PlanExecution(viewed, traits).in_place_outputs, (std::vector<char>{0}));
+  // A graph output that is the parameter itself would see the new value: not in place.
+  ir::Graph echoed = MustParse(R"(graph @g {
+  %0 = parameter() {index=0, name="w"} : f32[4]
+  %1 = neg(%0) : f32[4]
+  return w_new=%1 in_place_of %0, w_old=%0
+}
+)");
+  EXPECT_EQ(PlanExecution(echoed, traits).in_place_outputs, (std::vector<char>{0, 0}));
+  // Outputs in the arena (no outputs_outside_arena) are copied anyway: not in place.
+  EXPECT_EQ(PlanExecution(before, PlainTraits()).in_place_outputs, (std::vector<char>{0, 0}));
+}
+
 }  // namespace
 }  // namespace kiln::compiler

@@ -246,7 +246,8 @@ ir::Graph GraphEditor::Emit(const std::vector<int>& order,
           out.AddNode(s.opcode(), std::move(operands), s.type(), attrs, s.shared_literal());
     }
   }
-  for (const ir::Output& o : source_.outputs()) out.AddOutput(o.name, new_id[Resolve(o.node)]);
+  for (const ir::Output& o : source_.outputs())
+    out.AddOutput(o.name, new_id[Resolve(o.node)], o.in_place_of);
   std::vector<ir::FusionGroup> groups;
   for (const ir::FusionGroup& g : groups_ ? *groups_ : source_.fusion_groups())
     if (!dissolve.count(g.id)) groups.push_back(g);

@@ -237,6 +237,27 @@ void Builder::Output(const std::string& name, Value v) {
   graph_.AddOutput(name, v.id());
 }
 
+void Builder::Output(const std::string& name, Value v, Value in_place_of) {
+  if (!status_.ok()) return;
+  if (in_place_of.builder() != this || !in_place_of.valid() ||
+      in_place_of.id() >= graph_.num_nodes() ||
+      graph_.node(in_place_of.id()).opcode() != Opcode::kParameter) {
+    SetError(Err("output", "output '" + name + "' is in place of something not a parameter"));
+    return;
+  }
+  if (v.valid() && v.builder() == this && v.id() < graph_.num_nodes() &&
+      graph_.node(v.id()).type() != graph_.node(in_place_of.id()).type()) {
+    SetError(Err("output", "output '" + name + "' is " + graph_.node(v.id()).type().ToString() +
+                               " but the parameter it is in place of is " +
+                               graph_.node(in_place_of.id()).type().ToString()));
+    return;
+  }
+  Output(name, v);
+  if (status_.ok())
+    graph_.SetOutputInPlaceOf(graph_.outputs().size() - 1,
+                              graph_.node(in_place_of.id()).attr_int("index"));
+}
+
 absl::StatusOr<Graph> Builder::Build() {
   absl::Status s = std::move(status_);
   Graph g = std::move(graph_);

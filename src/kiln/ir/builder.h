@@ -63,6 +63,8 @@ class Builder {
   Value AddNode(Opcode op, const std::vector<Value>& operands, AttrMap attrs = {},
                 std::optional<Type> declared = std::nullopt);
   void Output(const std::string& name, Value v);
+  // An output computed in place of parameter `in_place_of` (of v's type): Output::in_place_of.
+  void Output(const std::string& name, Value v, Value in_place_of);
 
   // Records `s` as the builder's error if it has none yet.
   void SetError(absl::Status s);

@@ -55,6 +55,13 @@ std::vector<int> Graph::parameters() const {
   return ids;
 }
 
+int Graph::ParameterWithIndex(int64_t index) const {
+  for (const Node& n : nodes_)
+    if (n.opcode() == Opcode::kParameter && n.has_attr("index") && n.attr_int("index") == index)
+      return n.id();
+  return -1;
+}
+
 int Graph::FindParameter(const std::string& name) const {
   for (const Node& n : nodes_)
     if (n.opcode() == Opcode::kParameter && n.attr_str("name") == name) return n.id();

@@ -87,6 +87,13 @@ class Node {
 struct Output {
   std::string name;
   int node;
+  // Input-output donation (XLA's input_output_alias, JAX's donate_argnums): the `index` of a
+  // parameter of the same type whose buffer the caller may pass as this output's tensor, so the
+  // value is computed in place over the input (a training step's parameter update); -1: none.
+  // Printed `name=%v in_place_of %p`. Whether a compiled program really writes in place, rather
+  // than computing elsewhere and copying over the input at the end, is the execution plan's call
+  // (compiler/execution_plan.h: ExecutionPlan::in_place_outputs).
+  int64_t in_place_of = -1;
 };
 
 // The attribute a fusion group member carries: the id of its group in Graph::fusion_groups().
@@ -127,6 +134,8 @@ class Graph {
   std::vector<int> parameters() const;
   // Id of the parameter called `name`, or -1.
   int FindParameter(const std::string& name) const;
+  // Id of the parameter whose `index` attribute is `index`, or -1.
+  int ParameterWithIndex(int64_t index) const;
   // Index into outputs() of the output called `name`, or -1.
   int FindOutput(const std::string& name) const;
 
@@ -139,8 +148,13 @@ class Graph {
                         std::move(literal));
     return id;
   }
-  void AddOutput(std::string name, int node) { outputs_.push_back({std::move(name), node}); }
+  void AddOutput(std::string name, int node, int64_t in_place_of = -1) {
+    outputs_.push_back({std::move(name), node, in_place_of});
+  }
   void ClearOutputs() { outputs_.clear(); }
+  void SetOutputInPlaceOf(size_t output, int64_t parameter_index) {
+    outputs_[output].in_place_of = parameter_index;
+  }
 
   // Fusion groups, sorted by id (ids need not be dense). Membership is the `fusion` attribute of
   // the member nodes; copies of the graph keep both.

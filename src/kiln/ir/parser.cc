@@ -698,6 +698,17 @@ absl::Status Parser::ParseReturn(Graph& g) {
       auto it = values_.find(v.text);
       if (it == values_.end()) return Error(v, "use of undefined value %" + Printable(v.text));
       g.AddOutput(name.text, it->second.id);
+      if (Peek().kind == Tok::kIdent && Peek().text == "in_place_of") {
+        Next();
+        const Token& p = Next();
+        if (p.kind != Tok::kValue) return Expected(p, "a parameter (%name) after in_place_of");
+        auto param = values_.find(p.text);
+        if (param == values_.end()) return Error(p, "use of undefined value %" + Printable(p.text));
+        const Node& pn = g.node(param->second.id);
+        if (pn.opcode() != Opcode::kParameter)
+          return Error(p, "in_place_of %" + Printable(p.text) + ": not a parameter");
+        g.SetOutputInPlaceOf(g.outputs().size() - 1, pn.attr_int("index"));
+      }
       if (!IsPunct(Peek(), ',')) break;
       Next();
     }

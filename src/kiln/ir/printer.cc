@@ -314,6 +314,8 @@ std::string PrintGraph(const Graph& graph) {
     const Output& o = graph.outputs()[i];
     out += i ? ", " : " ";
     out += IdentOrQuoted(o.name) + "=%" + std::to_string(o.node);
+    if (o.in_place_of >= 0)
+      out += " in_place_of %" + std::to_string(graph.ParameterWithIndex(o.in_place_of));
   }
   out += "\n}\n";
   return out;

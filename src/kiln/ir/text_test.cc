@@ -759,5 +759,62 @@ TEST_F(VerifierTest, Outputs) {
   ExpectError("output \"a\" refers to %5, which does not exist");
 }
 
+// An output computed in place of a parameter prints and parses as `in_place_of %p`.
+TEST(IrTextTest, InPlaceOfRoundTrips) {
+  Builder b("sgd");
+  Value w = b.Parameter("w", DType::kF32, {4});
+  Value g = b.Parameter("g", DType::kF32, {4});
+  b.Output("w_new", w - g, w);
+  b.Output("g_sq", g * g);
+  absl::StatusOr<Graph> graph = b.Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(graph->outputs()[0].in_place_of, 0);
+  EXPECT_EQ(graph->outputs()[1].in_place_of, -1);
+  const std::string text = PrintGraph(*graph);
+  EXPECT_THAT(text, HasSubstr("return w_new=%2 in_place_of %0, g_sq=%3"));
+  absl::StatusOr<Graph> back = ParseGraph(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->outputs()[0].in_place_of, 0);
+  EXPECT_EQ(back->outputs()[1].in_place_of, -1);
+  EXPECT_EQ(PrintGraph(*back), text);
+}
+
+TEST(IrTextTest, InPlaceOfMustNameAParameter) {
+  absl::StatusOr<Graph> g = ParseGraph(R"(graph @g {
+  %0 = parameter() {index=0, name="w"} : f32[4]
+  %1 = neg(%0) : f32[4]
+  return y=%1 in_place_of %1
+}
+)");
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("in_place_of %1: not a parameter"));
+  Builder b("bad");
+  Value w = b.Parameter("w", DType::kF32, {4});
+  b.Output("y", ir::Neg(w), ir::Neg(w));
+  EXPECT_THAT(std::string(b.Build().status().message()), HasSubstr("not a parameter"));
+  Builder c("bad_type");
+  Value v = c.Parameter("v", DType::kF32, {4});
+  c.Output("y", ir::ReduceSum(v, {0}), v);
+  EXPECT_THAT(std::string(c.Build().status().message()),
+              HasSubstr("is f32[] but the parameter it is in place of is f32[4]"));
+}
+
+TEST_F(VerifierTest, InPlaceOfChecked) {
+  int p = g_.AddNode(Opcode::kParameter, {}, f2_, {{"index", int64_t{0}}, {"name", "p"}});
+  int q = g_.AddNode(Opcode::kParameter, {}, {DType::kF32, Shape{3}},
+                     {{"index", int64_t{1}}, {"name", "q"}});
+  int y = g_.AddNode(Opcode::kNeg, {p}, f2_, {});
+  g_.AddOutput("y", y, 7);
+  ExpectError("output \"y\" in_place_of parameter index 7: no such parameter");
+  g_.SetOutputInPlaceOf(0, 1);
+  ExpectError("the output is f32[2], the parameter f32[3]");
+  g_.SetOutputInPlaceOf(0, 0);
+  g_.AddOutput("z", y, 0);
+  ExpectError("output \"z\" in_place_of parameter index 0: output \"y\" is already in its place");
+  g_.SetOutputInPlaceOf(1, -1);
+  EXPECT_TRUE(Verify(g_).ok()) << Verify(g_);
+  (void)q;
+}
+
 }  // namespace
 }  // namespace kiln::ir

@@ -168,6 +168,9 @@ std::string FusionGroupProblem(const Graph& graph, const FusionGroup& group,
   return "";
 }
 
+// Every in_place_of names an existing parameter of the output's type, and no parameter twice.
+absl::Status VerifyInPlaceOutputs(const Graph& graph, const std::string& where);
+
 absl::Status VerifyFusionGroups(const Graph& graph) {
   for (const Node& n : graph.nodes()) {
     auto it = n.attrs().find(kFusionAttr);
@@ -269,6 +272,26 @@ absl::Status Verify(const Graph& graph) {
     if (o.node < 0 || o.node >= num_nodes)
       return absl::InvalidArgumentError(where + ": output \"" + o.name + "\" refers to %" +
                                         std::to_string(o.node) + ", which does not exist");
+  }
+  return VerifyInPlaceOutputs(graph, where);
+}
+
+absl::Status VerifyInPlaceOutputs(const Graph& graph, const std::string& where) {
+  std::map<int64_t, std::string> donors;  // parameter index -> the output in its place
+  for (const Output& o : graph.outputs()) {
+    if (o.in_place_of < 0) continue;
+    const std::string what = where + ": output \"" + o.name + "\" in_place_of parameter index " +
+                             std::to_string(o.in_place_of);
+    const int p = graph.ParameterWithIndex(o.in_place_of);
+    if (p < 0) return absl::InvalidArgumentError(what + ": no such parameter");
+    if (graph.node(p).type() != graph.node(o.node).type())
+      return absl::InvalidArgumentError(what + ": the output is " +
+                                        graph.node(o.node).type().ToString() + ", the parameter " +
+                                        graph.node(p).type().ToString());
+    auto [it, fresh] = donors.emplace(o.in_place_of, o.name);
+    if (!fresh)
+      return absl::InvalidArgumentError(what + ": output \"" + it->second +
+                                        "\" is already in its place");
   }
   return VerifyFusionGroups(graph);
 }

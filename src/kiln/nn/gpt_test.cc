@@ -241,6 +241,9 @@ TEST(Gpt, TrainingWithDropoutIsReproducibleAcrossAResume) {
 
   auto full = TrainStep::Create(*cpu, *loss, init->Clone(), options);
   ASSERT_TRUE(full.ok()) << full.status();
+  // One set of parameters and AdamW state, every update written in place: nothing staged.
+  const int updates = init->size() * 3;
+  EXPECT_EQ((*full)->executable().num_in_place_outputs(), updates);
   std::vector<float> losses;
   for (int s = 0; s < 20; ++s) {
     auto m = (*full)->Run({&tokens, &targets});
@@ -248,6 +251,7 @@ TEST(Gpt, TrainingWithDropoutIsReproducibleAcrossAResume) {
     losses.push_back(m->loss);
   }
   EXPECT_LT(losses.back(), 0.5 * losses.front());
+  EXPECT_EQ((*full)->executable().staging_bytes_allocated(), 0);
 
   auto first = TrainStep::Create(*cpu, *loss, init->Clone(), options);
   ASSERT_TRUE(first.ok());

@@ -245,13 +245,16 @@ absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
     }
   }
 
+  // Each new value is computed in place of the one it replaces (ir::Output::in_place_of), so a
+  // step can keep one set of parameters and state (TrainStep passes the same tensors).
   for (size_t i = 0; i < n; ++i) {
     const DType dtype = param_specs[i].dtype;
     ir::Value v = new_values[i];
-    b.Output(UpdatedName(params[i]), dtype == DType::kF32 ? v : ir::Convert(v, dtype));
+    b.Output(UpdatedName(params[i]), dtype == DType::kF32 ? v : ir::Convert(v, dtype),
+             map[g.FindParameter(params[i])]);
   }
   for (size_t i = 0; i < state.size(); ++i)
-    b.Output(UpdatedName(state_specs[i].name), new_state[i]);
+    b.Output(UpdatedName(state_specs[i].name), new_state[i], state[i]);
   return b.Build();
 }
 

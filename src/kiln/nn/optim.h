@@ -11,6 +11,8 @@
 //   // step(<loss graph's parameters>..., opt/m/<p>..., opt/v/<p>..., opt/step s64[])
 //   //   -> {<loss graph's outputs>..., "grad_norm", "lr", new/<p>..., new/opt/m/<p>...,
 //   //       new/opt/v/<p>...}
+//   // each new/<x> output is in_place_of its input <x> (ir::Output): one set of buffers can hold
+//   // the parameters and state, updated in place (TrainStep does so)
 //
 // Step numbering: the input "opt/step" is t, the number of updates already applied (0 on the
 // first step). The schedule is computed IN THE GRAPH from t (in f64, then rounded to f32), so a

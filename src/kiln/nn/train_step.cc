@@ -24,8 +24,8 @@ absl::Status CheckScalarS64(const ir::Graph& g, const std::string& name) {
   return absl::OkStatus();
 }
 
-// Copies `from`'s values into `to`'s buffers; names and types must match exactly.
-absl::Status CopyInto(const ParamStore& from, ParamStore& to, const std::string& what) {
+// Checks that `from` has every tensor of `to` by name with its dtype and shape, and no other.
+absl::Status CheckMatches(const ParamStore& from, const ParamStore& to, const std::string& what) {
   if (from.size() != to.size()) {
     return absl::InvalidArgumentError(absl::StrCat("TrainStep::Restore: ", what, " has ",
                                                    from.size(), " tensors, expected ", to.size()));
@@ -37,18 +37,22 @@ absl::Status CopyInto(const ParamStore& from, ParamStore& to, const std::string&
       return absl::InvalidArgumentError(
           absl::StrCat("TrainStep::Restore: ", what, " lacks '", name, "'"));
     }
-    Tensor& dst = to.value(i);
+    const Tensor& dst = to.value(i);
     if (src->dtype() != dst.dtype() || src->shape() != dst.shape()) {
       return absl::InvalidArgumentError(absl::StrCat("TrainStep::Restore: ", what, " '", name,
                                                      "' is ", src->TypeString(), ", expected ",
                                                      dst.TypeString()));
     }
   }
+  return absl::OkStatus();
+}
+
+// Copies `from`'s values into `to`'s buffers (CheckMatches passed).
+void CopyInto(const ParamStore& from, ParamStore& to) {
   for (int i = 0; i < to.size(); ++i) {
     const Tensor* src = from.Find(to.names()[i]);
     std::memcpy(to.value(i).raw_data(), src->raw_data(), src->byte_size());
   }
-  return absl::OkStatus();
 }
 
 // The specs of the trained parameters, each checked against the loss graph's input of its name.
@@ -117,11 +121,8 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
   t->exe_ = std::move(exe).value();
   const ir::Graph& g = t->exe_->graph();
 
-  KILN_ASSIGN_OR_RETURN(t->state_[0],
-                        ZerosLike(OptimizerStateSpecs(options.optimizer, param_specs)));
-  t->state_[1] = t->state_[0].Clone();
-  t->params_[1] = initial.Clone();
-  t->params_[0] = std::move(initial);
+  KILN_ASSIGN_OR_RETURN(t->state_, ZerosLike(OptimizerStateSpecs(options.optimizer, param_specs)));
+  t->params_ = std::move(initial);
   t->step_tensor_ = Tensor(DType::kS64, Shape{});
   t->rng_seed_ = Tensor(DType::kS64, Shape{});
   t->rng_step_ = Tensor(DType::kS64, Shape{});
@@ -129,8 +130,8 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
 
   for (int id : g.parameters()) {
     const std::string& name = g.node(id).attr_str("name");
-    const ParamStore& params = t->params_[0];
-    const ParamStore& state = t->state_[0];
+    const ParamStore& params = t->params_;
+    const ParamStore& state = t->state_;
     Slot slot{Source::kData, -1};
     if (params.Contains(name)) {
       slot = {Source::kParam,
@@ -156,11 +157,11 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
   t->extra_outputs_.reserve(g.outputs().size());  // never reallocates: outputs_ points into it
   for (const ir::Output& out : g.outputs()) {
     Slot slot{Source::kData, -1};
-    for (int i = 0; i < t->params_[0].size() && slot.index < 0; ++i) {
-      if (UpdatedName(t->params_[0].names()[i]) == out.name) slot = {Source::kParam, i};
+    for (int i = 0; i < t->params_.size() && slot.index < 0; ++i) {
+      if (UpdatedName(t->params_.names()[i]) == out.name) slot = {Source::kParam, i};
     }
-    for (int i = 0; i < t->state_[0].size() && slot.index < 0; ++i) {
-      if (UpdatedName(t->state_[0].names()[i]) == out.name) slot = {Source::kState, i};
+    for (int i = 0; i < t->state_.size() && slot.index < 0; ++i) {
+      if (UpdatedName(t->state_.names()[i]) == out.name) slot = {Source::kState, i};
     }
     if (slot.index < 0) {
       const ir::Type& type = g.node(out.node).type();
@@ -183,15 +184,14 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
 }
 
 void TrainStep::Bind() {
-  const int next = 1 - cur_;
   for (size_t i = 0; i < in_slots_.size(); ++i) {
     const Slot& s = in_slots_[i];
     switch (s.source) {
       case Source::kParam:
-        inputs_[i] = &params_[cur_].value(s.index);
+        inputs_[i] = &params_.value(s.index);
         break;
       case Source::kState:
-        inputs_[i] = &state_[cur_].value(s.index);
+        inputs_[i] = &state_.value(s.index);
         break;
       case Source::kStep:
         inputs_[i] = &step_tensor_;
@@ -209,9 +209,9 @@ void TrainStep::Bind() {
   for (size_t i = 0; i < out_slots_.size(); ++i) {
     const Slot& s = out_slots_[i];
     if (s.source == Source::kParam) {
-      outputs_[i] = &params_[next].value(s.index);
-    } else if (s.source == Source::kState) {
-      outputs_[i] = &state_[next].value(s.index);
+      outputs_[i] = &params_.value(s.index);  // in place: the step's outputs are in_place_of
+    } else if (s.source == Source::kState) {  // their inputs (BuildTrainStep)
+      outputs_[i] = &state_.value(s.index);
     } else {
       outputs_[i] = &extra_outputs_[s.index];
     }
@@ -229,8 +229,6 @@ absl::StatusOr<StepMetrics> TrainStep::Run(const std::vector<const Tensor*>& dat
   step_tensor_.data<int64_t>()[0] = step_;
   rng_step_.data<int64_t>()[0] = step_;
   KILN_RETURN_IF_ERROR(exe_->RunInto(inputs_, outputs_));
-  cur_ = 1 - cur_;
-  Bind();
   ++step_;
   ran_ = true;
   StepMetrics m;
@@ -247,11 +245,10 @@ absl::Status TrainStep::Restore(const ParamStore& params, const ParamStore& opti
         absl::StrCat("TrainStep::Restore: step must be >= 0, got ", step));
   }
   // Check both before touching either, so a failed restore changes nothing.
-  ParamStore scratch_p = params_[cur_].Clone(), scratch_s = state_[cur_].Clone();
-  KILN_RETURN_IF_ERROR(CopyInto(params, scratch_p, "parameters"));
-  KILN_RETURN_IF_ERROR(CopyInto(optimizer_state, scratch_s, "optimizer state"));
-  KILN_RETURN_IF_ERROR(CopyInto(scratch_p, params_[cur_], "parameters"));
-  KILN_RETURN_IF_ERROR(CopyInto(scratch_s, state_[cur_], "optimizer state"));
+  KILN_RETURN_IF_ERROR(CheckMatches(params, params_, "parameters"));
+  KILN_RETURN_IF_ERROR(CheckMatches(optimizer_state, state_, "optimizer state"));
+  CopyInto(params, params_);
+  CopyInto(optimizer_state, state_);
   step_ = step;
   return absl::OkStatus();
 }

@@ -10,11 +10,15 @@
 //   }
 //   // Checkpoint: step->params(), step->optimizer_state(), step->step(); resume with Restore().
 //
-// One step is one Executable::RunInto: the graph reads the current parameters and state and
-// writes the next ones into a second set of buffers, then the two sets swap handles (ping-pong),
-// so a step allocates nothing. The step counter t (fed as "opt/step" and, when the loss graph
-// has dropout, as "rng/step" with "rng/seed" = rng_seed) advances by one per Run; a run resumed
-// with Restore(..., t) therefore computes bit-identical steps.
+// One step is one Executable::RunInto over ONE set of parameter and state buffers: the step
+// graph's new values are in_place_of the values they replace (BuildTrainStep), and the same
+// tensors are passed as inputs and outputs, so the update is written in place and a step
+// allocates nothing. The compiler orders each update after every other read of its parameter;
+// an update it cannot write in place (executable().num_in_place_outputs() counts those it can)
+// is computed in a staging buffer and copied over at the end of the step, with the same result. The
+// step counter t (fed as "opt/step" and, when the loss graph has dropout, as "rng/step" with
+// "rng/seed" = rng_seed) advances by one per Run; a run resumed with Restore(..., t) therefore
+// computes bit-identical steps.
 //
 // Mixed precision: options.precision other than kF32 rewrites the loss graph before autodiff
 // (compiler::ApplyPrecisionPolicy, the compiler's one entry for policies: the JAX/jmp recipe).
@@ -74,8 +78,8 @@ class TrainStep {
   // copied into the resident buffers.
   absl::Status Restore(const ParamStore& params, const ParamStore& optimizer_state, int64_t step);
 
-  const ParamStore& params() const { return params_[cur_]; }
-  const ParamStore& optimizer_state() const { return state_[cur_]; }
+  const ParamStore& params() const { return params_; }
+  const ParamStore& optimizer_state() const { return state_; }
   int64_t step() const { return step_; }
   // The value another output of the loss graph had in the last Run (nullptr if none by that
   // name or before the first Run).
@@ -90,13 +94,12 @@ class TrainStep {
 
  private:
   TrainStep() = default;
-  // Points the input/output tables at the current (read) and next (write) sets.
+  // Points the input/output tables at the parameter and state buffers.
   void Bind();
 
   TrainStepOptions options_;
   std::unique_ptr<runtime::Executable> exe_;
-  ParamStore params_[2], state_[2];
-  int cur_ = 0;
+  ParamStore params_, state_;
   int64_t step_ = 0;
   Tensor step_tensor_, rng_seed_, rng_step_;
 

@@ -53,6 +53,21 @@ Executable::Executable(ir::Graph graph, compiler::BufferPlan plan,
     if (n.opcode() != ir::Opcode::kParameter && n.opcode() != ir::Opcode::kConstant)
       arena_ptr_[n.id()] = ctx_.buffers[n.id()];
   direct_.assign(graph_.outputs().size(), 0);
+  in_place_input_.assign(graph_.outputs().size(), -1);
+  staged_.resize(graph_.outputs().size());
+  for (size_t i = 0; i < graph_.outputs().size() && i < plan_.in_place_outputs.size(); ++i) {
+    if (!plan_.in_place_outputs[i]) continue;
+    const int64_t index = graph_.outputs()[i].in_place_of;
+    for (size_t k = 0; k < params_.size(); ++k)
+      if (graph_.node(params_[k]).attr_int("index") == index)
+        in_place_input_[i] = static_cast<int>(k);
+  }
+}
+
+int Executable::num_in_place_outputs() const {
+  int n = 0;
+  for (int k : in_place_input_) n += k >= 0;
+  return n;
 }
 
 absl::StatusOr<std::vector<Tensor>> Executable::Run(const std::vector<Tensor>& inputs) {
@@ -144,18 +159,27 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
         ctx_.buffers[o.node] != arena_ptr_[o.node])
       continue;  // a parameter, a constant, unplanned, or bound by an earlier output
     void* dst = outputs[i]->raw_data();
+    // The input this output is planned to overwrite in place, when the caller passed it.
+    const int donor = in_place_input_[i] >= 0 && inputs[in_place_input_[i]]->raw_data() == dst
+                          ? in_place_input_[i]
+                          : -1;
     bool clash = false;
     for (size_t k = 0; k < inputs.size() && !clash; ++k)
-      clash = overlaps(dst, bytes, inputs[k]->raw_data(), inputs[k]->byte_size());
+      clash = static_cast<int>(k) != donor &&
+              overlaps(dst, bytes, inputs[k]->raw_data(), inputs[k]->byte_size());
     for (size_t k = 0; k < i && !clash; ++k)
       clash = direct_[k] && overlaps(dst, bytes, outputs[k]->raw_data(), outputs[k]->byte_size());
     if (!clash) {
       ctx_.buffers[o.node] = dst;
       direct_[i] = 1;
     } else if (staged >= 0) {
-      // No arena slot: compute into the staging buffer (allocated once, on first need).
-      if (!staging_) staging_ = AllocateArena(plan_.staging_bytes);
-      ctx_.buffers[o.node] = staging_.get() + staged;
+      // No arena slot: compute into this output's staging buffer (allocated on first need and
+      // kept, so only outputs that do overlap ever cost memory).
+      if (!staged_[i]) {
+        staged_[i] = AllocateArena(bytes);
+        staging_allocated_ += AlignUp(bytes);
+      }
+      ctx_.buffers[o.node] = staged_[i].get();
     }
   }
   // Aliases (reshapes) read their source's buffer, wherever it was bound above.

@@ -63,9 +63,17 @@ class Executable {
   // The allocation-free path: outputs must already have the right dtype and shape. Kernels write
   // each output straight into its tensor (no copy) unless that tensor overlaps an input or
   // another output; then it is computed in the arena (or, for outputs the plan keeps out of the
-  // arena, in a staging buffer allocated on the first such call) and copied.
+  // arena, in a staging buffer allocated on the first such call for that output) and copied.
+  // An output with an in_place_of parameter (ir::Output) may be given that parameter's input
+  // tensor itself: after the run the tensor holds the output. The kernel then writes it in place
+  // when the plan allows (num_in_place_outputs()); otherwise the output is computed in the arena
+  // or the staging buffer and copied over the input at the end, as for any overlap.
   absl::Status RunInto(const std::vector<const Tensor*>& inputs,
                        const std::vector<Tensor*>& outputs);
+  // How many outputs the plan computes in place of their parameter (see RunInto).
+  int num_in_place_outputs() const;
+  // Bytes of staging buffers allocated so far (0 until an output had to be staged).
+  int64_t staging_bytes_allocated() const { return staging_allocated_; }
 
   // Called after each thunk with its index and steady-clock start/end in nanoseconds, for
   // per-kernel profiles. Null (the default) costs one branch per run; set only while profiling.
@@ -82,7 +90,10 @@ class Executable {
   std::vector<int> params_;       // parameter node ids in index order
   std::vector<void*> arena_ptr_;  // per node: its arena buffer (null: parameter, constant, none)
   std::vector<char> direct_;      // per output, during RunInto: computed into the caller's tensor
-  std::shared_ptr<uint8_t> staging_;  // outputs kept out of the arena, when a tensor overlaps
+  std::vector<int> in_place_input_;  // per output: the input it may be computed over, or -1
+  // Per output kept out of the arena: its staging buffer, allocated when its tensor overlaps.
+  std::vector<std::shared_ptr<uint8_t>> staged_;
+  int64_t staging_allocated_ = 0;
   ThunkObserver observer_;
 };
 

@@ -29,6 +29,8 @@ struct Model {
   bool groups_contiguous = true;          // the plan's
 };
 
+void AddInPlaceOrder(const ir::Graph& g, const ExecutionPlan& plan, Model& m);
+
 Model BuildModel(const ir::Graph& g, const ExecutionPlan& plan) {
   const int n = g.num_nodes();
   Model m;
@@ -75,7 +77,56 @@ Model BuildModel(const ir::Graph& g, const ExecutionPlan& plan) {
     for (int d : m.deps[u]) m.users[d].push_back(u);
     for (int r : m.reads[u]) ++m.num_readers[r];
   }
+  AddInPlaceOrder(g, plan, m);
   return m;
+}
+
+// Ordering-only dependencies for outputs computed in place of a parameter (ir::Output's
+// in_place_of): the unit computing the output runs after every other unit that reads the
+// parameter, so that the execution plan can write it in place (ExecutionPlan::in_place_outputs).
+// Skipped for an output when some reader itself depends on the output's unit (no order can
+// satisfy it: the plan will copy instead).
+void AddInPlaceOrder(const ir::Graph& g, const ExecutionPlan& plan, Model& m) {
+  for (const ir::Output& o : g.outputs()) {
+    const int param = o.in_place_of >= 0 ? g.ParameterWithIndex(o.in_place_of) : -1;
+    if (param < 0) continue;
+    const int u = m.unit_of[o.node];
+    std::vector<int> readers;
+    for (int id = 0; id < g.num_nodes(); ++id)
+      if (m.unit_of[id] != u &&
+          std::find(plan.reads[id].begin(), plan.reads[id].end(), param) != plan.reads[id].end())
+        readers.push_back(m.unit_of[id]);
+    if (readers.empty()) continue;
+    std::vector<char> after(m.num_units, 0);  // units that depend on u
+    std::vector<int> stack = {u};
+    while (!stack.empty()) {
+      int x = stack.back();
+      stack.pop_back();
+      for (int y : m.users[x])
+        if (!after[y]) {
+          after[y] = 1;
+          stack.push_back(y);
+        }
+    }
+    bool possible = true;
+    for (int r : readers) possible &= !after[r];
+    if (!possible) continue;
+    for (int r : readers) {
+      if (std::find(m.deps[u].begin(), m.deps[u].end(), r) != m.deps[u].end()) continue;
+      m.deps[u].push_back(r);
+      m.users[r].push_back(u);
+    }
+  }
+}
+
+// Whether `order` (units) runs every unit after its dependencies.
+bool RespectsDeps(const Model& m, const std::vector<int>& order) {
+  std::vector<int> pos(m.num_units);
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) pos[order[i]] = i;
+  for (int u = 0; u < m.num_units; ++u)
+    for (int d : m.deps[u])
+      if (pos[d] > pos[u]) return false;
+  return true;
 }
 
 // The peak live bytes of running the units in `order`.
@@ -282,7 +333,9 @@ std::vector<int> MemorySchedule(const ir::Graph& graph, ScheduleReport* report,
   }
   int64_t input_peak = Peak(m, input);
   std::vector<int> best = input;
-  int64_t best_peak = input_peak;
+  // An input order that runs an in-place output before a reader of its parameter (the only
+  // dependencies the input order can break) loses to any candidate.
+  int64_t best_peak = RespectsDeps(m, input) ? input_peak : std::numeric_limits<int64_t>::max();
   std::string chosen = "input";
   // Candidates from the current best order (its positions break ties), until none improves on it.
   for (int round = 0; round < 8; ++round) {

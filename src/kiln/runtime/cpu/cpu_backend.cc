@@ -257,6 +257,7 @@ class CpuBackend : public Backend {
       if (plan.alias_of[id] != id) buffers.aliases.push_back({id, plan.alias_of[id]});
     buffers.staging_offsets = std::move(staging);
     buffers.staging_bytes = staging_bytes;
+    buffers.in_place_outputs = plan.in_place_outputs;
     return std::make_unique<Executable>(graph, std::move(buffers), std::move(thunks), "cpu");
   }
 

@@ -691,6 +691,59 @@ TEST(CpuBackendFusionTest, OutputsOutsideTheArena) {
   }
 }
 
+// An update declared in place of its parameter (ir::Output::in_place_of) is written over the
+// caller's tensor: the schedule runs the other reader (the matmul, built after the update) first,
+// no staging buffer is needed, and the result is the out-of-place one bit for bit.
+TEST(CpuBackendFusionTest, InPlaceOutputsWriteOverTheirParameter) {
+  Builder b("sgd_in_place");
+  Value w = b.Parameter("w", DType::kF32, {64, 64});
+  Value g = b.Parameter("g", DType::kF32, {64, 64});
+  b.Output("w", w - g * 0.5, w);
+  b.Output("h", ir::MatMul(w, g));
+  auto graph = b.Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto exe = MakeCpuBackend()->Compile(*graph);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ((*exe)->num_in_place_outputs(), 1);
+  std::mt19937 rng(5);
+  Tensor wt = Draw(U(Shape{64, 64}), DType::kF32, rng),
+         gt = Draw(U(Shape{64, 64}), DType::kF32, rng);
+  auto want = (*exe)->Run({wt, gt});
+  ASSERT_TRUE(want.ok()) << want.status();
+  Tensor w_inout = wt.Clone(), h(DType::kF32, Shape{64, 64});
+  for (int rep = 0; rep < 2; ++rep) {
+    Tensor w_before = w_inout.Clone();
+    ASSERT_TRUE((*exe)->RunInto({&w_inout, &gt}, {&w_inout, &h}).ok());
+    auto again = (*exe)->Run({w_before, gt});
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(w_inout.BitwiseEquals((*again)[0])) << "rep " << rep;
+    EXPECT_TRUE(h.BitwiseEquals((*again)[1])) << "rep " << rep;
+    if (rep == 0) EXPECT_TRUE(w_inout.BitwiseEquals((*want)[0]));
+  }
+  EXPECT_EQ((*exe)->staging_bytes_allocated(), 0);
+}
+
+// An output in place of a parameter its kernel reads other elements of (a transpose) is not
+// written in place: it is staged and copied over the input, with the right result.
+TEST(CpuBackendFusionTest, InPlaceRefusedForATranspose) {
+  Builder b("transpose_in_place");
+  Value w = b.Parameter("w", DType::kF32, {32, 32});
+  b.Output("w", ir::Transpose(w, {1, 0}), w);
+  auto graph = b.Build();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto exe = MakeCpuBackend()->Compile(*graph);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ((*exe)->num_in_place_outputs(), 0);
+  std::mt19937 rng(6);
+  Tensor wt = Draw(U(Shape{32, 32}), DType::kF32, rng);
+  auto want = (*exe)->Run({wt});
+  ASSERT_TRUE(want.ok());
+  Tensor w_inout = wt.Clone();
+  ASSERT_TRUE((*exe)->RunInto({&w_inout}, {&w_inout}).ok());
+  EXPECT_TRUE(w_inout.BitwiseEquals((*want)[0]));
+  EXPECT_EQ((*exe)->staging_bytes_allocated(), 32 * 32 * 4);
+}
+
 // The vectorizable exp of the attention softmax: within 2 ulp of libm over its range, exact
 // limits outside it.
 TEST(CpuBackendFusionTest, FastExpMatchesLibm) {
