@@ -5,12 +5,43 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/autodiff/graph_copy.h"
 #include "kiln/base/status.h"
+#include "kiln/ir/builder.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/model_registry.h"
 #include "kiln/train/run_dir.h"
 
 namespace kiln::train {
+
+absl::StatusOr<ir::Graph> BuildEvalGraph(const nn::Model& model, int64_t batch,
+                                         bool language_model) {
+  KILN_ASSIGN_OR_RETURN(ir::Graph predict, model.PredictGraph(batch));
+  int logits_node = -1, prediction_node = -1;
+  for (const ir::Output& o : predict.outputs()) {
+    if (o.name == "logits") logits_node = o.node;
+    if (o.name == "prediction") prediction_node = o.node;
+  }
+  if (logits_node < 0 || prediction_node < 0) {
+    return absl::InternalError(absl::StrCat("predict graph '", predict.name(),
+                                            "' lacks a \"logits\" or \"prediction\" output"));
+  }
+  ir::Builder b(absl::StrCat(predict.name(), "_eval"));
+  KILN_ASSIGN_OR_RETURN(autodiff::ValueMap map, autodiff::CopyGraph(predict, b));
+  const ir::Value logits = map[logits_node];
+  const ir::Value prediction = map[prediction_node];
+  // The loss graphs' loss: the mean over examples (and positions) of the sparse cross-entropy,
+  // in f32 whatever the compute dtype.
+  const ir::Value labels =
+      b.Parameter(language_model ? "targets" : "labels", DType::kS32, prediction.shape());
+  std::vector<int64_t> dims(static_cast<size_t>(prediction.rank()));
+  for (size_t i = 0; i < dims.size(); ++i) dims[i] = static_cast<int64_t>(i);
+  ir::Value loss = ir::Mean(ir::SparseCrossEntropy(logits, labels), dims);
+  if (loss.valid() && loss.dtype() != DType::kF32) loss = ir::Convert(loss, DType::kF32);
+  b.Output("loss", loss);
+  b.Output("prediction", prediction);
+  return b.Build();
+}
 
 absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(runtime::Backend& backend,
                                                              const nn::Model& model,
@@ -19,41 +50,58 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(runtime::Backend& b
   e->shape_ = data.shape;
   e->data_ = std::move(data.held_out);
   const int64_t batch = e->shape_.eval_batch;
-  KILN_ASSIGN_OR_RETURN(ir::Graph loss, model.LossGraph(batch));
-  KILN_ASSIGN_OR_RETURN(ir::Graph predict, model.PredictGraph(batch));
-  KILN_ASSIGN_OR_RETURN(e->loss_, backend.Compile(loss));
-  KILN_ASSIGN_OR_RETURN(e->predict_, backend.Compile(predict));
+  KILN_ASSIGN_OR_RETURN(ir::Graph graph, BuildEvalGraph(model, batch, e->shape_.language_model));
+  KILN_ASSIGN_OR_RETURN(e->exe_, backend.Compile(graph));
+  for (const nn::ParamSpec& spec : model.Params()) e->param_names_.push_back(spec.name);
+  const ir::Graph& g = e->exe_->graph();
+  if (g.parameters().size() != e->param_names_.size() + 2 || g.outputs().size() != 2) {
+    return absl::InternalError(absl::StrCat("evaluation graph '", g.name(), "' has ",
+                                            g.parameters().size(), " inputs and ",
+                                            g.outputs().size(), " outputs"));
+  }
   e->x_ = MakeInputTensor(e->shape_, batch);
   e->y_ = MakeTargetTensor(e->shape_, batch);
+  e->loss_ = Tensor(DType::kF32, Shape{});
+  const ir::Type& pt = g.node(g.outputs()[1].node).type();
+  e->prediction_ = Tensor(pt.dtype, pt.shape);
   return e;
+}
+
+int64_t Evaluator::resident_bytes() const {
+  return exe_->plan().arena_bytes + x_.byte_size() + y_.byte_size() + loss_.byte_size() +
+         prediction_.byte_size();
 }
 
 absl::StatusOr<EvalResult> Evaluator::Run(const nn::ParamStore& p, int64_t max_batches) {
   KILN_RETURN_IF_ERROR(data_->Reset());
   int64_t batches = data_->batches();
   if (max_batches > 0) batches = std::min(batches, max_batches);
-  std::map<std::string, Tensor> in;
-  for (int i = 0; i < p.size(); ++i) in[p.names()[i]] = p.value(i);
   const int64_t batch = shape_.eval_batch;
   const int64_t f = x_.num_elements() / batch;
   const bool lm = shape_.language_model;
-  const char* x_name = lm ? "tokens" : "x";
-  const char* y_name = lm ? "targets" : "labels";
+  // The store's tensors themselves (the executable checks each dtype and shape), then the batch.
+  const Tensor x_flat = lm ? x_ : x_.Reshaped(Shape{batch, f});  // shares x_'s storage
+  std::vector<const Tensor*> in;
+  last_params_.clear();
+  for (const std::string& name : param_names_) {
+    const Tensor* t = p.Find(name);
+    if (t == nullptr) return absl::InvalidArgumentError("evaluation: no parameter '" + name + "'");
+    in.push_back(t);
+    last_params_.push_back(t->raw_data());
+  }
+  in.push_back(&x_flat);
+  in.push_back(&y_);
+  const std::vector<Tensor*> out = {&loss_, &prediction_};
   // Predictions per batch: one per example, or one per token for a language model.
   const int64_t per_batch = y_.num_elements();
   double loss_sum = 0;
   int64_t correct = 0;
   for (int64_t b = 0; b < batches; ++b) {
     KILN_RETURN_IF_ERROR(data_->Next(x_, y_));
-    in[x_name] = lm ? x_ : x_.Reshaped(Shape{batch, f});
-    in[y_name] = y_;
-    KILN_ASSIGN_OR_RETURN(auto lo, loss_->RunNamed(in));
-    loss_sum += lo.at("loss").GetDouble(0);
-    in.erase(y_name);
-    KILN_ASSIGN_OR_RETURN(auto pr, predict_->RunNamed(in));
-    const Tensor& pred = pr.at("prediction");
+    KILN_RETURN_IF_ERROR(exe_->RunInto(in, out));
+    loss_sum += loss_.GetDouble(0);
     for (int64_t i = 0; i < per_batch; ++i) {
-      if (static_cast<int64_t>(pred.GetDouble(i)) == y_.data<int32_t>()[i]) ++correct;
+      if (static_cast<int64_t>(prediction_.GetDouble(i)) == y_.data<int32_t>()[i]) ++correct;
     }
   }
   EvalResult r;

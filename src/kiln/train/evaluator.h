@@ -31,8 +31,11 @@ struct EvalResult {
   double perplexity = 0;  // gpt: exp(loss); 0 for classifiers
 };
 
-// The loss and predict graphs of a model at the held-out batch size, compiled once, run over the
-// held-out batches in a fixed order.
+// One evaluation graph of a model at the held-out batch size (its predict graph with the loss
+// added: outputs "loss" and "prediction", the logits stay inside its arena), compiled once, run
+// over the held-out batches in a fixed order. It holds no parameters: each Run binds the given
+// store's tensors as they are (no copy), so a trainer evaluates the weights where its TrainStep
+// keeps them.
 class Evaluator {
  public:
   // Takes `data.held_out` (data.train is left alone).
@@ -41,13 +44,28 @@ class Evaluator {
   // `max_batches` 0: all full batches.
   absl::StatusOr<EvalResult> Run(const nn::ParamStore& params, int64_t max_batches);
 
+  const runtime::Executable& executable() const { return *exe_; }
+  // Bytes the evaluator keeps resident: the executable's arena, the batch and output tensors.
+  int64_t resident_bytes() const;
+  // The data pointer of each parameter the last Run read, in the model's order (empty before
+  // the first Run): the given store's own tensors.
+  const std::vector<const void*>& last_parameter_data() const { return last_params_; }
+
  private:
   Evaluator() = default;
   std::unique_ptr<EvalData> data_;
   DataShape shape_;
-  std::unique_ptr<runtime::Executable> loss_, predict_;
-  Tensor x_, y_;
+  std::unique_ptr<runtime::Executable> exe_;
+  std::vector<std::string> param_names_;  // the executable's first inputs, in order
+  Tensor x_, y_, loss_, prediction_;
+  std::vector<const void*> last_params_;
 };
+
+// The model's predict graph at `batch` with "loss" (the mean cross-entropy of its logits against
+// a "labels" input, or "targets" for a language model, as in its loss graph) as its first output
+// and "prediction" as its second; "logits" is no output.
+absl::StatusOr<ir::Graph> BuildEvalGraph(const nn::Model& model, int64_t batch,
+                                         bool language_model);
 
 struct LoadOptions {
   Env* env = nullptr;         // the run directory's files; null: Env::Default()

@@ -120,8 +120,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     t->completed_step_ = t->start_step_;
   }
   KILN_RETURN_IF_ERROR(t->WriteRunInfo());
-  t->ckpt_->ReserveStaging(t->CheckpointTensors());
+  // The host copy an asynchronous save takes (a set of parameters and optimizer state), only when
+  // this run will save asynchronously: the final save is synchronous and needs none.
+  if (t->AsyncSaveAhead()) {
+    const NamedTensors tensors = t->CheckpointTensors();
+    t->ckpt_->ReserveStaging(tensors);
+    for (const auto& [name, value] : tensors) t->checkpoint_staging_bytes_ += value.byte_size();
+  }
   return t;
+}
+
+bool Trainer::AsyncSaveAhead() const {
+  const int64_t every = config_.checkpoint_every;
+  if (every <= 0 || config_.steps <= 1) return false;
+  // MaybeCheckpoint saves asynchronously at the multiples of checkpoint_every below steps.
+  const int64_t last = (config_.steps - 1) / every * every;
+  return last > start_step_;
 }
 
 // The run directory: one trainer, one run (run_dir.h).

@@ -123,6 +123,10 @@ class Trainer {
   const std::string& run_id() const { return run_id_; }
   // The checkpoint directory restored from ("" on a fresh start).
   const std::string& restored_from() const { return restored_from_; }
+  // Bytes of the asynchronous checkpoint's host copy, reserved at Create when this run will save
+  // asynchronously (a checkpoint_every multiple below steps after the start step); 0 otherwise.
+  int64_t checkpoint_staging_bytes() const { return checkpoint_staging_bytes_; }
+  const Evaluator& evaluator() const { return *evaluator_; }
 
  private:
   struct Loop;  // the counters of one Run (trainer.cc)
@@ -135,6 +139,7 @@ class Trainer {
   absl::Status Resume();
   absl::Status OpenMetrics();
   absl::Status WriteRunInfo();
+  bool AsyncSaveAhead() const;
   // Run, per step.
   absl::StatusOr<nn::StepMetrics> Step(int64_t number, Loop& loop);
   absl::Status CheckFinite(int64_t number, const nn::StepMetrics& m, Loop& loop);
@@ -175,6 +180,7 @@ class Trainer {
   // run.json's completed_step; -1 while the run is not finished.
   int64_t completed_step_ = -1;
   int64_t last_saved_step_ = -1;
+  int64_t checkpoint_staging_bytes_ = 0;
   double compile_seconds_ = 0;
   std::vector<std::string> notes_;
   bool progress_line_open_ = false;

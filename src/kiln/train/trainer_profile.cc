@@ -235,6 +235,9 @@ void MeasureBareDots(runtime::Backend& backend, const ir::Graph& g, std::vector<
   }
 }
 
+// Sets of parameters and optimizer state the train step keeps resident.
+constexpr int64_t kResidentSets = 1;
+
 int64_t StoreBytes(const nn::ParamStore& store) {
   int64_t bytes = 0;
   for (int i = 0; i < store.size(); ++i) bytes += store.value(i).byte_size();
@@ -269,13 +272,14 @@ absl::Status Trainer::ReportProfile(double total, double input, double compute, 
   for (Row& r : rows) kernels.push_back(std::move(r.stat));
   const ProfileVerdict v = ClassifyProfile(kernels, in);
 
-  // Two resident sets each of parameters and optimizer state: TrainStep writes the next set
-  // while it reads the current one. One f32 gradient per parameter, inside the arena.
-  const int64_t param_bytes = StoreBytes(step_->params());
-  MemoryBreakdown mem{.parameters = 2 * param_bytes,
+  // One resident set each of parameters and optimizer state (TrainStep updates them in place);
+  // one f32 gradient per parameter, inside the arena.
+  MemoryBreakdown mem{.parameters = kResidentSets * StoreBytes(step_->params()),
                       .gradients = step_->params().num_elements() * int64_t{4},
-                      .optimizer_state = 2 * StoreBytes(step_->optimizer_state()),
+                      .optimizer_state = kResidentSets * StoreBytes(step_->optimizer_state()),
                       .arena = exe.plan().arena_bytes,
+                      .evaluation = evaluator_->resident_bytes(),
+                      .checkpoint_staging = checkpoint_staging_bytes_,
                       .peak_rss = peak_rss};
   constexpr double kMiB = 1024.0 * 1024.0;
   profiler_.SetOtherData("verdict", std::string(BoundName(v.bound)));
@@ -283,6 +287,8 @@ absl::Status Trainer::ReportProfile(double total, double input, double compute, 
   profiler_.SetOtherData("memory_mib/gradients", mem.gradients / kMiB);
   profiler_.SetOtherData("memory_mib/optimizer_state", mem.optimizer_state / kMiB);
   profiler_.SetOtherData("memory_mib/arena", mem.arena / kMiB);
+  profiler_.SetOtherData("memory_mib/evaluation", mem.evaluation / kMiB);
+  profiler_.SetOtherData("memory_mib/checkpoint_staging", mem.checkpoint_staging / kMiB);
   if (mem.peak_rss >= 0) {
     profiler_.SetOtherData("memory_mib/other", mem.other() / kMiB);
     profiler_.SetOtherData("memory_mib/peak_rss", mem.peak_rss / kMiB);

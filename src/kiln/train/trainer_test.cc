@@ -449,22 +449,127 @@ TEST(TrainerTest, ProfileSummaryHasVerdictKernelsAndMemoryBreakdown) {
   EXPECT_NE(text.find("shares of the step: matmul/conv "), std::string::npos) << text;
   EXPECT_NE(text.find("largest matmul/conv kernels (per step):"), std::string::npos) << text;
   EXPECT_NE(text.find("f32[32,64] x f32[64,16] -> f32[32,16]"), std::string::npos) << text;
-  // MLP 64-16-10: 1210 f32 parameters, two resident sets; adamw keeps two moments per parameter.
+  // MLP 64-16-10: 1210 f32 parameters, one resident set; adamw keeps two moments per parameter.
   EXPECT_NE(text.find("memory (MiB): parameters 0.0, gradients 0.0 (inside the arena), "
                       "optimizer state 0.0, arena "),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find(", other "), std::string::npos) << text;
+  EXPECT_NE(text.find(", evaluation "), std::string::npos) << text;
+  EXPECT_NE(text.find(", checkpoint staging 0.0, other "), std::string::npos)
+      << text;  // none ahead
   EXPECT_NE(text.find("; peak RSS "), std::string::npos) << text;
   std::ifstream f(out + "/trace.json");
   std::stringstream trace;
   trace << f.rdbuf();
   for (const char* key : {"\"memory_mib/parameters\":", "\"memory_mib/gradients\":",
                           "\"memory_mib/optimizer_state\":", "\"memory_mib/arena\":",
+                          "\"memory_mib/evaluation\":", "\"memory_mib/checkpoint_staging\":",
                           "\"memory_mib/other\":", "\"memory_mib/peak_rss\":", "\"verdict\":"}) {
     EXPECT_NE(trace.str().find(key), std::string::npos) << key;
   }
   fs::remove_all(out);
+}
+
+// The evaluator holds no weights: it reads the TrainStep's parameter tensors themselves, and its
+// one graph returns only the loss and the predictions (the logits stay in its arena).
+TEST(TrainerTest, EvaluationReadsTheTrainStepsParametersInPlace) {
+  auto cpu = runtime::MakeCpuBackend();
+  TrainConfig c = GptConfig(TempDir("eval_in_place"));
+  c.steps = 5;
+  auto t = Trainer::Create(c, {.backend = cpu.get()});
+  ASSERT_TRUE(t.ok()) << t.status();
+  const Evaluator& e = (*t)->evaluator();
+  const ir::Graph& g = e.executable().graph();
+  ASSERT_EQ(g.outputs().size(), 2u);
+  EXPECT_EQ(g.outputs()[0].name, "loss");
+  EXPECT_EQ(g.outputs()[1].name, "prediction");
+  EXPECT_TRUE(e.last_parameter_data().empty());
+  auto before = (*t)->Evaluate(1);
+  ASSERT_TRUE(before.ok()) << before.status();
+  const nn::ParamStore& p = (*t)->train_step().params();
+  const std::vector<nn::ParamSpec> specs = (*t)->model().Params();
+  ASSERT_EQ(e.last_parameter_data().size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Tensor* live = p.Find(specs[i].name);
+    ASSERT_NE(live, nullptr) << specs[i].name;
+    EXPECT_EQ(e.last_parameter_data()[i], live->raw_data()) << specs[i].name;
+  }
+  // Besides its arena it keeps only the batch and the outputs.
+  EXPECT_EQ(e.resident_bytes() - e.executable().plan().arena_bytes,
+            2 * 4 * 16 * 4 + 4 + 4 * 16 * 4);  // tokens, targets, loss, predictions
+  auto r = (*t)->Run();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->final_eval.has_value());
+  EXPECT_NE(r->final_eval->loss, before->loss);  // the trained weights, read where they live
+}
+
+// The evaluation graph computes what the model's loss and predict graphs compute.
+TEST(TrainerTest, EvalGraphMatchesTheLossAndPredictGraphs) {
+  auto cpu = runtime::MakeCpuBackend();
+  for (bool lm : {false, true}) {
+    SCOPED_TRACE(lm ? "gpt" : "mlp");
+    TrainConfig c = lm ? GptConfig("unused") : SmallConfig("unused");
+    const int64_t features = lm ? c.data.seq_len : 64, classes = lm ? c.model.vocab_size : 10;
+    auto model = BuildModel(c.model, features, classes);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto params = nn::InitParams((*model)->Params(), 5);
+    ASSERT_TRUE(params.ok()) << params.status();
+    const int64_t batch = 3;
+    auto eval = BuildEvalGraph(**model, batch, lm);
+    auto loss = (*model)->LossGraph(batch);
+    auto predict = (*model)->PredictGraph(batch);
+    ASSERT_TRUE(eval.ok() && loss.ok() && predict.ok()) << eval.status();
+    std::map<std::string, Tensor> in;
+    for (int i = 0; i < params->size(); ++i) in[params->names()[i]] = params->value(i);
+    std::vector<int32_t> labels(static_cast<size_t>(lm ? batch * features : batch));
+    for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 7) % classes);
+    const Shape label_shape = lm ? Shape{batch, features} : Shape{batch};
+    if (lm) {
+      in["tokens"] = Tensor::FromVector<int32_t>(label_shape, labels);
+    } else {
+      std::vector<float> x(static_cast<size_t>(batch * features));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i % 13) * 0.1);
+      in["x"] = Tensor::FromVector<float>(Shape{batch, features}, x);
+    }
+    auto pe = cpu->Compile(*predict);
+    ASSERT_TRUE(pe.ok()) << pe.status();
+    auto pr = (*pe)->RunNamed(in);
+    ASSERT_TRUE(pr.ok()) << pr.status();
+    in[lm ? "targets" : "labels"] = Tensor::FromVector<int32_t>(label_shape, labels);
+    auto le = cpu->Compile(*loss);
+    auto ee = cpu->Compile(*eval);
+    ASSERT_TRUE(le.ok() && ee.ok());
+    auto lr = (*le)->RunNamed(in);
+    auto er = (*ee)->RunNamed(in);
+    ASSERT_TRUE(lr.ok() && er.ok()) << er.status();
+    EXPECT_EQ(er->count("logits"), 0u);
+    EXPECT_NEAR(er->at("loss").GetDouble(0), lr->at("loss").GetDouble(0), 1e-5);
+    EXPECT_EQ(er->at("prediction").ToDoubles(), pr->at("prediction").ToDoubles());
+  }
+}
+
+// The asynchronous save's host copy is reserved only when the run will save asynchronously.
+TEST(TrainerTest, CheckpointStagingOnlyWhenAnAsyncSaveIsAhead) {
+  auto cpu = runtime::MakeCpuBackend();
+  struct Case {
+    int64_t steps, every;
+    bool staged;
+  };
+  for (const Case& k : {Case{30, 5, true}, Case{5, 5, false}, Case{5, 100, false}, Case{6, 5, true},
+                        Case{30, 0, false}}) {
+    SCOPED_TRACE(::testing::Message() << "steps " << k.steps << " every " << k.every);
+    TrainConfig c = SmallConfig(TempDir("staging"));
+    c.steps = k.steps;
+    c.checkpoint_every = k.every;
+    auto t = Trainer::Create(c, {.backend = cpu.get()});
+    ASSERT_TRUE(t.ok()) << t.status();
+    int64_t bytes = 0;
+    const nn::TrainStep& s = (*t)->train_step();
+    for (int i = 0; i < s.params().size(); ++i) bytes += s.params().value(i).byte_size();
+    for (int i = 0; i < s.optimizer_state().size(); ++i)
+      bytes += s.optimizer_state().value(i).byte_size();
+    EXPECT_EQ((*t)->checkpoint_staging_bytes(), k.staged ? bytes : 0);
+  }
 }
 
 }  // namespace
