@@ -1,5 +1,6 @@
 // The cpu backend's fused loop kernels (runtime/cpu/fused_loop.cc) on the memory-bound groups of a
 // GPT-2-small train step, against memcpy bandwidth measured in the same run (DESIGN.md §5):
+//   adamw_l2     the same over [128,256], in cache: what the ops alone cost
 //   adamw        the AdamW update of nn/optim.cc over [3072,768] (4 tensors in, 3 out), outputs
 //                in separate tensors and in place of p, m, v (as the train step runs it)
 //   layernorm    (x - mean) * rstd * gamma + beta over [4,128,768]: per-row [4,128] (column
@@ -134,7 +135,7 @@ Timing Run(const Case& c, int reps) {
   for (size_t k = 0; k < outs.size(); ++k)
     op.push_back(k < c.in_place.size() && c.in_place[k] >= 0 ? &ins[c.in_place[k]] : &outs[k]);
   std::vector<double> times;
-  for (int i = 0; i < reps + 3; ++i) {
+  for (int i = 0; i < reps + 3; ++i) {  // 3 untimed
     double t0 = Seconds();
     KILN_CHECK_OK(exe->RunInto(ip, op));
     if (i >= 3) times.push_back(Seconds() - t0);
@@ -159,6 +160,7 @@ int main(int argc, char** argv) {
   }
   omp_set_num_threads(threads);
   std::vector<Case> cases;
+  cases.push_back({"adamw_l2", AdamW(128, 256), {}});  // in cache: the compute limit
   cases.push_back({"adamw", AdamW(3072, 768), {}});
   cases.push_back({"adamw_in_place", AdamW(3072, 768), {0, 2, 3}});
   cases.push_back({"layernorm", LayerNorm(4, 128, 768), {}});

@@ -13,8 +13,12 @@
 //
 // Semantics match the unfused loops bit for bit: values compute in f32; a bf16 member rounds to
 // bf16 (nearest even) after its op, exactly as storing and reloading it would; bool values are
-// 0/1 floats. Outputs are stored at the end of each block, after every input read of that block,
-// so an output may share its buffer with a same-shaped input that dies at the group.
+// 0/1 floats. Every input read of a block comes before any output write of that block, so an
+// output may share its buffer with a same-shaped input that dies at the group (the train step's
+// in-place parameter and optimizer-state updates): outputs are stored at the end of the block,
+// except f32 outputs whose defining instruction comes at or after the last instruction that reads
+// an input buffer in place; those are computed straight into their buffers (DirectOutputs).
+// Binary ops with a scalar operand read it once per block, not per element.
 //
 // The block routine is compiled for several ISAs (GCC target_clones) and picked at load time, so
 // the loops use AVX-512 or AVX2 where the machine has it without -march=native.
@@ -75,6 +79,8 @@ enum class FOp : uint8_t {
 struct Instr {
   FOp op;
   int16_t dst, a, b, c;
+  // Bit 0: `a` is a scalar input's register, bit 1: `b` is (read once, not per element).
+  uint8_t scalars = 0;
 };
 
 // How an input is read, in elements of the output index space.
@@ -102,6 +108,9 @@ struct Output {
   int node;
   DType dtype;
   int16_t reg;
+  // f32, computed straight into the output buffer by the instruction that defines it (reg is a
+  // pointer slot, as for a direct input): no scratch register and no store (DirectOutputs).
+  bool direct = false;
 };
 
 // A reduce_sum member: its operand's register is accumulated into per-thread f64 accumulators
@@ -122,7 +131,7 @@ struct Program {
   std::vector<Instr> code;
   std::vector<Output> outputs;
   int num_regs = 0;   // scratch registers (kBlock floats each, per thread)
-  int num_slots = 0;  // num_regs + one pointer slot per direct input
+  int num_slots = 0;  // num_regs + one pointer slot per direct input and direct output
   int64_t count = 0;
 };
 
@@ -236,6 +245,21 @@ KILN_BLOCK_INLINE void LoadInput(const Input& in, const void* base, int64_t star
   }
 }
 
+// d[j] = f(a[j], b[j]) for j < n; a scalar operand (`scalars`, see Instr) is read once.
+template <typename F>
+KILN_BLOCK_INLINE void Binary(float* d, const float* a, const float* b, uint8_t scalars, int64_t n,
+                              F f) {
+  if (scalars & 2) {
+    const float y = b[0];
+    for (int64_t j = 0; j < n; ++j) d[j] = f(a[j], y);
+  } else if (scalars & 1) {
+    const float x = a[0];
+    for (int64_t j = 0; j < n; ++j) d[j] = f(x, b[j]);
+  } else {
+    for (int64_t j = 0; j < n; ++j) d[j] = f(a[j], b[j]);
+  }
+}
+
 // The ops over one block. Registers never alias within an instruction (the allocator frees an
 // operand's register only after the instruction that last reads it).
 KILN_BLOCK_INLINE void RunCode(const Instr* code, int num_instrs, float* const* slot, int64_t n) {
@@ -248,22 +272,22 @@ KILN_BLOCK_INLINE void RunCode(const Instr* code, int num_instrs, float* const* 
     const float* c = in.c >= 0 ? slot[in.c] : a;
     switch (in.op) {
       case FOp::kAdd:
-        for (int64_t j = 0; j < n; ++j) d[j] = a[j] + b[j];
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return x + y; });
         break;
       case FOp::kSub:
-        for (int64_t j = 0; j < n; ++j) d[j] = a[j] - b[j];
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return x - y; });
         break;
       case FOp::kMul:
-        for (int64_t j = 0; j < n; ++j) d[j] = a[j] * b[j];
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return x * y; });
         break;
       case FOp::kDiv:
-        for (int64_t j = 0; j < n; ++j) d[j] = a[j] / b[j];
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return x / y; });
         break;
       case FOp::kMax:
-        for (int64_t j = 0; j < n; ++j) d[j] = (a[j] > b[j] || a[j] != a[j]) ? a[j] : b[j];
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return (x > y || x != x) ? x : y; });
         break;
       case FOp::kMin:
-        for (int64_t j = 0; j < n; ++j) d[j] = (a[j] < b[j] || a[j] != a[j]) ? a[j] : b[j];
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return (x < y || x != x) ? x : y; });
         break;
       case FOp::kNeg:
         for (int64_t j = 0; j < n; ++j) d[j] = -a[j];
@@ -284,31 +308,33 @@ KILN_BLOCK_INLINE void RunCode(const Instr* code, int num_instrs, float* const* 
         for (int64_t j = 0; j < n; ++j) d[j] = a[j] > 0.0f ? 1.0f : (a[j] < 0.0f ? -1.0f : 0.0f);
         break;
       case FOp::kEq:
-        for (int64_t j = 0; j < n; ++j) d[j] = a[j] == b[j] ? 1.0f : 0.0f;
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return x == y ? 1.0f : 0.0f; });
         break;
       case FOp::kNe:
-        for (int64_t j = 0; j < n; ++j) d[j] = a[j] != b[j] ? 1.0f : 0.0f;
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return x != y ? 1.0f : 0.0f; });
         break;
       case FOp::kLt:
-        for (int64_t j = 0; j < n; ++j) d[j] = a[j] < b[j] ? 1.0f : 0.0f;
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return x < y ? 1.0f : 0.0f; });
         break;
       case FOp::kLe:
-        for (int64_t j = 0; j < n; ++j) d[j] = a[j] <= b[j] ? 1.0f : 0.0f;
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return x <= y ? 1.0f : 0.0f; });
         break;
       case FOp::kGt:
-        for (int64_t j = 0; j < n; ++j) d[j] = a[j] > b[j] ? 1.0f : 0.0f;
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return x > y ? 1.0f : 0.0f; });
         break;
       case FOp::kGe:
-        for (int64_t j = 0; j < n; ++j) d[j] = a[j] >= b[j] ? 1.0f : 0.0f;
+        Binary(d, a, b, in.scalars, n, [](float x, float y) { return x >= y ? 1.0f : 0.0f; });
         break;
       case FOp::kSelect:
         for (int64_t j = 0; j < n; ++j) d[j] = a[j] != 0.0f ? b[j] : c[j];
         break;
       case FOp::kAnd:
-        for (int64_t j = 0; j < n; ++j) d[j] = (a[j] != 0.0f && b[j] != 0.0f) ? 1.0f : 0.0f;
+        Binary(d, a, b, in.scalars, n,
+               [](float x, float y) { return (x != 0.0f && y != 0.0f) ? 1.0f : 0.0f; });
         break;
       case FOp::kOr:
-        for (int64_t j = 0; j < n; ++j) d[j] = (a[j] != 0.0f || b[j] != 0.0f) ? 1.0f : 0.0f;
+        Binary(d, a, b, in.scalars, n,
+               [](float x, float y) { return (x != 0.0f || y != 0.0f) ? 1.0f : 0.0f; });
         break;
       case FOp::kNot:
         for (int64_t j = 0; j < n; ++j) d[j] = a[j] == 0.0f ? 1.0f : 0.0f;
@@ -437,6 +463,8 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
       else if (in.view != View::kScalar)
         LoadInput(in, in_ptrs[i], start, n, slot[in.reg]);
     }
+    for (size_t i = 0; i < p.outputs.size(); ++i)
+      if (p.outputs[i].direct) slot[p.outputs[i].reg] = static_cast<float*>(out_ptrs[i]) + start;
     // Full blocks run a copy of the ops with the trip count known at compile time.
     if (n == kBlock)
       RunCode(p.code.data(), static_cast<int>(p.code.size()), slot, kBlock);
@@ -445,7 +473,8 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     for (const Reduction& red : p.reductions)
       Accumulate(red, start, n, slot[red.reg], acc + red.acc_offset);
     for (size_t i = 0; i < p.outputs.size(); ++i)
-      StoreOutput(p.outputs[i], out_ptrs[i], start, n, slot[p.outputs[i].reg]);
+      if (!p.outputs[i].direct)
+        StoreOutput(p.outputs[i], out_ptrs[i], start, n, slot[p.outputs[i].reg]);
   }
 }
 
@@ -729,9 +758,12 @@ absl::Status AllocateRegisters(const std::vector<Pending>& code, const std::vect
                                             " registers; the kernel has ", kMaxSlots));
   for (size_t k = 0; k < code.size(); ++k) {
     const Pending& c = code[k];
-    p.code.push_back({c.op, static_cast<int16_t>(reg[c.dst]), static_cast<int16_t>(reg[c.a]),
-                      static_cast<int16_t>(c.b >= 0 ? reg[c.b] : -1),
-                      static_cast<int16_t>(c.c >= 0 ? reg[c.c] : -1)});
+    auto scalar = [&](int v) { return v >= nm && p.inputs[v - nm].view == View::kScalar; };
+    p.code.push_back(
+        {c.op, static_cast<int16_t>(reg[c.dst]), static_cast<int16_t>(reg[c.a]),
+         static_cast<int16_t>(c.b >= 0 ? reg[c.b] : -1),
+         static_cast<int16_t>(c.c >= 0 ? reg[c.c] : -1),
+         static_cast<uint8_t>((scalar(c.a) ? 1 : 0) | (c.b >= 0 && scalar(c.b) ? 2 : 0))});
   }
   for (size_t k = 0; k < p.inputs.size(); ++k) p.inputs[k].reg = static_cast<int16_t>(reg[nm + k]);
   for (size_t k = 0; k < p.outputs.size(); ++k)
@@ -741,6 +773,35 @@ absl::Status AllocateRegisters(const std::vector<Pending>& code, const std::vect
   p.num_regs = std::max(num_regs, 1);
   p.num_slots = std::max(num_slots, 1);
   return absl::OkStatus();
+}
+
+// Lets the f32 outputs defined at or after the last instruction that reads an input buffer in
+// place (a direct input) be computed straight into their buffers, so every input read of a block
+// still comes before any output write (an output may share its buffer with an input). The
+// output's register belongs to it from its defining instruction on, so those references move to a
+// new pointer slot.
+void DirectOutputs(Program& p) {
+  int last_direct_read = -1;
+  for (int k = 0; k < static_cast<int>(p.code.size()); ++k)
+    for (int r : {p.code[k].a, p.code[k].b, p.code[k].c})
+      if (r >= p.num_regs) last_direct_read = k;
+  for (Output& o : p.outputs) {
+    if (o.dtype != DType::kF32 || o.reg >= p.num_regs || p.num_slots >= kMaxSlots) continue;
+    int def = -1;
+    for (int k = 0; k < static_cast<int>(p.code.size()); ++k)
+      if (p.code[k].dst == o.reg) def = k;
+    if (def < 0 || def < last_direct_read) continue;
+    const int16_t from = o.reg, to = static_cast<int16_t>(p.num_slots++);
+    p.code[def].dst = to;
+    for (size_t k = def + 1; k < p.code.size(); ++k)
+      for (int16_t* r : {&p.code[k].dst, &p.code[k].a, &p.code[k].b, &p.code[k].c})
+        if (*r == from) *r = to;
+    for (Reduction& red : p.reductions)
+      if (red.reg == from) red.reg = to;
+    for (Output& other : p.outputs)
+      if (other.reg == from) other.reg = to;  // `o` itself, or an output of the same value
+    o.direct = true;
+  }
 }
 
 }  // namespace
@@ -844,6 +905,7 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
   }
 
   KILN_RETURN_IF_ERROR(AllocateRegisters(code, out_values, reduction_values, nm, root, p));
+  DirectOutputs(p);
 
   int threads = std::max(1, omp_get_max_threads());
   const int64_t acc_offset = AlignUp(static_cast<int64_t>(threads) * p.num_regs * kBlock * 4);

@@ -278,5 +278,48 @@ TEST(FusedLoopViews, BroadcastAndReductionViewsMatchThePerOpLoops) {
   }
 }
 
+// Updates computed in place of the parameters they read (ir::Output::in_place_of; the fused
+// kernel then writes the buffers it reads): an output defined before the group's last read of an
+// input buffer (m2, while m and p are read later) is stored only after the block's reads, one
+// defined after them (p2) is computed straight into its buffer, and all match the out-of-place
+// run bit for bit, over several blocks and threads.
+TEST(FusedLoopViews, InPlaceUpdatesMatchTheOutOfPlaceRun) {
+  if (testing::SweepDisables("fusion")) GTEST_SKIP() << "tests the fusion pass";
+  for (int64_t rows : {int64_t{3}, int64_t{700}}) {
+    ir::Builder b("in_place_update");
+    Value p = b.Parameter("p", DType::kF32, {rows, 301});
+    Value g = b.Parameter("g", DType::kF32, {rows, 301});
+    Value m = b.Parameter("m", DType::kF32, {rows, 301});
+    Value lr = b.Parameter("lr", DType::kF32, {});
+    Value m2 = m * 0.9 + g * 0.1;
+    Value p2 = p - (m2 + m) * lr + p * m2;
+    b.Output("p", p2, p);
+    b.Output("m", m2, m);
+    b.Output("q", p2 * 2.0);
+    auto graph = b.Build();
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    auto exe =
+        MakeCpuBackend(testing::SweepCpuOptions({.use_compile_cache = false}))->Compile(*graph);
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<double> dist(-2, 2);
+    std::vector<Tensor> in;
+    for (int id : graph->parameters()) {
+      const ir::Type& t = graph->node(id).type();
+      std::vector<double> v(t.shape.num_elements());
+      for (double& x : v) x = dist(rng);
+      in.push_back(Tensor::FromDoubles(t.dtype, t.shape, v));
+    }
+    auto want = (*exe)->Run(in);
+    ASSERT_TRUE(want.ok()) << want.status();
+    Tensor pt = in[0].Clone(), mt = in[2].Clone(), q(DType::kF32, Shape{rows, 301});
+    ASSERT_TRUE((*exe)->RunInto({&pt, &in[1], &mt, &in[3]}, {&pt, &mt, &q}).ok());
+    EXPECT_TRUE(pt.BitwiseEquals((*want)[0])) << "rows " << rows;
+    EXPECT_TRUE(mt.BitwiseEquals((*want)[1])) << "rows " << rows;
+    EXPECT_TRUE(q.BitwiseEquals((*want)[2])) << "rows " << rows;
+    if (!testing::SweepDisables("fusion")) EXPECT_EQ((*exe)->num_in_place_outputs(), 2);
+  }
+}
+
 }  // namespace
 }  // namespace kiln::runtime
