@@ -374,6 +374,46 @@ TEST(CpuBackendTest, DotGeneral) {
         [](Builder&, auto& p) { return ir::MatMul(p[0], p[1]); }, kFloats, {2e-5, 1e-2});
 }
 
+// Long contractions over row-major operands (K >= 2 max(M, N), like the LM head's dX) run
+// through oneDNN's sgemm; the same shapes with a transposed operand, or in bf16, keep the matmul
+// primitive. Both agree with the reference.
+TEST(CpuBackendTest, LongContractionsUseSgemm) {
+  struct Case {
+    std::vector<int64_t> lhs, rhs;
+    ir::DotDims dims;
+    DType dt;
+    bool sgemm;
+  };
+  const std::vector<Case> cases = {
+      {{2, 4, 300}, {300, 24}, {{}, {}, {2}, {0}}, DType::kF32, true},  // [8,300] x [300,24]
+      {{16, 640}, {640, 3}, {{}, {}, {1}, {0}}, DType::kF32, true},
+      {{16, 640}, {3, 640}, {{}, {}, {1}, {1}}, DType::kF32, false},  // rhs transposed
+      {{640, 16}, {640, 3}, {{}, {}, {0}, {0}}, DType::kF32, false},  // lhs transposed
+      {{16, 640}, {640, 3}, {{}, {}, {1}, {0}}, DType::kBF16, false},
+      {{16, 20}, {20, 24}, {{}, {}, {1}, {0}}, DType::kF32, false},  // short K
+  };
+  std::mt19937 rng(11);
+  for (const Case& c : cases) {
+    Builder b("long_k");
+    Value x = b.Parameter("x", c.dt, Shape(c.lhs));
+    Value w = b.Parameter("w", c.dt, Shape(c.rhs));
+    b.Output("y", ir::DotGeneral(x, w, c.dims));
+    auto g = b.Build();
+    ASSERT_TRUE(g.ok()) << g.status();
+    std::vector<Tensor> in = {Draw(U(Shape(c.lhs)), c.dt, rng), Draw(U(Shape(c.rhs)), c.dt, rng)};
+    auto want = MakeReferenceBackend()->Compile(*g).value()->Run(in).value();
+    auto exe = MakeCpuBackend()->Compile(*g);
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    auto got = (*exe)->Run(in);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectClose((*got)[0], want[0], c.dt == DType::kF32 ? 1e-5 : 1e-2, "long_k");
+    bool saw_sgemm = false;
+    for (int i = 0; i < (*exe)->num_thunks(); ++i)
+      saw_sgemm |= (*exe)->thunk(i).name().find("sgemm") != std::string::npos;
+    EXPECT_EQ(saw_sgemm, c.sgemm) << Shape(c.lhs).ToString() << " x " << Shape(c.rhs).ToString();
+  }
+}
+
 TEST(CpuBackendTest, Convolutions) {
   Tol tol{2e-5, 1e-2};
   ir::Conv2dOptions o;
