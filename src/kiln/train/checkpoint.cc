@@ -30,6 +30,17 @@ std::string StepDirName(int64_t step) { return absl::StrCat(kStepPrefix, step); 
 
 std::string Hex(uint32_t v) { return absl::StrFormat("0x%08x", v); }
 
+// Where Restore reads tensor `t`: the tensor of `into` with its name, dtype and shape (sharing
+// its storage), else a fresh one.
+Tensor RestoreTarget(const NamedTensors* into, const ManifestTensor& t) {
+  if (into != nullptr) {
+    for (const auto& [name, tensor] : *into) {
+      if (name == t.name && tensor.dtype() == t.dtype && tensor.shape() == t.shape) return tensor;
+    }
+  }
+  return Tensor(t.dtype, t.shape);
+}
+
 int64_t MicrosSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
                                                                t0)
@@ -562,7 +573,7 @@ absl::StatusOr<Checkpoint> CheckpointManager::Load(int64_t step) {
                                                     *size - 8 - n, ts, where + ": " + path));
     uint32_t shard_crc = crc32c::Value(header.data(), header.size());
     for (const ManifestTensor* t : ts) {
-      Tensor tensor(t->dtype, t->shape);
+      Tensor tensor = RestoreTarget(restore_into_, *t);
       char* dst = static_cast<char*>(tensor.raw_data());
       uint32_t crc = 0;
       for (uint64_t done = 0; done < t->bytes;) {

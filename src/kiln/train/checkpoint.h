@@ -143,6 +143,11 @@ class CheckpointManager {
   // noted in Checkpoint::notes. NotFound if there are no checkpoints; DataLoss listing every
   // failure if none verifies. Other errors (permissions, I/O) are returned as they are.
   absl::StatusOr<Checkpoint> RestoreLatest();
+  // Until called again with nullptr, Restore and RestoreLatest read each tensor into the tensor
+  // of `into` with its name, dtype and shape (Checkpoint::tensors then shares its storage), the
+  // others into fresh tensors: a trainer resumes into its resident buffers without a second copy
+  // in memory. A failed restore may leave them partly overwritten. `into` is borrowed.
+  void RestoreInto(const NamedTensors* into) { restore_into_ = into; }
 
   const std::string& root() const { return root_; }
   // What Open cleaned up.
@@ -179,6 +184,7 @@ class CheckpointManager {
   int64_t pending_step_ = -1;
   SaveInfo last_info_;
   NamedTensors staging_;  // host copies for SaveAsync, reused
+  const NamedTensors* restore_into_ = nullptr;
 };
 
 // "step_<N>" for a committed checkpoint directory name; -1 for anything else.

@@ -665,6 +665,28 @@ TEST_F(CheckpointTest, AsyncErrorsSurfaceExactlyOnce) {
   EXPECT_THAT(Children(kRoot), ElementsAre("step_1", "step_4"));
 }
 
+// RestoreInto: tensors of a matching name, dtype and shape are read into the given buffers
+// (no second copy); the rest into fresh tensors.
+TEST_F(CheckpointTest, RestoreIntoReadsIntoTheGivenBuffers) {
+  std::unique_ptr<CheckpointManager> m = OpenManager();
+  const NamedTensors saved = Model(1);
+  ASSERT_TRUE(m->Save(3, saved, Meta(1)).ok());
+  NamedTensors into = {{"embed.weight", Tensor(DType::kF32, Shape{8, 4})},
+                       {"block.0.b", Tensor(DType::kF32, Shape{5})},  // another shape
+                       {"other", Tensor(DType::kF32, Shape{4})}};
+  m->RestoreInto(&into);
+  absl::StatusOr<Checkpoint> ck = m->RestoreLatest();
+  m->RestoreInto(nullptr);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  ExpectSameTensors(ck->tensors, saved);
+  EXPECT_EQ(ck->tensors.at("embed.weight").raw_data(), into[0].second.raw_data());
+  EXPECT_TRUE(into[0].second.BitwiseEquals(saved[0].second));
+  EXPECT_NE(ck->tensors.at("block.0.b").raw_data(), into[1].second.raw_data());
+  absl::StatusOr<Checkpoint> again = m->Restore(3);  // cleared: fresh tensors
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->tensors.at("embed.weight").raw_data(), into[0].second.raw_data());
+}
+
 TEST_F(CheckpointTest, StagingBuffersAreReusedAcrossSaves) {
   auto mgr = OpenManager();
   NamedTensors m = Model(1);

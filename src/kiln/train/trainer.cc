@@ -209,7 +209,13 @@ absl::Status Trainer::OpenCheckpoints(bool move_aside) {
 // Restores the newest good checkpoint of this run, if any: parameters, optimizer state, step and
 // data position.
 absl::Status Trainer::Resume() {
+  // Read straight into the train step's buffers: no second set of parameters and optimizer state
+  // in memory while resuming. A failed restore fails Create, so partly written buffers are never
+  // trained on; NotFound reads nothing.
+  const NamedTensors resident = CheckpointTensors();
+  ckpt_->RestoreInto(&resident);
   absl::StatusOr<Checkpoint> ck = ckpt_->RestoreLatest();
+  ckpt_->RestoreInto(nullptr);
   if (absl::IsNotFound(ck.status())) return absl::OkStatus();
   if (!ck.ok()) return ck.status();
   for (const std::string& n : ck->notes) notes_.push_back(n);
