@@ -19,9 +19,12 @@
 //     every unary op (abs exp gelu ... tanh) and logical_not: 0
 //     binary ops with a oneDNN algorithm (add sub mul div): 0 (oneDNN binary documents in-place
 //     for src0 only); the other binary ops (max min pow) and logical_and logical_or: 0 or 1
+//     softmax and log_softmax: 0 (every kernel reads a whole row before it writes any of it;
+//     oneDNN softmax documents in-place) -- the LM head's logits and their softmax share one
+//     [tokens x vocab] buffer
 //   Never: dot_general, convolutions, transposes, broadcasts, reductions, convert (oneDNN reorder),
-//   select (the reference kernel memcpy's each element), data movement, composites: they read
-//   other elements than the one they write, or make no promise about out == in.
+//   select (the reference kernel memcpy's each element), data movement, the other composites:
+//   they read other elements than the one they write, or make no promise about out == in.
 // - multi-node kernels (an ExecutionPlan's fused groups: several nodes at one step, the cpu
 //   backend's fused loops)
 //   whose members are all elementwise ops: the fused loop stores a block's outputs only after

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -267,6 +268,36 @@ TEST(Gpt, TrainingWithDropoutIsReproducibleAcrossAResume) {
   auto other = TrainStep::Create(*cpu, *loss, init->Clone(), {.optimizer = opt, .rng_seed = 43});
   ASSERT_TRUE(other.ok());
   EXPECT_NE((*other)->Run({&tokens, &targets})->loss, losses[0]);
+}
+
+// The LM head's [batch, seq, vocab] values (logits, their softmax, the logit gradient) share
+// ONE f32 buffer in the compiled train step: the softmax and the gradient's loop each take the
+// buffer of the value that dies at them.
+TEST(GptTest, TrainStepHoldsOneVocabSizedBuffer) {
+  Gpt gpt({.vocab_size = 512, .context = 8, .dim = 16, .layers = 1, .heads = 2});
+  auto loss = gpt.TrainLossGraph(2);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  auto init = InitParams(gpt.Params(), 3);
+  ASSERT_TRUE(init.ok());
+  OptimizerConfig opt;
+  opt.kind = OptimizerKind::kAdamW;
+  opt.clip_norm = 1.0;
+  auto cpu = runtime::MakeCpuBackend();
+  auto step = TrainStep::Create(*cpu, *loss, *std::move(init), {.optimizer = opt});
+  ASSERT_TRUE(step.ok()) << step.status();
+  const runtime::Executable& exe = (*step)->executable();
+  std::set<int64_t> offsets;
+  int values = 0;
+  for (const ir::Node& n : exe.graph().nodes()) {
+    const ir::Type& t = n.type();
+    if (t.dtype != DType::kF32 || t.shape != Shape{2, 8, 512}) continue;
+    if (n.id() >= static_cast<int>(exe.plan().offsets.size()) || exe.plan().offsets[n.id()] < 0)
+      continue;
+    offsets.insert(exe.plan().offsets[n.id()]);
+    ++values;
+  }
+  EXPECT_GE(values, 3);  // logits, softmax, logit gradient
+  EXPECT_EQ(offsets.size(), 1u) << values << " vocab-sized values in the arena";
 }
 
 }  // namespace
