@@ -27,6 +27,16 @@ inline nn::GptConfig Gpt2Small() {
           .seq_len = kGptSeq};
 }
 
+// GPT-2 medium (d 1024, 24 layers, 16 heads) at the same batch and sequence length: the
+// --gpt2-scale rows of train_bench, beside GPT-2 small at seq_len 512.
+inline nn::GptConfig Gpt2Medium() {
+  nn::GptConfig c = Gpt2Small();
+  c.dim = 1024;
+  c.layers = 24;
+  c.heads = 16;
+  return c;
+}
+
 // Matmul FLOPs of a GPT forward: per token and layer, c_attn (2 d 3d), c_proj (2 d d), the MLP
 // (2 * 2 d 4d) and attention's two [S, S] products (2 * 2 S d, unmasked as computed); per token,
 // the tied LM head (2 d V). A train step is 3x (forward, dX, dW).

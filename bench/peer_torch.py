@@ -48,6 +48,8 @@ Benchmarks (identical to the Kiln side):
         are denormal and the LM-head matmuls run ~30x slower. Denormals are flushed
         (torch.set_flush_denormal) for the gpt2 rows.
     gpt2_small_infer_b{1,8}: its logits [B, 128, 50257] under torch.inference_mode().
+    gpt2_medium_train, gpt2_small_seq512_train (train_bench --gpt2-scale): the same step for
+        GPT-2 medium (d 1024, 24 layers, 16 heads) at [4, 128], and GPT-2 small at [4, 512].
 
 `peer_torch.py --check-gpt2 VOCAB CTX DIM LAYERS HEADS` (bench/gpt2_peer_test.cc) builds that
 config, checks its logits against the line-by-line port of transformers' GPT-2 that
@@ -160,7 +162,13 @@ class Gpt2(nn.Module):
 
 
 GPT2_SMALL = dict(vocab=50257, ctx=1024, d=768, layers=12, heads=12)
+GPT2_MEDIUM = dict(vocab=50257, ctx=1024, d=1024, layers=24, heads=16)
 GPT2_SEQ, GPT2_TRAIN_BATCH = 128, 4
+# The --gpt2-scale rows of train_bench: (model, sequence length) per row name.
+GPT2_SCALE_ROWS = {
+    "gpt2_medium_train": (GPT2_MEDIUM, GPT2_SEQ),
+    "gpt2_small_seq512_train": (GPT2_SMALL, 512),
+}
 
 
 def gpt2_lm_loss(logits, targets):
@@ -214,6 +222,11 @@ def make(name):
         targets = torch.randint(0, GPT2_SMALL["vocab"], (GPT2_TRAIN_BATCH, GPT2_SEQ))
         return train_step_fn(Gpt2(**GPT2_SMALL), (tokens, targets), gpt2_lm_loss,
                              clip_norm=1.0), 2
+    if name in GPT2_SCALE_ROWS:
+        config, seq = GPT2_SCALE_ROWS[name]
+        tokens = torch.randint(0, config["vocab"], (GPT2_TRAIN_BATCH, seq))
+        targets = torch.randint(0, config["vocab"], (GPT2_TRAIN_BATCH, seq))
+        return train_step_fn(Gpt2(**config), (tokens, targets), gpt2_lm_loss, clip_norm=1.0), 2
     if name.startswith("gpt2_small_infer_b"):
         batch = int(name[len("gpt2_small_infer_b"):])
         tokens = torch.randint(0, GPT2_SMALL["vocab"], (batch, GPT2_SEQ))

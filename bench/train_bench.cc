@@ -3,7 +3,7 @@
 //   train_bench [--threads=2] [--rounds=5] [--max-seconds=20] [--peer=bench/peer_torch.py]
 //               [--peer-blas-dir=DIR] [--peer-coretype=auto|NAME] [--no-peer]
 //               [--out=bench/out/results.json] [--only=SUBSTRING] [--profile]
-//               [--gpt2-rounds=3] [--no-gpt2]
+//               [--gpt2-rounds=3] [--no-gpt2] [--gpt2-scale]
 //
 // --only runs the benchmarks whose name contains SUBSTRING; --profile prints, after each one,
 // Kiln's time per kind of thunk (from Executable's thunk observer).
@@ -11,10 +11,13 @@
 // The GPT-2-small rows (gpt2_small_train: AdamW, clip 1.0, batch 4 x 128 tokens;
 // gpt2_small_infer_b1 / _b8: the logits) take ~2.5 s per training step per side, so they run
 // --gpt2-rounds rounds (not --rounds, and not cut short by --max-seconds) and --no-gpt2 skips
-// them. Besides the step times they report each side's peak resident-set growth over the row
-// (Kiln: this process, reset before the model is built; the peer: its own) and, for the train
-// step, its roofline floor: the step's matmul FLOPs at the bare oneDNN f32 rate plus the bytes
-// the optimizer must move (AdamW with clipping: 32 per parameter) at this machine's memcpy rate.
+// them. --gpt2-scale adds the same train step at GPT-2-medium width (gpt2_medium_train: d 1024,
+// 24 layers, 16 heads, 355M parameters) and at seq_len 512 (gpt2_small_seq512_train), to show how
+// time and memory grow (about 7 and 10 s per step per side here: minutes). Besides the step times
+// they report each side's peak resident-set growth over the row (Kiln: this process, reset before
+// the model is built; the peer: its own) and, for the train step, its roofline floor: the step's
+// matmul FLOPs at the bare oneDNN f32 rate plus the bytes the optimizer must move (AdamW with
+// clipping: 32 per parameter) at this machine's memcpy rate.
 //
 // The peer's OpenBLAS kernels (bench/peer_blas.h): the driver asks the peer which core type
 // OpenBLAS picked and measures its 1024^3 f32 matmul beside oneDNN's. When OpenBLAS fell back to
@@ -347,6 +350,7 @@ double EncoderForwardFlops(int64_t batch) {
 }
 
 using bench::AdamWClipBytes;
+using bench::Gpt2Medium;
 using bench::Gpt2Small;
 using bench::GptForwardFlops;
 using bench::kGptSeq;
@@ -684,7 +688,7 @@ struct Flags {
   double max_seconds = 20;
   std::string peer_script = "bench/peer_torch.py", out_path = "bench/out/results.json";
   std::string peer_coretype = "auto";
-  bool use_peer = true, profile = false, gpt2 = true;
+  bool use_peer = true, profile = false, gpt2 = true, gpt2_scale = false;
   std::string only;
   std::string blas_dir;
 };
@@ -717,6 +721,8 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       f.gpt2_rounds = std::max(1, std::atoi(a.c_str() + 14));
     else if (a == "--no-gpt2")
       f.gpt2 = false;
+    else if (a == "--gpt2-scale")
+      f.gpt2_scale = true;
     else if (a.rfind("--only=", 0) == 0)
       f.only = a.substr(7);
     else if (a.rfind("--out=", 0) == 0)
@@ -727,7 +733,7 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
                    "[--peer=bench/peer_torch.py] [--peer-blas-dir=DIR] "
                    "[--peer-coretype=auto|NAME] [--no-peer] "
                    "[--out=bench/out/results.json] [--only=SUBSTRING] [--profile] "
-                   "[--gpt2-rounds=3] [--no-gpt2]\n",
+                   "[--gpt2-rounds=3] [--no-gpt2] [--gpt2-scale]\n",
                    argv[0]);
       return false;
     }
@@ -853,7 +859,10 @@ void StartAndReport(Bench& b) {
   std::printf("bare oneDNN matmul 1024^3 (start): f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n",
               mm_f32 * 1e-9, mm_bf16 * 1e-9);
   // The GPT-2 train row's roofline floor also needs the memcpy rate (ReportRoofline).
-  if (f.gpt2 && b.Selected("gpt2_small_train")) b.memcpy_rate = MemcpyRate();
+  const bool gpt2_train_rows =
+      b.Selected("gpt2_small_train") ||
+      (f.gpt2_scale && (b.Selected("gpt2_medium_train") || b.Selected("gpt2_small_seq512_train")));
+  if (f.gpt2 && gpt2_train_rows) b.memcpy_rate = MemcpyRate();
   if (peer) {
     std::printf(
         "peer matmul 1024^3 f32: %.1f GFLOP/s on OpenBLAS core %s%s (%.0f%% of oneDNN's)\n",
@@ -963,27 +972,40 @@ absl::StatusOr<ir::Graph> GptLogitsGraph(const nn::Gpt& gpt, int64_t batch) {
 
 // GPT-2 small: the train step (AdamW, clip 1.0, batch 4) and the logits at batch 1 and 8, for
 // --gpt2-rounds rounds each (the header comment).
+// One GPT train-step row (AdamW, clip 1.0, batch kGptTrainBatch) of `config`.
+void RunGptTrainRow(Bench& b, runtime::Backend& cpu, const std::string& name,
+                    const nn::GptConfig& config) {
+  if (!b.Selected(name)) return;
+  b.StartMemory();
+  const nn::Gpt gpt(config);
+  const nn::GptConfig& c = gpt.config();
+  int64_t num_params = 0;
+  for (const nn::ParamSpec& spec : gpt.Params()) num_params += spec.shape.num_elements();
+  nn::OptimizerConfig opt = AdamW();
+  opt.clip_norm = 1.0;
+  absl::StatusOr<ir::Graph> loss = gpt.LossGraph(kGptTrainBatch);
+  absl::StatusOr<Workload> w =
+      loss.ok() ? TrainWorkload(cpu, *loss, gpt.Params(),
+                                {RandomTokens(kGptTrainBatch, c.seq_len, c.vocab_size, 11),
+                                 RandomTokens(kGptTrainBatch, c.seq_len, c.vocab_size, 12)},
+                                3 * GptForwardFlops(c, kGptTrainBatch), opt,
+                                /*measure_hits=*/false)
+                : absl::StatusOr<Workload>(loss.status());
+  if (w.ok()) w->min_bytes = AdamWClipBytes(num_params);
+  b.Add(name, std::move(w), /*reps=*/2, /*warmup=*/1, b.mm_f32, b.flags.gpt2_rounds);
+}
+
 void RunGpt2Rows(Bench& b, runtime::Backend& cpu) {
   if (!b.flags.gpt2) return;
   const nn::Gpt gpt(Gpt2Small());
   const nn::GptConfig& c = gpt.config();
-  int64_t num_params = 0;
-  for (const nn::ParamSpec& spec : gpt.Params()) num_params += spec.shape.num_elements();
   const int rounds = b.flags.gpt2_rounds;
-  if (b.Selected("gpt2_small_train")) {
-    b.StartMemory();
-    nn::OptimizerConfig opt = AdamW();
-    opt.clip_norm = 1.0;
-    absl::StatusOr<ir::Graph> loss = gpt.LossGraph(kGptTrainBatch);
-    absl::StatusOr<Workload> w =
-        loss.ok() ? TrainWorkload(cpu, *loss, gpt.Params(),
-                                  {RandomTokens(kGptTrainBatch, kGptSeq, c.vocab_size, 11),
-                                   RandomTokens(kGptTrainBatch, kGptSeq, c.vocab_size, 12)},
-                                  3 * GptForwardFlops(c, kGptTrainBatch), opt,
-                                  /*measure_hits=*/false)
-                  : absl::StatusOr<Workload>(loss.status());
-    if (w.ok()) w->min_bytes = AdamWClipBytes(num_params);
-    b.Add("gpt2_small_train", std::move(w), /*reps=*/2, /*warmup=*/1, b.mm_f32, rounds);
+  RunGptTrainRow(b, cpu, "gpt2_small_train", Gpt2Small());
+  if (b.flags.gpt2_scale) {
+    RunGptTrainRow(b, cpu, "gpt2_medium_train", Gpt2Medium());
+    nn::GptConfig long_seq = Gpt2Small();
+    long_seq.seq_len = 512;
+    RunGptTrainRow(b, cpu, "gpt2_small_seq512_train", long_seq);
   }
   for (int64_t batch : {int64_t{1}, int64_t{8}}) {
     const std::string name = "gpt2_small_infer_b" + std::to_string(batch);
