@@ -64,9 +64,10 @@ ir::Graph AdamW(int64_t r, int64_t c) {
   Value m = m0 * 0.9 + g * (1.0 - 0.9);
   Value v = v0 * 0.999 + g * g * (1.0 - 0.999);
   Value denom = ir::Sqrt(v) / bc2_sqrt + 1e-8;
-  b.Output("p", pd - step_size * (m / denom));
-  b.Output("m", m);
-  b.Output("v", v);
+  // In place of p, m and v, as nn/optim.cc declares them (used when the bench passes them).
+  b.Output("p", pd - step_size * (m / denom), p);
+  b.Output("m", m, m0);
+  b.Output("v", v, v0);
   return b.Build().value();
 }
 

@@ -703,6 +703,37 @@ int InputValue(const ir::Graph& g, const FusionReads::Read& r, const std::vector
   return nm + static_cast<int>(p.inputs.size()) - 1;
 }
 
+// Reorders an f32 program (each value written once) so that the instructions reading an input
+// buffer in place, with everything they depend on, come first, each part in program order (a
+// valid order: the first part is closed under dependencies). The outputs defined in the second
+// part can then be computed straight into their buffers (DirectOutputs).
+void ReadsFirst(std::vector<Pending>& code, int nm, const Program& p) {
+  const int nv = nm + static_cast<int>(p.inputs.size());
+  std::vector<int> writer(nv, -1);
+  for (int k = 0; k < static_cast<int>(code.size()); ++k) {
+    if (writer[code[k].dst] >= 0) return;  // a rounding step: leave the order as it is
+    writer[code[k].dst] = k;
+  }
+  std::vector<char> first(code.size(), 0);
+  for (int k = static_cast<int>(code.size()) - 1; k >= 0; --k) {
+    bool reads_direct = false;
+    for (int v : {code[k].a, code[k].b, code[k].c}) {
+      if (v < nm) continue;
+      const Input& in = p.inputs[v - nm];
+      reads_direct |= in.view == View::kContiguous && in.dtype == DType::kF32;
+    }
+    if (reads_direct) first[k] = 1;
+    if (!first[k]) continue;
+    for (int v : {code[k].a, code[k].b, code[k].c})
+      if (v >= 0 && writer[v] >= 0) first[writer[v]] = 1;  // producers come earlier: k descends
+  }
+  std::vector<Pending> ordered;
+  for (int pass = 1; pass >= 0; --pass)
+    for (size_t k = 0; k < code.size(); ++k)
+      if (first[k] == pass) ordered.push_back(code[k]);
+  code = std::move(ordered);
+}
+
 // Register allocation over value numbers (0..nm-1 members, then inputs): a value's register is
 // freed after its last read (outputs and inputs stay live to the end of the block: stores run
 // last; inputs load first). Fills p.code, the registers of inputs, outputs and reductions, and
@@ -904,6 +935,7 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
     out_values.push_back(value_of_member[i]);
   }
 
+  ReadsFirst(code, nm, p);
   KILN_RETURN_IF_ERROR(AllocateRegisters(code, out_values, reduction_values, nm, root, p));
   DirectOutputs(p);
 
