@@ -21,6 +21,7 @@ BUILD_PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   zlib1g-dev             # gzip datasets: digits.csv.gz
+  libopenmpi-dev openmpi-bin  # kiln::dist_mpi, the OpenMPI Communicator, and mpirun for its tests
 )
 
 # Tests and the demo: the PyTorch oracle that the GPT interop test (gpt_torch_logits) runs; without
