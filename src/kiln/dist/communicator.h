@@ -1,0 +1,124 @@
+// The Communicator seam: the collectives that data- and tensor-parallel training run between the
+// ranks of a slice (all-reduce, reduce-scatter, all-gather, broadcast, barrier), independent of
+// how the ranks talk. Two implementations: in-process threads (thread_communicator.h, for unit
+// tests and single-host tests of code built on the seam) and OpenMPI (mpi/mpi_communicator.h).
+//
+//   std::vector<std::unique_ptr<Communicator>> comms = MakeThreadCommunicators(2);
+//   // on the thread of rank r:
+//   Tensor grad = ...;                                     // f32, bf16 or s32
+//   KILN_RETURN_IF_ERROR(comms[r]->AllReduce(grad, ReduceOp::kMean));   // in place
+//
+// Every call is collective: all ranks of the group call the same ops, in the same order, with the
+// same element counts, dtypes, reductions and roots. Every call returns absl::Status:
+//   - InvalidArgument for bad arguments (a null buffer, a negative count, a dtype a reduction does
+//     not support, a root out of range, overlapping send and receive buffers, tensor sizes that do
+//     not match), naming the op and what is wrong. Such a call returns at once without joining, so
+//     its peers wait until their timeout. Where an implementation can see the peers' arguments
+//     (the thread communicator), a mismatch between ranks fails the call on every rank with
+//     InvalidArgument naming the ranks and the values.
+//   - DeadlineExceeded when the collective has not completed within timeout() (default 60 s,
+//     set_timeout changes it) of the call, naming the op, the bytes and the rank. A dead, hung or
+//     unreachable peer never hangs the caller: OpenMPI itself never notices a cut link. After a
+//     timeout the group is broken (a collective may still be in flight and the ranks no longer
+//     agree on what was reduced): every later call returns FailedPrecondition, and the process
+//     should end the job (MpiCommunicator::Abort) and restart from a checkpoint.
+//
+// Element types: reductions (AllReduce, ReduceScatter) take f32, bf16 and s32. bf16 is
+// accumulated in f32 and rounded to bf16 once, at the end (round to nearest even). s32 sums wrap
+// around (two's complement). Mean is the sum divided by size() once, at the end (f32 division;
+// s32 truncates toward zero). Max of values that include NaN is unspecified. AllGather and
+// Broadcast only move bytes, so they take any dtype.
+//
+// Determinism: the same inputs give bit-identical results run to run, and every rank receives the
+// same bits. The thread communicator reduces in rank order, element by element:
+// acc = x[0]; acc = acc + x[1]; ...; acc = acc + x[size-1] (then / size for mean), the same order
+// whatever the timing of the threads. The OpenMPI communicator uses OpenMPI's algorithm, which is
+// chosen only from (size, count, dtype, MCA settings) and so is fixed for a given job; with 2 ranks
+// every element is x[0] + x[1] exactly once, bit-identical to the thread communicator (IEEE
+// addition is commutative). With more ranks OpenMPI's association may differ from rank order, so
+// results can differ from the thread communicator in the last bits, but not between runs.
+//
+// A size-1 communicator is the identity and costs a few comparisons (no copy for in-place ops).
+// A Communicator is used by one thread at a time.
+#ifndef KILN_DIST_COMMUNICATOR_H_
+#define KILN_DIST_COMMUNICATOR_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "kiln/tensor/dtype.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::dist {
+
+enum class ReduceOp { kSum, kMean, kMax };
+std::string_view ReduceOpName(ReduceOp op);  // "sum", "mean", "max"
+
+inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{60000};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // How long one collective may take, measured from the call, before it returns DeadlineExceeded.
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+  // Raw buffers: `count` elements of `dtype` at `data`.
+
+  // data[i] = reduce over ranks of data[i], in place.
+  absl::Status AllReduce(void* data, int64_t count, DType dtype, ReduceOp op);
+  // recv[i] = reduce over ranks of send[rank() * recv_count + i]: `send` holds size() * recv_count
+  // elements, `recv` recv_count; they must not overlap.
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype,
+                             ReduceOp op);
+  // recv[r * send_count + i] = send of rank r [i]: `recv` holds size() * send_count elements and
+  // must not overlap `send`.
+  absl::Status AllGather(const void* send, void* recv, int64_t send_count, DType dtype);
+  // data = data of rank `root`, in place.
+  absl::Status Broadcast(void* data, int64_t count, DType dtype, int root);
+  // Returns once every rank has called it.
+  absl::Status Barrier();
+
+  // Tensors: the same ops on a tensor's storage (any shape; element counts must agree).
+  absl::Status AllReduce(Tensor& data, ReduceOp op);
+  // `send` has size() times `recv`'s elements and the same dtype; rank r receives the r-th slice
+  // of the flattened tensor.
+  absl::Status ReduceScatter(const Tensor& send, Tensor& recv, ReduceOp op);
+  // `recv` has size() times `send`'s elements and the same dtype.
+  absl::Status AllGather(const Tensor& send, Tensor& recv);
+  absl::Status Broadcast(Tensor& data, int root);
+
+ protected:
+  Communicator(int rank, int size) : rank_(rank), size_(size) {}
+
+  // Called with validated arguments, size() > 1 and count > 0 (Barrier: size() > 1).
+  virtual absl::Status DoAllReduce(void* data, int64_t count, DType dtype, ReduceOp op) = 0;
+  virtual absl::Status DoReduceScatter(const void* send, void* recv, int64_t recv_count,
+                                       DType dtype, ReduceOp op) = 0;
+  virtual absl::Status DoAllGather(const void* send, void* recv, int64_t send_count,
+                                   DType dtype) = 0;
+  virtual absl::Status DoBroadcast(void* data, int64_t count, DType dtype, int root) = 0;
+  virtual absl::Status DoBarrier() = 0;
+
+ private:
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;
+};
+
+// The DeadlineExceeded status every implementation returns: "AllReduce of 4096 bytes on rank 1
+// of 2 did not complete within 1000 ms<detail>".
+absl::Status CollectiveTimeout(std::string_view op, int64_t bytes, int rank, int size,
+                               std::chrono::milliseconds timeout, std::string_view detail);
+
+}  // namespace kiln::dist
+
+#endif  // KILN_DIST_COMMUNICATOR_H_

@@ -1,0 +1,317 @@
+#include "kiln/dist/communicator.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kiln/dist/thread_communicator.h"
+#include "kiln/tensor/dtype.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::dist {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Runs fn(rank, comm) on one thread per rank and waits for all.
+void RunRanks(std::vector<std::unique_ptr<Communicator>>& comms,
+              const std::function<void(int, Communicator&)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < static_cast<int>(comms.size()); ++r)
+    threads.emplace_back([&, r] { fn(r, *comms[r]); });
+  for (auto& t : threads) t.join();
+}
+
+// Rank r's input: deterministic values of `dtype` (s32 includes values near the int32 limits so
+// that sums wrap).
+Tensor Input(DType dtype, int64_t count, int rank) {
+  std::mt19937 gen(1234 + 77 * rank);
+  Tensor t(dtype, Shape{count});
+  for (int64_t i = 0; i < count; ++i) {
+    if (dtype == DType::kS32) {
+      int32_t v = static_cast<int32_t>(gen() % 2001) - 1000;
+      if (i % 97 == 0) v = 2147483000 - static_cast<int32_t>(gen() % 100);
+      t.data<int32_t>()[i] = v;
+    } else {
+      t.SetDouble(i, std::uniform_real_distribution<double>(-100.0, 100.0)(gen));
+    }
+  }
+  return t;
+}
+
+// The scalar oracle: element i reduced over ranks 0..n-1 in order (f32 accumulation for bf16,
+// two's complement wrap for s32), mean divided once, bf16 rounded once.
+void OracleElement(const std::vector<Tensor>& in, int64_t i, ReduceOp op, void* out, int64_t j) {
+  const int n = static_cast<int>(in.size());
+  const DType dtype = in[0].dtype();
+  if (dtype == DType::kS32) {
+    uint32_t sum = 0;
+    int32_t mx = in[0].data<int32_t>()[i];
+    for (int r = 0; r < n; ++r) {
+      int32_t x = in[r].data<int32_t>()[i];
+      sum += static_cast<uint32_t>(x);
+      if (x > mx) mx = x;
+    }
+    int32_t s = static_cast<int32_t>(sum);
+    static_cast<int32_t*>(out)[j] = op == ReduceOp::kMax ? mx : op == ReduceOp::kMean ? s / n : s;
+    return;
+  }
+  auto load = [&](int r) {
+    return dtype == DType::kBF16 ? Bf16ToFloat(in[r].data<uint16_t>()[i]) : in[r].data<float>()[i];
+  };
+  float acc = load(0);
+  for (int r = 1; r < n; ++r) acc = op == ReduceOp::kMax ? std::max(acc, load(r)) : acc + load(r);
+  if (op == ReduceOp::kMean) acc = acc / static_cast<float>(n);
+  if (dtype == DType::kBF16)
+    static_cast<uint16_t*>(out)[j] = FloatToBf16(acc);
+  else
+    static_cast<float*>(out)[j] = acc;
+}
+
+struct ReduceCase {
+  int ranks;
+  DType dtype;
+  ReduceOp op;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<ReduceCase>& info) {
+  return std::to_string(info.param.ranks) + "ranks_" + std::string(DTypeName(info.param.dtype)) +
+         "_" + std::string(ReduceOpName(info.param.op));
+}
+
+class ReduceTest : public ::testing::TestWithParam<ReduceCase> {};
+
+TEST_P(ReduceTest, AllReduceMatchesOracle) {
+  const auto [n, dtype, op] = GetParam();
+  const int64_t count = 2500;  // more than one 1024-element block
+  std::vector<Tensor> in, data;
+  for (int r = 0; r < n; ++r) {
+    in.push_back(Input(dtype, count, r));
+    data.push_back(in.back().Clone());
+  }
+  Tensor expected(dtype, Shape{count});
+  for (int64_t i = 0; i < count; ++i) OracleElement(in, i, op, expected.raw_data(), i);
+  auto comms = MakeThreadCommunicators(n);
+  RunRanks(comms, [&](int r, Communicator& c) { EXPECT_TRUE(c.AllReduce(data[r], op).ok()); });
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(data[r].BitwiseEquals(expected)) << "rank " << r;
+}
+
+TEST_P(ReduceTest, ReduceScatterMatchesOracle) {
+  const auto [n, dtype, op] = GetParam();
+  const int64_t chunk = 1100;
+  std::vector<Tensor> in, out;
+  for (int r = 0; r < n; ++r) {
+    in.push_back(Input(dtype, chunk * n, r));
+    out.emplace_back(dtype, Shape{chunk});
+  }
+  auto comms = MakeThreadCommunicators(n);
+  RunRanks(comms,
+           [&](int r, Communicator& c) { EXPECT_TRUE(c.ReduceScatter(in[r], out[r], op).ok()); });
+  for (int r = 0; r < n; ++r) {
+    Tensor expected(dtype, Shape{chunk});
+    for (int64_t i = 0; i < chunk; ++i)
+      OracleElement(in, r * chunk + i, op, expected.raw_data(), i);
+    EXPECT_TRUE(out[r].BitwiseEquals(expected)) << "rank " << r;
+  }
+}
+
+std::vector<ReduceCase> AllCases() {
+  std::vector<ReduceCase> cases;
+  for (int n : {1, 2, 3, 4})
+    for (DType d : {DType::kF32, DType::kBF16, DType::kS32})
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax})
+        cases.push_back({n, d, op});
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(All, ReduceTest, ::testing::ValuesIn(AllCases()), CaseName);
+
+class MoveTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MoveTest, AllGatherConcatenatesInRankOrder) {
+  const DType dtype = GetParam();
+  const int n = 3;
+  const int64_t count = 700;
+  std::vector<Tensor> in, out;
+  for (int r = 0; r < n; ++r) {
+    in.push_back(Input(dtype, count, r));
+    out.emplace_back(dtype, Shape{n, count});
+  }
+  auto comms = MakeThreadCommunicators(n);
+  RunRanks(comms, [&](int r, Communicator& c) { EXPECT_TRUE(c.AllGather(in[r], out[r]).ok()); });
+  const int64_t bytes = count * DTypeSize(dtype);
+  for (int r = 0; r < n; ++r)
+    for (int s = 0; s < n; ++s)
+      EXPECT_EQ(0, std::memcmp(static_cast<const uint8_t*>(out[r].raw_data()) + s * bytes,
+                               in[s].raw_data(), bytes))
+          << "rank " << r << " slice " << s;
+}
+
+TEST_P(MoveTest, BroadcastCopiesTheRoot) {
+  const DType dtype = GetParam();
+  const int n = 3;
+  for (int root = 0; root < n; ++root) {
+    std::vector<Tensor> data;
+    for (int r = 0; r < n; ++r) data.push_back(Input(dtype, 900, r));
+    const Tensor expected = data[root].Clone();
+    auto comms = MakeThreadCommunicators(n);
+    RunRanks(comms, [&](int r, Communicator& c) { EXPECT_TRUE(c.Broadcast(data[r], root).ok()); });
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(data[r].BitwiseEquals(expected)) << r << " " << root;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MoveTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kS32),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+TEST(ThreadCommunicatorTest, BarrierWaitsForEveryRank) {
+  const int n = 4;
+  std::atomic<int> before{0};
+  std::vector<int> seen(n, -1);
+  auto comms = MakeThreadCommunicators(n);
+  RunRanks(comms, [&](int r, Communicator& c) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 * r));
+    before.fetch_add(1);
+    EXPECT_TRUE(c.Barrier().ok());
+    seen[r] = before.load();
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(seen[r], n) << r;
+}
+
+TEST(ThreadCommunicatorTest, ResultsAreBitIdenticalRunToRun) {
+  const int n = 4;
+  const int64_t count = 5000;
+  Tensor first;
+  for (int run = 0; run < 6; ++run) {
+    std::vector<Tensor> data;
+    for (int r = 0; r < n; ++r) data.push_back(Input(DType::kF32, count, r));
+    auto comms = MakeThreadCommunicators(n);
+    std::mt19937 jitter(run);
+    std::vector<int> delay_us(n);
+    for (int& d : delay_us) d = jitter() % 3000;  // different arrival orders each run
+    RunRanks(comms, [&](int r, Communicator& c) {
+      for (int step = 0; step < 3; ++step) {
+        std::this_thread::sleep_for(std::chrono::microseconds(delay_us[(r + step) % n]));
+        EXPECT_TRUE(c.AllReduce(data[r], ReduceOp::kMean).ok());
+      }
+    });
+    for (int r = 1; r < n; ++r) EXPECT_TRUE(data[r].BitwiseEquals(data[0])) << "rank " << r;
+    if (run == 0)
+      first = data[0].Clone();
+    else
+      EXPECT_TRUE(data[0].BitwiseEquals(first)) << "run " << run;
+  }
+}
+
+TEST(ThreadCommunicatorTest, AMissingRankTimesOutInsteadOfHanging) {
+  const int n = 3;
+  const auto timeout = std::chrono::milliseconds(300);
+  auto comms = MakeThreadCommunicators(n, timeout);
+  std::vector<absl::Status> status(n);
+  std::vector<double> elapsed_ms(n, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n - 1; ++r)  // rank n-1 never joins
+    threads.emplace_back([&, r] {
+      Tensor t = Input(DType::kF32, 256, r);
+      const auto start = std::chrono::steady_clock::now();
+      status[r] = comms[r]->AllReduce(t, ReduceOp::kSum);
+      elapsed_ms[r] =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n - 1; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded) << status[r];
+    EXPECT_THAT(std::string(status[r].message()), HasSubstr("AllReduce of 1024 bytes"));
+    EXPECT_THAT(std::string(status[r].message()),
+                HasSubstr("on rank " + std::to_string(r) + " of 3"));
+    EXPECT_LT(elapsed_ms[r], 300 + 1000) << "rank " << r;
+  }
+  // At least one rank waited the whole timeout; the other may have been released by it.
+  EXPECT_GE(std::max(elapsed_ms[0], elapsed_ms[1]), 300 - 5);
+  // The group is broken for good: the late rank, and any later call, fail at once.
+  Tensor late = Input(DType::kF32, 256, 2);
+  absl::Status s = comms[2]->AllReduce(late, ReduceOp::kSum);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(comms[0]->Barrier().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ThreadCommunicatorTest, MismatchedArgumentsAcrossRanksFailOnEveryRank) {
+  auto comms = MakeThreadCommunicators(2);
+  std::vector<absl::Status> status(2);
+  RunRanks(comms, [&](int r, Communicator& c) {
+    Tensor t = Input(DType::kF32, r == 0 ? 4 : 3, r);
+    status[r] = c.AllReduce(t, ReduceOp::kSum);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << status[r];
+    EXPECT_THAT(std::string(status[r].message()), HasSubstr("element count"));
+  }
+  EXPECT_THAT(std::string(status[0].message()), HasSubstr("element count 4 vs 3"));
+  // The group is still usable after a mismatch every rank saw.
+  RunRanks(comms, [&](int r, Communicator& c) { EXPECT_TRUE(c.Barrier().ok()); });
+  RunRanks(comms, [&](int r, Communicator& c) {
+    Tensor t = Input(DType::kF32, 8, r);
+    status[r] = r == 0 ? c.AllReduce(t, ReduceOp::kSum) : c.Broadcast(t, 0);
+  });
+  EXPECT_THAT(std::string(status[1].message()), HasSubstr("op Broadcast vs AllReduce"));
+}
+
+TEST(ThreadCommunicatorTest, BadLocalArgumentsAreInvalidArgument) {
+  auto comms = MakeThreadCommunicators(2);
+  Communicator& c = *comms[0];
+  Tensor send(DType::kF32, Shape{7});
+  Tensor recv(DType::kF32, Shape{3});
+  absl::Status s = c.ReduceScatter(send, recv, ReduceOp::kSum);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ReduceScatter"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("do not match"));
+  Tensor gathered(DType::kF32, Shape{5});
+  s = c.AllGather(recv, gathered);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("AllGather"));
+  Tensor wrong_dtype(DType::kBF16, Shape{6});
+  EXPECT_THAT(std::string(c.AllGather(recv, wrong_dtype).message()), HasSubstr("bf16[6]"));
+  Tensor f16(DType::kF16, Shape{4});
+  s = c.AllReduce(f16, ReduceOp::kSum);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("f16 is not reducible"));
+  EXPECT_EQ(c.Broadcast(send, 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Broadcast(send, -1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.AllReduce(nullptr, 4, DType::kF32, ReduceOp::kSum).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.AllReduce(send.raw_data(), -1, DType::kF32, ReduceOp::kSum).code(),
+            absl::StatusCode::kInvalidArgument);
+  float buf[8] = {};
+  s = c.ReduceScatter(buf, buf + 3, 2, DType::kF32, ReduceOp::kSum);  // send is buf[0..4)
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("overlap"));
+  EXPECT_THAT(std::string(c.AllGather(buf, buf + 1, 2, DType::kF32).message()),
+              HasSubstr("overlap"));
+}
+
+TEST(ThreadCommunicatorTest, SizeOneIsTheIdentity) {
+  auto comms = MakeThreadCommunicators(1);
+  Communicator& c = *comms[0];
+  EXPECT_EQ(c.rank(), 0);
+  EXPECT_EQ(c.size(), 1);
+  Tensor t = Input(DType::kBF16, 100, 0);
+  const Tensor before = t.Clone();
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+    ASSERT_TRUE(c.AllReduce(t, op).ok());
+    EXPECT_TRUE(t.BitwiseEquals(before));
+  }
+  ASSERT_TRUE(c.Broadcast(t, 0).ok());
+  ASSERT_TRUE(c.Barrier().ok());
+  Tensor out(DType::kBF16, Shape{100});
+  ASSERT_TRUE(c.AllGather(t, out).ok());
+  EXPECT_TRUE(out.BitwiseEquals(before));
+}
+
+}  // namespace
+}  // namespace kiln::dist
