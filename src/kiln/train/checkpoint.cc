@@ -524,6 +524,7 @@ absl::StatusOr<Checkpoint> CheckpointManager::Load(int64_t step) {
   out.path = dir;
   out.metadata = std::move(m.metadata);
 
+  std::vector<char> scratch;  // for the tensors not kept
   std::vector<std::vector<const ManifestTensor*>> by_shard(m.shards.size());
   for (const ManifestTensor& t : m.tensors) by_shard[t.shard].push_back(&t);
   for (size_t si = 0; si < m.shards.size(); ++si) {
@@ -573,15 +574,19 @@ absl::StatusOr<Checkpoint> CheckpointManager::Load(int64_t step) {
                                                     *size - 8 - n, ts, where + ": " + path));
     uint32_t shard_crc = crc32c::Value(header.data(), header.size());
     for (const ManifestTensor* t : ts) {
-      Tensor tensor = RestoreTarget(restore_into_, *t);
-      char* dst = static_cast<char*>(tensor.raw_data());
+      // A tensor the caller does not keep is verified through one chunk-sized buffer.
+      const bool keep = !restore_keep_ || restore_keep_(t->name);
+      Tensor tensor = keep ? RestoreTarget(restore_into_, *t) : Tensor();
+      if (!keep) scratch.resize(std::max(scratch.size(), std::min<size_t>(kWriteChunk, t->bytes)));
+      char* dst = keep ? static_cast<char*>(tensor.raw_data()) : nullptr;
       uint32_t crc = 0;
       for (uint64_t done = 0; done < t->bytes;) {
         const size_t k = static_cast<size_t>(std::min<uint64_t>(kWriteChunk, t->bytes - done));
-        KILN_RETURN_IF_ERROR(Annotate(file->Read(t->offset + done, k, &got, dst + done), where));
+        char* d = keep ? dst + done : scratch.data();
+        KILN_RETURN_IF_ERROR(Annotate(file->Read(t->offset + done, k, &got, d), where));
         if (got.size() != k) return corrupt("tensor '" + t->name + "' is cut short");
-        if (got.data() != dst + done) std::memcpy(dst + done, got.data(), k);
-        crc = crc32c::Extend(crc, dst + done, k);
+        if (got.data() != d) std::memcpy(d, got.data(), k);
+        crc = crc32c::Extend(crc, d, k);
         done += k;
       }
       if (crc != t->crc32c) {
@@ -589,7 +594,7 @@ absl::StatusOr<Checkpoint> CheckpointManager::Load(int64_t step) {
                                     Hex(t->crc32c), ", data ", Hex(crc), ")"));
       }
       shard_crc = crc32c::Combine(shard_crc, crc, t->bytes);
-      out.tensors.emplace(t->name, std::move(tensor));
+      if (keep) out.tensors.emplace(t->name, std::move(tensor));
     }
     if (shard_crc != shard.crc32c) {
       return corrupt(absl::StrCat("shard CRC32C mismatch (manifest ", Hex(shard.crc32c), ", file ",

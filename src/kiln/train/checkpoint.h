@@ -32,6 +32,7 @@
 #define KILN_TRAIN_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -148,6 +149,11 @@ class CheckpointManager {
   // others into fresh tensors: a trainer resumes into its resident buffers without a second copy
   // in memory. A failed restore may leave them partly overwritten. `into` is borrowed.
   void RestoreInto(const NamedTensors* into) { restore_into_ = into; }
+  // Until called again with nullptr, Restore and RestoreLatest verify every tensor as always but
+  // keep only those `keep` accepts (e.g. `kiln eval` drops the optimizer state unread into memory).
+  void RestoreOnly(std::function<bool(const std::string& name)> keep) {
+    restore_keep_ = std::move(keep);
+  }
 
   const std::string& root() const { return root_; }
   // What Open cleaned up.
@@ -185,6 +191,7 @@ class CheckpointManager {
   SaveInfo last_info_;
   NamedTensors staging_;  // host copies for SaveAsync, reused
   const NamedTensors* restore_into_ = nullptr;
+  std::function<bool(const std::string&)> restore_keep_;
 };
 
 // "step_<N>" for a committed checkpoint directory name; -1 for anything else.

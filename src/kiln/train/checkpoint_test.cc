@@ -687,6 +687,26 @@ TEST_F(CheckpointTest, RestoreIntoReadsIntoTheGivenBuffers) {
   EXPECT_NE(again->tensors.at("embed.weight").raw_data(), into[0].second.raw_data());
 }
 
+// RestoreOnly keeps the accepted tensors and still verifies the others.
+TEST_F(CheckpointTest, RestoreOnlyKeepsTheAcceptedTensorsAndVerifiesTheRest) {
+  std::unique_ptr<CheckpointManager> m = OpenManager();
+  const NamedTensors saved = Model(2);
+  ASSERT_TRUE(m->Save(4, saved, Meta(2)).ok());
+  m->RestoreOnly([](const std::string& name) { return name.rfind("opt.", 0) != 0; });
+  absl::StatusOr<Checkpoint> ck = m->Restore(4);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  NamedTensors kept(saved.begin(), saved.end() - 2);  // all but opt.step, opt.m.embed
+  ExpectSameTensors(ck->tensors, kept);
+  // A damaged tensor that is not kept still fails the restore.
+  const std::string shard = ShardPath(4, 0, 1);
+  std::string bytes = ReadMem(shard);
+  bytes[bytes.size() - 1] ^= 0x01;  // the last tensor: opt.m.embed
+  WriteMem(shard, bytes);
+  EXPECT_EQ(m->Restore(4).status().code(), absl::StatusCode::kDataLoss);
+  m->RestoreOnly(nullptr);
+  EXPECT_EQ(m->Restore(4).status().code(), absl::StatusCode::kDataLoss);
+}
+
 TEST_F(CheckpointTest, StagingBuffersAreReusedAcrossSaves) {
   auto mgr = OpenManager();
   NamedTensors m = Model(1);

@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kiln/autodiff/graph_copy.h"
 #include "kiln/base/status.h"
@@ -140,6 +141,9 @@ absl::StatusOr<Checkpoint> RestoreForLoad(const TrainConfig& c, const LoadOption
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointManager> ckpt,
                         CheckpointManager::Open(root, copts));
   for (const std::string& n : ckpt->open_notes()) notes->push_back(n);
+  // Only the weights come into memory: the optimizer state (nn::OptimizerStateName:
+  // "opt/<slot>/<param>", twice the weights under AdamW) is verified and dropped.
+  ckpt->RestoreOnly([](const std::string& name) { return !absl::StartsWith(name, "opt/"); });
   absl::StatusOr<Checkpoint> ck = step >= 0 ? ckpt->Restore(step) : ckpt->RestoreLatest();
   if (ck.ok()) {
     for (const std::string& n : ck->notes) notes->push_back(n);
