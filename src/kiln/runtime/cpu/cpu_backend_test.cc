@@ -374,46 +374,6 @@ TEST(CpuBackendTest, DotGeneral) {
         [](Builder&, auto& p) { return ir::MatMul(p[0], p[1]); }, kFloats, {2e-5, 1e-2});
 }
 
-// Long contractions over row-major operands (K >= 2 max(M, N), like the LM head's dX) run
-// through oneDNN's sgemm; the same shapes with a transposed operand, or in bf16, keep the matmul
-// primitive. Both agree with the reference.
-TEST(CpuBackendTest, LongContractionsUseSgemm) {
-  struct Case {
-    std::vector<int64_t> lhs, rhs;
-    ir::DotDims dims;
-    DType dt;
-    bool sgemm;
-  };
-  const std::vector<Case> cases = {
-      {{2, 4, 300}, {300, 24}, {{}, {}, {2}, {0}}, DType::kF32, true},  // [8,300] x [300,24]
-      {{16, 640}, {640, 3}, {{}, {}, {1}, {0}}, DType::kF32, true},
-      {{16, 640}, {3, 640}, {{}, {}, {1}, {1}}, DType::kF32, false},  // rhs transposed
-      {{640, 16}, {640, 3}, {{}, {}, {0}, {0}}, DType::kF32, false},  // lhs transposed
-      {{16, 640}, {640, 3}, {{}, {}, {1}, {0}}, DType::kBF16, false},
-      {{16, 20}, {20, 24}, {{}, {}, {1}, {0}}, DType::kF32, false},  // short K
-  };
-  std::mt19937 rng(11);
-  for (const Case& c : cases) {
-    Builder b("long_k");
-    Value x = b.Parameter("x", c.dt, Shape(c.lhs));
-    Value w = b.Parameter("w", c.dt, Shape(c.rhs));
-    b.Output("y", ir::DotGeneral(x, w, c.dims));
-    auto g = b.Build();
-    ASSERT_TRUE(g.ok()) << g.status();
-    std::vector<Tensor> in = {Draw(U(Shape(c.lhs)), c.dt, rng), Draw(U(Shape(c.rhs)), c.dt, rng)};
-    auto want = MakeReferenceBackend()->Compile(*g).value()->Run(in).value();
-    auto exe = MakeCpuBackend()->Compile(*g);
-    ASSERT_TRUE(exe.ok()) << exe.status();
-    auto got = (*exe)->Run(in);
-    ASSERT_TRUE(got.ok()) << got.status();
-    ExpectClose((*got)[0], want[0], c.dt == DType::kF32 ? 1e-5 : 1e-2, "long_k");
-    bool saw_sgemm = false;
-    for (int i = 0; i < (*exe)->num_thunks(); ++i)
-      saw_sgemm |= (*exe)->thunk(i).name().find("sgemm") != std::string::npos;
-    EXPECT_EQ(saw_sgemm, c.sgemm) << Shape(c.lhs).ToString() << " x " << Shape(c.rhs).ToString();
-  }
-}
-
 TEST(CpuBackendTest, Convolutions) {
   Tol tol{2e-5, 1e-2};
   ir::Conv2dOptions o;
@@ -763,6 +723,35 @@ TEST(CpuBackendFusionTest, InPlaceOutputsWriteOverTheirParameter) {
   EXPECT_EQ((*exe)->staging_bytes_allocated(), 0);
 }
 
+// A constant too big to fold (a 128 x 128 causal mask from two iotas) is computed once, when the
+// executable is made: no thunk of a run computes it, and every run reads the same right values.
+TEST(CpuBackendTest, ConstantValuedKernelsRunOnce) {
+  Builder b("masked");
+  Value x = b.Parameter("x", DType::kF32, {2, 128, 128});
+  Value mask =
+      ir::Le(b.Iota(DType::kS64, Shape{128, 128}, 1), b.Iota(DType::kS64, Shape{128, 128}, 0));
+  Value zero = ir::BroadcastInDim(b.Scalar(0.0, DType::kF32), Shape{2, 128, 128}, {});
+  b.Output("y", ir::Select(ir::BroadcastInDim(mask, Shape{2, 128, 128}, {1, 2}), x * 2.0, zero));
+  auto g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto exe = MakeCpuBackend()->Compile(*g);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_FALSE((*exe)->plan().hoisted.empty());
+  for (int i = 0; i < (*exe)->num_thunks(); ++i) {
+    const std::string name = (*exe)->thunk(i).name();
+    EXPECT_EQ(name.find("iota"), std::string::npos) << name;
+    EXPECT_EQ(name.find("compare"), std::string::npos) << name;
+  }
+  std::mt19937 rng(8);
+  Tensor xt = Draw(U(Shape{2, 128, 128}), DType::kF32, rng);
+  auto want = MakeReferenceBackend()->Compile(*g).value()->Run({xt}).value();
+  for (int rep = 0; rep < 2; ++rep) {
+    auto got = (*exe)->Run({xt});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE((*got)[0].BitwiseEquals(want[0])) << "run " << rep;
+  }
+}
+
 // An output in place of a parameter its kernel reads other elements of (a transpose) is not
 // written in place: it is staged and copied over the input, with the right result.
 TEST(CpuBackendFusionTest, InPlaceRefusedForATranspose) {
@@ -897,6 +886,70 @@ TEST(CpuBackendFusionTest, MatmulEpilogues) {
   ASSERT_EQ((*cexe)->num_thunks(), 1);
   EXPECT_NE((*cexe)->thunk(0).name().find("onednn convolution+bias+relu"), std::string::npos)
       << (*cexe)->thunk(0).name();
+}
+
+// Long contractions over row-major operands (K >= 2 max(M, N), like the LM head's dX) run
+// through oneDNN's sgemm, with a fused bias and/or residual written into the output first; the
+// same shapes with a transposed operand, an activation, or in bf16 keep the matmul primitive.
+// Both agree with the reference.
+TEST(CpuBackendTest, LongContractionsUseSgemm) {
+  enum Epi { kNone, kBias, kResidual, kBiasResidual, kBiasRelu };
+  struct Case {
+    std::vector<int64_t> lhs, rhs;
+    ir::DotDims dims;
+    DType dt;
+    Epi epi;
+    bool sgemm;
+  };
+  const std::vector<Case> cases = {
+      {{2, 4, 300}, {300, 24}, {{}, {}, {2}, {0}}, DType::kF32, kNone, true},  // [8,300]x[300,24]
+      {{16, 640}, {640, 3}, {{}, {}, {1}, {0}}, DType::kF32, kNone, true},
+      {{16, 640}, {3, 640}, {{}, {}, {1}, {1}}, DType::kF32, kNone, false},  // rhs transposed
+      {{640, 16}, {640, 3}, {{}, {}, {0}, {0}}, DType::kF32, kNone, false},  // lhs transposed
+      {{16, 640}, {640, 3}, {{}, {}, {1}, {0}}, DType::kBF16, kNone, false},
+      {{16, 20}, {20, 24}, {{}, {}, {1}, {0}}, DType::kF32, kNone, false},  // short K
+      {{2, 4, 300}, {300, 24}, {{}, {}, {2}, {0}}, DType::kF32, kBias, true},
+      {{2, 4, 300}, {300, 24}, {{}, {}, {2}, {0}}, DType::kF32, kResidual, true},
+      {{2, 4, 300}, {300, 24}, {{}, {}, {2}, {0}}, DType::kF32, kBiasResidual, true},
+      {{2, 4, 300}, {300, 24}, {{}, {}, {2}, {0}}, DType::kF32, kBiasRelu, false},
+  };
+  const bool fusion = !DisabledByEnv("fusion");
+  std::mt19937 rng(11);
+  for (const Case& c : cases) {
+    Builder b("long_k");
+    Value x = b.Parameter("x", c.dt, Shape(c.lhs));
+    Value w = b.Parameter("w", c.dt, Shape(c.rhs));
+    Value y = ir::DotGeneral(x, w, c.dims);
+    std::vector<Tensor> in = {Draw(U(Shape(c.lhs)), c.dt, rng), Draw(U(Shape(c.rhs)), c.dt, rng)};
+    if (c.epi == kBias || c.epi == kBiasResidual || c.epi == kBiasRelu) {
+      Shape bs{y.shape().dims().back()};
+      y = y + b.Parameter("bias", c.dt, bs);
+      in.push_back(Draw(U(bs), c.dt, rng));
+    }
+    if (c.epi == kBiasRelu) y = ir::Relu(y);
+    if (c.epi == kResidual || c.epi == kBiasResidual) {
+      y = b.Parameter("r", c.dt, y.shape()) + y;
+      in.push_back(Draw(U(y.shape()), c.dt, rng));
+    }
+    b.Output("y", y);
+    auto g = b.Build();
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto want = MakeReferenceBackend()->Compile(*g).value()->Run(in).value();
+    auto exe = MakeCpuBackend()->Compile(*g);
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    for (int rep = 0; rep < 2; ++rep) {  // a second run over the same output buffer
+      auto got = (*exe)->Run(in);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectClose((*got)[0], want[0], c.dt == DType::kF32 ? 1e-5 : 1e-2, "long_k");
+    }
+    std::string names;
+    for (int i = 0; i < (*exe)->num_thunks(); ++i) names += (*exe)->thunk(i).name() + "; ";
+    const std::string what = Shape(c.lhs).ToString() + " x " + Shape(c.rhs).ToString() + ": ";
+    if (c.epi != kBiasRelu || fusion)
+      EXPECT_EQ(names.find("sgemm") != std::string::npos, c.sgemm) << what << names;
+    if (fusion && c.epi == kBiasResidual)
+      EXPECT_NE(names.find("+bias+residual sgemm"), std::string::npos) << what << names;
+  }
 }
 
 // Fusion: an AdamW-like update with scalar, row and column broadcasts, bf16 rounding, compare and

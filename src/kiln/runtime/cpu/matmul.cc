@@ -159,14 +159,16 @@ absl::StatusOr<int> OperandMemory(DnnlThunkBuilder& b, int node, const OperandVi
 
 // Long contractions: oneDNN 2.6's matmul primitive always picks its brgemm kernel for dense f32
 // operands, and on row-major [M,K] x [K,N] with K well above M and N (the GPT LM head's
-// dX = dlogits . W, [512,50257] x [50257,768], and the MLP's [512,3072] x [3072,768]) that kernel
-// runs 15-25% below oneDNN's own jit sgemm on the same data (bench/matmul_benchmark.cc, the
-// "gpt2" shapes). Those run through dnnl::sgemm instead: f32, one 2-D problem, both operands in
-// place and row-major, no post-ops (the sgemm has none; the fused epilogues keep the primitive).
+// dX = dlogits . W, [512,50257] x [50257,768], and the MLP's second matmul [512,3072] x
+// [3072,768] with its bias and residual) that kernel runs 15-25% below oneDNN's own jit sgemm on
+// the same data (bench/matmul_benchmark.cc --shapes=gpt2). Those run through dnnl::sgemm
+// instead: f32, one 2-D problem, both operands in place and row-major, no activation. A bias
+// and/or residual epilogue is written into the output first (residual + bias, an M x N pass that
+// is small next to the M x N x K product) and the sgemm accumulates onto it (beta = 1), as
+// oneDNN's `sum` post-op would.
 bool PreferSgemm(const DotPlan& p, DType dt, const OperandView& lv, const OperandView& rv,
                  const Epilogue& ep) {
-  if (dt != DType::kF32 || p.B != 1 || p.M < 1 || p.N < 1) return false;
-  if (ep.bias >= 0 || ep.has_act || ep.residual >= 0) return false;
+  if (dt != DType::kF32 || p.B != 1 || p.M < 1 || p.N < 1 || ep.has_act) return false;
   if (!lv.in_place || !rv.in_place) return false;
   auto row_major = [](const OperandView& v) {
     return (v.sizes[1] == 1 || v.strides[1] == v.sizes[2]) &&
@@ -175,13 +177,25 @@ bool PreferSgemm(const DotPlan& p, DType dt, const OperandView& lv, const Operan
   return row_major(lv) && row_major(rv) && p.K >= 2 * std::max(p.M, p.N);
 }
 
-std::unique_ptr<Thunk> SgemmMatmul(const ir::Node& n, const DotPlan& p, int out_node) {
-  const int lhs = n.operand(0), rhs = n.operand(1);
+std::unique_ptr<Thunk> SgemmMatmul(const ir::Node& n, const DotPlan& p, const Epilogue& ep) {
+  const int lhs = n.operand(0), rhs = n.operand(1), out = ep.out >= 0 ? ep.out : n.id();
+  const int bias = ep.bias, residual = ep.residual;
   const int64_t M = p.M, N = p.N, K = p.K;
-  return MakeFnThunk(n, "onednn matmul sgemm:jit", [=](RunContext& ctx) {
+  return MakeFnThunk(n, "onednn matmul" + ep.label + " sgemm:jit", [=](RunContext& ctx) {
+    float* o = static_cast<float*>(ctx.buffers[out]);
+    const float* r = residual >= 0 ? static_cast<const float*>(ctx.buffers[residual]) : nullptr;
+    const float* c = bias >= 0 ? static_cast<const float*>(ctx.buffers[bias]) : nullptr;
+    if (c || (r && r != o)) {
+      ParallelFor(M, std::max<int64_t>(1, 16384 / N), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          float* orow = o + i * N;
+          const float* rrow = r ? r + i * N : nullptr;
+          for (int64_t j = 0; j < N; ++j) orow[j] = (rrow ? rrow[j] : 0.f) + (c ? c[j] : 0.f);
+        }
+      });
+    }
     dnnl::sgemm('N', 'N', M, N, K, 1.f, static_cast<const float*>(ctx.buffers[lhs]), K,
-                static_cast<const float*>(ctx.buffers[rhs]), N, 0.f,
-                static_cast<float*>(ctx.buffers[out_node]), N);
+                static_cast<const float*>(ctx.buffers[rhs]), N, c || r ? 1.f : 0.f, o, N);
   });
 }
 
@@ -200,7 +214,7 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerCont
   const std::vector<int64_t>* rg[3] = {&p.rhs.batch, &p.rhs.contract, &p.rhs.free};
   OperandView lv = MakeView(p.lhs_dims, lt.dtype, lg, force_copy);
   OperandView rv = MakeView(p.rhs_dims, rt.dtype, rg, force_copy);
-  if (PreferSgemm(p, lt.dtype, lv, rv, ep)) return SgemmMatmul(n, p, ep.out >= 0 ? ep.out : n.id());
+  if (PreferSgemm(p, lt.dtype, lv, rv, ep)) return SgemmMatmul(n, p, ep);
   bool batched = p.B > 1;
   std::vector<int64_t> dst_dims =
       batched ? std::vector<int64_t>{p.B, p.M, p.N} : std::vector<int64_t>{p.M, p.N};
