@@ -71,6 +71,9 @@ struct BufferPlan {
   // output's staging buffer only when the caller's tensor overlaps an input or another output.
   std::vector<int64_t> staging_offsets;
   int64_t staging_bytes = 0;
+  // Values computed once when the executable is made, each into a buffer of its own outside the
+  // arena (ExecutionPlan::hoisted; set by backends, in graph order).
+  std::vector<int> hoisted;
   // Per graph output: computed straight into its in_place_of parameter's buffer when the caller
   // passes the same tensor for both (ExecutionPlan::in_place_outputs; set by backends).
   std::vector<char> in_place_outputs;

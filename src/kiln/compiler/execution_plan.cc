@@ -283,11 +283,28 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
   for (int id = 0; id < n; ++id)
     if (plan.kernel_of[id] < 0) plan.reads[id].clear();  // reads of what never runs extend nothing
 
+  // Hoisted: constant-valued one-node kernels, computed once (ExecutionPlan::hoisted).
+  plan.hoisted.assign(n, 0);
+  for (const ExecutionPlan::Kernel& k : plan.kernels) {
+    if (!traits.hoist_constants || k.kind != Kind::kNode) continue;
+    const ir::Node& node = graph.node(k.members[0]);
+    const ir::KernelFamily family = ir::OpTraits(node.opcode()).family;
+    if (is_output[node.id()] || family == ir::KernelFamily::kRandom ||
+        family == ir::KernelFamily::kCollective)
+      continue;
+    bool constant = true;
+    for (int op : node.operands()) {
+      const int root = plan.alias_of[op];
+      constant &= graph.node(root).opcode() == Opcode::kConstant || plan.hoisted[root];
+    }
+    plan.hoisted[node.id()] = constant;
+  }
+
   // Storage: needed values a kernel computes; graph outputs in the caller's tensors when the
   // backend says so.
   for (const ir::Node& node : graph.nodes()) {
     int id = node.id();
-    if (IsSource(node) || !plan.needed[id] || plan.alias_of[id] != id) continue;
+    if (IsSource(node) || !plan.needed[id] || plan.alias_of[id] != id || plan.hoisted[id]) continue;
     if (traits.outputs_outside_arena && is_output[id] && node.type().byte_size() > 0)
       plan.outside_arena[id] = 1;
     else

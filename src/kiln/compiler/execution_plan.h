@@ -40,6 +40,9 @@ struct BackendTraits {
   bool alias_reshapes = false;
   // Graph outputs computed by a kernel live in the caller's tensors, not in the arena.
   bool outputs_outside_arena = false;
+  // Constant-valued one-node kernels run once, when the executable is made
+  // (ExecutionPlan::hoisted), not per run.
+  bool hoist_constants = false;
   // Whether the backend can run a fusion group of this kind (members in graph order) as one
   // kernel. Null: every group the fusion pass forms.
   std::function<bool(const ir::Graph&, ir::FusionKind, const std::vector<int>& members)> can_fuse;
@@ -104,6 +107,12 @@ struct ExecutionPlan {
   std::vector<char> needed;         // computed and stored: read by a running kernel, or an output
   std::vector<char> in_arena;       // has a buffer of its own in the arena
   std::vector<char> outside_arena;  // a graph output computed into the caller's tensor
+  // With traits.hoist_constants: computed once when the executable is made, into a buffer of
+  // its own, never per run: a one-node kernel (not random, not a graph output) whose operands are
+  // all constants or hoisted values -- an iota, a causal mask compare(iota, iota), a broadcast
+  // position table. Such values are constants the folder leaves unmaterialized in the IR (too big
+  // to print).
+  std::vector<char> hoisted;
 
   // Per graph output (outputs() order): it has an in_place_of parameter (ir::Output) and is
   // computed straight into that parameter's buffer when the caller passes one tensor for both.

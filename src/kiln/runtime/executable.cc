@@ -28,7 +28,8 @@ std::string ParamName(const ir::Node& n) {
 }  // namespace
 
 Executable::Executable(ir::Graph graph, compiler::BufferPlan plan,
-                       std::vector<std::unique_ptr<Thunk>> thunks, std::string backend_name)
+                       std::vector<std::unique_ptr<Thunk>> thunks, std::string backend_name,
+                       std::vector<std::unique_ptr<Thunk>> init_thunks)
     : graph_(std::move(graph)),
       plan_(std::move(plan)),
       thunks_(std::move(thunks)),
@@ -48,6 +49,18 @@ Executable::Executable(ir::Graph graph, compiler::BufferPlan plan,
     KILN_CHECK(off + n.type().byte_size() <= plan_.arena_bytes);
     ctx_.buffers[n.id()] = arena_.get() + off;
   }
+  // Hoisted values: their own buffers, computed now (their operands are constants, other
+  // hoisted values, or aliases of those) and never again.
+  int64_t hoisted_bytes = 0;
+  for (int id : plan_.hoisted) hoisted_bytes += AlignUp(graph_.node(id).type().byte_size());
+  if (hoisted_bytes > 0) hoisted_ = AllocateArena(hoisted_bytes);
+  int64_t at = 0;
+  for (int id : plan_.hoisted) {
+    ctx_.buffers[id] = hoisted_.get() + at;
+    at += AlignUp(graph_.node(id).type().byte_size());
+  }
+  for (const auto& [node, source] : plan_.aliases) ctx_.buffers[node] = ctx_.buffers[source];
+  for (const std::unique_ptr<Thunk>& t : init_thunks) t->Run(ctx_);
   arena_ptr_.assign(graph_.num_nodes(), nullptr);
   for (const ir::Node& n : graph_.nodes())
     if (n.opcode() != ir::Opcode::kParameter && n.opcode() != ir::Opcode::kConstant)

@@ -45,8 +45,10 @@ class Thunk {
 // Not thread-safe: one run at a time per Executable (the run state and arena are members).
 class Executable {
  public:
+  // `init_thunks` compute the plan's hoisted values (BufferPlan::hoisted) once, here, into
+  // buffers of their own; `thunks` run on every Run.
   Executable(ir::Graph graph, compiler::BufferPlan plan, std::vector<std::unique_ptr<Thunk>> thunks,
-             std::string backend_name);
+             std::string backend_name, std::vector<std::unique_ptr<Thunk>> init_thunks = {});
 
   const ir::Graph& graph() const { return graph_; }
   const compiler::BufferPlan& plan() const { return plan_; }
@@ -86,6 +88,7 @@ class Executable {
   std::vector<std::unique_ptr<Thunk>> thunks_;
   std::string backend_name_;
   std::shared_ptr<uint8_t> arena_;
+  std::shared_ptr<uint8_t> hoisted_;  // the hoisted values, computed once
   RunContext ctx_;
   std::vector<int> params_;       // parameter node ids in index order
   std::vector<void*> arena_ptr_;  // per node: its arena buffer (null: parameter, constant, none)

@@ -118,6 +118,7 @@ compiler::BackendTraits CpuBackendTraits(const CpuBackendOptions& options) {
   compiler::BackendTraits t;
   t.alias_reshapes = true;
   t.outputs_outside_arena = true;
+  t.hoist_constants = true;
   const bool prefer_loops = options.prefer_loops;
   t.can_fuse = [prefer_loops](const ir::Graph& g, ir::FusionKind kind,
                               const std::vector<int>& members) {
@@ -214,7 +215,7 @@ class CpuBackend : public Backend {
       }
     }
 
-    std::vector<std::unique_ptr<Thunk>> thunks;
+    std::vector<std::unique_ptr<Thunk>> thunks, init_thunks;
     for (const compiler::ExecutionPlan::Kernel& k : plan.kernels) {
       const ir::Node& node = graph.node(k.members.back());
       LowerResult thunk;
@@ -240,7 +241,7 @@ class CpuBackend : public Backend {
         thunk = Unimplemented(node, absl::StrCat("oneDNN: ", e.what()));
       }
       if (!thunk.ok()) return thunk.status();
-      if (*thunk) thunks.push_back(std::move(*thunk));
+      if (*thunk) (plan.hoisted[node.id()] ? init_thunks : thunks).push_back(std::move(*thunk));
     }
     ctx->AllocateWorkspace();
     // Graph outputs computed by a kernel live in the caller's tensors, not in the arena; a slot in
@@ -258,7 +259,10 @@ class CpuBackend : public Backend {
     buffers.staging_offsets = std::move(staging);
     buffers.staging_bytes = staging_bytes;
     buffers.in_place_outputs = plan.in_place_outputs;
-    return std::make_unique<Executable>(graph, std::move(buffers), std::move(thunks), "cpu");
+    for (int id = 0; id < n; ++id)
+      if (plan.hoisted[id]) buffers.hoisted.push_back(id);
+    return std::make_unique<Executable>(graph, std::move(buffers), std::move(thunks), "cpu",
+                                        std::move(init_thunks));
   }
 
   CpuBackendOptions options_;
