@@ -5,13 +5,15 @@
 #               profile, evaluate, export a small CNN)
 #   make bench  Kiln vs the PyTorch peer (python3-torch), same threads, alternating: ratios of
 #               medians, also written to bench/out/results.json (installs the peer packages)
+#   make bench-dist  all-reduce bandwidth of Kiln's MPI Communicator against raw MPI_Allreduce, 2
+#               ranks, 1-256 MiB: bench/out/dist.json
 #   make build  configure and build only
 #   make format / make format-check   clang-format the C++ sources / fail if any is not (CI runs it)
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps configure build test demo bench clean format format-check
+.PHONY: all deps configure build test demo bench bench-dist clean format format-check
 
 all: build
 
@@ -42,6 +44,15 @@ bench: configure
 	@bash scripts/install-deps.sh --bench
 	@cmake --build $(BUILD_DIR) --target train_bench matmul_benchmark -j $(JOBS)
 	@$(BUILD_DIR)/bench/train_bench --threads=$(BENCH_THREADS)
+
+# 2 ranks, unbound (both would be pinned to core 0 otherwise), with the malloc tunable that keeps
+# OpenMPI's per-call temporaries above 32 MiB from page-faulting (docs/distributed.md).
+bench-dist: configure
+	@cmake --build $(BUILD_DIR) --target dist_bench -j $(JOBS)
+	@mkdir -p bench/out
+	@timeout -k 5 600 mpirun --allow-run-as-root --bind-to none -np 2 \
+	  -x GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824 \
+	  $(BUILD_DIR)/bench/dist_bench --out=bench/out/dist.json
 
 # Every C++ file as .clang-format (Google base) says: `make format` rewrites them, `make format-check`
 # (run by .ci/run) fails naming each file that differs.

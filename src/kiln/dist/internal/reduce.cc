@@ -76,7 +76,10 @@ void ReduceRankOrder(const void* const* inputs, int n, int64_t offset, int64_t c
       ReduceF32Block(inputs, n, at, len, dtype, op, acc);
       F32ToBf16(acc, static_cast<uint16_t*>(out) + b, len);
     } else {
-      ReduceF32Block(inputs, n, at, len, dtype, op, static_cast<float*>(out) + b);
+      // Through a local block, so that `out` may be one of the inputs.
+      float acc[kBlock];
+      ReduceF32Block(inputs, n, at, len, dtype, op, acc);
+      std::memcpy(static_cast<float*>(out) + b, acc, len * sizeof(float));
     }
   }
 }

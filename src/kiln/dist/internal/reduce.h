@@ -14,8 +14,9 @@ namespace kiln::dist::internal {
 bool IsReducible(DType dtype);
 
 // out[i] = reduce over r = 0..n-1, in that order, of inputs[r][offset + i], for i < count; mean
-// divides once at the end and bf16 rounds once at the end. `out` may be any one of the inputs
-// (at the same offset) only when n == 1.
+// divides once at the end and bf16 rounds once at the end. `out` may be one of the inputs at
+// the same position (out == inputs[r] + offset): each block of 1024 elements is reduced into a
+// local accumulator and written after every input's block has been read.
 void ReduceRankOrder(const void* const* inputs, int n, int64_t offset, int64_t count, DType dtype,
                      ReduceOp op, void* out);
 

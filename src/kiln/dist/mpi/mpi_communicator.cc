@@ -55,17 +55,21 @@ std::string MpiErrorString(int rc) {
 
 enum class WaitResult { kDone, kTimedOut, kError };
 
-// Polls `request` until it completes or `deadline` passes. MPI_Test drives the progress of
-// nonblocking collectives, so the loop spins; after a short spin it yields between tests so that
-// oversubscribed ranks (more ranks than cores) do not starve each other.
-WaitResult Poll(MPI_Request* request, Clock::time_point deadline, int* rc) {
+// Polls `requests` until all complete or `deadline` passes. Testing drives the progress of
+// nonblocking operations, so the loop spins; after 2 ms it yields between tests (a peer is late:
+// give it the core when ranks outnumber cores).
+WaitResult Poll(int n, MPI_Request* requests, Clock::time_point deadline, int* rc) {
+  const auto yield_after = Clock::now() + std::chrono::milliseconds(2);
   for (int spins = 0;; ++spins) {
     int done = 0;
-    *rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    *rc = MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
     if (*rc != MPI_SUCCESS) return WaitResult::kError;
     if (done) return WaitResult::kDone;
-    if ((spins & 63) == 0 && Clock::now() >= deadline) return WaitResult::kTimedOut;
-    if (spins > 256) sched_yield();
+    if ((spins & 15) == 0) {
+      const auto now = Clock::now();
+      if (now >= deadline) return WaitResult::kTimedOut;
+      if (now >= yield_after) sched_yield();
+    }
   }
 }
 
@@ -97,37 +101,58 @@ absl::Status CheckCount(const char* op, int64_t count) {
 
 struct MpiCommunicator::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
+  std::vector<MPI_Request> requests;
+  std::vector<uint8_t> slices;  // kRankOrder: the peers' slices this rank reduces
+
+  absl::Status CheckUsable(MpiCommunicator& self, const char* op) {
+    if (!self.broken_) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, " on rank ", self.rank(),
+                     ": the communicator is broken by an earlier collective timeout"));
+  }
+
   // Starts one nonblocking collective (start(&request) returns an MPI error code) and waits for
   // it until the communicator's timeout.
   template <typename Start>
   absl::Status Run(MpiCommunicator& self, const char* op, int64_t bytes, Start start) {
-    if (self.broken_)
-      return absl::FailedPreconditionError(
-          absl::StrCat(op, " on rank ", self.rank(),
-                       ": the communicator is broken by an earlier collective timeout"));
+    KILN_RETURN_IF_ERROR(CheckUsable(self, op));
     const auto deadline = Clock::now() + self.timeout();
-    MPI_Request request;
-    const int rc = start(&request);
-    if (rc != MPI_SUCCESS)
-      return absl::InternalError(absl::StrCat(op, " of ", bytes, " bytes on rank ", self.rank(),
-                                              ": ", MpiErrorString(rc)));
-    return Wait(self, &request, op, bytes, deadline);
+    requests.assign(1, MPI_REQUEST_NULL);
+    KILN_RETURN_IF_ERROR(Check(self, op, bytes, start(&requests[0])));
+    return Wait(self, op, bytes, deadline);
   }
-  // Waits for one collective of this communicator; breaks it at the deadline.
-  absl::Status Wait(MpiCommunicator& self, MPI_Request* request, const char* op, int64_t bytes,
+
+  // Internal for an MPI error code.
+  absl::Status Check(MpiCommunicator& self, const char* op, int64_t bytes, int rc) {
+    if (rc == MPI_SUCCESS) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat(op, " of ", bytes, " bytes on rank ", self.rank(), ": ", MpiErrorString(rc)));
+  }
+
+  // Waits for `requests`; breaks the communicator at the deadline.
+  absl::Status Wait(MpiCommunicator& self, const char* op, int64_t bytes,
                     Clock::time_point deadline);
+
+  // The rank-order reduction (MpiReduction::kRankOrder). Slice s of a buffer is elements
+  // [lo[s], lo[s + 1]). ReduceSlices: rank me receives slice me of every peer's `send` and
+  // writes their rank-order reduction to `out` (which may be send's own slice me).
+  absl::Status ReduceSlices(MpiCommunicator& self, const char* op, int64_t bytes, const void* send,
+                            const std::vector<int64_t>& lo, DType dtype, ReduceOp reduce, void* out,
+                            Clock::time_point deadline);
+  // GatherSlices: every rank sends its slice of `data` to every peer and receives theirs in place.
+  absl::Status GatherSlices(MpiCommunicator& self, const char* op, int64_t bytes, void* data,
+                            const std::vector<int64_t>& lo, DType dtype,
+                            Clock::time_point deadline);
 };
 
-absl::Status MpiCommunicator::Handle::Wait(MpiCommunicator& self, MPI_Request* request,
-                                           const char* op, int64_t bytes,
+absl::Status MpiCommunicator::Handle::Wait(MpiCommunicator& self, const char* op, int64_t bytes,
                                            Clock::time_point deadline) {
   int rc = MPI_SUCCESS;
-  switch (Poll(request, deadline, &rc)) {
+  switch (Poll(static_cast<int>(requests.size()), requests.data(), deadline, &rc)) {
     case WaitResult::kDone:
       return absl::OkStatus();
     case WaitResult::kError:
-      return absl::InternalError(absl::StrCat(op, " of ", bytes, " bytes on rank ", self.rank(),
-                                              ": ", MpiErrorString(rc)));
+      return Check(self, op, bytes, rc);
     case WaitResult::kTimedOut:
       break;
   }
@@ -140,14 +165,77 @@ absl::Status MpiCommunicator::Handle::Wait(MpiCommunicator& self, MPI_Request* r
   return s;
 }
 
+absl::Status MpiCommunicator::Handle::ReduceSlices(MpiCommunicator& self, const char* op,
+                                                   int64_t bytes, const void* send,
+                                                   const std::vector<int64_t>& lo, DType dtype,
+                                                   ReduceOp reduce, void* out,
+                                                   Clock::time_point deadline) {
+  const int n = self.size(), me = self.rank();
+  const int64_t esize = DTypeSize(dtype);
+  const int64_t mine = lo[me + 1] - lo[me];
+  if (static_cast<int64_t>(slices.size()) < (n - 1) * mine * esize)
+    slices.resize((n - 1) * mine * esize);
+  const MPI_Datatype type = MoveType(dtype);
+  const auto* base = static_cast<const uint8_t*>(send);
+  std::vector<const void*> inputs(n);
+  requests.clear();
+  for (int k = 1; k < n; ++k) {  // peers in the order me+1, me+2, ...: spreads the load
+    const int s = (me + k) % n;
+    uint8_t* slot = slices.data() + (k - 1) * mine * esize;
+    inputs[s] = slot;
+    requests.push_back(MPI_REQUEST_NULL);
+    KILN_RETURN_IF_ERROR(
+        Check(self, op, bytes,
+              MPI_Irecv(slot, static_cast<int>(mine), type, s, 1, comm, &requests.back())));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int s = (me + k) % n;
+    requests.push_back(MPI_REQUEST_NULL);
+    KILN_RETURN_IF_ERROR(Check(self, op, bytes,
+                               MPI_Isend(base + lo[s] * esize, static_cast<int>(lo[s + 1] - lo[s]),
+                                         type, s, 1, comm, &requests.back())));
+  }
+  KILN_RETURN_IF_ERROR(Wait(self, op, bytes, deadline));
+  inputs[me] = base + lo[me] * esize;
+  internal::ReduceRankOrder(inputs.data(), n, 0, mine, dtype, reduce, out);
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::Handle::GatherSlices(MpiCommunicator& self, const char* op,
+                                                   int64_t bytes, void* data,
+                                                   const std::vector<int64_t>& lo, DType dtype,
+                                                   Clock::time_point deadline) {
+  const int n = self.size(), me = self.rank();
+  const int64_t esize = DTypeSize(dtype);
+  const MPI_Datatype type = MoveType(dtype);
+  auto* base = static_cast<uint8_t*>(data);
+  requests.clear();
+  for (int k = 1; k < n; ++k) {
+    const int s = (me + k) % n;
+    requests.push_back(MPI_REQUEST_NULL);
+    KILN_RETURN_IF_ERROR(Check(self, op, bytes,
+                               MPI_Irecv(base + lo[s] * esize, static_cast<int>(lo[s + 1] - lo[s]),
+                                         type, s, 2, comm, &requests.back())));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int s = (me + k) % n;
+    requests.push_back(MPI_REQUEST_NULL);
+    KILN_RETURN_IF_ERROR(
+        Check(self, op, bytes,
+              MPI_Isend(base + lo[me] * esize, static_cast<int>(lo[me + 1] - lo[me]), type, s, 2,
+                        comm, &requests.back())));
+  }
+  return Wait(self, op, bytes, deadline);
+}
+
 absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
-    std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout, MpiReduction reduction) {
   KILN_RETURN_IF_ERROR(InitOnce());
   auto handle = std::make_unique<Handle>();
   MPI_Request request;
   int rc = MPI_Comm_idup(MPI_COMM_WORLD, &handle->comm, &request);
   if (rc != MPI_SUCCESS) return absl::InternalError("MPI_Comm_idup: " + MpiErrorString(rc));
-  switch (Poll(&request, Clock::now() + timeout, &rc)) {
+  switch (Poll(1, &request, Clock::now() + timeout, &rc)) {
     case WaitResult::kDone:
       break;
     case WaitResult::kError:
@@ -163,6 +251,7 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
   MPI_Comm_size(handle->comm, &size);
   std::unique_ptr<MpiCommunicator> comm(new MpiCommunicator(rank, size, std::move(handle)));
   comm->set_timeout(timeout);
+  comm->reduction_ = reduction;
   return comm;
 }
 
@@ -184,6 +273,16 @@ void MpiCommunicator::Abort(int code) {
 absl::Status MpiCommunicator::DoAllReduce(void* data, int64_t count, DType dtype, ReduceOp op) {
   KILN_RETURN_IF_ERROR(CheckCount("AllReduce", count));
   const int64_t bytes = count * DTypeSize(dtype);
+  if (reduction_ == MpiReduction::kRankOrder) {
+    KILN_RETURN_IF_ERROR(handle_->CheckUsable(*this, "AllReduce"));
+    const auto deadline = std::chrono::steady_clock::now() + timeout();
+    std::vector<int64_t> lo(size() + 1);
+    for (int s = 0; s <= size(); ++s) lo[s] = count * s / size();
+    void* mine = static_cast<uint8_t*>(data) + lo[rank()] * DTypeSize(dtype);
+    KILN_RETURN_IF_ERROR(
+        handle_->ReduceSlices(*this, "AllReduce", bytes, data, lo, dtype, op, mine, deadline));
+    return handle_->GatherSlices(*this, "AllReduce", bytes, data, lo, dtype, deadline);
+  }
   void* buffer = data;
   if (dtype == DType::kBF16) {
     if (staging_.size() < static_cast<size_t>(count)) staging_.resize(count);
@@ -206,6 +305,14 @@ absl::Status MpiCommunicator::DoReduceScatter(const void* send, void* recv, int6
   const int64_t send_count = recv_count * size();
   KILN_RETURN_IF_ERROR(CheckCount("ReduceScatter", send_count));
   const int64_t bytes = send_count * DTypeSize(dtype);
+  if (reduction_ == MpiReduction::kRankOrder) {
+    KILN_RETURN_IF_ERROR(handle_->CheckUsable(*this, "ReduceScatter"));
+    const auto deadline = std::chrono::steady_clock::now() + timeout();
+    std::vector<int64_t> lo(size() + 1);
+    for (int s = 0; s <= size(); ++s) lo[s] = recv_count * s;
+    return handle_->ReduceSlices(*this, "ReduceScatter", bytes, send, lo, dtype, op, recv,
+                                 deadline);
+  }
   const void* in = send;
   void* out = recv;
   if (dtype == DType::kBF16) {

@@ -24,7 +24,12 @@ using internal::Input;
 using internal::OracleElement;
 using ::testing::HasSubstr;
 
-MpiCommunicator* g_comm = nullptr;
+MpiCommunicator* g_comm = nullptr;  // MpiReduction::kRankOrder (the default)
+MpiCommunicator* g_mpi = nullptr;   // MpiReduction::kMpi
+
+MpiCommunicator* For(MpiReduction reduction) {
+  return reduction == MpiReduction::kRankOrder ? g_comm : g_mpi;
+}
 
 std::vector<Tensor> AllInputs(DType dtype, int64_t count) {
   std::vector<Tensor> in;
@@ -32,10 +37,11 @@ std::vector<Tensor> AllInputs(DType dtype, int64_t count) {
   return in;
 }
 
-// With 2 ranks each element is x0 + x1 exactly once: bit-identical to the oracle. With more, only
-// close (OpenMPI's association).
-void ExpectMatches(const Tensor& got, const Tensor& expected, const std::string& what) {
-  if (g_comm->size() <= 2 || got.dtype() == DType::kS32) {
+// kRankOrder: bit-identical to the oracle. kMpi: with 2 ranks each element is x0 + x1 exactly
+// once, bit-identical too; with more, only close (OpenMPI's association).
+void ExpectMatches(const Tensor& got, const Tensor& expected, MpiReduction reduction,
+                   const std::string& what) {
+  if (reduction == MpiReduction::kRankOrder || g_comm->size() <= 2 || got.dtype() == DType::kS32) {
     EXPECT_TRUE(got.BitwiseEquals(expected)) << what;
     return;
   }
@@ -43,34 +49,35 @@ void ExpectMatches(const Tensor& got, const Tensor& expected, const std::string&
     ASSERT_NEAR(got.GetDouble(i), expected.GetDouble(i), 1e-3) << what << " element " << i;
 }
 
-class MpiReduceTest : public ::testing::TestWithParam<std::tuple<DType, ReduceOp>> {};
+class MpiReduceTest : public ::testing::TestWithParam<std::tuple<MpiReduction, DType, ReduceOp>> {};
 
 TEST_P(MpiReduceTest, AllReduceMatchesOracle) {
-  const auto [dtype, op] = GetParam();
-  const int64_t count = 3000;
+  const auto [reduction, dtype, op] = GetParam();
+  const int64_t count = 3001;  // not a multiple of the size: unequal slices
   std::vector<Tensor> in = AllInputs(dtype, count);
   Tensor data = in[g_comm->rank()].Clone();
-  ASSERT_TRUE(g_comm->AllReduce(data, op).ok());
+  ASSERT_TRUE(For(reduction)->AllReduce(data, op).ok());
   Tensor expected(dtype, Shape{count});
   for (int64_t i = 0; i < count; ++i) OracleElement(in, i, op, expected.raw_data(), i);
-  ExpectMatches(data, expected, "AllReduce");
+  ExpectMatches(data, expected, reduction, "AllReduce");
 }
 
 TEST_P(MpiReduceTest, ReduceScatterMatchesOracle) {
-  const auto [dtype, op] = GetParam();
+  const auto [reduction, dtype, op] = GetParam();
   const int64_t chunk = 1500;
   std::vector<Tensor> in = AllInputs(dtype, chunk * g_comm->size());
   Tensor out(dtype, Shape{chunk});
-  ASSERT_TRUE(g_comm->ReduceScatter(in[g_comm->rank()], out, op).ok());
+  ASSERT_TRUE(For(reduction)->ReduceScatter(in[g_comm->rank()], out, op).ok());
   Tensor expected(dtype, Shape{chunk});
   for (int64_t i = 0; i < chunk; ++i)
     OracleElement(in, g_comm->rank() * chunk + i, op, expected.raw_data(), i);
-  ExpectMatches(out, expected, "ReduceScatter");
+  ExpectMatches(out, expected, reduction, "ReduceScatter");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     All, MpiReduceTest,
-    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kS32),
+    ::testing::Combine(::testing::Values(MpiReduction::kRankOrder, MpiReduction::kMpi),
+                       ::testing::Values(DType::kF32, DType::kBF16, DType::kS32),
                        ::testing::Values(ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax)));
 
 class MpiMoveTest : public ::testing::TestWithParam<DType> {};
@@ -117,15 +124,22 @@ TEST(MpiCommunicatorTest, RankAndSizeComeFromMpi) {
 TEST(MpiCommunicatorTest, LargeAllReduceIsBitIdenticalRunToRunAndAcrossRanks) {
   const int64_t count = (8 << 20) / 4;
   Tensor input = Input(DType::kF32, count, g_comm->rank());
+  std::vector<Tensor> all = AllInputs(DType::kF32, 64);  // the oracle on a prefix
   Tensor first;
   for (int run = 0; run < 3; ++run) {
     Tensor data = input.Clone();
     ASSERT_TRUE(g_comm->AllReduce(data, ReduceOp::kMean).ok());
+    Tensor via_mpi = input.Clone();
+    ASSERT_TRUE(g_mpi->AllReduce(via_mpi, ReduceOp::kMean).ok());
+    EXPECT_TRUE(via_mpi.BitwiseEquals(data)) << "2 ranks: OpenMPI's sum is x0 + x1 too";
     if (run == 0)
       first = data;
     else
       EXPECT_TRUE(data.BitwiseEquals(first)) << "run " << run;
   }
+  Tensor expected(DType::kF32, Shape{64});
+  for (int64_t i = 0; i < 64; ++i) OracleElement(all, i, ReduceOp::kMean, expected.raw_data(), i);
+  EXPECT_EQ(0, std::memcmp(first.raw_data(), expected.raw_data(), 64 * sizeof(float)));
   Tensor from_root = first.Clone();
   ASSERT_TRUE(g_comm->Broadcast(from_root, 0).ok());
   EXPECT_TRUE(from_root.BitwiseEquals(first)) << "rank " << g_comm->rank() << " differs from 0";
@@ -194,6 +208,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   kiln::dist::g_comm = comm->get();
+  auto mpi = kiln::dist::MpiCommunicator::Create(std::chrono::milliseconds(20000),
+                                                 kiln::dist::MpiReduction::kMpi);
+  if (!mpi.ok()) {
+    std::fprintf(stderr, "MpiCommunicator::Create: %s\n", mpi.status().ToString().c_str());
+    return 1;
+  }
+  kiln::dist::g_mpi = mpi->get();
   if (mode == "--dead_peer") return kiln::dist::DeadPeer();
   if (mode == "--crashed_peer") return kiln::dist::CrashedPeer();
   int32_t failed = RUN_ALL_TESTS() != 0;
@@ -201,6 +222,7 @@ int main(int argc, char** argv) {
   if (!kiln::dist::g_comm->AllReduce(&failed, 1, kiln::DType::kS32, kiln::dist::ReduceOp::kMax)
            .ok())
     failed = 1;
-  comm->reset();  // free the communicator before MPI_Finalize runs at exit
+  mpi->reset();  // free the communicators before MPI_Finalize runs at exit
+  comm->reset();
   return failed;
 }
