@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -109,7 +110,10 @@ INSTANTIATE_TEST_SUITE_P(All, MpiMoveTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kS32));
 
 TEST(MpiCommunicatorTest, RankAndSizeComeFromMpi) {
-  EXPECT_EQ(g_comm->size(), 2);
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");  // set by mpirun for every rank
+  ASSERT_NE(world, nullptr);
+  EXPECT_EQ(g_comm->size(), std::atoi(world));
+  EXPECT_EQ(g_comm->rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
   EXPECT_GE(g_comm->rank(), 0);
   EXPECT_LT(g_comm->rank(), g_comm->size());
   std::vector<int32_t> ranks(g_comm->size(), -1);
@@ -131,7 +135,9 @@ TEST(MpiCommunicatorTest, LargeAllReduceIsBitIdenticalRunToRunAndAcrossRanks) {
     ASSERT_TRUE(g_comm->AllReduce(data, ReduceOp::kMean).ok());
     Tensor via_mpi = input.Clone();
     ASSERT_TRUE(g_mpi->AllReduce(via_mpi, ReduceOp::kMean).ok());
-    EXPECT_TRUE(via_mpi.BitwiseEquals(data)) << "2 ranks: OpenMPI's sum is x0 + x1 too";
+    if (g_comm->size() == 2) {
+      EXPECT_TRUE(via_mpi.BitwiseEquals(data)) << "2 ranks: OpenMPI's sum is x0 + x1 too";
+    }
     if (run == 0)
       first = data;
     else
