@@ -45,14 +45,16 @@ compiler::CompileCache* ProcessCompileCache() {
   return cache;
 }
 
-absl::StatusOr<std::unique_ptr<runtime::Backend>> MakeBackendByName(const std::string& name) {
+absl::StatusOr<std::unique_ptr<runtime::Backend>> MakeBackendByName(
+    const std::string& name, const BackendSettings& settings) {
   if (name == "cpu") {
     // Read per backend (a command makes one), so each command in a process that runs several
     // (the CLI tests) sees the environment it was started with.
     absl::StatusOr<EnvOptions> env = FromEnvironment();
     if (!env.ok()) return env.status();
-    return runtime::MakeCpuBackend(
-        {.compile_cache = ProcessCompileCache(), .pipeline = env->pipeline});
+    return runtime::MakeCpuBackend({.compile_cache = ProcessCompileCache(),
+                                    .remat_memory_limit_bytes = settings.memory_limit_bytes,
+                                    .pipeline = env->pipeline});
   }
   if (name == "reference") return runtime::MakeReferenceBackend();
   return absl::InvalidArgumentError("unknown backend '" + name + "' (choose cpu or reference)");

@@ -10,6 +10,7 @@
 #ifndef KILN_CLI_BACKENDS_H_
 #define KILN_CLI_BACKENDS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,7 +42,14 @@ std::vector<std::string> BackendNames();
 
 // "cpu" (with ProcessCompileCache and FromEnvironment's pipeline options) or "reference".
 // InvalidArgument listing the choices for an unknown name, or FromEnvironment's error.
-absl::StatusOr<std::unique_ptr<runtime::Backend>> MakeBackendByName(const std::string& name);
+// How a command wants its backend to compile, beyond the environment.
+struct BackendSettings {
+  // > 0: the cpu backend rematerializes until a graph's arena fits (CpuBackendOptions::
+  // remat_memory_limit_bytes); the reference backend ignores it.
+  int64_t memory_limit_bytes = 0;
+};
+absl::StatusOr<std::unique_ptr<runtime::Backend>> MakeBackendByName(
+    const std::string& name, const BackendSettings& settings = {});
 
 // This process's compile cache, made on first use from the environment: in memory, and on disk
 // under $KILN_CACHE_DIR when that is set (misses logged then, or with KILN_CACHE_LOG=1; repeated

@@ -385,7 +385,8 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
     if (!r.ok()) return Fail(err, "train", r.status());
     opts.profile_steps = *r;
   }
-  absl::StatusOr<std::unique_ptr<runtime::Backend>> backend = MakeBackendByName(backend_);
+  absl::StatusOr<std::unique_ptr<runtime::Backend>> backend =
+      MakeBackendByName(backend_, {.memory_limit_bytes = config->memory_limit_mib << 20});
   if (!backend.ok()) return Fail(err, "train", backend.status());
   opts.backend = backend->get();
   opts.log = &out;

@@ -220,6 +220,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
   KILN_RETURN_IF_ERROR(top.Get("output_dir", &c->output_dir));
   KILN_RETURN_IF_ERROR(top.Get("seed", &c->seed));
   KILN_RETURN_IF_ERROR(top.Get("nonfinite_patience", &c->nonfinite_patience));
+  KILN_RETURN_IF_ERROR(top.Get("memory_limit_mib", &c->memory_limit_mib));
   return top.CheckMapAndUnknown();
 }
 
@@ -355,6 +356,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   KILN_RETURN_IF_ERROR(NonNegative("keep_every", c.keep_every));
   KILN_RETURN_IF_ERROR(Positive("log_every", c.log_every));
   KILN_RETURN_IF_ERROR(Positive("nonfinite_patience", c.nonfinite_patience));
+  KILN_RETURN_IF_ERROR(NonNegative("memory_limit_mib", c.memory_limit_mib));
   if (c.output_dir.empty()) return KeyError("output_dir", "must not be empty");
   return absl::OkStatus();
 }
@@ -586,6 +588,9 @@ std::string EmitYaml(const TrainConfig& c, bool hash_form) {
   e << YAML::Key << "seed" << YAML::Value << c.seed;
   if (!hash_form || c.nonfinite_patience != TrainConfig().nonfinite_patience) {
     e << YAML::Key << "nonfinite_patience" << YAML::Value << c.nonfinite_patience;
+  }
+  if (!hash_form && c.memory_limit_mib != 0) {  // changes memory, not what is trained
+    e << YAML::Key << "memory_limit_mib" << YAML::Value << c.memory_limit_mib;
   }
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

@@ -97,6 +97,10 @@ struct TrainConfig {
   // non-finite (NaN/inf) this many steps in a row, or at once when the parameters themselves
   // become non-finite. A non-finite checkpoint is never committed.
   int64_t nonfinite_patience = 3;
+  // > 0: the compiled train step's arena must fit in this many MiB; when it would not, the
+  // compiler rematerializes (recomputes in the backward pass) cheap activations until it does
+  // (compiler/passes/remat.h; results are bit-identical, so it is not part of the config hash).
+  int64_t memory_limit_mib = 0;
 };
 
 // Parses YAML text; `source` names it in errors. `overrides` are "dotted.key=value" strings, the

@@ -175,6 +175,23 @@ TEST(ConfigTest, ResolvedYamlListsEveryKeyAndTheHashIsUnchanged) {
   EXPECT_EQ(back->nonfinite_patience, 10);
 }
 
+// memory_limit_mib changes how much memory the step takes, not what it computes: it round-trips
+// through the resolved YAML but leaves the hash alone; a negative limit is refused by name.
+TEST(ConfigTest, MemoryLimitIsNotHashed) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml");
+  ASSERT_TRUE(c.ok());
+  absl::StatusOr<TrainConfig> limited = ParseTrainConfig(kBase, "t.yaml", {"memory_limit_mib=512"});
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  EXPECT_EQ(limited->memory_limit_mib, 512);
+  EXPECT_EQ(ConfigHash(*limited), ConfigHash(*c));
+  absl::StatusOr<TrainConfig> back = ParseTrainConfig(ConfigToYaml(*limited), "resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->memory_limit_mib, 512);
+  absl::StatusOr<TrainConfig> bad = ParseTrainConfig(kBase, "t.yaml", {"memory_limit_mib=-1"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("memory_limit_mib"));
+}
+
 // Issue 13 case 6: yaml-cpp keeps the first of two equal keys and drops the second silently.
 TEST(ConfigTest, ADuplicateKeyIsRejectedNamingBothLines) {
   absl::StatusOr<TrainConfig> c = ParseTrainConfig(
