@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kiln/autodiff/graph_copy.h"
+#include "kiln/base/memory.h"
 #include "kiln/base/status.h"
 #include "kiln/ir/builder.h"
 #include "kiln/train/checkpoint.h"
@@ -68,9 +69,15 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(runtime::Backend& b
   return e;
 }
 
+int64_t HoistedBytes(const runtime::Executable& exe) {
+  int64_t bytes = 0;
+  for (int id : exe.plan().hoisted) bytes += AlignUp(exe.graph().node(id).type().byte_size());
+  return bytes;
+}
+
 int64_t Evaluator::resident_bytes() const {
-  return exe_->plan().arena_bytes + x_.byte_size() + y_.byte_size() + loss_.byte_size() +
-         prediction_.byte_size();
+  return exe_->plan().arena_bytes + HoistedBytes(*exe_) + x_.byte_size() + y_.byte_size() +
+         loss_.byte_size() + prediction_.byte_size();
 }
 
 absl::StatusOr<EvalResult> Evaluator::Run(const nn::ParamStore& p, int64_t max_batches) {

@@ -45,7 +45,8 @@ class Evaluator {
   absl::StatusOr<EvalResult> Run(const nn::ParamStore& params, int64_t max_batches);
 
   const runtime::Executable& executable() const { return *exe_; }
-  // Bytes the evaluator keeps resident: the executable's arena, the batch and output tensors.
+  // Bytes the evaluator keeps resident: the executable's arena and hoisted values, the batch and
+  // output tensors.
   int64_t resident_bytes() const;
   // The data pointer of each parameter the last Run read, in the model's order (empty before
   // the first Run): the given store's own tensors.
@@ -60,6 +61,10 @@ class Evaluator {
   Tensor x_, y_, loss_, prediction_;
   std::vector<const void*> last_params_;
 };
+
+// Bytes of the values `exe` computed once when it was made (compiler::BufferPlan::hoisted: iotas,
+// masks), each in a buffer of its own outside the arena.
+int64_t HoistedBytes(const runtime::Executable& exe);
 
 // The model's predict graph at `batch` with "loss" (the mean cross-entropy of its logits against
 // a "labels" input, or "targets" for a language model, as in its loss graph) as its first output

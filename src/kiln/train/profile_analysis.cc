@@ -207,9 +207,9 @@ std::string FormatMemoryBreakdown(const MemoryBreakdown& m) {
   auto mib = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
   std::string out = absl::StrFormat(
       "memory (MiB): parameters %.1f, gradients %.1f (inside the arena), optimizer state %.1f, "
-      "arena %.1f, evaluation %.1f, checkpoint staging %.1f",
-      mib(m.parameters), mib(m.gradients), mib(m.optimizer_state), mib(m.arena), mib(m.evaluation),
-      mib(m.checkpoint_staging));
+      "arena %.1f, constants %.1f, evaluation %.1f, checkpoint staging %.1f",
+      mib(m.parameters), mib(m.gradients), mib(m.optimizer_state), mib(m.arena), mib(m.constants),
+      mib(m.evaluation), mib(m.checkpoint_staging));
   if (m.peak_rss >= 0) {
     absl::StrAppend(
         &out, absl::StrFormat(", other %.1f; peak RSS %.1f", mib(m.other()), mib(m.peak_rss)));

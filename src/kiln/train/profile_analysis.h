@@ -83,19 +83,20 @@ std::string FormatTopKernels(const std::vector<KernelStat>& kernels, const Profi
 
 // Resident bytes of a training process. Gradients live inside the arena (the step is one
 // executable); "other" is peak RSS minus every named part (parameters, optimizer state, arena,
-// evaluation, checkpoint staging): code, libraries, oneDNN's caches, the data, the heap.
+// constants, evaluation, checkpoint staging): code, libraries, oneDNN's caches, the data, the heap.
 struct MemoryBreakdown {
   int64_t parameters = 0;          // every resident set the train step keeps
   int64_t gradients = 0;           // one per trained value, inside the arena
   int64_t optimizer_state = 0;     // every resident set
   int64_t arena = 0;               // the train step executable's arena
+  int64_t constants = 0;           // its values computed once, outside the arena (iotas, masks)
   int64_t evaluation = 0;          // the evaluator's arena and buffers (it holds no weights)
   int64_t checkpoint_staging = 0;  // the asynchronous checkpoint's host copy, when reserved
   int64_t peak_rss = -1;           // VmHWM; -1: unknown (then no "other")
   int64_t other() const {
-    return peak_rss < 0
-               ? -1
-               : peak_rss - parameters - optimizer_state - arena - evaluation - checkpoint_staging;
+    return peak_rss < 0 ? -1
+                        : peak_rss - parameters - optimizer_state - arena - constants - evaluation -
+                              checkpoint_staging;
   }
 };
 // "memory: parameters 474.8 MiB, gradients 237.4 MiB (in the arena), ..." (several lines).

@@ -128,14 +128,15 @@ TEST(MemoryBreakdownTest, FormatsEveryPartInMiB) {
                     .gradients = 100 * kMiB,
                     .optimizer_state = 400 * kMiB,
                     .arena = 300 * kMiB,
+                    .constants = 25 * kMiB,
                     .evaluation = 50 * kMiB,
                     .checkpoint_staging = 150 * kMiB,
-                    .peak_rss = 1300 * kMiB};
+                    .peak_rss = 1325 * kMiB};
   EXPECT_EQ(m.other(), 200 * kMiB);  // every named part is out of "other"
   EXPECT_EQ(FormatMemoryBreakdown(m),
             "memory (MiB): parameters 200.0, gradients 100.0 (inside the arena), optimizer state "
-            "400.0, arena 300.0, evaluation 50.0, checkpoint staging 150.0, other 200.0; peak RSS "
-            "1300.0");
+            "400.0, arena 300.0, constants 25.0, evaluation 50.0, checkpoint staging 150.0, other "
+            "200.0; peak RSS 1325.0");
   m.peak_rss = -1;
   EXPECT_THAT(FormatMemoryBreakdown(m), HasSubstr("peak RSS unknown"));
 }

@@ -278,6 +278,7 @@ absl::Status Trainer::ReportProfile(double total, double input, double compute, 
                       .gradients = step_->params().num_elements() * int64_t{4},
                       .optimizer_state = kResidentSets * StoreBytes(step_->optimizer_state()),
                       .arena = exe.plan().arena_bytes,
+                      .constants = HoistedBytes(exe),
                       .evaluation = evaluator_->resident_bytes(),
                       .checkpoint_staging = checkpoint_staging_bytes_,
                       .peak_rss = peak_rss};
@@ -287,6 +288,7 @@ absl::Status Trainer::ReportProfile(double total, double input, double compute, 
   profiler_.SetOtherData("memory_mib/gradients", mem.gradients / kMiB);
   profiler_.SetOtherData("memory_mib/optimizer_state", mem.optimizer_state / kMiB);
   profiler_.SetOtherData("memory_mib/arena", mem.arena / kMiB);
+  profiler_.SetOtherData("memory_mib/constants", mem.constants / kMiB);
   profiler_.SetOtherData("memory_mib/evaluation", mem.evaluation / kMiB);
   profiler_.SetOtherData("memory_mib/checkpoint_staging", mem.checkpoint_staging / kMiB);
   if (mem.peak_rss >= 0) {
