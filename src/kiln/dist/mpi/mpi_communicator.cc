@@ -3,6 +3,7 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -131,7 +132,11 @@ struct MpiCommunicator::Handle {
 
   // Waits for `requests`; breaks the communicator at the deadline.
   absl::Status Wait(MpiCommunicator& self, const char* op, int64_t bytes,
-                    Clock::time_point deadline);
+                    Clock::time_point deadline) {
+    return WaitOn(self, op, bytes, requests.data(), static_cast<int>(requests.size()), deadline);
+  }
+  absl::Status WaitOn(MpiCommunicator& self, const char* op, int64_t bytes, MPI_Request* reqs,
+                      int n, Clock::time_point deadline);
 
   // The rank-order reduction (MpiReduction::kRankOrder). Slice s of a buffer is elements
   // [lo[s], lo[s + 1]). ReduceSlices: rank me receives slice me of every peer's `send` and
@@ -139,16 +144,18 @@ struct MpiCommunicator::Handle {
   absl::Status ReduceSlices(MpiCommunicator& self, const char* op, int64_t bytes, const void* send,
                             const std::vector<int64_t>& lo, DType dtype, ReduceOp reduce, void* out,
                             Clock::time_point deadline);
-  // GatherSlices: every rank sends its slice of `data` to every peer and receives theirs in place.
-  absl::Status GatherSlices(MpiCommunicator& self, const char* op, int64_t bytes, void* data,
-                            const std::vector<int64_t>& lo, DType dtype,
-                            Clock::time_point deadline);
+  // The rank-order AllReduce, pipelined: slices travel in segments of kSegmentBytes; as soon as
+  // segment j of this rank's slice has arrived from every peer it is reduced in place and sent
+  // back to every peer, while later segments are still in flight.
+  absl::Status AllReduceSegmented(MpiCommunicator& self, int64_t bytes, void* data,
+                                  const std::vector<int64_t>& lo, DType dtype, ReduceOp reduce,
+                                  Clock::time_point deadline);
 };
 
-absl::Status MpiCommunicator::Handle::Wait(MpiCommunicator& self, const char* op, int64_t bytes,
-                                           Clock::time_point deadline) {
+absl::Status MpiCommunicator::Handle::WaitOn(MpiCommunicator& self, const char* op, int64_t bytes,
+                                             MPI_Request* reqs, int n, Clock::time_point deadline) {
   int rc = MPI_SUCCESS;
-  switch (Poll(static_cast<int>(requests.size()), requests.data(), deadline, &rc)) {
+  switch (Poll(n, reqs, deadline, &rc)) {
     case WaitResult::kDone:
       return absl::OkStatus();
     case WaitResult::kError:
@@ -201,31 +208,76 @@ absl::Status MpiCommunicator::Handle::ReduceSlices(MpiCommunicator& self, const 
   return absl::OkStatus();
 }
 
-absl::Status MpiCommunicator::Handle::GatherSlices(MpiCommunicator& self, const char* op,
-                                                   int64_t bytes, void* data,
-                                                   const std::vector<int64_t>& lo, DType dtype,
-                                                   Clock::time_point deadline) {
+// Segment size of the pipelined all-reduce: large enough that per-message costs vanish, small
+// enough that a 64 MiB buffer makes 8+ segments per slice to overlap.
+constexpr int64_t kSegmentBytes = 4 << 20;
+
+absl::Status MpiCommunicator::Handle::AllReduceSegmented(MpiCommunicator& self, int64_t bytes,
+                                                         void* data, const std::vector<int64_t>& lo,
+                                                         DType dtype, ReduceOp reduce,
+                                                         Clock::time_point deadline) {
+  const char* op = "AllReduce";
   const int n = self.size(), me = self.rank();
   const int64_t esize = DTypeSize(dtype);
+  const int64_t seg = std::max<int64_t>(1, kSegmentBytes / esize);
   const MPI_Datatype type = MoveType(dtype);
   auto* base = static_cast<uint8_t*>(data);
+  auto segments = [&](int s) { return (lo[s + 1] - lo[s] + seg - 1) / seg; };
+  auto seg_len = [&](int s, int64_t j) { return std::min(seg, lo[s + 1] - lo[s] - j * seg); };
+  auto at = [&](int s, int64_t j) { return base + (lo[s] + j * seg) * esize; };
+  const int64_t mine = lo[me + 1] - lo[me], my_segments = segments(me);
+  if (static_cast<int64_t>(slices.size()) < (n - 1) * mine * esize)
+    slices.resize((n - 1) * mine * esize);
+  // Requests: [receives of segment j from peer k: j * (n-1) + k-1] [phase-1 sends] [phase-2].
   requests.clear();
+  for (int64_t j = 0; j < my_segments; ++j)
+    for (int k = 1; k < n; ++k) {
+      requests.push_back(MPI_REQUEST_NULL);
+      uint8_t* slot = slices.data() + ((k - 1) * mine + j * seg) * esize;
+      KILN_RETURN_IF_ERROR(Check(self, op, bytes,
+                                 MPI_Irecv(slot, static_cast<int>(seg_len(me, j)), type,
+                                           (me + k) % n, 1, comm, &requests.back())));
+    }
+  const size_t sends_at = requests.size();
   for (int k = 1; k < n; ++k) {
     const int s = (me + k) % n;
-    requests.push_back(MPI_REQUEST_NULL);
-    KILN_RETURN_IF_ERROR(Check(self, op, bytes,
-                               MPI_Irecv(base + lo[s] * esize, static_cast<int>(lo[s + 1] - lo[s]),
-                                         type, s, 2, comm, &requests.back())));
+    for (int64_t j = 0; j < segments(s); ++j) {
+      requests.push_back(MPI_REQUEST_NULL);
+      KILN_RETURN_IF_ERROR(Check(self, op, bytes,
+                                 MPI_Isend(at(s, j), static_cast<int>(seg_len(s, j)), type, s, 1,
+                                           comm, &requests.back())));
+    }
   }
+  const size_t reduced_at = requests.size();
+  requests.resize(reduced_at + my_segments * (n - 1), MPI_REQUEST_NULL);
+  std::vector<const void*> inputs(n);
+  for (int64_t j = 0; j < my_segments; ++j) {
+    KILN_RETURN_IF_ERROR(WaitOn(self, op, bytes, requests.data() + j * (n - 1), n - 1, deadline));
+    for (int k = 1; k < n; ++k)
+      inputs[(me + k) % n] = slices.data() + ((k - 1) * mine + j * seg) * esize;
+    inputs[me] = at(me, j);
+    internal::ReduceRankOrder(inputs.data(), n, 0, seg_len(me, j), dtype, reduce, at(me, j));
+    for (int k = 1; k < n; ++k)
+      KILN_RETURN_IF_ERROR(
+          Check(self, op, bytes,
+                MPI_Isend(at(me, j), static_cast<int>(seg_len(me, j)), type, (me + k) % n, 2, comm,
+                          &requests[reduced_at + j * (n - 1) + k - 1])));
+  }
+  // The peers' reduced segments land where this rank's phase-1 sends read from: receive them
+  // once those sends are complete.
+  KILN_RETURN_IF_ERROR(WaitOn(self, op, bytes, requests.data() + sends_at,
+                              static_cast<int>(reduced_at - sends_at), deadline));
   for (int k = 1; k < n; ++k) {
     const int s = (me + k) % n;
-    requests.push_back(MPI_REQUEST_NULL);
-    KILN_RETURN_IF_ERROR(
-        Check(self, op, bytes,
-              MPI_Isend(base + lo[me] * esize, static_cast<int>(lo[me + 1] - lo[me]), type, s, 2,
-                        comm, &requests.back())));
+    for (int64_t j = 0; j < segments(s); ++j) {
+      requests.push_back(MPI_REQUEST_NULL);
+      KILN_RETURN_IF_ERROR(Check(self, op, bytes,
+                                 MPI_Irecv(at(s, j), static_cast<int>(seg_len(s, j)), type, s, 2,
+                                           comm, &requests.back())));
+    }
   }
-  return Wait(self, op, bytes, deadline);
+  return WaitOn(self, op, bytes, requests.data() + reduced_at,
+                static_cast<int>(requests.size() - reduced_at), deadline);
 }
 
 absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(
@@ -278,10 +330,7 @@ absl::Status MpiCommunicator::DoAllReduce(void* data, int64_t count, DType dtype
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     std::vector<int64_t> lo(size() + 1);
     for (int s = 0; s <= size(); ++s) lo[s] = count * s / size();
-    void* mine = static_cast<uint8_t*>(data) + lo[rank()] * DTypeSize(dtype);
-    KILN_RETURN_IF_ERROR(
-        handle_->ReduceSlices(*this, "AllReduce", bytes, data, lo, dtype, op, mine, deadline));
-    return handle_->GatherSlices(*this, "AllReduce", bytes, data, lo, dtype, deadline);
+    return handle_->AllReduceSegmented(*this, bytes, data, lo, dtype, op, deadline);
   }
   void* buffer = data;
   if (dtype == DType::kBF16) {

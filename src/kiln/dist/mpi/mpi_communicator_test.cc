@@ -81,6 +81,20 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(DType::kF32, DType::kBF16, DType::kS32),
                        ::testing::Values(ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax)));
 
+// Slices of several 4 MiB segments, the last one partial: the pipelined rank-order all-reduce.
+TEST(MpiCommunicatorTest, MultiSegmentAllReduceMatchesOracle) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const int64_t count = 5'000'003;
+    std::vector<Tensor> in = AllInputs(dtype, count);
+    Tensor data = in[g_comm->rank()].Clone();
+    ASSERT_TRUE(g_comm->AllReduce(data, ReduceOp::kSum).ok());
+    Tensor expected(dtype, Shape{count});
+    for (int64_t i = 0; i < count; ++i)
+      OracleElement(in, i, ReduceOp::kSum, expected.raw_data(), i);
+    EXPECT_TRUE(data.BitwiseEquals(expected)) << DTypeName(dtype);
+  }
+}
+
 class MpiMoveTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(MpiMoveTest, AllGatherConcatenatesInRankOrder) {
