@@ -138,12 +138,12 @@ struct MpiCommunicator::Handle {
   absl::Status WaitOn(MpiCommunicator& self, const char* op, int64_t bytes, MPI_Request* reqs,
                       int n, Clock::time_point deadline);
 
-  // The rank-order reduction (MpiReduction::kRankOrder). Slice s of a buffer is elements
-  // [lo[s], lo[s + 1]). ReduceSlices: rank me receives slice me of every peer's `send` and
+  // The rank-order reduction (MpiReduction::kRankOrder). Slice s of a buffer is its `len[s]`
+  // elements from `start[s]`. ReduceSlices: rank me receives slice me of every peer's `send` and
   // writes their rank-order reduction to `out` (which may be send's own slice me).
   absl::Status ReduceSlices(MpiCommunicator& self, const char* op, int64_t bytes, const void* send,
-                            const std::vector<int64_t>& lo, DType dtype, ReduceOp reduce, void* out,
-                            Clock::time_point deadline);
+                            const std::vector<int64_t>& start, const std::vector<int64_t>& len,
+                            DType dtype, ReduceOp reduce, void* out, Clock::time_point deadline);
   // The rank-order AllReduce, pipelined: slices travel in segments of kSegmentBytes; as soon as
   // segment j of this rank's slice has arrived from every peer it is reduced in place and sent
   // back to every peer, while later segments are still in flight.
@@ -174,12 +174,13 @@ absl::Status MpiCommunicator::Handle::WaitOn(MpiCommunicator& self, const char* 
 
 absl::Status MpiCommunicator::Handle::ReduceSlices(MpiCommunicator& self, const char* op,
                                                    int64_t bytes, const void* send,
-                                                   const std::vector<int64_t>& lo, DType dtype,
+                                                   const std::vector<int64_t>& start,
+                                                   const std::vector<int64_t>& len, DType dtype,
                                                    ReduceOp reduce, void* out,
                                                    Clock::time_point deadline) {
   const int n = self.size(), me = self.rank();
   const int64_t esize = DTypeSize(dtype);
-  const int64_t mine = lo[me + 1] - lo[me];
+  const int64_t mine = len[me];
   if (static_cast<int64_t>(slices.size()) < (n - 1) * mine * esize)
     slices.resize((n - 1) * mine * esize);
   const MPI_Datatype type = MoveType(dtype);
@@ -199,11 +200,11 @@ absl::Status MpiCommunicator::Handle::ReduceSlices(MpiCommunicator& self, const 
     const int s = (me + k) % n;
     requests.push_back(MPI_REQUEST_NULL);
     KILN_RETURN_IF_ERROR(Check(self, op, bytes,
-                               MPI_Isend(base + lo[s] * esize, static_cast<int>(lo[s + 1] - lo[s]),
-                                         type, s, 1, comm, &requests.back())));
+                               MPI_Isend(base + start[s] * esize, static_cast<int>(len[s]), type, s,
+                                         1, comm, &requests.back())));
   }
   KILN_RETURN_IF_ERROR(Wait(self, op, bytes, deadline));
-  inputs[me] = base + lo[me] * esize;
+  inputs[me] = base + start[me] * esize;
   internal::ReduceRankOrder(inputs.data(), n, 0, mine, dtype, reduce, out);
   return absl::OkStatus();
 }
@@ -211,6 +212,8 @@ absl::Status MpiCommunicator::Handle::ReduceSlices(MpiCommunicator& self, const 
 // Segment size of the pipelined all-reduce: large enough that per-message costs vanish, small
 // enough that a 64 MiB buffer makes 8+ segments per slice to overlap.
 constexpr int64_t kSegmentBytes = 4 << 20;
+// Below this many bytes received per rank, AllReduce exchanges whole buffers in one step.
+constexpr int64_t kWholeExchangeBytes = 2 << 20;
 
 absl::Status MpiCommunicator::Handle::AllReduceSegmented(MpiCommunicator& self, int64_t bytes,
                                                          void* data, const std::vector<int64_t>& lo,
@@ -330,6 +333,13 @@ absl::Status MpiCommunicator::DoAllReduce(void* data, int64_t count, DType dtype
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     std::vector<int64_t> lo(size() + 1);
     for (int s = 0; s <= size(); ++s) lo[s] = count * s / size();
+    // Small buffers: one exchange of whole buffers, each rank reducing all of it in rank order
+    // (one message latency instead of two; every rank computes the same sums in the same order).
+    if (bytes * (size() - 1) <= kWholeExchangeBytes) {
+      const std::vector<int64_t> start(size(), 0), len(size(), count);
+      return handle_->ReduceSlices(*this, "AllReduce", bytes, data, start, len, dtype, op, data,
+                                   deadline);
+    }
     return handle_->AllReduceSegmented(*this, bytes, data, lo, dtype, op, deadline);
   }
   void* buffer = data;
@@ -357,9 +367,9 @@ absl::Status MpiCommunicator::DoReduceScatter(const void* send, void* recv, int6
   if (reduction_ == MpiReduction::kRankOrder) {
     KILN_RETURN_IF_ERROR(handle_->CheckUsable(*this, "ReduceScatter"));
     const auto deadline = std::chrono::steady_clock::now() + timeout();
-    std::vector<int64_t> lo(size() + 1);
-    for (int s = 0; s <= size(); ++s) lo[s] = recv_count * s;
-    return handle_->ReduceSlices(*this, "ReduceScatter", bytes, send, lo, dtype, op, recv,
+    std::vector<int64_t> start(size()), len(size(), recv_count);
+    for (int s = 0; s < size(); ++s) start[s] = recv_count * s;
+    return handle_->ReduceSlices(*this, "ReduceScatter", bytes, send, start, len, dtype, op, recv,
                                  deadline);
   }
   const void* in = send;
