@@ -14,30 +14,50 @@ inline int32_t WrapAdd(int32_t a, int32_t b) {
   return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
 }
 
+// The element loops, compiled for several ISAs (GCC target_clones, picked at load time) and
+// vectorized (-fvect-cost-model=dynamic in CMakeLists.txt).
+#define KILN_DIST_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+KILN_DIST_CLONES void Combine2(float* __restrict acc, const float* __restrict a,
+                               const float* __restrict b, int64_t len, bool max) {
+  if (max) {
+    for (int64_t i = 0; i < len; ++i) acc[i] = b[i] > a[i] ? b[i] : a[i];
+  } else {
+    for (int64_t i = 0; i < len; ++i) acc[i] = a[i] + b[i];
+  }
+}
+
+KILN_DIST_CLONES void CombineInto(float* __restrict acc, const float* __restrict x, int64_t len,
+                                  bool max) {
+  if (max) {
+    for (int64_t i = 0; i < len; ++i) acc[i] = x[i] > acc[i] ? x[i] : acc[i];
+  } else {
+    for (int64_t i = 0; i < len; ++i) acc[i] = acc[i] + x[i];
+  }
+}
+
+KILN_DIST_CLONES void DivideBlock(float* __restrict acc, int64_t len, float d) {
+  for (int64_t i = 0; i < len; ++i) acc[i] = acc[i] / d;
+}
+
+// acc = the rank-order reduction of the block [at, at + len) of every input (f32 or bf16).
 void ReduceF32Block(const void* const* inputs, int n, int64_t at, int64_t len, DType dtype,
                     ReduceOp op, float* acc) {
-  for (int r = 0; r < n; ++r) {
-    float tmp[kBlock];
-    const float* x;
-    if (dtype == DType::kBF16) {
-      Bf16ToF32(static_cast<const uint16_t*>(inputs[r]) + at, tmp, len);
-      x = tmp;
-    } else {
-      x = static_cast<const float*>(inputs[r]) + at;
-    }
-    // One loop per reduction, with no branch inside, so that -O2 vectorizes it.
-    if (r == 0) {
-      std::memcpy(acc, x, len * sizeof(float));
-    } else if (op == ReduceOp::kMax) {
-      for (int64_t i = 0; i < len; ++i) acc[i] = x[i] > acc[i] ? x[i] : acc[i];
-    } else {
-      for (int64_t i = 0; i < len; ++i) acc[i] = acc[i] + x[i];
-    }
+  const bool max = op == ReduceOp::kMax;
+  float tmp[2][kBlock];
+  auto load = [&](int r, int slot) -> const float* {
+    if (dtype != DType::kBF16) return static_cast<const float*>(inputs[r]) + at;
+    Bf16ToF32(static_cast<const uint16_t*>(inputs[r]) + at, tmp[slot], len);
+    return tmp[slot];
+  };
+  if (n == 1) {
+    std::memcpy(acc, load(0, 0), len * sizeof(float));
+  } else {
+    Combine2(acc, load(0, 0), load(1, 1), len, max);  // x[0] + x[1], then + x[2], ...
+    for (int r = 2; r < n; ++r) CombineInto(acc, load(r, 0), len, max);
   }
-  if (op == ReduceOp::kMean) {
-    const float d = static_cast<float>(n);
-    for (int64_t i = 0; i < len; ++i) acc[i] = acc[i] / d;
-  }
+  if (op == ReduceOp::kMean) DivideBlock(acc, len, static_cast<float>(n));
 }
 
 void ReduceS32Block(const void* const* inputs, int n, int64_t at, int64_t len, ReduceOp op,
@@ -92,15 +112,25 @@ void DivideInPlace(void* data, int64_t count, DType dtype, int n) {
   for (int64_t i = 0; i < count; ++i) x[i] = x[i] / d;
 }
 
-void Bf16ToF32(const uint16_t* in, float* out, int64_t count) {
+KILN_DIST_CLONES void Bf16ToF32(const uint16_t* __restrict in, float* __restrict out,
+                                int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
     std::memcpy(&out[i], &bits, sizeof(float));
   }
 }
 
-void F32ToBf16(const float* in, uint16_t* out, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) out[i] = FloatToBf16(in[i]);
+// FloatToBf16 (tensor/dtype.cc) inlined, bit for bit: NaN stays a quiet NaN, others round to
+// nearest even.
+KILN_DIST_CLONES void F32ToBf16(const float* __restrict in, uint16_t* __restrict out,
+                                int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &in[i], sizeof(u));
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    out[i] = static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+  }
 }
 
 }  // namespace kiln::dist::internal
