@@ -290,7 +290,7 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
     const ir::Node& node = graph.node(k.members[0]);
     const ir::KernelFamily family = ir::OpTraits(node.opcode()).family;
     if (is_output[node.id()] || family == ir::KernelFamily::kRandom ||
-        family == ir::KernelFamily::kCollective)
+        family == ir::KernelFamily::kCollective || node.type().byte_size() > kMaxHoistedBytes)
       continue;
     bool constant = true;
     for (int op : node.operands()) {

@@ -111,7 +111,9 @@ struct ExecutionPlan {
   // its own, never per run: a one-node kernel (not random, not a graph output) whose operands are
   // all constants or hoisted values -- an iota, a causal mask compare(iota, iota), a broadcast
   // position table. Such values are constants the folder leaves unmaterialized in the IR (too big
-  // to print).
+  // to print). Only values of at most kMaxHoistedBytes: a bigger one (the zeros a [50257, 768]
+  // embedding gradient is scattered into) would hold its memory for the executable's life, where
+  // computing it per run costs a pass over memory and shares the arena.
   std::vector<char> hoisted;
 
   // Per graph output (outputs() order): it has an in_place_of parameter (ir::Output) and is
@@ -131,6 +133,9 @@ struct ExecutionPlan {
 
   bool fused(int node) const { return group_of[node] >= 0; }
 };
+
+// The largest value ExecutionPlan::hoisted takes (16 MiB: a 2048 x 2048 s32 mask, say).
+inline constexpr int64_t kMaxHoistedBytes = int64_t{16} << 20;
 
 ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits);
 

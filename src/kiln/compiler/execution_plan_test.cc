@@ -122,5 +122,31 @@ TEST(ExecutionPlan, InPlaceOutputs) {
   EXPECT_EQ(PlanExecution(before, PlainTraits()).in_place_outputs, (std::vector<char>{0, 0}));
 }
 
+// Constant-valued one-node kernels are hoisted (run once) when the backend asks, up to
+// kMaxHoistedBytes; a bigger one, a random draw and anything reading a parameter run per step.
+TEST(ExecutionPlan, HoistsSmallConstantValuedKernels) {
+  ir::Graph g = MustParse(R"(graph @g {
+  %0 = parameter() {index=0, name="x"} : s64[128,128]
+  %1 = iota() {dimension=0} : s64[128,128]
+  %2 = iota() {dimension=1} : s64[128,128]
+  %3 = compare(%1, %2) {direction="le"} : bool[128,128]
+  %4 = iota() {dimension=0} : f32[5000000]
+  %5 = add(%0, %1) : s64[128,128]
+  %6 = reduce_sum(%4) {dimensions=[0]} : f32[]
+  return m=%3, y=%5, s=%6
+}
+)");
+  BackendTraits traits{.outputs_outside_arena = true, .hoist_constants = true};
+  ExecutionPlan plan = PlanExecution(g, traits);
+  EXPECT_TRUE(plan.hoisted[1]);
+  EXPECT_TRUE(plan.hoisted[2]);
+  EXPECT_FALSE(plan.hoisted[3]);  // a graph output: written into the caller's tensor each run
+  EXPECT_FALSE(plan.hoisted[4]);  // 20 MB: over kMaxHoistedBytes
+  EXPECT_FALSE(plan.hoisted[5]);  // reads a parameter
+  EXPECT_FALSE(plan.in_arena[1]);
+  EXPECT_TRUE(plan.in_arena[4]);
+  EXPECT_EQ(PlanExecution(g, PlainTraits()).hoisted[1], 0);
+}
+
 }  // namespace
 }  // namespace kiln::compiler
