@@ -30,13 +30,13 @@
 // Broadcast only move bytes, so they take any dtype.
 //
 // Determinism: the same inputs give bit-identical results run to run, and every rank receives the
-// same bits. The thread communicator reduces in rank order, element by element:
-// acc = x[0]; acc = acc + x[1]; ...; acc = acc + x[size-1] (then / size for mean), the same order
-// whatever the timing of the threads. The OpenMPI communicator uses OpenMPI's algorithm, which is
-// chosen only from (size, count, dtype, MCA settings) and so is fixed for a given job; with 2 ranks
-// every element is x[0] + x[1] exactly once, bit-identical to the thread communicator (IEEE
-// addition is commutative). With more ranks OpenMPI's association may differ from rank order, so
-// results can differ from the thread communicator in the last bits, but not between runs.
+// same bits. Reductions run in rank order, element by element: acc = x[0]; acc = acc + x[1]; ...;
+// acc = acc + x[size-1] (then / size for mean), whatever the timing of the ranks. The thread
+// communicator reads every rank's buffer in that order; the OpenMPI communicator (by default,
+// MpiReduction::kRankOrder) has each rank receive its slice from every peer and reduce it in that
+// order, so both give the same bits for any size. MpiReduction::kMpi hands the reduction to
+// OpenMPI, whose algorithm is fixed for a given job (size, count, dtype, MCA settings): runs repeat
+// exactly, and with 2 ranks (x[0] + x[1], IEEE addition commutes) the bits equal rank order's.
 //
 // A size-1 communicator is the identity and costs a few comparisons (no copy for in-place ops).
 // A Communicator is used by one thread at a time.
