@@ -47,10 +47,12 @@ absl::Status CheckMatches(const ParamStore& from, const ParamStore& to, const st
   return absl::OkStatus();
 }
 
-// Copies `from`'s values into `to`'s buffers (CheckMatches passed).
+// Copies `from`'s values into `to`'s buffers (CheckMatches passed); a tensor that already is the
+// resident buffer (a checkpoint read in place, CheckpointManager::RestoreInto) is left alone.
 void CopyInto(const ParamStore& from, ParamStore& to) {
   for (int i = 0; i < to.size(); ++i) {
     const Tensor* src = from.Find(to.names()[i]);
+    if (src->raw_data() == to.value(i).raw_data()) continue;
     std::memcpy(to.value(i).raw_data(), src->raw_data(), src->byte_size());
   }
 }
