@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -91,9 +92,14 @@ Row Measure(const Comms& comm, int mib, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --out=FILE: the JSON; --mib=N: one size only; --reps=N: timed calls per peer and size.
   std::string out;
-  for (int i = 1; i < argc; ++i)
+  int only_mib = 0, reps_flag = 0;
+  for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--out=", 6) == 0) out = argv[i] + 6;
+    if (std::strncmp(argv[i], "--mib=", 6) == 0) only_mib = std::atoi(argv[i] + 6);
+    if (std::strncmp(argv[i], "--reps=", 7) == 0) reps_flag = std::atoi(argv[i] + 7);
+  }
   auto comm = kiln::dist::MpiCommunicator::Create();
   auto comm_mpi = kiln::dist::MpiCommunicator::Create(kiln::dist::kDefaultCollectiveTimeout,
                                                       kiln::dist::MpiReduction::kMpi);
@@ -107,7 +113,8 @@ int main(int argc, char** argv) {
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   std::vector<Row> rows;
   for (auto [mib, reps] : {std::pair{1, 41}, {16, 21}, {64, 11}, {256, 7}})
-    rows.push_back(Measure(comms, mib, reps));
+    if (only_mib == 0 || mib == only_mib)
+      rows.push_back(Measure(comms, mib, reps_flag > 0 ? reps_flag : reps));
   if (rank == 0) {
     std::string json = "{\n  \"bench\": \"dist_allreduce_f32_sum\",\n";
     json += "  \"ranks\": " + std::to_string(size) + ",\n";
