@@ -976,6 +976,14 @@ absl::StatusOr<ir::Graph> GptLogitsGraph(const nn::Gpt& gpt, int64_t batch) {
 void RunGptTrainRow(Bench& b, runtime::Backend& cpu, const std::string& name,
                     const nn::GptConfig& config) {
   if (!b.Selected(name)) return;
+  // A fresh peer process per GPT train row: the heap an earlier row freed stays resident in the
+  // peer (glibc keeps it), and a later row reusing it would show less peak-RSS growth than its
+  // model needs (GPT-2 medium measured below its own parameters + gradients + AdamW state).
+  if (b.peer) {
+    std::unique_ptr<Peer> fresh =
+        Peer::Start(b.flags.peer_script, b.flags.threads, b.flags.blas_dir, b.peer_blas.coretype);
+    if (fresh) b.peer = std::move(fresh);
+  }
   b.StartMemory();
   const nn::Gpt gpt(config);
   const nn::GptConfig& c = gpt.config();

@@ -92,8 +92,13 @@ std::string DescribeShapeChange(const std::string& before, const std::string& af
   }
   for (const auto& [name, type] : a)
     if (!b.count(name)) parts.push_back(absl::StrCat(name, ": removed (was ", type, ")"));
+  // The first few changes name the cause; a whole other model (hundreds of parameters) would
+  // bury the advice after them.
+  constexpr size_t kMaxListed = 6;
   std::string out;
-  for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];
+  for (size_t i = 0; i < parts.size() && i < kMaxListed; ++i) out += (i ? ", " : "") + parts[i];
+  if (parts.size() > kMaxListed)
+    absl::StrAppend(&out, ", and ", parts.size() - kMaxListed, " more parameters");
   return out;
 }
 
