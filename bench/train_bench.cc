@@ -426,7 +426,8 @@ absl::StatusOr<Workload> TrainWorkload(runtime::Backend& backend, const ir::Grap
   w.arena_bytes = h->train->executable().plan().arena_bytes;
   w.lower_bound_bytes = h->train->executable().plan().lower_bound_bytes;
   for (const nn::ParamStore* store : {&h->train->params(), &h->train->optimizer_state()})
-    for (int i = 0; i < store->size(); ++i) w.state_bytes += 2 * store->value(i).byte_size();
+    for (int i = 0; i < store->size(); ++i)
+      w.state_bytes += store->value(i).byte_size();  // one set: TrainStep updates in place
   w.compile_backend_s = h->train->compile_seconds();
   w.train = true;
   if (!measure_hits) return w;
