@@ -63,8 +63,10 @@ struct ProfileVerdict {
   // Bare time of the same matmuls / their measured time: 1 = at the bare primitive's rate.
   // Rows without bare_seconds count at matmul_peak; 0 when neither is known.
   double matmul_bare_fraction = 0;
-  // Rows whose bare measurement ran slower than the same matmul inside the step (other load on
-  // the machine): they count at their step time, so the fraction is a lower bound.
+  // Rows whose bare measurement ran more than 10% slower than the same matmul inside the step
+  // (other load on the machine): they count at their step time, so the fraction is a lower
+  // bound. A bare time up to 10% above the step's (operands warm in cache there) also counts at
+  // the step's time but is not reported.
   int bare_slowed = 0;
   double memory_rate = 0;  // bytes/s over the memory kernels (not tiny)
   std::string text;        // "verdict: matmul-bound: ...", then one line of all the shares
