@@ -65,12 +65,10 @@ struct BufferPlan {
   // reshape, which is the same bytes); bound by the executable on every run. Set by backends.
   using Aliases = std::vector<std::pair<int, int>>;
   Aliases aliases;
-  // Graph outputs kept out of the arena (set by backends): the executable computes them straight
-  // into the caller's output tensors. Per node, >= 0 for such an output: its offset in a staging
-  // layout of staging_bytes (what all of them could need at once); the executable allocates an
-  // output's staging buffer only when the caller's tensor overlaps an input or another output.
-  std::vector<int64_t> staging_offsets;
-  int64_t staging_bytes = 0;
+  // Per node: a graph output kept out of the arena (ExecutionPlan::outside_arena; set by
+  // backends). The executable computes it straight into the caller's output tensor, or, when that
+  // tensor overlaps an input or another output, into a staging buffer of its own allocated then.
+  std::vector<char> outside_arena;
   // Values computed once when the executable is made, each into a buffer of its own outside the
   // arena (ExecutionPlan::hoisted; set by backends, in graph order).
   std::vector<int> hoisted;

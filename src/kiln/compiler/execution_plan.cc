@@ -179,21 +179,28 @@ bool KernelOverwritesSafely(const ir::Graph& graph, const ExecutionPlan& plan, i
 std::vector<char> PlanInPlaceOutputs(const ir::Graph& graph, const ExecutionPlan& plan) {
   const std::vector<ir::Output>& outputs = graph.outputs();
   std::vector<char> in_place(outputs.size(), 0);
-  std::map<int, int> uses;  // output node -> how many outputs it is
-  for (const ir::Output& o : outputs) ++uses[o.node];
+  const int n = graph.num_nodes();
+  std::vector<int> uses(n, 0);          // per node: how many outputs it is
+  std::vector<char> output_root(n, 0);  // per node: some output's value lives in its buffer
+  std::vector<int> last_read(n, -1);    // per node: the step of the last kernel reading it
+  for (const ir::Output& o : outputs) {
+    ++uses[o.node];
+    output_root[plan.alias_of[o.node]] = 1;
+  }
+  for (int r = 0; r < n; ++r)
+    if (plan.kernel_of[r] >= 0)
+      for (int b : plan.reads[r]) last_read[b] = std::max(last_read[b], plan.step[r]);
   for (size_t i = 0; i < outputs.size(); ++i) {
     const ir::Output& o = outputs[i];
     const int param = o.in_place_of >= 0 ? graph.ParameterWithIndex(o.in_place_of) : -1;
-    const int k = o.node < graph.num_nodes() ? plan.kernel_of[o.node] : -1;
-    if (param < 0 || k < 0 || !plan.outside_arena[o.node] || uses[o.node] != 1) continue;
-    bool ok = true;
-    for (const ir::Output& other : outputs) ok &= plan.alias_of[other.node] != param;
-    const int step = plan.step[o.node];
-    for (int r = 0; r < graph.num_nodes() && ok; ++r) {
-      if (plan.kernel_of[r] < 0 || plan.kernel_of[r] == k) continue;
-      for (int b : plan.reads[r]) ok &= b != param || plan.step[r] < step;
-    }
-    in_place[i] = ok && KernelOverwritesSafely(graph, plan, k, param);
+    const int k = o.node < n ? plan.kernel_of[o.node] : -1;
+    if (param < 0 || k < 0 || !plan.outside_arena[o.node] || uses[o.node] != 1 ||
+        output_root[param])
+      continue;
+    // Every reader runs at or before the output's kernel (step identifies a kernel, so a reader
+    // at that step is the kernel itself, checked next).
+    in_place[i] =
+        last_read[param] <= plan.step[o.node] && KernelOverwritesSafely(graph, plan, k, param);
   }
   return in_place;
 }

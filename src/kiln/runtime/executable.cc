@@ -165,10 +165,9 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
     const ir::Output& o = graph_.outputs()[i];
     const ir::Node& n = graph_.node(o.node);
     int64_t bytes = n.type().byte_size();
-    int64_t staged = o.node < static_cast<int>(plan_.staging_offsets.size())
-                         ? plan_.staging_offsets[o.node]
-                         : -1;
-    if (bytes == 0 || (arena_ptr_[o.node] == nullptr && staged < 0) ||
+    const bool staged =
+        o.node < static_cast<int>(plan_.outside_arena.size()) && plan_.outside_arena[o.node];
+    if (bytes == 0 || (arena_ptr_[o.node] == nullptr && !staged) ||
         ctx_.buffers[o.node] != arena_ptr_[o.node])
       continue;  // a parameter, a constant, unplanned, or bound by an earlier output
     void* dst = outputs[i]->raw_data();
@@ -185,7 +184,7 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
     if (!clash) {
       ctx_.buffers[o.node] = dst;
       direct_[i] = 1;
-    } else if (staged >= 0) {
+    } else if (staged) {
       // No arena slot: compute into this output's staging buffer (allocated on first need and
       // kept, so only outputs that do overlap ever cost memory).
       if (!staged_[i]) {

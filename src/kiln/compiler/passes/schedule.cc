@@ -87,15 +87,24 @@ Model BuildModel(const ir::Graph& g, const ExecutionPlan& plan) {
 // Skipped for an output when some reader itself depends on the output's unit (no order can
 // satisfy it: the plan will copy instead).
 void AddInPlaceOrder(const ir::Graph& g, const ExecutionPlan& plan, Model& m) {
+  // Per parameter node: the units whose kernels read it (once each, in node order).
+  std::map<int, std::vector<int>> readers_of;
+  bool any = false;
+  for (const ir::Output& o : g.outputs()) any |= o.in_place_of >= 0;
+  if (!any) return;
+  for (int id = 0; id < g.num_nodes(); ++id)
+    for (int b : plan.reads[id])
+      if (g.node(b).opcode() == ir::Opcode::kParameter) {
+        std::vector<int>& units = readers_of[b];
+        if (units.empty() || units.back() != m.unit_of[id]) units.push_back(m.unit_of[id]);
+      }
   for (const ir::Output& o : g.outputs()) {
     const int param = o.in_place_of >= 0 ? g.ParameterWithIndex(o.in_place_of) : -1;
     if (param < 0) continue;
     const int u = m.unit_of[o.node];
     std::vector<int> readers;
-    for (int id = 0; id < g.num_nodes(); ++id)
-      if (m.unit_of[id] != u &&
-          std::find(plan.reads[id].begin(), plan.reads[id].end(), param) != plan.reads[id].end())
-        readers.push_back(m.unit_of[id]);
+    for (int r : readers_of[param])
+      if (r != u) readers.push_back(r);
     if (readers.empty()) continue;
     std::vector<char> after(m.num_units, 0);  // units that depend on u
     std::vector<int> stack = {u};

@@ -244,20 +244,11 @@ class CpuBackend : public Backend {
       if (*thunk) (plan.hoisted[node.id()] ? init_thunks : thunks).push_back(std::move(*thunk));
     }
     ctx->AllocateWorkspace();
-    // Graph outputs computed by a kernel live in the caller's tensors, not in the arena; a slot in
-    // a staging buffer serves when the caller's tensor overlaps an input or another output.
-    std::vector<int64_t> staging(n, -1);
-    int64_t staging_bytes = 0;
-    for (const ir::Output& o : graph.outputs()) {
-      if (!plan.outside_arena[o.node] || staging[o.node] >= 0) continue;
-      staging[o.node] = staging_bytes;
-      staging_bytes += AlignUp(graph.node(o.node).type().byte_size());
-    }
     compiler::BufferPlan buffers = m.buffers;
     for (int id = 0; id < n; ++id)
       if (plan.alias_of[id] != id) buffers.aliases.push_back({id, plan.alias_of[id]});
-    buffers.staging_offsets = std::move(staging);
-    buffers.staging_bytes = staging_bytes;
+    // Graph outputs computed by a kernel live in the caller's tensors, not in the arena.
+    buffers.outside_arena = plan.outside_arena;
     buffers.in_place_outputs = plan.in_place_outputs;
     for (int id = 0; id < n; ++id)
       if (plan.hoisted[id]) buffers.hoisted.push_back(id);
