@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/timing.h"
 #include "kiln/base/memory.h"
 #include "kiln/base/status.h"
 #include "kiln/ir/builder.h"
@@ -34,15 +35,8 @@ namespace {
 
 using ir::Value;
 
-double Seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::Median;
+using bench::Seconds;
 
 struct Case {
   std::string name;

@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench/timing.h"
 #include "kiln/base/status.h"
 #include "kiln/ir/builder.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
@@ -33,15 +34,8 @@
 namespace kiln {
 namespace {
 
-double Seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::Median;
+using bench::Seconds;
 
 struct Result {
   double kiln_gflops, onednn_gflops;

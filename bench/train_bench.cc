@@ -76,6 +76,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/gpt2_bench.h"
 #include "bench/peer_blas.h"
+#include "bench/timing.h"
 #include "kiln/base/memory.h"
 #include "kiln/base/status.h"
 #include "kiln/compiler/cache.h"
@@ -92,16 +93,8 @@
 namespace kiln {
 namespace {
 
-double Seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::Median;
+using bench::Seconds;
 
 // ---------------------------------------------------------------------------------------------
 // The peer subprocess.
