@@ -718,7 +718,9 @@ TEST(CpuBackendFusionTest, InPlaceOutputsWriteOverTheirParameter) {
     ASSERT_TRUE(again.ok());
     EXPECT_TRUE(w_inout.BitwiseEquals((*again)[0])) << "rep " << rep;
     EXPECT_TRUE(h.BitwiseEquals((*again)[1])) << "rep " << rep;
-    if (rep == 0) EXPECT_TRUE(w_inout.BitwiseEquals((*want)[0]));
+    if (rep == 0) {
+      EXPECT_TRUE(w_inout.BitwiseEquals((*want)[0]));
+    }
   }
   EXPECT_EQ((*exe)->staging_bytes_allocated(), 0);
 }
@@ -945,10 +947,12 @@ TEST(CpuBackendTest, LongContractionsUseSgemm) {
     std::string names;
     for (int i = 0; i < (*exe)->num_thunks(); ++i) names += (*exe)->thunk(i).name() + "; ";
     const std::string what = Shape(c.lhs).ToString() + " x " + Shape(c.rhs).ToString() + ": ";
-    if (c.epi != kBiasRelu || fusion)
+    if (c.epi != kBiasRelu || fusion) {
       EXPECT_EQ(names.find("sgemm") != std::string::npos, c.sgemm) << what << names;
-    if (fusion && c.epi == kBiasResidual)
+    }
+    if (fusion && c.epi == kBiasResidual) {
       EXPECT_NE(names.find("+bias+residual sgemm"), std::string::npos) << what << names;
+    }
   }
 }
 

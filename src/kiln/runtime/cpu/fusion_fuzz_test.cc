@@ -317,7 +317,9 @@ TEST(FusedLoopViews, InPlaceUpdatesMatchTheOutOfPlaceRun) {
     EXPECT_TRUE(pt.BitwiseEquals((*want)[0])) << "rows " << rows;
     EXPECT_TRUE(mt.BitwiseEquals((*want)[1])) << "rows " << rows;
     EXPECT_TRUE(q.BitwiseEquals((*want)[2])) << "rows " << rows;
-    if (!testing::SweepDisables("fusion")) EXPECT_EQ((*exe)->num_in_place_outputs(), 2);
+    if (!testing::SweepDisables("fusion")) {
+      EXPECT_EQ((*exe)->num_in_place_outputs(), 2);
+    }
   }
 }
 
