@@ -24,6 +24,18 @@ BUILD_PKGS=(
   libopenmpi-dev openmpi-bin  # kiln::dist_mpi, the OpenMPI Communicator, and mpirun for its tests
 )
 
+# kiln serve: the HTTP server on Boost.Beast/Asio, header-only here, and simdjson for request bodies.
+SERVE_PKGS=(
+  libboost-dev
+  libsimdjson-dev
+)
+
+# kiln data import: JPEG and PNG decoding, SentencePiece tokenizers for text corpora.
+DATA_PKGS=(
+  libjpeg62-turbo-dev libpng-dev
+  libsentencepiece-dev
+)
+
 # Tests and the demo: the PyTorch oracle that the GPT interop test (gpt_torch_logits) runs; without
 # it that test would skip, and CI would not check what it claims.
 TEST_PKGS=(
@@ -37,7 +49,7 @@ BENCH_PKGS=(
   libopenblas0-pthread
 )
 
-PKGS=("${BUILD_PKGS[@]}" "${TEST_PKGS[@]}")
+PKGS=("${BUILD_PKGS[@]}" "${SERVE_PKGS[@]}" "${DATA_PKGS[@]}" "${TEST_PKGS[@]}")
 case "${1:-}" in
   "") ;;
   --bench) PKGS+=("${BENCH_PKGS[@]}") ;;
