@@ -148,7 +148,8 @@ absl::Status CheckAddedNamesFree(const ir::Graph& loss_graph,
 absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
                                          const std::vector<std::string>& params,
                                          const OptimizerConfig& config,
-                                         const std::string& loss_output) {
+                                         const std::string& loss_output,
+                                         const GradientHook& gradient_hook) {
   KILN_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
   // The trained parameters' specs (their types come from the loss graph).
   std::vector<ParamSpec> param_specs;
@@ -187,6 +188,7 @@ absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
     grads[i] = f32(map[g.outputs()[gi].node]);
     values[i] = f32(map[g.FindParameter(params[i])]);
   }
+  if (gradient_hook) KILN_RETURN_IF_ERROR(gradient_hook(b, grads));
 
   // ---- global norm and clipping ----
   ir::Value sumsq = b.Scalar(0.0, DType::kF32);

@@ -39,6 +39,7 @@
 #define KILN_NN_OPTIM_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -116,10 +117,15 @@ std::vector<ParamSpec> OptimizerStateSpecs(const OptimizerConfig& config,
 // of `loss_graph` (floating; every other parameter is a data input passed through). Errors: an
 // invalid config, those of autodiff::Grad, a loss that is not a floating scalar, or a name clash
 // with the inputs/outputs the step adds.
+// `gradient_hook`, when set, is called with the step's builder and the f32 gradients (in `params`
+// order) before the norm, clipping and update, and may replace them: data-parallel training
+// averages them over the ranks there (train_step.h).
+using GradientHook = std::function<absl::Status(ir::Builder&, std::vector<ir::Value>& grads)>;
 absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
                                          const std::vector<std::string>& params,
                                          const OptimizerConfig& config,
-                                         const std::string& loss_output = "loss");
+                                         const std::string& loss_output = "loss",
+                                         const GradientHook& gradient_hook = nullptr);
 
 }  // namespace kiln::nn
 
