@@ -1,0 +1,217 @@
+#include "kiln/serve/served_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kiln/base/log.h"
+#include "kiln/base/status.h"
+#include "kiln/serve/rebatch.h"
+
+namespace kiln::serve {
+namespace {
+
+using compiler::TensorSpec;
+
+Shape WithLeading(int64_t n, const Shape& s) {
+  std::vector<int64_t> d = s.dims();
+  d[0] = n;
+  return Shape(std::move(d));
+}
+
+// Deterministic inputs for the warm-up check: floats in [-1, 1), integers 0 or 1.
+void FillCheckData(Tensor& t, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    if (IsInteger(t.dtype()) || t.dtype() == DType::kBool) {
+      t.SetDouble(i, static_cast<double>(x & 1));
+    } else {
+      t.SetDouble(i, static_cast<double>(x >> 11) / static_cast<double>(1ull << 52) - 1.0);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServedModel>> ServedModel::Load(
+    const std::string& dir, const std::string& name, const std::string& version,
+    const BatchingConfig& config, runtime::Backend* backend, Clock* clock) {
+  const std::string what = absl::StrCat("model ", name, " version ", version, " (", dir, ")");
+  absl::Status valid = config.Validate();
+  if (!valid.ok()) return Annotate(valid, what + ": batching config");
+  absl::StatusOr<compiler::Artifact> a = compiler::LoadArtifact(dir);
+  if (!a.ok()) return Annotate(a.status(), what);
+  std::unique_ptr<ServedModel> m(new ServedModel());
+  m->dir_ = dir;
+  m->name_ = name;
+  m->version_ = version;
+  m->inputs_ = a->signature.RuntimeInputs();
+  m->outputs_ = a->signature.outputs;
+  if (m->inputs_.empty())
+    return absl::InvalidArgumentError(what + ": the artifact takes no runtime inputs");
+  for (const auto* list : {&m->inputs_, &m->outputs_}) {
+    for (const TensorSpec& s : *list) {
+      const int64_t b = s.shape.rank() > 0 ? s.shape.dim(0) : -1;
+      if (b < 1 || (m->artifact_batch_ != 0 && b != m->artifact_batch_)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": '", s.name, "' is ", std::string(DTypeName(s.dtype)), s.shape.ToString(),
+            "; serving needs every runtime input and output to share one leading batch "
+            "dimension"));
+      }
+      m->artifact_batch_ = b;
+    }
+  }
+  m->sizes_ = config.BatchSizes();
+  m->slots_.resize(config.instances);
+  KILN_RETURN_IF_ERROR(Annotate(m->Compile(*a, backend), what));
+  KILN_RETURN_IF_ERROR(Annotate(m->CheckRebatched(*a, backend), what));
+  ServedModel* raw = m.get();
+  m->batcher_ = std::make_unique<DynamicBatcher>(
+      config,
+      [raw](int instance, std::vector<BatchRequest*>& batch, int64_t rows) {
+        return raw->RunBatch(instance, batch, rows);
+      },
+      clock);
+  return m;
+}
+
+ServedModel::~ServedModel() { Stop(); }
+
+absl::Status ServedModel::Compile(const compiler::Artifact& a, runtime::Backend* backend) {
+  std::set<std::string> batched;
+  for (const TensorSpec& s : inputs_) batched.insert(s.name);
+  for (int64_t size : sizes_) {
+    ir::Graph program;
+    if (size == artifact_batch_) {
+      program = a.program;
+    } else {
+      KILN_ASSIGN_OR_RETURN(program, Rebatch(a.program, batched, artifact_batch_, size));
+    }
+    for (auto& per_instance : slots_) {
+      Slot slot;
+      slot.size = size;
+      absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = backend->Compile(program);
+      if (!exe.ok()) return Annotate(exe.status(), absl::StrCat("compiling at batch size ", size));
+      slot.exe = std::move(*exe);
+      for (const compiler::InputSpec& in : a.signature.inputs) {
+        if (in.weight) {
+          auto it = a.weights.find(in.name);
+          if (it == a.weights.end())
+            return absl::InternalError("artifact has no weight '" + in.name + "'");
+          slot.args.push_back(it->second);
+        } else {
+          slot.input_arg.push_back(static_cast<int>(slot.args.size()));
+          slot.args.emplace_back(in.dtype, WithLeading(size, in.shape));
+        }
+      }
+      // Warm-up: the first run allocates the arena and primes the kernels.
+      absl::StatusOr<std::vector<Tensor>> r = slot.exe->Run(slot.args);
+      if (!r.ok()) return Annotate(r.status(), absl::StrCat("warm-up run at batch size ", size));
+      per_instance.push_back(std::move(slot));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every compiled size must compute what the exported program computes on the same rows.
+absl::Status ServedModel::CheckRebatched(const compiler::Artifact& a, runtime::Backend* backend) {
+  std::unique_ptr<runtime::Executable> original;
+  for (size_t k = 0; k < sizes_.size(); ++k) {
+    Slot& slot = slots_[0][k];
+    if (slot.size == artifact_batch_) continue;
+    if (original == nullptr) {
+      KILN_ASSIGN_OR_RETURN(original, backend->Compile(a.program));
+    }
+    for (size_t i = 0; i < slot.input_arg.size(); ++i)
+      FillCheckData(slot.args[slot.input_arg[i]], i + 1);
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> got, slot.exe->Run(slot.args));
+    std::vector<Tensor> mine;
+    for (const Tensor& t : got) mine.push_back(t.Clone());
+    std::vector<Tensor> args = slot.args;
+    for (int64_t start = 0; start < slot.size; start += artifact_batch_) {
+      const int64_t take = std::min(artifact_batch_, slot.size - start);
+      for (size_t i = 0; i < slot.input_arg.size(); ++i) {
+        const Tensor& big = slot.args[slot.input_arg[i]];
+        Tensor t(big.dtype(), WithLeading(artifact_batch_, big.shape()));
+        const int64_t row = big.byte_size() / slot.size;
+        std::memcpy(t.raw_data(), static_cast<const uint8_t*>(big.raw_data()) + start * row,
+                    take * row);
+        args[slot.input_arg[i]] = std::move(t);
+      }
+      KILN_ASSIGN_OR_RETURN(std::vector<Tensor> want, original->Run(args));
+      for (size_t o = 0; o < want.size(); ++o) {
+        const int64_t per = want[o].num_elements() / artifact_batch_;
+        for (int64_t j = 0; j < take * per; ++j) {
+          const double w = want[o].GetDouble(j), g = mine[o].GetDouble(start * per + j);
+          if (!(std::fabs(w - g) <= 1e-4 + 1e-3 * std::fabs(w))) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "at batch size ", slot.size, " the rebatched program computes ", g, " for '",
+                outputs_[o].name, "' element ", start * per + j,
+                " where the exported program (batch ", artifact_batch_, ") computes ", w,
+                "; serve at the artifact's batch size or export at the sizes you need"));
+          }
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ServedModel::Submit(std::unique_ptr<BatchRequest> request) {
+  return batcher_->Enqueue(std::move(request));
+}
+
+void ServedModel::Stop() {
+  if (batcher_) batcher_->Stop();
+}
+
+absl::Status ServedModel::RunBatch(int instance, std::vector<BatchRequest*>& batch, int64_t rows) {
+  const int64_t start_us = RealClock::Get()->NowMicros();
+  auto it = std::lower_bound(sizes_.begin(), sizes_.end(), rows);
+  if (it == sizes_.end())
+    return absl::InternalError(absl::StrCat("a batch of ", rows, " rows exceeds every size"));
+  Slot& slot = slots_[instance][it - sizes_.begin()];
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    Tensor& buf = slot.args[slot.input_arg[i]];
+    const int64_t row = buf.byte_size() / slot.size;
+    uint8_t* dst = static_cast<uint8_t*>(buf.raw_data());
+    int64_t at = 0;
+    for (BatchRequest* r : batch) {
+      const Tensor& in = r->inputs[i];
+      if (in.byte_size() != r->rows * row)
+        return absl::InternalError(absl::StrCat("input '", inputs_[i].name, "' of ",
+                                                in.TypeString(), " for ", r->rows, " rows"));
+      std::memcpy(dst + at * row, in.raw_data(), in.byte_size());
+      at += r->rows;
+    }
+    std::memset(dst + at * row, 0, (slot.size - at) * row);  // padding
+  }
+  absl::StatusOr<std::vector<Tensor>> outs = slot.exe->Run(slot.args);
+  if (!outs.ok()) return outs.status();
+  for (size_t o = 0; o < outs->size(); ++o) {
+    const Tensor& t = (*outs)[o];
+    const int64_t row = t.byte_size() / slot.size;
+    int64_t at = 0;
+    for (BatchRequest* r : batch) {
+      if (o == 0) r->outputs.clear();
+      Tensor part(t.dtype(), WithLeading(r->rows, t.shape()));
+      std::memcpy(part.raw_data(), static_cast<const uint8_t*>(t.raw_data()) + at * row,
+                  r->rows * row);
+      r->outputs.push_back(std::move(part));
+      at += r->rows;
+    }
+  }
+  if (observer_) {
+    observer_(BatchStats{rows, slot.size, RealClock::Get()->NowMicros() - start_us});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::serve
