@@ -79,7 +79,53 @@ absl::StatusOr<std::vector<ParamSpec>> CheckedParamSpecs(const ir::Graph& loss_g
   return param_specs;
 }
 
+// Averages `grads` over the data-parallel ranks in the step graph: one all_reduce per bucket
+// (GradientBuckets), then * 1/ranks. Returns the number of buckets.
+int AverageGradients(std::vector<ir::Value>& grads, const TrainStepOptions& o) {
+  std::vector<int64_t> bytes;
+  for (const ir::Value& g : grads) bytes.push_back(g.type().byte_size());
+  const std::vector<std::vector<int>> buckets =
+      GradientBuckets(bytes, o.first_bucket_bytes, o.bucket_bytes);
+  const double scale = 1.0 / o.data_parallel;
+  for (const std::vector<int>& bucket : buckets) {
+    if (bucket.size() == 1) {
+      grads[bucket[0]] = ir::AllReduce(grads[bucket[0]]) * scale;
+      continue;
+    }
+    std::vector<ir::Value> flat;
+    for (int i : bucket)
+      flat.push_back(ir::Reshape(grads[i], Shape{grads[i].shape().num_elements()}));
+    ir::Value sum = ir::AllReduce(ir::Concatenate(flat, 0));
+    int64_t offset = 0;
+    for (int i : bucket) {
+      const int64_t n = grads[i].shape().num_elements();
+      grads[i] = ir::Reshape(ir::Slice(sum, {offset}, {offset + n}), grads[i].shape()) * scale;
+      offset += n;
+    }
+  }
+  return static_cast<int>(buckets.size());
+}
+
 }  // namespace
+
+std::vector<std::vector<int>> GradientBuckets(const std::vector<int64_t>& grad_bytes,
+                                              int64_t first_bucket_bytes, int64_t bucket_bytes) {
+  std::vector<std::vector<int>> buckets;
+  std::vector<int> current;
+  int64_t filled = 0;
+  for (int i = static_cast<int>(grad_bytes.size()) - 1; i >= 0; --i) {
+    const int64_t cap = buckets.empty() ? first_bucket_bytes : bucket_bytes;
+    if (!current.empty() && filled + grad_bytes[i] > cap) {
+      buckets.push_back(std::move(current));
+      current.clear();
+      filled = 0;
+    }
+    current.push_back(i);
+    filled += grad_bytes[i];
+  }
+  if (!current.empty()) buckets.push_back(std::move(current));
+  return buckets;
+}
 
 absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& backend,
                                                              const ir::Graph& loss_graph,
@@ -106,9 +152,30 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
     low_precision_loss = *std::move(rewritten);
     loss = &low_precision_loss;
   }
+  if (options.data_parallel < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: data_parallel must be >= 1, got ", options.data_parallel));
+  }
+  if (options.data_parallel > 1 &&
+      (options.collectives == nullptr || options.collectives->size() != options.data_parallel)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: data_parallel = ", options.data_parallel,
+                     " needs collectives over as many "
+                     "ranks, got ",
+                     options.collectives == nullptr ? std::string("none")
+                                                    : std::to_string(options.collectives->size())));
+  }
+  int buckets = 0;
+  GradientHook hook;
+  if (options.data_parallel > 1) {
+    hook = [&](ir::Builder&, std::vector<ir::Value>& grads) {
+      buckets = AverageGradients(grads, options);
+      return absl::OkStatus();
+    };
+  }
   KILN_ASSIGN_OR_RETURN(
       ir::Graph step_graph,
-      BuildTrainStep(*loss, initial.names(), options.optimizer, options.loss_output));
+      BuildTrainStep(*loss, initial.names(), options.optimizer, options.loss_output, hook));
 
   std::unique_ptr<TrainStep> t(new TrainStep());
   t->options_ = options;
@@ -121,6 +188,8 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
   t->compile_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   t->exe_ = std::move(exe).value();
+  t->num_buckets_ = buckets;
+  if (options.data_parallel > 1) t->exe_->set_collectives(options.collectives);
   const ir::Graph& g = t->exe_->graph();
 
   KILN_ASSIGN_OR_RETURN(t->state_, ZerosLike(OptimizerStateSpecs(options.optimizer, param_specs)));
@@ -235,6 +304,12 @@ absl::StatusOr<StepMetrics> TrainStep::Run(const std::vector<const Tensor*>& dat
   ran_ = true;
   StepMetrics m;
   m.loss = static_cast<float>(extra_outputs_[loss_].GetDouble(0));
+  if (options_.data_parallel > 1) {
+    // The global batch's loss: the mean of the ranks' losses over equal shares.
+    KILN_RETURN_IF_ERROR(Annotate(options_.collectives->AllReduceSum(&m.loss, 1, DType::kF32),
+                                  "averaging the loss"));
+    m.loss /= static_cast<float>(options_.data_parallel);
+  }
   m.grad_norm = static_cast<float>(extra_outputs_[grad_norm_].GetDouble(0));
   m.lr = static_cast<float>(extra_outputs_[lr_].GetDouble(0));
   return m;

@@ -27,6 +27,20 @@
 // f32, and the optimizer update and its state stay f32. Reductions, softmax, norms and the loss
 // stay f32. The loss graph must take f32 parameters then (InvalidArgument otherwise: a policy is
 // for f32 models).
+//
+// Data parallel: with options.data_parallel = D > 1, each of D ranks runs the same step on its
+// B/D share of the global batch, and the step graph averages the f32 gradients over the ranks
+// before the norm, clipping and update: all_reduce (sum) ops, then * 1/D (exact for D a power of
+// two, like the Communicator's mean). Consecutive gradients, in reverse parameter order (the
+// order backward produces them), are packed into buckets of at most first_bucket_bytes (the
+// first) and bucket_bytes (the rest; a larger gradient is a bucket of its own): one all_reduce
+// per bucket over the concatenated, flattened gradients, in that fixed order, so every rank
+// issues the same collectives and results repeat bit for bit. The compiler's schedule places
+// each all_reduce after its gradients exist; it runs synchronously on the step's thread (no
+// overlap with the rest of the backward pass yet). options.collectives (size D) executes them;
+// Run also averages the loss over the ranks, so StepMetrics are those of the global batch
+// (grad_norm is, since it is taken after the all-reduce). Other outputs (last_output) stay
+// per-rank.
 #ifndef KILN_NN_TRAIN_STEP_H_
 #define KILN_NN_TRAIN_STEP_H_
 
@@ -51,7 +65,18 @@ struct TrainStepOptions {
   uint64_t rng_seed = 0;  // fed to "rng/seed" when the loss graph takes it
   // Compute precision of the loss and its gradient (see the header comment).
   compiler::PrecisionPolicy precision = compiler::PrecisionPolicy::kF32;
+  // Data parallel (see the header comment): the ranks the gradients are averaged over, and the
+  // collectives that run it (borrowed; size() must be data_parallel when it is > 1).
+  int data_parallel = 1;
+  runtime::Collectives* collectives = nullptr;
+  int64_t bucket_bytes = 25 << 20;
+  int64_t first_bucket_bytes = 1 << 20;
 };
+
+// The gradient buckets of data-parallel training: indices into the parameter list, in the order
+// the all-reduces are issued (see the header comment).
+std::vector<std::vector<int>> GradientBuckets(const std::vector<int64_t>& grad_bytes,
+                                              int64_t first_bucket_bytes, int64_t bucket_bytes);
 
 struct StepMetrics {
   float loss = 0;       // before the update
@@ -91,6 +116,8 @@ class TrainStep {
   const ir::Graph& train_step_graph() const { return exe_->graph(); }
   const TrainStepOptions& options() const { return options_; }
   double compile_seconds() const { return compile_seconds_; }
+  // The all_reduce ops the step graph issues per step (0 unless data_parallel > 1).
+  int num_gradient_buckets() const { return num_buckets_; }
 
  private:
   TrainStep() = default;
@@ -119,6 +146,7 @@ class TrainStep {
   std::vector<Tensor*> outputs_;
   bool ran_ = false;
   double compile_seconds_ = 0;
+  int num_buckets_ = 0;
 };
 
 }  // namespace kiln::nn

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "kiln/base/memory.h"
 #include "kiln/base/status.h"
@@ -197,14 +198,19 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
   // Aliases (reshapes) read their source's buffer, wherever it was bound above.
   for (const auto& [node, source] : plan_.aliases) ctx_.buffers[node] = ctx_.buffers[source];
   if (!observer_) {
-    for (const std::unique_ptr<Thunk>& t : thunks_) t->Run(ctx_);
+    for (const std::unique_ptr<Thunk>& t : thunks_) {
+      t->Run(ctx_);
+      if (!ctx_.status.ok()) break;
+    }
   } else {
     for (size_t i = 0; i < thunks_.size(); ++i) {
       int64_t start = SteadyNowNs();
       thunks_[i]->Run(ctx_);
       observer_(static_cast<int>(i), start, SteadyNowNs());
+      if (!ctx_.status.ok()) break;
     }
   }
+  absl::Status failed = std::exchange(ctx_.status, absl::OkStatus());
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (direct_[i]) continue;
     const ir::Output& o = graph_.outputs()[i];
@@ -219,7 +225,7 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
     if (graph_.node(o.node).opcode() != ir::Opcode::kParameter &&
         graph_.node(o.node).opcode() != ir::Opcode::kConstant)
       ctx_.buffers[o.node] = arena_ptr_[o.node];
-  return absl::OkStatus();
+  return failed;
 }
 
 }  // namespace kiln::runtime

@@ -27,16 +27,33 @@
 
 namespace kiln::runtime {
 
+// The collectives a graph's collective ops (all_reduce) run through in a multi-process job: the
+// runtime's view of dist::Communicator (dist/collectives_adapter.h implements it over one, since
+// the runtime may not depend on dist). With none set, or size() == 1, they are identities.
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual int size() const = 0;
+  // data[i] = sum over the ranks of data[i], in place, rank-order deterministic; `count`
+  // elements of `dtype` (f32, bf16: accumulated in f32, s32). Every rank calls the same
+  // collectives in the same order. DeadlineExceeded when a peer does not join in time.
+  virtual absl::Status AllReduceSum(void* data, int64_t count, DType dtype) = 0;
+};
+
 // Per-run state handed to every thunk: buffers[id] is the storage of node `id` (parameters point
 // at the caller's tensors, constants at their literal, the rest into the arena).
 struct RunContext {
   std::vector<void*> buffers;
+  Collectives* collectives = nullptr;  // borrowed; null: one replica
+  // The first failure of a thunk that can fail (a collective); the run stops after that thunk.
+  absl::Status status;
 };
 
 class Thunk {
  public:
   virtual ~Thunk() = default;
-  // Shapes are static and checked at compile time, so running cannot fail.
+  // Shapes are static and checked at compile time, so running cannot fail, except for a
+  // collective (its peers may be gone): it sets ctx.status.
   virtual void Run(RunContext& ctx) = 0;
   // For profiles and dumps, e.g. "dot_general %12 (onednn matmul)".
   virtual std::string name() const = 0;
@@ -81,6 +98,10 @@ class Executable {
   // per-kernel profiles. Null (the default) costs one branch per run; set only while profiling.
   using ThunkObserver = std::function<void(int thunk, int64_t start_ns, int64_t end_ns)>;
   void set_thunk_observer(ThunkObserver observer) { observer_ = std::move(observer); }
+
+  // The collectives this executable's collective ops run through (borrowed; null: identities).
+  // A failed collective stops the run: RunInto returns its status (the outputs are then garbage).
+  void set_collectives(Collectives* collectives) { ctx_.collectives = collectives; }
 
  private:
   ir::Graph graph_;

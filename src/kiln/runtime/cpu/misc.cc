@@ -1,4 +1,4 @@
-// Rarely-hot ops: random_bits and the collectives (single-process semantics: one replica).
+// Rarely-hot ops: random_bits and the collectives (all_reduce through RunContext::collectives).
 #include <array>
 #include <cstring>
 
@@ -48,8 +48,10 @@ LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
         });
       });
     }
-    // Identities over the one replica of a single-process run (a multi-process run partitions the
-    // graph and runs collectives through the communicator instead).
+    // all_reduce: the operand copied into the result, then summed in place over the ranks
+    // through the run's Collectives (RunContext), when it has them for more than one rank. A
+    // failure (a peer gone: DeadlineExceeded) stops the run. all_gather / reduce_scatter stay
+    // identities over one replica (the partitioner that makes them real is not built yet).
     case ir::Opcode::kAllReduce:
     case ir::Opcode::kAllGather:
     case ir::Opcode::kReduceScatter: {
@@ -62,6 +64,18 @@ LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
         return Unimplemented(n, "unknown reduction '" + n.attr_str("reduction") + "'");
       int in = n.operand(0), out = n.id();
       int64_t bytes = n.type().byte_size();
+      if (n.opcode() == ir::Opcode::kAllReduce) {
+        const DType dtype = n.type().dtype;
+        const int64_t count = n.type().shape.num_elements();
+        std::string what = absl::StrCat("all_reduce %", n.id());
+        return MakeFnThunk(n, "collective", [=](RunContext& ctx) {
+          if (ctx.buffers[out] != ctx.buffers[in])
+            std::memcpy(ctx.buffers[out], ctx.buffers[in], bytes);
+          if (ctx.collectives == nullptr || ctx.collectives->size() <= 1 || count == 0) return;
+          absl::Status s = ctx.collectives->AllReduceSum(ctx.buffers[out], count, dtype);
+          if (!s.ok()) ctx.status = absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+        });
+      }
       return MakeFnThunk(n, "copy", [=](RunContext& ctx) {
         std::memcpy(ctx.buffers[out], ctx.buffers[in], bytes);
       });

@@ -19,12 +19,21 @@ class KernelThunk : public Thunk {
       : name_(std::string(ir::OpcodeName(n.opcode())) + " %" + std::to_string(n.id())),
         kernel_(std::move(kernel)),
         ids_(n.operands()),
-        slots_(ids_.size() + 1) {
+        slots_(ids_.size() + 1),
+        all_reduce_(n.opcode() == ir::Opcode::kAllReduce),
+        dtype_(n.type().dtype),
+        count_(n.type().shape.num_elements()) {
     ids_.push_back(n.id());
   }
   void Run(RunContext& ctx) override {
     for (size_t i = 0; i < ids_.size(); ++i) slots_[i] = ctx.buffers[ids_[i]];
     kernel_(slots_);
+    // all_reduce: its kernel copied the operand; the sum over the ranks is taken in place
+    // through the run's collectives (none, or one rank: the copy is the result).
+    if (all_reduce_ && ctx.collectives != nullptr && ctx.collectives->size() > 1 && count_ > 0) {
+      absl::Status s = ctx.collectives->AllReduceSum(slots_.back(), count_, dtype_);
+      if (!s.ok()) ctx.status = absl::Status(s.code(), name_ + ": " + std::string(s.message()));
+    }
   }
   std::string name() const override { return name_; }
 
@@ -33,6 +42,9 @@ class KernelThunk : public Thunk {
   Kernel kernel_;
   std::vector<int> ids_;      // the buffer id behind each slot
   std::vector<void*> slots_;  // scratch, refilled each run
+  bool all_reduce_;
+  DType dtype_;
+  int64_t count_;
 };
 
 class ReferenceBackend : public Backend {

@@ -72,7 +72,9 @@ Kernel Slice(const ir::Node& n, OperandTypes types) {
                        });
 }
 
-// Row-major data is unchanged by a reshape; the collectives are identities over one replica.
+// Row-major data is unchanged by a reshape; all_gather / reduce_scatter are identities over one
+// replica; all_reduce's kernel is this copy, and its thunk then sums the copy over the ranks
+// (reference_backend.cc, through RunContext::collectives).
 absl::StatusOr<Kernel> Copy(const ir::Node& n) {
   if (n.opcode() == Opcode::kAllGather || n.opcode() == Opcode::kReduceScatter) {
     int64_t replicas = n.attr_int("replicas");

@@ -1,0 +1,30 @@
+// runtime::Collectives over a Communicator: what a compiled graph's all_reduce ops run through
+// in a multi-process (or multi-thread) job. The runtime sits above dist in the layer order and
+// does not know Communicator; this adapter, in dist, connects them.
+//
+//   std::unique_ptr<Communicator> comm = ...;             // MpiCommunicator, thread communicator
+//   CommunicatorCollectives collectives(*comm);
+//   TrainStepOptions o{.data_parallel = comm->size(), .collectives = &collectives};
+#ifndef KILN_DIST_COLLECTIVES_ADAPTER_H_
+#define KILN_DIST_COLLECTIVES_ADAPTER_H_
+
+#include "kiln/dist/communicator.h"
+#include "kiln/runtime/executable.h"
+
+namespace kiln::dist {
+
+class CommunicatorCollectives final : public runtime::Collectives {
+ public:
+  explicit CommunicatorCollectives(Communicator& comm) : comm_(comm) {}  // borrowed
+  int size() const override { return comm_.size(); }
+  absl::Status AllReduceSum(void* data, int64_t count, DType dtype) override {
+    return comm_.AllReduce(data, count, dtype, ReduceOp::kSum);
+  }
+
+ private:
+  Communicator& comm_;
+};
+
+}  // namespace kiln::dist
+
+#endif  // KILN_DIST_COLLECTIVES_ADAPTER_H_

@@ -1,0 +1,227 @@
+// A data-parallel train step on thread communicators (no MPI) against the one-process step: D
+// ranks with B/D examples each track one process with the global batch B, on the cpu and the
+// reference backends, with one bucket or several; the gradient buckets; a rank that never joins.
+#include <cmath>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kiln/dist/collectives_adapter.h"
+#include "kiln/dist/thread_communicator.h"
+#include "kiln/nn/layers.h"
+#include "kiln/nn/train_step.h"
+#include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/runtime/reference/reference_backend.h"
+
+namespace kiln::dist {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kB = 8, kF = 6, kC = 4, kSteps = 5;
+
+nn::MlpClassifier Model() {
+  return nn::MlpClassifier({.in_features = kF, .hidden = {5}, .num_classes = kC});
+}
+
+// Deterministic batches: step s, example i.
+Tensor Inputs(int step, int first, int count) {
+  Tensor x(DType::kF32, Shape{count, kF});
+  for (int i = 0; i < count; ++i)
+    for (int f = 0; f < kF; ++f)
+      x.data<float>()[i * kF + f] = std::sin(0.7f * (first + i) + 0.3f * f + 1.1f * step);
+  return x;
+}
+Tensor Labels(int step, int first, int count) {
+  Tensor y(DType::kS32, Shape{count});
+  for (int i = 0; i < count; ++i) y.data<int32_t>()[i] = (first + i + step) % kC;
+  return y;
+}
+
+nn::TrainStepOptions Options() {
+  nn::TrainStepOptions o;
+  o.optimizer.kind = nn::OptimizerKind::kAdamW;
+  o.optimizer.schedule.lr = 0.05;
+  o.optimizer.clip_norm = 0.5;
+  return o;
+}
+
+std::unique_ptr<runtime::Backend> Backend(bool cpu) {
+  return cpu ? runtime::MakeCpuBackend() : runtime::MakeReferenceBackend();
+}
+
+struct Result {
+  std::vector<float> losses, norms;
+  nn::ParamStore params;
+};
+
+Result OneProcess(bool cpu) {
+  nn::MlpClassifier model = Model();
+  std::unique_ptr<runtime::Backend> backend = Backend(cpu);
+  auto step = nn::TrainStep::Create(*backend, *model.LossGraph(kB),
+                                    *nn::InitParams(model.Params(), 7), Options());
+  EXPECT_TRUE(step.ok()) << step.status();
+  Result r;
+  for (int s = 0; s < kSteps; ++s) {
+    Tensor x = Inputs(s, 0, kB), y = Labels(s, 0, kB);
+    auto m = (*step)->Run({&x, &y});
+    EXPECT_TRUE(m.ok()) << m.status();
+    r.losses.push_back(m->loss);
+    r.norms.push_back(m->grad_norm);
+  }
+  r.params = (*step)->params().Clone();
+  return r;
+}
+
+// D ranks on threads; rank r trains on examples [r B/D, (r+1) B/D) of each global batch.
+std::vector<Result> DataParallel(bool cpu, int d, int64_t first_bucket, int64_t bucket,
+                                 int* buckets) {
+  std::vector<std::unique_ptr<Communicator>> comms = MakeThreadCommunicators(d);
+  std::vector<std::unique_ptr<CommunicatorCollectives>> colls;
+  std::vector<std::unique_ptr<runtime::Backend>> backends;
+  std::vector<std::unique_ptr<nn::TrainStep>> steps;
+  nn::MlpClassifier model = Model();
+  for (int r = 0; r < d; ++r) {  // compiled here, one at a time: only the runs are concurrent
+    colls.push_back(std::make_unique<CommunicatorCollectives>(*comms[r]));
+    backends.push_back(Backend(cpu));
+    nn::TrainStepOptions o = Options();
+    o.data_parallel = d;
+    o.collectives = colls[r].get();
+    o.first_bucket_bytes = first_bucket;
+    o.bucket_bytes = bucket;
+    auto step = nn::TrainStep::Create(*backends[r], *model.LossGraph(kB / d),
+                                      *nn::InitParams(model.Params(), 7), o);
+    EXPECT_TRUE(step.ok()) << step.status();
+    if (!step.ok()) return {};
+    steps.push_back(*std::move(step));
+  }
+  *buckets = steps[0]->num_gradient_buckets();
+  std::vector<Result> results(d);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < d; ++r) {
+    threads.emplace_back([&, r] {
+      for (int s = 0; s < kSteps; ++s) {
+        Tensor x = Inputs(s, r * kB / d, kB / d), y = Labels(s, r * kB / d, kB / d);
+        auto m = steps[r]->Run({&x, &y});
+        EXPECT_TRUE(m.ok()) << m.status();
+        if (!m.ok()) return;
+        results[r].losses.push_back(m->loss);
+        results[r].norms.push_back(m->grad_norm);
+      }
+      results[r].params = steps[r]->params().Clone();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+void ExpectTracks(const Result& one, const Result& dp, int rank) {
+  ASSERT_EQ(dp.losses.size(), one.losses.size());
+  for (size_t s = 0; s < one.losses.size(); ++s) {
+    EXPECT_NEAR(dp.losses[s], one.losses[s], 1e-5 * std::abs(one.losses[s]))
+        << "rank " << rank << " step " << s;
+    EXPECT_NEAR(dp.norms[s], one.norms[s], 1e-5 * std::abs(one.norms[s]) + 1e-7);
+  }
+  for (int i = 0; i < one.params.size(); ++i) {
+    const Tensor& a = one.params.value(i);
+    const Tensor* b = dp.params.Find(one.params.names()[i]);
+    ASSERT_NE(b, nullptr);
+    for (int64_t k = 0; k < a.num_elements(); ++k)
+      EXPECT_NEAR(b->data<float>()[k], a.data<float>()[k], 1e-5) << one.params.names()[i];
+  }
+}
+
+class DataParallelStep : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DataParallelStep, TwoAndFourRanksTrackOneProcess) {
+  const bool cpu = GetParam();
+  const Result one = OneProcess(cpu);
+  for (int d : {2, 4}) {
+    int buckets = 0;
+    std::vector<Result> dp = DataParallel(cpu, d, 1 << 20, 25 << 20, &buckets);
+    ASSERT_EQ(dp.size(), d);
+    EXPECT_EQ(buckets, 1);  // 4 small gradients fit the first bucket
+    for (int r = 0; r < d; ++r) ExpectTracks(one, dp[r], r);
+    // Every rank holds the same bits.
+    for (int r = 1; r < d; ++r) {
+      EXPECT_EQ(dp[r].losses, dp[0].losses);
+      for (int i = 0; i < dp[0].params.size(); ++i)
+        EXPECT_EQ(0, std::memcmp(dp[r].params.value(i).raw_data(), dp[0].params.value(i).raw_data(),
+                                 dp[0].params.value(i).byte_size()));
+    }
+  }
+}
+
+TEST_P(DataParallelStep, SeveralBucketsGiveTheSameBits) {
+  const bool cpu = GetParam();
+  int one_bucket = 0, many = 0;
+  std::vector<Result> a = DataParallel(cpu, 2, 1 << 20, 25 << 20, &one_bucket);
+  // fc1: weight 5x4 (80 B), bias 4 (16 B); fc0: weight 6x5 (120 B), bias 5 (20 B).
+  std::vector<Result> b = DataParallel(cpu, 2, 96, 100, &many);
+  ASSERT_EQ(a.size(), 2);
+  ASSERT_EQ(b.size(), 2);
+  EXPECT_EQ(one_bucket, 1);
+  EXPECT_EQ(many, 3);  // {fc1 bias, fc1 weight}, {fc0 bias}, {fc0 weight}
+  EXPECT_EQ(a[0].losses, b[0].losses);
+  for (int i = 0; i < a[0].params.size(); ++i)
+    EXPECT_EQ(0, std::memcmp(a[0].params.value(i).raw_data(), b[0].params.value(i).raw_data(),
+                             a[0].params.value(i).byte_size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DataParallelStep, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "cpu" : "reference"; });
+
+TEST(GradientBuckets, ReverseOrderFirstSmaller) {
+  // Gradients of 10, 30, 30, 5, 100 bytes; first bucket <= 40, the rest <= 60; a gradient
+  // larger than its bucket is a bucket of its own.
+  EXPECT_THAT(nn::GradientBuckets({10, 30, 30, 5, 100}, 40, 60),
+              ElementsAre(ElementsAre(4), ElementsAre(3, 2), ElementsAre(1, 0)));
+  EXPECT_THAT(nn::GradientBuckets({30, 30, 10, 20}, 20, 60),
+              ElementsAre(ElementsAre(3), ElementsAre(2, 1), ElementsAre(0)));
+  EXPECT_THAT(nn::GradientBuckets({10, 10}, 100, 100), ElementsAre(ElementsAre(1, 0)));
+  EXPECT_TRUE(nn::GradientBuckets({}, 1, 1).empty());
+}
+
+TEST(DataParallelStepErrors, NeedsCollectivesOfTheRightSize) {
+  nn::MlpClassifier model = Model();
+  std::unique_ptr<runtime::Backend> backend = runtime::MakeReferenceBackend();
+  nn::TrainStepOptions o = Options();
+  o.data_parallel = 2;
+  auto s =
+      nn::TrainStep::Create(*backend, *model.LossGraph(4), *nn::InitParams(model.Params(), 7), o);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("data_parallel = 2"));
+  std::vector<std::unique_ptr<Communicator>> comms = MakeThreadCommunicators(3);
+  CommunicatorCollectives c(*comms[0]);
+  o.collectives = &c;
+  s = nn::TrainStep::Create(*backend, *model.LossGraph(4), *nn::InitParams(model.Params(), 7), o);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("got 3"));
+}
+
+// Rank 1 never runs its step: rank 0's all-reduce times out and Run returns DeadlineExceeded
+// naming the collective, instead of hanging.
+TEST(DataParallelStepErrors, APeerThatNeverJoinsTimesOut) {
+  std::vector<std::unique_ptr<Communicator>> comms =
+      MakeThreadCommunicators(2, std::chrono::milliseconds(300));
+  CommunicatorCollectives c(*comms[0]);
+  nn::MlpClassifier model = Model();
+  std::unique_ptr<runtime::Backend> backend = runtime::MakeCpuBackend();
+  nn::TrainStepOptions o = Options();
+  o.data_parallel = 2;
+  o.collectives = &c;
+  auto step =
+      nn::TrainStep::Create(*backend, *model.LossGraph(4), *nn::InitParams(model.Params(), 7), o);
+  ASSERT_TRUE(step.ok()) << step.status();
+  Tensor x = Inputs(0, 0, 4), y = Labels(0, 0, 4);
+  auto start = std::chrono::steady_clock::now();
+  auto m = (*step)->Run({&x, &y});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kDeadlineExceeded) << m.status();
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("all_reduce"));
+  EXPECT_EQ((*step)->step(), 0);
+}
+
+}  // namespace
+}  // namespace kiln::dist
