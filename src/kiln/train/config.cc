@@ -209,6 +209,12 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
     KILN_RETURN_IF_ERROR(s.Get("min_lr", &c->schedule.min_lr));
     KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
   }
+  {
+    Section s(top.Child("mesh"), "mesh");
+    KILN_RETURN_IF_ERROR(s.Get("data", &c->mesh.data));
+    KILN_RETURN_IF_ERROR(s.Get("model", &c->mesh.model));
+    KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
+  }
   KILN_RETURN_IF_ERROR(top.GetEnum("precision", {"f32", "mixed_bf16", "bf16"}, &c->precision));
   KILN_RETURN_IF_ERROR(top.Get("steps", &c->steps));
   KILN_RETURN_IF_ERROR(top.Get("eval_every", &c->eval_every));
@@ -357,6 +363,8 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   KILN_RETURN_IF_ERROR(Positive("log_every", c.log_every));
   KILN_RETURN_IF_ERROR(Positive("nonfinite_patience", c.nonfinite_patience));
   KILN_RETURN_IF_ERROR(NonNegative("memory_limit_mib", c.memory_limit_mib));
+  KILN_RETURN_IF_ERROR(NonNegative("mesh.data", c.mesh.data));
+  KILN_RETURN_IF_ERROR(Positive("mesh.model", c.mesh.model));
   if (c.output_dir.empty()) return KeyError("output_dir", "must not be empty");
   return absl::OkStatus();
 }
@@ -591,6 +599,12 @@ std::string EmitYaml(const TrainConfig& c, bool hash_form) {
   }
   if (!hash_form && c.memory_limit_mib != 0) {  // changes memory, not what is trained
     e << YAML::Key << "memory_limit_mib" << YAML::Value << c.memory_limit_mib;
+  }
+  if (!hash_form) {  // where it runs, not what it trains
+    e << YAML::Key << "mesh" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "data" << YAML::Value << c.mesh.data;
+    e << YAML::Key << "model" << YAML::Value << c.mesh.model;
+    e << YAML::EndMap;
   }
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

@@ -76,6 +76,13 @@ struct ScheduleSection {
   double min_lr = 0.0;  // linear_warmup / cosine: reached at `steps`
 };
 
+// The slice as a mesh with named axes (docs/distributed.md): data x model must equal the number
+// of ranks the job runs on. data 0: all the ranks. model > 1 (tensor parallel) is not built yet.
+struct MeshConfig {
+  int64_t data = 0;
+  int64_t model = 1;
+};
+
 struct TrainConfig {
   ModelConfig model;
   DataConfig data;
@@ -101,6 +108,8 @@ struct TrainConfig {
   // compiler rematerializes (recomputes in the backward pass) cheap activations until it does
   // (compiler/passes/remat.h; results are bit-identical, so it is not part of the config hash).
   int64_t memory_limit_mib = 0;
+  // Not part of the config hash: the same config trains the same examples on any mesh.
+  MeshConfig mesh;
 };
 
 // Parses YAML text; `source` names it in errors. `overrides` are "dotted.key=value" strings, the

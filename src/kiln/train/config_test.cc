@@ -192,6 +192,30 @@ TEST(ConfigTest, MemoryLimitIsNotHashed) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("memory_limit_mib"));
 }
 
+// mesh: {data, model} round-trips, is not hashed (the same config trains the same examples on
+// any mesh) and is range-checked by name.
+TEST(ConfigTest, MeshParsesRoundTripsAndIsNotHashed) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->mesh.data, 0);
+  EXPECT_EQ(c->mesh.model, 1);
+  absl::StatusOr<TrainConfig> m =
+      ParseTrainConfig(kBase, "t.yaml", {"mesh.data=2", "mesh.model=2"});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->mesh.data, 2);
+  EXPECT_EQ(m->mesh.model, 2);
+  EXPECT_EQ(ConfigHash(*m), ConfigHash(*c));
+  absl::StatusOr<TrainConfig> back = ParseTrainConfig(ConfigToYaml(*m), "resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->mesh.data, 2);
+  EXPECT_EQ(back->mesh.model, 2);
+  for (const char* bad : {"mesh.model=0", "mesh.data=-1", "mesh.pipeline=2"}) {
+    absl::StatusOr<TrainConfig> b = ParseTrainConfig(kBase, "t.yaml", {bad});
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("mesh.")) << bad;
+  }
+}
+
 // Issue 13 case 6: yaml-cpp keeps the first of two equal keys and drops the second silently.
 TEST(ConfigTest, ADuplicateKeyIsRejectedNamingBothLines) {
   absl::StatusOr<TrainConfig> c = ParseTrainConfig(
