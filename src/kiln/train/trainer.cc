@@ -102,27 +102,39 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   t->config_ = config;
   t->options_ = std::move(options);
   t->hash_ = ConfigHash(config);
+  KILN_RETURN_IF_ERROR(t->SetUpMesh());
   t->run_dir_ = std::make_unique<RunDirectory>(config.output_dir, t->options_.env);
-  KILN_ASSIGN_OR_RETURN(bool move_aside, t->ClaimRunDir());
+  bool move_aside = false;
+  if (t->chief()) {
+    KILN_ASSIGN_OR_RETURN(move_aside, t->ClaimRunDir());
+  }
   const ModelKind* kind = FindModelKind(config.model.kind);
   const bool lm = kind != nullptr && kind->language_model;  // tokens -> next tokens
   KILN_ASSIGN_OR_RETURN(t->data_, OpenTrainData(config, lm, /*with_train=*/true));
   KILN_RETURN_IF_ERROR(t->Compile());
-  KILN_RETURN_IF_ERROR(t->OpenCheckpoints(move_aside));
-  if (t->options_.resume) KILN_RETURN_IF_ERROR(t->Resume());
+  if (t->chief()) {
+    KILN_RETURN_IF_ERROR(t->OpenCheckpoints(move_aside));
+    if (t->options_.resume) KILN_RETURN_IF_ERROR(t->Resume());
+  }
   KILN_RETURN_IF_ERROR(t->OpenMetrics());
   // A run killed after its final checkpoint but before its final evaluation and metrics were
   // written is not complete: Run finishes it.
-  nlohmann::json previous = ReadRunJson(config.output_dir, t->run_dir_->env());
-  if (t->start_step_ > 0 && previous.contains("completed_step") &&
-      previous["completed_step"].is_number_integer() &&
-      previous["completed_step"].get<int64_t>() == t->start_step_) {
-    t->completed_step_ = t->start_step_;
+  if (t->chief()) {
+    nlohmann::json previous = ReadRunJson(config.output_dir, t->run_dir_->env());
+    if (t->start_step_ > 0 && previous.contains("completed_step") &&
+        previous["completed_step"].is_number_integer() &&
+        previous["completed_step"].get<int64_t>() == t->start_step_) {
+      t->completed_step_ = t->start_step_;
+    }
   }
-  KILN_RETURN_IF_ERROR(t->WriteRunInfo());
+  if (t->mesh_.ranks > 1) {
+    KILN_RETURN_IF_ERROR(t->SyncFromChief());
+    KILN_RETURN_IF_ERROR(t->GatherRanks());
+  }
+  if (t->chief()) KILN_RETURN_IF_ERROR(t->WriteRunInfo());
   // The host copy an asynchronous save takes (a set of parameters and optimizer state), only when
   // this run will save asynchronously: the final save is synchronous and needs none.
-  if (t->AsyncSaveAhead()) {
+  if (t->chief() && t->AsyncSaveAhead()) {
     const NamedTensors tensors = t->CheckpointTensors();
     t->ckpt_->ReserveStaging(tensors);
     for (const auto& [name, value] : tensors) t->checkpoint_staging_bytes_ += value.byte_size();
@@ -159,9 +171,21 @@ absl::Status Trainer::Compile() {
   x_flat_ = x_.Reshaped(Shape{c.data.batch_size, shape.features});  // shares storage
   y_ = MakeTargetTensor(shape, c.data.batch_size);
   KILN_ASSIGN_OR_RETURN(model_, BuildModel(c.model, shape.features, shape.num_classes));
-  KILN_ASSIGN_OR_RETURN(ir::Graph loss, model_->TrainLossGraph(c.data.batch_size));
+  // Data parallel: the step trains on this rank's share of each global batch.
+  const int64_t local_batch = c.data.batch_size / mesh_.data;
+  if (mesh_.data > 1) {
+    x_local_ = MakeInputTensor(shape, local_batch);
+    x_local_flat_ = x_local_.Reshaped(Shape{local_batch, shape.features});
+    y_local_ = MakeTargetTensor(shape, local_batch);
+  }
+  KILN_ASSIGN_OR_RETURN(ir::Graph loss, model_->TrainLossGraph(local_batch));
   KILN_ASSIGN_OR_RETURN(nn::ParamStore params, nn::InitParams(model_->Params(), c.seed));
   nn::TrainStepOptions step_opts;
+  if (mesh_.data > 1) {
+    collectives_ = std::make_unique<dist::CommunicatorCollectives>(*options_.comm);
+    step_opts.data_parallel = mesh_.data;
+    step_opts.collectives = collectives_.get();
+  }
   step_opts.optimizer = BuildOptimizerConfig(c);
   step_opts.rng_seed = c.seed;
   KILN_ASSIGN_OR_RETURN(step_opts.precision, compiler::ParsePrecisionPolicy(c.precision));
@@ -251,6 +275,10 @@ absl::Status Trainer::Resume() {
 
 absl::Status Trainer::OpenMetrics() {
   std::vector<std::unique_ptr<MetricsSink>> sinks;
+  if (!chief()) {  // rank 0 writes the run's metrics
+    metrics_ = std::make_unique<MultiSink>(std::move(sinks));
+    return absl::OkStatus();
+  }
   KILN_ASSIGN_OR_RETURN(sinks.emplace_back(),
                         JsonlSink::Create(run_dir_->env(), run_dir_->metrics_path(),
                                           /*append=*/true));
@@ -278,6 +306,13 @@ absl::Status Trainer::WriteRunInfo() {
   info["compile_seconds"] = compile_seconds_;
   info["precision"] = config_.precision;
   info["pid"] = static_cast<int64_t>(getpid());
+  info["mesh"] = {{"data", mesh_.data}, {"model", mesh_.model}, {"ranks", mesh_.ranks}};
+  if (!ranks_info_.is_null()) {
+    info["ranks"] = ranks_info_;
+  } else {
+    info["ranks"] = nlohmann::json::array(
+        {{{"rank", 0}, {"host", options_.host}, {"pid", info["pid"]}, {"data", 0}, {"model", 0}}});
+  }
   if (completed_step_ >= 0) info["completed_step"] = completed_step_;
   return run_dir_->WriteRunJson(info);
 }
@@ -292,7 +327,9 @@ NamedTensors Trainer::CheckpointTensors() const {
 }
 
 std::string Trainer::LastSavedPath() const {
-  return last_saved_step_ > 0 ? absl::StrCat(ckpt_->root(), "/step_", last_saved_step_) : "";
+  return last_saved_step_ > 0 && ckpt_ != nullptr
+             ? absl::StrCat(ckpt_->root(), "/step_", last_saved_step_)
+             : "";
 }
 
 absl::Status Trainer::Save(bool sync) {
@@ -391,8 +428,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
                         step_->compile_seconds(), start_step_ + 1, c.steps));
   }
   Loop loop;
+  const bool share = mesh_.data > 1;  // data parallel: this rank's share of each batch
   for (const std::string& name : step_->data_inputs()) {
-    loop.data.push_back(name == "x" || name == "tokens" ? &x_flat_ : &y_);
+    const bool x = name == "x" || name == "tokens";
+    loop.data.push_back(share ? (x ? &x_local_flat_ : &y_local_) : (x ? &x_flat_ : &y_));
   }
   loop.profiling = options_.profile_steps.has_value();
   if (loop.profiling) {
@@ -441,6 +480,7 @@ absl::StatusOr<nn::StepMetrics> Trainer::Step(int64_t number, Loop& loop) {
   {
     auto s = profiler_.Scope("input", "next_batch");
     KILN_RETURN_IF_ERROR(data_.train->Next(x_, y_));
+    if (mesh_.data > 1) KILN_RETURN_IF_ERROR(TakeShare());
   }
   auto t1 = Clock::now();
   nn::StepMetrics m;
@@ -484,7 +524,7 @@ absl::Status Trainer::CheckFinite(int64_t number, const nn::StepMetrics& m, Loop
                       std::isfinite(m.loss) ? "gradient norm" : "loss", number,
                       loop.nonfinite_steps, c.nonfinite_patience));
   if (!params_bad && loop.nonfinite_steps < c.nonfinite_patience) return absl::OkStatus();
-  KILN_RETURN_IF_ERROR(ckpt_->Wait());  // an in-flight save holds a finite earlier state
+  if (ckpt_ != nullptr) KILN_RETURN_IF_ERROR(ckpt_->Wait());  // it holds a finite earlier state
   KILN_RETURN_IF_ERROR(
       WriteMetrics(number, {{"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm}}));
   KILN_RETURN_IF_ERROR(metrics_->Close());
@@ -531,7 +571,7 @@ absl::Status Trainer::Report(int64_t number, const nn::StepMetrics& m, Loop& loo
 
 absl::Status Trainer::MaybeEvaluate(int64_t number, Loop& loop, TrainResult& result) {
   const TrainConfig& c = config_;
-  if (c.eval_every <= 0 || number % c.eval_every != 0) return absl::OkStatus();
+  if (c.eval_every <= 0 || number % c.eval_every != 0 || !chief()) return absl::OkStatus();
   auto s = profiler_.Scope("eval", "evaluate");
   KILN_ASSIGN_OR_RETURN(EvalResult e, Evaluate(c.eval_batches));
   KILN_RETURN_IF_ERROR(WriteMetrics(number, EvalScalars(e)));
@@ -544,7 +584,8 @@ absl::Status Trainer::MaybeEvaluate(int64_t number, Loop& loop, TrainResult& res
 
 absl::Status Trainer::MaybeCheckpoint(int64_t number) {
   const TrainConfig& c = config_;
-  if (c.checkpoint_every <= 0 || number % c.checkpoint_every != 0 || number >= c.steps) {
+  if (c.checkpoint_every <= 0 || number % c.checkpoint_every != 0 || number >= c.steps ||
+      !chief()) {
     return absl::OkStatus();
   }
   // The step is blocked only for the host copy (and for the previous save, if still writing);
@@ -567,6 +608,11 @@ absl::Status Trainer::Finish(Loop& loop, TrainResult& result) {
   const TrainConfig& c = config_;
   profiler_.set_enabled(false);
   step_->mutable_executable().set_thunk_observer(nullptr);
+  if (!chief()) {  // rank 0 checkpoints, evaluates and writes the run's files
+    result.final_step = step_->step();
+    result.checkpoint = absl::StrCat(config_.output_dir, "/checkpoints/step_", step_->step());
+    return metrics_->Close();
+  }
   if (last_saved_step_ != step_->step() || loop.ran > 0) {
     KILN_RETURN_IF_ERROR(ckpt_->Wait());
     if (last_saved_step_ != step_->step()) KILN_RETURN_IF_ERROR(Save(/*sync=*/true));

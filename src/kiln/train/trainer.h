@@ -30,12 +30,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kiln/dist/collectives_adapter.h"
+#include "kiln/dist/communicator.h"
 #include "kiln/nn/model.h"
 #include "kiln/nn/train_step.h"
 #include "kiln/runtime/executable.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/config.h"
 #include "kiln/train/evaluator.h"
+#include "kiln/train/mesh.h"
 #include "kiln/train/metrics.h"
 #include "kiln/train/model_registry.h"
 #include "kiln/train/run_dir.h"
@@ -77,6 +80,13 @@ struct TrainerOptions {
   // Env (borrowed; MemEnv / FaultInjectionEnv in tests); null: Env::Default(). data.source is
   // read from the real file system.
   Env* env = nullptr;
+  // A multi-process job (docs/distributed.md): this rank's communicator over every rank
+  // (borrowed; null or size 1: one process) and this rank's host name (run.json). The mesh comes
+  // from config.mesh. Every rank builds the same step on its share of each global batch; only
+  // rank 0 takes OUTDIR's lock and writes config.yaml, run.json, metrics, events, checkpoints
+  // and traces, logs, and evaluates; the others resume from what rank 0 restored (broadcast).
+  dist::Communicator* comm = nullptr;
+  std::string host;
 };
 
 struct TrainResult {
@@ -127,6 +137,10 @@ class Trainer {
   // asynchronously (a checkpoint_every multiple below steps after the start step); 0 otherwise.
   int64_t checkpoint_staging_bytes() const { return checkpoint_staging_bytes_; }
   const Evaluator& evaluator() const { return *evaluator_; }
+  const Mesh& mesh() const { return mesh_; }
+  // This rank's coordinates in mesh() (0, 0 in one process).
+  const MeshCoords& coords() const { return coords_; }
+  bool chief() const { return rank_ == 0; }
 
  private:
   struct Loop;  // the counters of one Run (trainer.cc)
@@ -139,6 +153,13 @@ class Trainer {
   absl::Status Resume();
   absl::Status OpenMetrics();
   absl::Status WriteRunInfo();
+  // Multi-process (trainer_dist.cc): the mesh and this rank's place in it; what rank 0 resumed
+  // from, broadcast to every rank; every rank's host, gathered for run.json; this rank's share
+  // of the global batch.
+  absl::Status SetUpMesh();
+  absl::Status SyncFromChief();
+  absl::Status GatherRanks();
+  absl::Status TakeShare();
   bool AsyncSaveAhead() const;
   // Run, per step.
   absl::StatusOr<nn::StepMetrics> Step(int64_t number, Loop& loop);
@@ -174,6 +195,14 @@ class Trainer {
   Profiler profiler_;
   int64_t profile_peak_rss_ = -1;  // VmHWM at the end of the last profiled step (-1: none yet)
   Tensor x_, x_flat_, y_;
+  // Multi-process: the mesh, this rank, its share of each batch (data parallel, mesh_.data > 1)
+  // and the collectives its train step runs through.
+  Mesh mesh_;
+  MeshCoords coords_;
+  int rank_ = 0;
+  Tensor x_local_, x_local_flat_, y_local_;
+  std::unique_ptr<dist::CommunicatorCollectives> collectives_;
+  nlohmann::json ranks_info_;
   std::atomic<bool> stop_{false};
   int64_t start_step_ = 0;
   // The step a finished run completed (final checkpoint, evaluation and metrics all written), from

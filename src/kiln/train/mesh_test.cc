@@ -1,0 +1,192 @@
+// The mesh, each data rank's share of the global batch, and Trainers on thread communicators
+// (no MPI) against one process: same examples, losses within 1e-4, rank 0 alone writes the run,
+// every rank resumes from rank 0's checkpoint.
+#include "kiln/train/mesh.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kiln/dist/thread_communicator.h"
+#include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/train/train_data.h"
+#include "kiln/train/trainer.h"
+#include "tests/support/temp_dir.h"
+
+namespace kiln::train {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+TEST(MeshTest, ResolvesDefaultsAndCoordinates) {
+  Mesh m = *ResolveMesh({}, 4, 64);
+  EXPECT_EQ(m.ranks, 4);
+  EXPECT_EQ(m.data, 4);
+  EXPECT_EQ(m.model, 1);
+  EXPECT_EQ(CoordsOf(m, 3).data, 3);
+  EXPECT_EQ(CoordsOf(m, 3).model, 0);
+  m = *ResolveMesh({.data = 2, .model = 1}, 2, 64);
+  EXPECT_EQ(m.data, 2);
+  m = *ResolveMesh({}, 1, 7);
+  EXPECT_EQ(m.data, 1);
+}
+
+TEST(MeshTest, ErrorsNameWhatIsWrong) {
+  auto msg = [](MeshConfig c, int ranks, int64_t batch) {
+    return std::string(ResolveMesh(c, ranks, batch).status().message());
+  };
+  EXPECT_THAT(msg({.data = 3, .model = 1}, 2, 60), HasSubstr("data (3) x model (1)"));
+  EXPECT_THAT(msg({.data = 3, .model = 1}, 2, 60), HasSubstr("number of ranks (2)"));
+  EXPECT_THAT(msg({}, 2, 63), HasSubstr("data.batch_size (63) must be divisible by mesh.data (2)"));
+  absl::Status tp = ResolveMesh({.data = 2, .model = 2}, 4, 64).status();
+  EXPECT_EQ(tp.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(tp.message()), HasSubstr("tensor parallelism is not built yet"));
+  EXPECT_THAT(msg({.data = 0, .model = 3}, 2, 64), HasSubstr("model (3)"));
+}
+
+TEST(MeshTest, SliceBatchTakesContiguousRows) {
+  Tensor g(DType::kS32, Shape{6, 2});
+  for (int i = 0; i < 12; ++i) g.data<int32_t>()[i] = i;
+  Tensor l(DType::kS32, Shape{2, 2});
+  ASSERT_TRUE(SliceBatch(g, 1, 3, l).ok());
+  EXPECT_EQ(l.data<int32_t>()[0], 4);
+  EXPECT_EQ(l.data<int32_t>()[3], 7);
+  Tensor wrong(DType::kS32, Shape{3, 2});
+  EXPECT_THAT(std::string(SliceBatch(g, 0, 3, wrong).message()), HasSubstr("expected s32[2,2]"));
+  EXPECT_FALSE(SliceBatch(g, 3, 3, l).ok());
+}
+
+constexpr char kCsv[] = KILN_SOURCE_DIR "/examples/data/digits.csv.gz";
+
+TrainConfig Config(const std::string& out, int64_t steps) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(
+      "model: {kind: mlp, hidden: [32]}\n"
+      "data: {source: SOURCE, batch_size: 32, seed: 5}\n"
+      "optimizer: {kind: adamw, lr: 0.02, weight_decay: 0.01, clip_norm: 1.0}\n"
+      "steps: 20\neval_every: 0\ncheckpoint_every: 10\nlog_every: 5\n",
+      "test",
+      {"output_dir=" + out, std::string("data.source=") + kCsv, "steps=" + std::to_string(steps)});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+// A data rank's share of every global batch is exactly those rows of the batch a one-process run
+// reads: the rank's own source, sliced, against one source read whole (30 batches: past an
+// epoch, so the reshuffle is covered too).
+TEST(MeshTest, EachRankReadsItsShareOfTheOneProcessBatches) {
+  TrainConfig c = Config("unused", 20);
+  absl::StatusOr<TrainData> one = OpenTrainData(c, false, true);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const int d = 4;
+  std::vector<TrainData> ranks;
+  for (int r = 0; r < d; ++r) ranks.push_back(*OpenTrainData(c, false, true));
+  const int64_t b = c.data.batch_size;
+  Tensor x = MakeInputTensor(one->shape, b), y = MakeTargetTensor(one->shape, b);
+  Tensor rx = MakeInputTensor(one->shape, b), ry = MakeTargetTensor(one->shape, b);
+  Tensor lx = MakeInputTensor(one->shape, b / d), ly = MakeTargetTensor(one->shape, b / d);
+  for (int step = 0; step < 60; ++step) {
+    ASSERT_TRUE(one->train->Next(x, y).ok());
+    for (int r = 0; r < d; ++r) {
+      ASSERT_TRUE(ranks[r].train->Next(rx, ry).ok());
+      ASSERT_TRUE(SliceBatch(rx, r, d, lx).ok());
+      ASSERT_TRUE(SliceBatch(ry, r, d, ly).ok());
+      const size_t xrow = lx.byte_size(), yrow = ly.byte_size();
+      EXPECT_EQ(0,
+                std::memcmp(lx.raw_data(), static_cast<const char*>(x.raw_data()) + r * xrow, xrow))
+          << "step " << step << " rank " << r;
+      EXPECT_EQ(
+          0, std::memcmp(ly.raw_data(), static_cast<const char*>(y.raw_data()) + r * yrow, yrow));
+    }
+  }
+}
+
+struct RankRun {
+  absl::StatusOr<TrainResult> result = absl::UnknownError("not run");
+  int64_t start_step = -1;
+};
+
+// `d` Trainers on threads, rank r on communicator r, all with OUTDIR `out`.
+std::vector<RankRun> RunRanks(int d, const TrainConfig& c) {
+  std::vector<std::unique_ptr<dist::Communicator>> comms = dist::MakeThreadCommunicators(d);
+  std::vector<RankRun> runs(d);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < d; ++r) {
+    threads.emplace_back([&, r] {
+      auto cpu = runtime::MakeCpuBackend();
+      TrainerOptions o;
+      o.backend = cpu.get();
+      o.comm = comms[r].get();
+      o.host = "host" + std::to_string(r);
+      absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(c, o);
+      if (!t.ok()) {
+        runs[r].result = t.status();
+        return;
+      }
+      runs[r].start_step = (*t)->start_step();
+      runs[r].result = (*t)->Run();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return runs;
+}
+
+TEST(DataParallelTrainerTest, TwoRanksTrackOneProcessAndOnlyRankZeroWrites) {
+  const std::string root = kiln::test_support::MakeTempDir("kiln_mesh_test");
+  auto cpu = runtime::MakeCpuBackend();
+  absl::StatusOr<std::unique_ptr<Trainer>> one =
+      Trainer::Create(Config(root + "/one", 20), {.backend = cpu.get()});
+  ASSERT_TRUE(one.ok()) << one.status();
+  absl::StatusOr<TrainResult> ref = (*one)->Run();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+
+  const std::string out = root + "/two";
+  std::vector<RankRun> runs = RunRanks(2, Config(out, 20));
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(runs[r].result.ok()) << r << ": " << runs[r].result.status();
+  ASSERT_EQ(runs[0].result->losses.size(), 20u);
+  EXPECT_EQ(runs[0].result->losses, runs[1].result->losses);  // the global batch's loss, bitwise
+  double worst = 0;
+  for (size_t s = 0; s < 20; ++s) {
+    const double a = ref->losses[s], b = runs[0].result->losses[s];
+    worst = std::max(worst, std::abs(a - b) / std::abs(a));
+  }
+  EXPECT_LT(worst, 1e-4);
+  std::cout << "largest relative loss difference over 20 steps: " << worst << "\n";
+  std::ifstream f(out + "/run.json");
+  nlohmann::json info = nlohmann::json::parse(f);
+  EXPECT_EQ(info["mesh"]["data"], 2);
+  EXPECT_EQ(info["mesh"]["ranks"], 2);
+  ASSERT_EQ(info["ranks"].size(), 2u);
+  EXPECT_EQ(info["ranks"][1]["host"], "host1");
+  EXPECT_EQ(info["ranks"][1]["data"], 1);
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_20/manifest.json"));
+
+  // Resume to 30 steps: rank 1 starts from rank 0's checkpoint (broadcast), and the ranks agree.
+  std::vector<RankRun> more = RunRanks(2, Config(out, 30));
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(more[r].result.ok()) << more[r].result.status();
+  EXPECT_EQ(more[0].start_step, 20);
+  EXPECT_EQ(more[1].start_step, 20);
+  ASSERT_EQ(more[0].result->losses.size(), 10u);
+  EXPECT_EQ(more[0].result->losses, more[1].result->losses);
+}
+
+TEST(DataParallelTrainerTest, MeshErrorsAreClear) {
+  const std::string root = kiln::test_support::MakeTempDir("kiln_mesh_test_err");
+  TrainConfig c = Config(root + "/x", 5);
+  c.mesh.data = 3;
+  std::vector<RankRun> runs = RunRanks(2, c);
+  ASSERT_FALSE(runs[0].result.ok());
+  EXPECT_THAT(std::string(runs[0].result.status().message()), HasSubstr("number of ranks (2)"));
+  c.mesh.data = 0;
+  c.data.batch_size = 33;
+  runs = RunRanks(2, c);
+  EXPECT_THAT(std::string(runs[1].result.status().message()), HasSubstr("divisible"));
+}
+
+}  // namespace
+}  // namespace kiln::train

@@ -1,0 +1,106 @@
+// The multi-process parts of the Trainer (trainer.h, docs/distributed.md): the mesh, what rank 0
+// resumed from broadcast to every rank, the ranks' hosts gathered for run.json, and this rank's
+// share of each global batch.
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/base/status.h"
+#include "kiln/train/trainer.h"
+
+namespace kiln::train {
+namespace {
+
+constexpr int kHostBytes = 256;
+
+// Rank 0's bytes on every rank (`text` is read on rank 0 and replaced elsewhere).
+absl::Status BroadcastString(dist::Communicator& comm, std::string& text) {
+  int64_t size = static_cast<int64_t>(text.size());
+  KILN_RETURN_IF_ERROR(comm.Broadcast(&size, 1, DType::kS64, 0));
+  text.resize(static_cast<size_t>(size));
+  if (size == 0) return absl::OkStatus();
+  return comm.Broadcast(text.data(), size, DType::kU8, 0);
+}
+
+}  // namespace
+
+absl::Status Trainer::SetUpMesh() {
+  dist::Communicator* comm = options_.comm;
+  const int ranks = comm != nullptr ? comm->size() : 1;
+  rank_ = comm != nullptr ? comm->rank() : 0;
+  KILN_ASSIGN_OR_RETURN(mesh_, ResolveMesh(config_.mesh, ranks, config_.data.batch_size));
+  coords_ = CoordsOf(mesh_, rank_);
+  if (!chief()) {
+    options_.log = nullptr;  // rank 0 logs for the job
+    options_.profile_steps.reset();
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0 restored (or not) the newest checkpoint; every other rank takes its run id, step,
+// parameters, optimizer state and data position, so that all ranks start from the same state.
+absl::Status Trainer::SyncFromChief() {
+  dist::Communicator& comm = *options_.comm;
+  nlohmann::json state;
+  if (chief()) {
+    state = {{"run_id", run_id_},
+             {"start_step", start_step_},
+             {"last_saved_step", last_saved_step_},
+             {"completed_step", completed_step_},
+             {"restored_from", restored_from_},
+             {"data", start_step_ > 0 ? data_.train->State() : nlohmann::json()}};
+  }
+  std::string text = chief() ? state.dump() : std::string();
+  KILN_RETURN_IF_ERROR(Annotate(BroadcastString(comm, text), "sharing rank 0's resume state"));
+  for (const auto& [name, tensor] : CheckpointTensors()) {
+    Tensor t = tensor;  // shares the resident buffer
+    KILN_RETURN_IF_ERROR(
+        Annotate(comm.Broadcast(t, 0), absl::StrCat("broadcasting '", name, "' from rank 0")));
+  }
+  if (chief()) return absl::OkStatus();
+  state = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (state.is_discarded() || !state.is_object()) {
+    return absl::InternalError("rank 0's resume state is not a JSON object");
+  }
+  run_id_ = state.value("run_id", std::string());
+  start_step_ = state.value("start_step", int64_t{0});
+  last_saved_step_ = state.value("last_saved_step", int64_t{-1});
+  completed_step_ = state.value("completed_step", int64_t{-1});
+  restored_from_ = state.value("restored_from", std::string());
+  // The broadcast wrote the resident buffers: Restore only sets the step counter.
+  KILN_RETURN_IF_ERROR(step_->Restore(step_->params(), step_->optimizer_state(), start_step_));
+  if (!state["data"].is_null()) KILN_RETURN_IF_ERROR(data_.train->Restore(state["data"]));
+  return absl::OkStatus();
+}
+
+// Every rank's host, pid and mesh coordinates, in rank order, for run.json.
+absl::Status Trainer::GatherRanks() {
+  dist::Communicator& comm = *options_.comm;
+  std::vector<char> mine(kHostBytes, 0), all(static_cast<size_t>(kHostBytes) * mesh_.ranks, 0);
+  std::memcpy(mine.data(), options_.host.data(),
+              std::min<size_t>(options_.host.size(), kHostBytes - 1));
+  KILN_RETURN_IF_ERROR(
+      Annotate(comm.AllGather(mine.data(), all.data(), kHostBytes, DType::kU8), "gathering hosts"));
+  int64_t pid = getpid();
+  std::vector<int64_t> pids(mesh_.ranks, 0);
+  KILN_RETURN_IF_ERROR(
+      Annotate(comm.AllGather(&pid, pids.data(), 1, DType::kS64), "gathering process ids"));
+  ranks_info_ = nlohmann::json::array();
+  for (int r = 0; r < mesh_.ranks; ++r) {
+    const MeshCoords at = CoordsOf(mesh_, r);
+    ranks_info_.push_back({{"rank", r},
+                           {"host", std::string(all.data() + static_cast<size_t>(r) * kHostBytes)},
+                           {"pid", pids[r]},
+                           {"data", at.data},
+                           {"model", at.model}});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::TakeShare() {
+  KILN_RETURN_IF_ERROR(SliceBatch(x_, coords_.data, mesh_.data, x_local_));
+  return SliceBatch(y_, coords_.data, mesh_.data, y_local_);
+}
+
+}  // namespace kiln::train
