@@ -300,5 +300,36 @@ TEST(GptTest, TrainStepHoldsOneVocabSizedBuffer) {
   EXPECT_EQ(offsets.size(), 1u) << values << " vocab-sized values in the arena";
 }
 
+// The tied embedding's gradient (the LM head's dW plus the token gather's scatter) scatters the
+// gathered rows into dW in place: no [vocab, dim] zeros are broadcast and nothing is added over
+// them.
+TEST(GptTest, TiedEmbeddingGradientScattersIntoTheHeadGradient) {
+  Gpt gpt({.vocab_size = 512, .context = 8, .dim = 16, .layers = 1, .heads = 2});
+  auto loss = gpt.TrainLossGraph(2);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  auto init = InitParams(gpt.Params(), 3);
+  ASSERT_TRUE(init.ok());
+  OptimizerConfig opt;
+  opt.kind = OptimizerKind::kAdamW;
+  auto cpu = runtime::MakeCpuBackend();
+  auto step = TrainStep::Create(*cpu, *loss, *std::move(init), {.optimizer = opt});
+  ASSERT_TRUE(step.ok()) << step.status();
+  const runtime::Executable& exe = (*step)->executable();
+  const ir::Graph& g = exe.graph();
+  int scatters = 0;
+  for (const ir::Node& n : g.nodes()) {
+    // (Broadcasts inside fused loops are read per element, never materialized.)
+    if (n.opcode() == ir::Opcode::kBroadcastInDim && exe.plan().offsets[n.id()] >= 0) {
+      EXPECT_NE(n.type().shape, (Shape{512, 16})) << "a vocab-sized broadcast: %" << n.id();
+    }
+    if (n.opcode() != ir::Opcode::kScatterAdd) continue;
+    ++scatters;
+    const ir::Node& dw = g.node(n.operand(0));
+    EXPECT_NE(dw.opcode(), ir::Opcode::kBroadcastInDim);
+    EXPECT_EQ(exe.plan().offsets[n.id()], exe.plan().offsets[dw.id()]) << "not in place";
+  }
+  EXPECT_EQ(scatters, 1);
+}
+
 }  // namespace
 }  // namespace kiln::nn

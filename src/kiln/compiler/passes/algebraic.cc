@@ -68,6 +68,7 @@ class Simplifier {
   std::optional<int> Slice(const ir::Node& n);
   std::optional<int> Pad(const ir::Node& n);
   absl::StatusOr<std::optional<int>> AddOfPads(const ir::Node& n);
+  absl::StatusOr<std::optional<int>> AddOfScatter(const ir::Node& n);
 
   GraphEditor& e_;
   std::unordered_map<const Tensor*, std::optional<double>> splat_;
@@ -85,6 +86,10 @@ absl::StatusOr<std::optional<int>> Simplifier::Simplify(const ir::Node& n) {
     case Opcode::kAdd:
       if (IsZero(Op(n, 1))) return Op(n, 0);
       if (IsZero(Op(n, 0))) return Op(n, 1);
+      {
+        KILN_ASSIGN_OR_RETURN(std::optional<int> r, AddOfScatter(n));
+        if (r) return r;
+      }
       return AddOfPads(n);
     // ---- sub ----
     case Opcode::kSub:
@@ -221,6 +226,27 @@ std::optional<int> Simplifier::Pad(const ir::Node& n) {
     for (int64_t v : n.attr_ints(a))
       if (v != 0) return std::nullopt;
   return Op(n, 0);
+}
+
+// add(x, scatter_add(zeros, i, u)) (either order): scatter_add(x, i, u). A tied embedding's
+// gradient is the LM head's dW plus the gather's scatter into zeros; this scatters the rows into
+// dW itself (in place: scatter_add may overwrite its operand), so neither the full-size zeros nor
+// the add over them is built. Exact but for rounding where an index repeats (x + (u1 + u2)
+// becomes (x + u1) + u2), the trade every reassociation makes.
+absl::StatusOr<std::optional<int>> Simplifier::AddOfScatter(const ir::Node& n) {
+  if (!IsFloating(n.type().dtype) && !IsInteger(n.type().dtype)) return std::nullopt;
+  for (int s = 0; s < 2; ++s) {
+    const ir::Node& sc = OpNode(n, s);
+    const int x = Op(n, 1 - s);
+    if (sc.opcode() != Opcode::kScatterAdd || sc.type() != n.type() || e_.type(x) != n.type() ||
+        !IsZero(e_.operand(sc.id(), 0)))
+      continue;
+    KILN_ASSIGN_OR_RETURN(
+        int r, e_.Add(Opcode::kScatterAdd, {x, e_.operand(sc.id(), 1), e_.operand(sc.id(), 2)},
+                      {{"axis", sc.attr_int("axis")}}));
+    return r;
+  }
+  return std::nullopt;
 }
 
 // add(pad(x), pad(y)) where both pad with 0 along one dim d only and x's slot ends where y's

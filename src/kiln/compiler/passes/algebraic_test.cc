@@ -417,5 +417,43 @@ TEST(Algebraic, PadsThatDoNotTileStay) {
     })");
 }
 
+// A gradient summed with a scatter into zeros (a tied embedding) becomes one scatter into it, in
+// either operand order; a scatter into something else than zeros, or of another type, stays.
+TEST(Algebraic, AddOfAScatterIntoZerosScattersIntoTheOtherOperand) {
+  AlgebraicSimplifierPass pass;
+  ExpectRewrite(pass, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[5,3]
+      %i = parameter() {index=1, name="i"} : s32[4]
+      %u = parameter() {index=2, name="u"} : f32[4,3]
+      %z = constant() {value=0.0} : f32[]
+      %zb = broadcast_in_dim(%z) {broadcast_dimensions=[], shape=[5,3]}
+      %s = scatter_add(%zb, %i, %u) {axis=0}
+      %a = add(%x, %s)
+      %b = add(%s, %a)
+      return b=%b
+    })",
+                R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[5,3]
+      %1 = parameter() {index=1, name="i"} : s32[4]
+      %2 = parameter() {index=2, name="u"} : f32[4,3]
+      %3 = scatter_add(%0, %1, %2) {axis=0}
+      %4 = scatter_add(%3, %1, %2) {axis=0}
+      return b=%4
+    })");
+  ExpectUnchanged(pass, R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[5,3]
+      %1 = parameter() {index=1, name="i"} : s32[4]
+      %2 = parameter() {index=2, name="u"} : f32[4,3]
+      %3 = constant() {value=1.0} : f32[]
+      %4 = broadcast_in_dim(%3) {broadcast_dimensions=[], shape=[5,3]}
+      %5 = scatter_add(%4, %1, %2) {axis=0}
+      %6 = add(%0, %5)
+      return a=%6
+    })");
+}
+
 }  // namespace
 }  // namespace kiln::compiler

@@ -291,6 +291,10 @@ TEST(CpuBackendTest, Structural) {
   Check("scatter_add", {U({10, 7}), Ints({6}, -1, 10), U({6, 7})},
         [](Builder&, auto& p) { return ir::ScatterAdd(p[0], p[1], p[2], 0); },
         {DType::kF32, DType::kBF16, DType::kS32});
+  // The operand is an intermediate that dies here: the kernel scatters over it in place.
+  Check("scatter_add_over_dying_operand", {U({10, 7}), Ints({6}, -1, 10), U({6, 7})},
+        [](Builder&, auto& p) { return ir::ScatterAdd(-p[0], p[1], p[2], 0); },
+        {DType::kF32, DType::kBF16});
   Check("scatter_add_axis1", {U({2, 10, 3}), Ints({4}, 0, 3), U({2, 4, 3})},
         [](Builder&, auto& p) { return ir::ScatterAdd(p[0], p[1], p[2], 1); });
   Check("iota", {U({2})},

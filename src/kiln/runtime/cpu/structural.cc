@@ -153,14 +153,18 @@ std::unique_ptr<Thunk> ScatterAddThunk(const ir::Node& n, LowerContext& lc) {
     const void* idx = ctx.buffers[indices];
     S* y = static_cast<S*>(ctx.buffers[out]);
     C* acc = kWide ? reinterpret_cast<C*>(cpu->workspace()) : nullptr;
-    ParallelFor(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        if constexpr (kWide)
-          acc[i] = Elem<S>::Load(src[i]);
-        else
-          y[i] = src[i];
-      }
-    });
+    // In place (opcodes.def: scatter_add may overwrite its operand) only the rows hit are touched:
+    // a tied embedding's gradient scatters into the LM head's dW without copying it.
+    if (kWide || static_cast<const void*>(src) != static_cast<const void*>(y)) {
+      ParallelFor(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          if constexpr (kWide)
+            acc[i] = Elem<S>::Load(src[i]);
+          else
+            y[i] = src[i];
+        }
+      });
+    }
     ParallelFor(outer * chunks, 1, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         int64_t o = t / chunks, j0 = (t % chunks) * kChunk, j1 = std::min(inner, j0 + kChunk);
