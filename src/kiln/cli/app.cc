@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kiln/cli/backends.h"
+#include "kiln/cli/data_cmd.h"
 #include "kiln/cli/demo.h"
 #include "kiln/cli/ir_commands.h"
 #include "kiln/cli/predict_cmd.h"
@@ -155,6 +156,8 @@ int RunKiln(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     TrainCommands train_cmds(app);
     // `kiln predict` (predict_cmd.h).
     PredictCommand predict_cmd(app);
+    // `kiln data import ...`, `kiln data inspect` (data_cmd.h).
+    DataCommands data_cmds(app);
 
     std::vector<std::string> storage(args);
     if (storage.empty()) storage.push_back("kiln");
@@ -177,6 +180,7 @@ int RunKiln(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     }
     if (int rc = train_cmds.Run(storage, out, err); rc >= 0) return rc;
     if (int rc = predict_cmd.Run(out, err); rc >= 0) return rc;
+    if (int rc = data_cmds.Run(out, err); rc >= 0) return rc;
     if (*ir_print) {
       absl::Status s = IrPrint(ir_path, std::cin, out);
       return s.ok() ? 0 : Fail(err, "ir print", s);

@@ -135,6 +135,41 @@ absl::Status RemoveStaleShards(Env* env, const std::string& dir,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<FinishedShard>> WriteShards(Env* env, const std::string& dir,
+                                                       const std::string& plan,
+                                                       const std::vector<PlannedShard>& shards,
+                                                       const ProduceShardFn& produce, int* kept,
+                                                       const std::function<void(size_t)>& on_kept) {
+  KILN_RETURN_IF_ERROR(env->CreateDir(dir));
+  const std::string manifest = JoinPath(dir, kManifestName);
+  if (env->FileExists(manifest)) KILN_RETURN_IF_ERROR(env->DeleteFile(manifest));
+  std::vector<std::string> names;
+  for (const PlannedShard& p : shards) names.push_back(p.file);
+  KILN_RETURN_IF_ERROR(RemoveStaleShards(env, dir, names));
+  std::vector<FinishedShard> out;
+  int n_kept = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(std::optional<FinishedShard> done,
+                          LoadShardState(env, dir, shards[i].file, plan));
+    if (done.has_value() && done->entry.split == shards[i].split) {
+      ++n_kept;
+      if (on_kept) on_kept(i);
+      out.push_back(std::move(*done));
+      continue;
+    }
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<ShardWriter> w,
+                          ShardWriter::Create(env, dir, shards[i].file));
+    FinishedShard f;
+    KILN_RETURN_IF_ERROR(produce(i, *w, &f.state));
+    KILN_ASSIGN_OR_RETURN(f.entry, w->Finish());
+    f.entry.split = shards[i].split;
+    KILN_RETURN_IF_ERROR(SaveShardState(env, dir, f.entry, plan, f.state));
+    out.push_back(std::move(f));
+  }
+  if (kept != nullptr) *kept = n_kept;
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ExampleReader>> ExampleReader::Open(Env* env,
                                                                    const std::string& path) {
   std::unique_ptr<ExampleReader> r(new ExampleReader());

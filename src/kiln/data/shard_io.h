@@ -21,10 +21,12 @@
 #define KILN_DATA_SHARD_IO_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -77,6 +79,22 @@ absl::StatusOr<std::optional<FinishedShard>> LoadShardState(Env* env, const std:
 // that are not in `keep` (left over from an import with another plan), with their states.
 absl::Status RemoveStaleShards(Env* env, const std::string& dir,
                                const std::vector<std::string>& keep);
+
+// Runs the shards of an import in order. Each planned shard that LoadShardState keeps is taken as
+// it is; every other one is written by produce(index, writer, &state) and then finished and its
+// state saved. Before that, DIR is created, an old dataset.json removed (the manifest is written
+// last, so its presence means a complete import) and RemoveStaleShards run. `kept` (optional)
+// receives how many shards were kept; on_kept(index) is called for each.
+struct PlannedShard {
+  std::string file;
+  std::string split;
+};
+using ProduceShardFn =
+    std::function<absl::Status(size_t index, ShardWriter& writer, nlohmann::json* state)>;
+absl::StatusOr<std::vector<FinishedShard>> WriteShards(
+    Env* env, const std::string& dir, const std::string& plan,
+    const std::vector<PlannedShard>& shards, const ProduceShardFn& produce, int* kept = nullptr,
+    const std::function<void(size_t)>& on_kept = nullptr);
 
 // Reads the tf.train.Example records of one shard. Every error is DataLoss naming the file and
 // the record's byte offset (a truncated record included: a finished shard is never appended to).

@@ -1,0 +1,291 @@
+#include "kiln/data/image_import.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "kiln/base/crc32c.h"
+#include "kiln/base/log.h"
+#include "kiln/base/status.h"
+#include "kiln/data/dataset.h"
+#include "kiln/data/dataset_manifest.h"
+#include "kiln/data/example_proto.h"
+#include "kiln/data/image_codec.h"
+#include "kiln/data/image_transform.h"
+#include "kiln/data/shard_io.h"
+
+namespace kiln::data {
+namespace {
+
+struct SourceFile {
+  std::string rel;  // path relative to src_dir
+  int64_t label = 0;
+  uint64_t size = 0;
+};
+
+bool IsImageName(const std::string& name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  for (const char* ext : {".jpg", ".jpeg", ".png"}) {
+    const size_t n = std::strlen(ext);
+    if (lower.size() > n && lower.compare(lower.size() - n, n, ext) == 0) return true;
+  }
+  return false;
+}
+
+absl::Status Walk(Env* env, const std::string& root, const std::string& rel, int64_t label,
+                  std::vector<SourceFile>* files, int64_t* ignored) {
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> names, env->GetChildren(JoinPath(root, rel)));
+  for (const std::string& name : names) {
+    if (name.empty() || name[0] == '.') continue;
+    const std::string r = JoinPath(rel, name);
+    KILN_ASSIGN_OR_RETURN(bool is_dir, env->IsDirectory(JoinPath(root, r)));
+    if (is_dir) {
+      KILN_RETURN_IF_ERROR(Walk(env, root, r, label, files, ignored));
+    } else if (IsImageName(name)) {
+      KILN_ASSIGN_OR_RETURN(uint64_t size, env->GetFileSize(JoinPath(root, r)));
+      files->push_back({r, label, size});
+    } else {
+      ++*ignored;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptions(const ImageImportOptions& o) {
+  if (o.src_dir.empty()) return absl::InvalidArgumentError("no source folder given");
+  if (o.out_dir.empty()) return absl::InvalidArgumentError("--out is required");
+  if (o.height < 1 || o.width < 1 || o.height > 8192 || o.width > 8192) {
+    return absl::InvalidArgumentError("--size must be HxW with 1 <= H, W <= 8192");
+  }
+  if (o.channels != 1 && o.channels != 3)
+    return absl::InvalidArgumentError("--channels must be 1 or 3");
+  if (o.resize != "crop" && o.resize != "fit") {
+    return absl::InvalidArgumentError("--resize must be crop or fit, not '" + o.resize + "'");
+  }
+  if (o.on_error != "fail" && o.on_error != "skip") {
+    return absl::InvalidArgumentError("--on-error must be fail or skip, not '" + o.on_error + "'");
+  }
+  if (o.background < 0 || o.background > 255)
+    return absl::InvalidArgumentError("--background must be 0..255");
+  if (o.shards < 1 || o.shards > 99999)
+    return absl::InvalidArgumentError("--shards must be 1..99999");
+  if (!(o.held_out >= 0 && o.held_out < 1))
+    return absl::InvalidArgumentError("--held-out must be in [0, 1)");
+  if (CleanPath(o.out_dir) == CleanPath(o.src_dir)) {
+    return absl::InvalidArgumentError("--out must not be the source folder");
+  }
+  return absl::OkStatus();
+}
+
+// One decoded file: its record (empty on error), its CRC, its pixel statistics.
+struct Decoded {
+  std::string payload;
+  std::string error;
+  uint32_t crc = 0;
+  ChannelStats stats;
+};
+
+Decoded DecodeOne(Env* env, const ImageImportOptions& o, const SourceFile& f) {
+  Decoded d;
+  d.stats = ChannelStats(o.channels);
+  absl::StatusOr<std::string> bytes = ReadFileToString(env, JoinPath(o.src_dir, f.rel));
+  if (!bytes.ok()) {
+    d.error = std::string(bytes.status().message());
+    return d;
+  }
+  d.crc = crc32c::Value(bytes->data(), bytes->size());
+  absl::StatusOr<Image> img = DecodeImage(*bytes, f.rel);
+  if (!img.ok()) {
+    d.error = std::string(img.status().message());
+    return d;
+  }
+  if (img->width < 1 || img->height < 1) {
+    d.error = f.rel + ": image has no pixels";
+    return d;
+  }
+  Image px = ConvertChannels(*img, o.channels, static_cast<uint8_t>(o.background));
+  px =
+      ResizeImage(px, o.height, o.width, o.resize == "crop" ? ResizeMode::kCrop : ResizeMode::kFit);
+  d.stats.Add(px.pixels.data(), static_cast<int64_t>(px.pixels.size()));
+  Example ex;
+  ex.features["image"] = Feature::Bytes({std::string(px.pixels.begin(), px.pixels.end())});
+  ex.features["label"] = Feature::Int64s({f.label});
+  ex.features["path"] = Feature::Bytes({f.rel});
+  d.payload = EncodeExample(ex);
+  return d;
+}
+
+std::string PlanFingerprint(const ImageImportOptions& o, const std::vector<SourceFile>& files,
+                            const std::vector<std::string>& labels) {
+  uint64_t h = Fnv1a64(absl::StrCat("images|", o.height, "x", o.width, "|", o.channels, "|",
+                                    o.resize, "|", o.background, "|", o.shards, "|", o.held_out,
+                                    "|", o.seed, "|", o.on_error));
+  for (const std::string& l : labels) h = Fnv1a64(l + "\n", h);
+  for (const SourceFile& f : files) h = Fnv1a64(absl::StrCat(f.rel, "\t", f.size, "\n"), h);
+  return Hex64(h);
+}
+
+}  // namespace
+
+int ShardCount(int64_t examples, int requested, double fraction, bool train) {
+  if (examples <= 0) return 0;
+  int64_t n = train ? requested : static_cast<int64_t>(std::ceil(requested * fraction));
+  return static_cast<int>(std::clamp<int64_t>(n, 1, examples));
+}
+
+absl::StatusOr<ImportSummary> ImportImages(Env* env, const ImageImportOptions& o,
+                                           const ProgressFn& progress) {
+  KILN_RETURN_IF_ERROR(CheckOptions(o));
+  KILN_ASSIGN_OR_RETURN(bool src_is_dir, env->IsDirectory(o.src_dir));
+  if (!src_is_dir) return absl::InvalidArgumentError(o.src_dir + " is not a folder");
+  ImportSummary summary;
+  std::vector<std::string> labels;
+  std::vector<SourceFile> files;
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> top, env->GetChildren(o.src_dir));
+  for (const std::string& name : top) {
+    if (name.empty() || name[0] == '.') continue;
+    KILN_ASSIGN_OR_RETURN(bool is_dir, env->IsDirectory(JoinPath(o.src_dir, name)));
+    if (!is_dir) {
+      ++summary.ignored;
+      continue;
+    }
+    labels.push_back(name);
+    KILN_RETURN_IF_ERROR(Walk(env, o.src_dir, name, static_cast<int64_t>(labels.size()) - 1, &files,
+                              &summary.ignored));
+  }
+  if (files.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.src_dir, " has no .jpg/.jpeg/.png files in class folders (expected SRC/<label>/<file>)"));
+  }
+  std::sort(files.begin(), files.end(),
+            [](const SourceFile& a, const SourceFile& b) { return a.rel < b.rel; });
+  for (const SourceFile& f : files) summary.input_bytes += f.size;
+
+  // The split and shard plan.
+  std::mt19937_64 rng(o.seed);
+  const std::vector<int64_t> perm = Permutation(static_cast<int64_t>(files.size()), rng);
+  const int64_t n_held = std::llround(o.held_out * static_cast<double>(files.size()));
+  std::map<std::string, std::vector<int64_t>> split_items;
+  split_items["held_out"].assign(perm.begin(), perm.begin() + n_held);
+  split_items["train"].assign(perm.begin() + n_held, perm.end());
+  std::vector<PlannedShard> plan;
+  std::vector<std::vector<int64_t>> shard_items;
+  for (const char* split : {"train", "held_out"}) {
+    const std::vector<int64_t>& items = split_items[split];
+    const int64_t m = static_cast<int64_t>(items.size());
+    const int count = ShardCount(m, o.shards, o.held_out, std::string(split) == "train");
+    for (int k = 0; k < count; ++k) {
+      plan.push_back({ShardFileName(split, k, count), split});
+      shard_items.emplace_back(items.begin() + k * m / count, items.begin() + (k + 1) * m / count);
+    }
+  }
+  const std::string plan_fp = PlanFingerprint(o, files, labels);
+  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+
+  int64_t done = 0;
+  const int64_t total = static_cast<int64_t>(files.size());
+  auto report = [&] {
+    if (progress) progress({"decode", done, total, "images"});
+  };
+  auto produce = [&](size_t index, ShardWriter& w, nlohmann::json* state) -> absl::Status {
+    const std::vector<int64_t>& items = shard_items[index];
+    ChannelStats stats(o.channels);
+    std::vector<int64_t> label_counts(labels.size(), 0);
+    nlohmann::json crcs = nlohmann::json::object(), skipped = nlohmann::json::array();
+    const int64_t block = 32 * threads;
+    for (int64_t b = 0; b < static_cast<int64_t>(items.size()); b += block) {
+      const int64_t n = std::min<int64_t>(block, items.size() - b);
+      std::vector<Decoded> out(n);
+      ParallelFor(threads, n, [&](int64_t i) { out[i] = DecodeOne(env, o, files[items[b + i]]); });
+      for (int64_t i = 0; i < n; ++i) {
+        const SourceFile& f = files[items[b + i]];
+        crcs[f.rel] = out[i].crc;
+        if (!out[i].error.empty()) {
+          if (o.on_error == "fail") {
+            return absl::InvalidArgumentError(
+                absl::StrCat(out[i].error, " (--on-error skip skips such files)"));
+          }
+          KILN_LOG(WARNING) << "skipping " << out[i].error;
+          skipped.push_back({{"file", f.rel}, {"error", out[i].error}});
+          continue;
+        }
+        KILN_RETURN_IF_ERROR(w.Write(out[i].payload));
+        stats.Merge(out[i].stats);
+        ++label_counts[f.label];
+      }
+      done += n;
+      report();
+    }
+    (*state)["stats"] = stats.ToPartialJson();
+    (*state)["label_counts"] = label_counts;
+    (*state)["crc32c"] = crcs;
+    (*state)["skipped"] = skipped;
+    return absl::OkStatus();
+  };
+  report();
+  KILN_ASSIGN_OR_RETURN(
+      std::vector<FinishedShard> finished,
+      WriteShards(env, o.out_dir, plan_fp, plan, produce, &summary.shards_kept, [&](size_t i) {
+        done += static_cast<int64_t>(shard_items[i].size());
+        report();
+      }));
+
+  // The manifest, from every shard's state in plan order.
+  DatasetManifest m;
+  m.kind = "images";
+  m.features = {{"image", "uint8", {o.height, o.width, o.channels}, "pixels, HWC row-major"},
+                {"label", "int64", {}, "index into label.vocabulary"},
+                {"path", "string", {}, "source file relative to the import folder"}};
+  m.label_feature = "label";
+  m.label_vocabulary = labels;
+  ChannelStats stats(o.channels);
+  nlohmann::json label_counts = nlohmann::json::object();
+  std::map<std::string, uint32_t> crc_of;
+  try {
+    for (const FinishedShard& f : finished) {
+      stats.Merge(ChannelStats::FromPartialJson(f.state.at("stats")));
+      std::vector<int64_t> c = f.state.at("label_counts").get<std::vector<int64_t>>();
+      if (!label_counts.contains(f.entry.split)) {
+        label_counts[f.entry.split] = std::vector<int64_t>(labels.size(), 0);
+      }
+      for (size_t i = 0; i < c.size() && i < labels.size(); ++i) {
+        label_counts[f.entry.split][i] = label_counts[f.entry.split][i].get<int64_t>() + c[i];
+      }
+      for (const auto& [rel, crc] : f.state.at("crc32c").items()) crc_of[rel] = crc.get<uint32_t>();
+      for (const auto& s : f.state.at("skipped")) m.skipped.push_back(s);
+      m.shards.push_back(f.entry);
+    }
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("import state in ", o.out_dir, "/", kImportStateDir,
+                                            " is malformed: ", e.what(), " (delete it and rerun)"));
+  }
+  m.statistics["image"] = stats.Summary();
+  m.statistics["label"] = {{"counts", label_counts}};
+  uint64_t fp = Fnv1a64("images\n");
+  for (const SourceFile& f : files) {
+    fp = Fnv1a64(absl::StrCat(f.rel, "\t", f.size, "\t", Hex32(crc_of[f.rel]), "\n"), fp);
+  }
+  m.source_fingerprint = Hex64(fp);
+  m.source_files = static_cast<int64_t>(files.size());
+  m.source_bytes = summary.input_bytes;
+  m.import_options = {{"source", o.src_dir},        {"size", {o.height, o.width}},
+                      {"channels", o.channels},     {"resize", o.resize},
+                      {"background", o.background}, {"shards", o.shards},
+                      {"held_out", o.held_out},     {"seed", o.seed},
+                      {"on_error", o.on_error}};
+  KILN_RETURN_IF_ERROR(WriteManifest(env, o.out_dir, m));
+  summary.shards = static_cast<int>(m.shards.size());
+  summary.splits = m.SplitExamples();
+  for (const auto& [split, n] : summary.splits) summary.examples += n;
+  summary.skipped = static_cast<int64_t>(m.skipped.size());
+  summary.units = summary.examples;
+  return summary;
+}
+
+}  // namespace kiln::data
