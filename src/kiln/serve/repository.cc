@@ -1,0 +1,325 @@
+#include "kiln/serve/repository.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kiln/base/log.h"
+#include "kiln/base/status.h"
+#include "kiln/serve/oip.h"
+
+namespace kiln::serve {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A version folder name: a positive integer without leading zeros.
+bool ParseVersion(const std::string& s, int64_t* v) {
+  if (s.empty() || s.size() > 18 || s[0] == '0') return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  *v = std::stoll(s);
+  return true;
+}
+
+absl::Status ApplyKey(const std::string& key, const YAML::Node& v, ModelConfig* c) {
+  BatchingConfig& b = c->batching;
+  if (key == "max_batch_size") {
+    b.max_batch_size = v.as<int64_t>();
+  } else if (key == "preferred_batch_sizes") {
+    b.preferred_batch_sizes = v.as<std::vector<int64_t>>();
+  } else if (key == "max_queue_delay_us") {
+    b.max_queue_delay_us = v.as<int64_t>();
+  } else if (key == "max_queue_size") {
+    b.max_queue_size = v.as<int64_t>();
+  } else if (key == "instances") {
+    b.instances = v.as<int>();
+  } else if (key == "default_timeout_us") {
+    b.default_timeout_us = v.as<int64_t>();
+  } else if (key == "priority_levels") {
+    b.priority_levels = v.as<int64_t>();
+  } else if (key == "default_priority_level") {
+    b.default_priority_level = v.as<int64_t>();
+  } else if (key == "preserve_ordering") {
+    b.preserve_ordering = v.as<bool>();
+  } else if (key == "version_policy") {
+    const std::string p = v.as<std::string>();
+    if (p == "latest") {
+      c->policy = ModelConfig::VersionPolicy::kLatest;
+    } else if (p == "all") {
+      c->policy = ModelConfig::VersionPolicy::kAll;
+    } else if (p == "specific") {
+      c->policy = ModelConfig::VersionPolicy::kSpecific;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("version_policy: '", p, "' is not latest, all or specific"));
+    }
+  } else if (key == "num_versions") {
+    c->num_versions = v.as<int64_t>();
+  } else if (key == "versions") {
+    c->versions = v.as<std::vector<int64_t>>();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown key '", key,
+        "' (known: max_batch_size, preferred_batch_sizes, max_queue_delay_us, max_queue_size, "
+        "instances, default_timeout_us, priority_levels, default_priority_level, "
+        "preserve_ordering, version_policy, num_versions, versions)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<int64_t> ModelConfig::Select(const std::vector<int64_t>& available) const {
+  std::vector<int64_t> out;
+  switch (policy) {
+    case VersionPolicy::kAll:
+      return available;
+    case VersionPolicy::kLatest: {
+      const int64_t n = std::min<int64_t>(num_versions, available.size());
+      out.assign(available.end() - n, available.end());
+      return out;
+    }
+    case VersionPolicy::kSpecific:
+      for (int64_t v : available)
+        if (std::find(versions.begin(), versions.end(), v) != versions.end()) out.push_back(v);
+      return out;
+  }
+  return out;
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std::string& where,
+                                             const ModelConfig& defaults) {
+  ModelConfig c = defaults;
+  try {
+    YAML::Node root = YAML::Load(text);
+    if (root.IsNull()) return c;
+    if (!root.IsMap())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": expected a mapping of keys"));
+    for (const auto& kv : root) {
+      const std::string key = kv.first.as<std::string>();
+      try {
+        absl::Status s = ApplyKey(key, kv.second, &c);
+        if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+      } catch (const YAML::Exception& e) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ":", e.mark.line + 1, ": ", key, ": wrong type (", e.msg, ")"));
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ":", e.mark.line + 1, ": ", e.msg));
+  }
+  absl::Status s = c.batching.Validate();
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+  if (c.policy == ModelConfig::VersionPolicy::kLatest && c.num_versions < 1)
+    return absl::InvalidArgumentError(absl::StrCat(where, ": num_versions must be at least 1"));
+  if (c.policy == ModelConfig::VersionPolicy::kSpecific && c.versions.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": version_policy specific needs a non-empty versions list"));
+  return c;
+}
+
+// ---- ModelRegistry ----
+
+void ModelRegistry::Put(std::shared_ptr<ServedModel> model) {
+  int64_t v = 0;
+  if (!ParseVersion(model->version(), &v)) v = 1;
+  ModelMetrics* m = metrics_->ForModel(model->name(), model->version());
+  model->set_batch_observer([m](const BatchStats& s) {
+    m->compute.Observe(s.compute_us * 1e-6);
+    m->batch_size.Observe(static_cast<double>(s.rows));
+  });
+  std::weak_ptr<ServedModel> weak = model;
+  metrics_->SetQueueDepth(m, [weak]() -> int64_t {
+    auto p = weak.lock();
+    return p ? p->queue_depth() : 0;
+  });
+  std::lock_guard<std::mutex> lock(mu_);
+  models_[model->name()][v] = std::move(model);
+}
+
+std::shared_ptr<ServedModel> ModelRegistry::Remove(const std::string& name,
+                                                   const std::string& version) {
+  int64_t v = 0;
+  if (!ParseVersion(version, &v)) return nullptr;
+  std::shared_ptr<ServedModel> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = models_.find(name);
+    if (it == models_.end()) return nullptr;
+    auto jt = it->second.find(v);
+    if (jt == it->second.end()) return nullptr;
+    out = std::move(jt->second);
+    it->second.erase(jt);
+    if (it->second.empty()) models_.erase(it);
+  }
+  metrics_->SetQueueDepth(metrics_->ForModel(name, version), nullptr);
+  return out;
+}
+
+std::shared_ptr<ServedModel> ModelRegistry::Find(const std::string& name,
+                                                 const std::string& version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = models_.find(name);
+  if (it == models_.end() || it->second.empty()) return nullptr;
+  if (version.empty()) return it->second.rbegin()->second;
+  int64_t v = 0;
+  if (!ParseVersion(version, &v)) return nullptr;
+  auto jt = it->second.find(v);
+  return jt == it->second.end() ? nullptr : jt->second;
+}
+
+std::vector<std::string> ModelRegistry::Versions(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  auto it = models_.find(name);
+  if (it != models_.end())
+    for (const auto& [v, m] : it->second) out.push_back(m->version());
+  return out;
+}
+
+std::vector<std::shared_ptr<ServedModel>> ModelRegistry::All() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<ServedModel>> out;
+  for (const auto& [n, vs] : models_)
+    for (const auto& [v, m] : vs) out.push_back(m);
+  return out;
+}
+
+// ---- ModelRepository ----
+
+ModelRepository::ModelRepository(std::string root, ModelConfig defaults, runtime::Backend* backend,
+                                 ModelRegistry* registry)
+    : root_(std::move(root)),
+      defaults_(std::move(defaults)),
+      backend_(backend),
+      registry_(registry) {}
+
+absl::StatusOr<std::vector<std::string>> ModelRepository::ModelNames() const {
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec))
+    return absl::NotFoundError(absl::StrCat("model repository ", root_, " is not a folder"));
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root_, ec))
+    if (e.is_directory() && e.path().filename().string()[0] != '.')
+      names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+absl::Status ModelRepository::LoadAll() {
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> names, ModelNames());
+  for (const std::string& n : names) {
+    absl::Status s = Load(n);
+    if (!s.ok()) KILN_LOG(WARNING) << "kiln serve: model " << n << " not loaded: " << s.message();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRepository::Load(const std::string& name) {
+  std::lock_guard<std::mutex> load_lock(load_mu_);
+  auto fail = [&](absl::Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failures_[name] = std::string(s.message());
+    return s;
+  };
+  const fs::path dir = fs::path(root_) / name;
+  std::error_code ec;
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.' ||
+      !fs::is_directory(dir, ec))
+    return absl::NotFoundError(absl::StrCat("no model '", name, "' in repository ", root_));
+  ModelConfig config = defaults_;
+  const fs::path config_path = dir / "config.yaml";
+  if (fs::exists(config_path, ec)) {
+    std::ifstream in(config_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(text.str(), config_path.string(), defaults_);
+    if (!c.ok()) return fail(c.status());
+    config = *c;
+  }
+  std::vector<int64_t> available;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    int64_t v = 0;
+    if (e.is_directory() && ParseVersion(e.path().filename().string(), &v)) available.push_back(v);
+  }
+  std::sort(available.begin(), available.end());
+  const std::vector<int64_t> chosen = config.Select(available);
+  if (chosen.empty()) {
+    return fail(absl::NotFoundError(
+        absl::StrCat("model '", name, "' has no version folder its version policy selects (found: ",
+                     available.empty() ? "none" : absl::StrJoin(available, ", "), ")")));
+  }
+  // Load every chosen version first; only then swap, so a failure changes nothing.
+  std::vector<std::shared_ptr<ServedModel>> loaded;
+  for (int64_t v : chosen) {
+    absl::StatusOr<std::unique_ptr<ServedModel>> m = ServedModel::Load(
+        (dir / std::to_string(v)).string(), name, std::to_string(v), config.batching, backend_);
+    if (!m.ok()) {
+      for (auto& l : loaded) l->Stop();
+      return fail(m.status());
+    }
+    loaded.push_back(std::move(*m));
+  }
+  std::set<std::string> keep;
+  for (auto& m : loaded) keep.insert(m->version());
+  std::vector<std::shared_ptr<ServedModel>> old;
+  for (const std::string& v : registry_->Versions(name)) {
+    auto m = v.empty() ? nullptr : registry_->Find(name, v);
+    if (m != nullptr) old.push_back(m);
+    if (!keep.count(v)) registry_->Remove(name, v);
+  }
+  for (auto& m : loaded) registry_->Put(m);
+  for (auto& m : old) m->Stop();  // the replaced versions finish what they queued
+  std::lock_guard<std::mutex> lock(mu_);
+  failures_.erase(name);
+  return absl::OkStatus();
+}
+
+absl::Status ModelRepository::Unload(const std::string& name) {
+  std::lock_guard<std::mutex> load_lock(load_mu_);
+  std::vector<std::string> versions = registry_->Versions(name);
+  if (versions.empty())
+    return absl::NotFoundError(absl::StrCat("model '", name, "' is not loaded"));
+  for (const std::string& v : versions)
+    if (auto m = registry_->Remove(name, v)) m->Stop();
+  return absl::OkStatus();
+}
+
+std::string ModelRepository::IndexJson(bool ready_only) const {
+  std::vector<std::string> entries;
+  absl::StatusOr<std::vector<std::string>> names = ModelNames();
+  std::set<std::string> all;
+  if (names.ok()) all.insert(names->begin(), names->end());
+  for (const auto& m : registry_->All()) all.insert(m->name());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::string& n : all) {
+    std::vector<std::string> versions = registry_->Versions(n);
+    for (const std::string& v : versions) {
+      std::string e = "{\"name\":";
+      AppendJsonString(n, &e);
+      e += ",\"version\":";
+      AppendJsonString(v, &e);
+      e += ",\"state\":\"READY\"}";
+      entries.push_back(e);
+    }
+    if (versions.empty() && !ready_only) {
+      std::string e = "{\"name\":";
+      AppendJsonString(n, &e);
+      auto f = failures_.find(n);
+      e += ",\"state\":\"UNAVAILABLE\",\"reason\":";
+      AppendJsonString(f != failures_.end() ? f->second : "not loaded", &e);
+      e += "}";
+      entries.push_back(e);
+    }
+  }
+  return "[" + absl::StrJoin(entries, ",") + "]";
+}
+
+}  // namespace kiln::serve

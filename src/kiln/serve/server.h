@@ -1,0 +1,93 @@
+// The inference server: the Open Inference Protocol (KServe v2) REST endpoints over HttpServer,
+// served from a ModelRegistry (and a ModelRepository for the repository API), with Prometheus
+// metrics and a JSON access log. Endpoints, errors and formats: docs/serving.md.
+//
+//   InferenceServer server(options);
+//   server.registry().Put(std::move(model));      // or a ModelRepository on server.registry()
+//   KILN_RETURN_IF_ERROR(server.Start());         // listens; server.port()
+//   ...
+//   server.Shutdown(30000);                       // not ready, stop accepting, drain, stop models
+//
+// Status codes: 200; 400 a malformed request (the message names the field); 404 an unknown
+// path, model or version; 405 a wrong method; 413 a body over the limit; 503 (Retry-After) a
+// full queue, a request timeout or a server shutting down. 500 only for a broken invariant.
+#ifndef KILN_SERVE_SERVER_H_
+#define KILN_SERVE_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kiln/serve/http_server.h"
+#include "kiln/serve/metrics.h"
+#include "kiln/serve/repository.h"
+
+namespace kiln::serve {
+
+struct ServerOptions {
+  HttpServerOptions http;
+  // The largest element count one input may declare (checked before allocating).
+  int64_t max_input_elements = int64_t{1} << 26;
+  // One JSON line per sampled request; null: none. Written under a lock.
+  std::ostream* access_log = nullptr;
+  double access_log_sample = 1.0;  // fraction of requests logged, spread evenly
+  std::string server_version = "0.0.0";
+};
+
+class InferenceServer {
+ public:
+  explicit InferenceServer(ServerOptions options);
+  ~InferenceServer();  // Shutdown(0)
+
+  ModelRegistry& registry() { return registry_; }
+  ServerMetrics& metrics() { return metrics_; }
+  // Enables /v2/repository/... (must outlive the server).
+  void set_repository(ModelRepository* repo) { repository_ = repo; }
+
+  absl::Status Start();
+  int port() const { return http_ ? http_->port() : 0; }
+  // Ready turns false, the listener closes, requests read are answered (for up to drain_ms),
+  // then every model finishes its queue and stops. Idempotent.
+  void Shutdown(int64_t drain_ms);
+
+  // How a model's status maps to metrics and to HTTP (400, 503 + Retry-After, 500).
+  static Outcome OutcomeFor(const absl::Status& s);
+  static HttpResponse ErrorResponse(const absl::Status& s);
+
+  // One request (the HTTP server calls it; tests may too).
+  void Handle(HttpRequest request, HttpReplier reply);
+
+ private:
+  struct Call {  // one request's context, for metrics and the access log
+    int64_t start_us = 0;
+    std::string method, path, remote, model, version, id;
+    int64_t bytes_in = 0;
+    int64_t queue_us = -1, compute_us = -1, batch_rows = 0;
+    ModelMetrics* metrics = nullptr;
+  };
+  void Route(const std::vector<std::string>& parts, HttpRequest& req, Call& call,
+             HttpReplier& reply);
+  void Infer(std::shared_ptr<ServedModel> model, HttpRequest& req, Call& call, HttpReplier& reply);
+  void Repository(const std::vector<std::string>& parts, HttpRequest& req, HttpReplier& reply);
+  void Finish(Call& call, HttpResponse response, HttpReplier& reply);
+
+  const ServerOptions options_;
+  ServerMetrics metrics_;
+  ModelRegistry registry_;
+  ModelRepository* repository_ = nullptr;
+  std::unique_ptr<HttpServer> http_;
+  std::atomic<bool> ready_{false};
+  std::atomic<uint64_t> log_counter_{0};
+  std::mutex log_mu_;
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;
+};
+
+}  // namespace kiln::serve
+
+#endif  // KILN_SERVE_SERVER_H_
