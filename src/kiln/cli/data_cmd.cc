@@ -270,6 +270,15 @@ int DataCommands::Run(std::ostream& out, std::ostream& err) {
     PrintSummary(out, image_opts_.out_dir, *r, seconds(), "images");
     return 0;
   }
+  if (*csv_) {
+    absl::StatusOr<data::ImportSummary> r = data::ImportCsv(Env::Default(), csv_opts_, progress);
+    if (!r.ok()) {
+      err << (tty ? "\n" : "") << "kiln data import csv: " << r.status().message() << "\n";
+      return 1;
+    }
+    PrintSummary(out, csv_opts_.out_dir, *r, seconds(), "rows");
+    return 0;
+  }
   if (*inspect_) {
     absl::Status s = InspectDataset(inspect_dir_, !inspect_no_verify_, out);
     if (!s.ok()) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "kiln/data/csv_import.h"
 #include "kiln/data/image_import.h"
 
 namespace kiln::cli {
@@ -34,6 +35,7 @@ class DataCommands {
   CLI::App* inspect_ = nullptr;
   data::ImageImportOptions image_opts_;
   std::string size_;
+  data::CsvImportOptions csv_opts_;
   std::string inspect_dir_;
   bool inspect_no_verify_ = false;
   bool quiet_ = false;
