@@ -112,6 +112,76 @@ Shape PoolOutShape(const PoolCase& p) {
                WindowOut(p.input.dim(3), o.padding[2], o.padding[3], o.window[1], o.strides[1])};
 }
 
+// The int8 ops: integer sums, one f32 conversion and one f32 multiply, so the cpu backend's
+// oneDNN int8 primitives and the reference loops agree bit for bit (exact rows).
+void AppendQuantizedCases(std::vector<OpCase>& rows) {
+  const Gen s8 = IntRange(-127, 127);
+  const Gen scales = Uniform(1e-3, 0.1);
+  // ---- quantize ----
+  for (auto [shape, scale] : {std::pair{Shape{3, 17}, 0.02f}, std::pair{Shape{2, 3, 4, 5}, 0.0173f},
+                              std::pair{Shape{1000}, 0.5f}}) {
+    OpCase c = MakeCase(
+        "quantize_" + ShapeName(shape) + "_s" + std::to_string(static_cast<int>(scale * 1e4)),
+        Opcode::kQuantize, {{"x", shape, Uniform(-3, 3)}},
+        [scale](ir::Builder&, const std::vector<Value>& in, DType) {
+          return ir::Quantize(in[0], scale);
+        },
+        {DType::kF32}, false);
+    c.exact = true;
+    rows.push_back(std::move(c));
+  }
+  // ---- quantized_dot ----
+  for (auto [x, w] :
+       {std::pair{Shape{4, 64}, Shape{64, 10}}, std::pair{Shape{2, 3, 17}, Shape{17, 5}},
+        std::pair{Shape{1, 128}, Shape{128, 64}}, std::pair{Shape{33, 7}, Shape{7, 130}},
+        std::pair{Shape{64, 300}, Shape{300, 16}}}) {
+    OpCase c = MakeCase(
+        "quantized_dot_" + ShapeName(x) + "_" + ShapeName(w), Opcode::kQuantizedDot,
+        {{"x", x, s8, DType::kS8},
+         {"w", w, s8, DType::kS8},
+         {"scale", Shape{w.dim(1)}, scales, DType::kF32}},
+        [](ir::Builder&, const std::vector<Value>& in, DType) {
+          return ir::QuantizedDot(in[0], in[1], in[2]);
+        },
+        {DType::kF32}, false);
+    c.exact = true;
+    c.reduction = w.dim(0);
+    rows.push_back(std::move(c));
+  }
+  // ---- quantized_conv2d ----
+  struct QConv {
+    std::string name;
+    Shape in, filter;
+    ir::Conv2dOptions opts;
+  };
+  ir::Conv2dOptions pad1;
+  pad1.padding = {1, 1, 1, 1};
+  ir::Conv2dOptions odd;
+  odd.strides = {2, 1};
+  odd.padding = {1, 0, 0, 2};
+  odd.dilation = {1, 2};
+  odd.groups = 2;
+  const QConv convs[] = {{"pad1_2x3x8x8_k3", Shape{2, 3, 8, 8}, Shape{8, 3, 3, 3}, pad1},
+                         {"plain_1x16x8x8_k1", Shape{1, 16, 8, 8}, Shape{32, 16, 1, 1}, {}},
+                         {"pad1_2x16x8x8_k3", Shape{2, 16, 8, 8}, Shape{32, 16, 3, 3}, pad1},
+                         {"odd_1x4x7x6_g2", Shape{1, 4, 7, 6}, Shape{6, 2, 3, 3}, odd}};
+  for (const QConv& q : convs) {
+    ir::Conv2dOptions opts = q.opts;
+    OpCase c = MakeCase(
+        "quantized_conv2d_" + q.name, Opcode::kQuantizedConv2d,
+        {{"x", q.in, s8, DType::kS8},
+         {"w", q.filter, s8, DType::kS8},
+         {"scale", Shape{q.filter.dim(0)}, scales, DType::kF32}},
+        [opts](ir::Builder&, const std::vector<Value>& in, DType) {
+          return ir::QuantizedConv2d(in[0], in[1], in[2], opts);
+        },
+        {DType::kF32}, false);
+    c.exact = true;
+    c.reduction = q.filter.dim(1) * q.filter.dim(2) * q.filter.dim(3);
+    rows.push_back(std::move(c));
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> NnCases() {
@@ -400,6 +470,7 @@ std::vector<OpCase> NnCases() {
       rows.push_back(std::move(c));
     }
   }
+  AppendQuantizedCases(rows);
   return rows;
 }
 

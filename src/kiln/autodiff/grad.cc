@@ -10,6 +10,7 @@
 #include "kiln/autodiff/vjp_rules.h"
 #include "kiln/base/status.h"
 #include "kiln/ir/builder.h"
+#include "kiln/ir/op_traits.h"
 #include "kiln/ir/verifier.h"
 
 namespace kiln::autodiff {
@@ -103,6 +104,13 @@ absl::StatusOr<ir::Graph> Grad(const ir::Graph& f, const std::vector<std::string
       any = any || wanted.back();
     }
     if (!any) continue;
+    // int8 ops round their inputs: a zero gradient through them would be silently wrong.
+    if (ir::OpTraits(node.opcode()).family == ir::KernelFamily::kQuantized) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grad: %", id, " (", OpName(node),
+                       ") is not differentiable: int8 ops are for inference (train in f32, "
+                       "then `kiln quantize`)"));
+    }
     if (!IsDifferentiable(node.opcode())) continue;
     absl::StatusOr<Cotangents> cts = Vjp({node, operands, fwd[id], *cot[id], wanted});
     if (!cts.ok()) {

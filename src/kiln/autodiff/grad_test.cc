@@ -283,6 +283,9 @@ std::map<Opcode, Row> MakeOpTable() {
   t[Opcode::kLogicalNot] = {"bool/integer operand"};
   t[Opcode::kLogicalOr] = {"bool/integer operands"};
   t[Opcode::kParameter] = {"a leaf"};
+  t[Opcode::kQuantize] = {"int8 inference op (Grad refuses it)"};
+  t[Opcode::kQuantizedConv2d] = {"int8 inference op (Grad refuses it)"};
+  t[Opcode::kQuantizedDot] = {"int8 inference op (Grad refuses it)"};
   t[Opcode::kRandomBits] = {"integer operands"};
   t[Opcode::kSign] = {"derivative zero almost everywhere"};
 
@@ -541,6 +544,20 @@ INSTANTIATE_TEST_SUITE_P(AllOps, GradOpTest, ::testing::Range(0, ir::kNumOpcodes
 
 // ----------------------------------------------------------------------------------------------
 // Whole graphs
+
+TEST(Grad, RefusesInt8Ops) {
+  Builder b("q");
+  Value x = b.Parameter("x", DType::kF32, {2, 3});
+  Value w = b.Parameter("w", DType::kS8, {3, 4});
+  Value s = b.Parameter("s", DType::kF32, {4});
+  b.Output("loss", ir::ReduceSum(ir::QuantizedDot(ir::Quantize(x, 0.5f), w, s), {0, 1}));
+  absl::StatusOr<ir::Graph> f = b.Build();
+  ASSERT_TRUE(f.ok()) << f.status();
+  absl::StatusOr<ir::Graph> g = Grad(*f, {"x", "s"}, "loss");
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("quantized_dot) is not differentiable"), std::string::npos)
+      << g.status();
+}
 
 TEST(Grad, TwoLayerMlp) {
   Builder b("mlp");

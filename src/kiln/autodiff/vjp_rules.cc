@@ -608,6 +608,10 @@ VjpRule FindVjpRule(ir::Opcode op) {
       return nullptr;  // a leaf
     case Opcode::kPow:
       return &PowVjp;
+    case Opcode::kQuantize:
+    case Opcode::kQuantizedConv2d:
+    case Opcode::kQuantizedDot:
+      return nullptr;  // int8 inference ops: Grad refuses them (grad.cc)
     case Opcode::kRandomBits:
       return nullptr;  // integer seed/counter
     case Opcode::kReduceMax:

@@ -549,6 +549,22 @@ Value Conv2dBackwardFilter(Value input, Value grad_out, Shape filter_shape,
   return b->AddNode(Opcode::kConv2dBackwardFilter, {input, grad_out}, std::move(attrs));
 }
 
+Value Quantize(Value x, float scale) {
+  return Unary(Opcode::kQuantize, x, {{"scale", static_cast<double>(scale)}});
+}
+
+Value QuantizedDot(Value x, Value w, Value scale) {
+  Builder* b = Ready("quantized_dot", {x, w, scale});
+  if (b == nullptr) return Invalid({x, w, scale});
+  return b->AddNode(Opcode::kQuantizedDot, {x, w, scale}, {});
+}
+
+Value QuantizedConv2d(Value input, Value filter, Value scale, const Conv2dOptions& opts) {
+  Builder* b = Ready("quantized_conv2d", {input, filter, scale});
+  if (b == nullptr) return Invalid({input, filter, scale});
+  return b->AddNode(Opcode::kQuantizedConv2d, {input, filter, scale}, ConvAttrs(opts));
+}
+
 Value MaxPool2d(Value x, const Pool2dOptions& opts) {
   return Unary(Opcode::kMaxPool2d, x, PoolAttrs(opts, /*avg=*/false));
 }

@@ -180,6 +180,15 @@ Value Conv2dBackwardInput(Value grad_out, Value filter, Shape input_shape,
 Value Conv2dBackwardFilter(Value input, Value grad_out, Shape filter_shape,
                            const Conv2dOptions& opts);
 
+// ---- int8 (post-training quantization; docs/ops.md "Quantized ops") ----
+// f32 -> s8: clamp(rint(x / scale), -127, 127) (one f32 division, half to even; NaN -> 0).
+Value Quantize(Value x, float scale);
+// s8 x[..., K], s8 w[K, N], f32 scale[N] -> f32[..., N] = f32(exact int32 sum) * scale[n].
+Value QuantizedDot(Value x, Value w, Value scale);
+// s8 input NCHW, s8 filter OIHW, f32 scale[O] -> f32 (conv2d's geometry) = f32(int32 sum) *
+// scale[o].
+Value QuantizedConv2d(Value input, Value filter, Value scale, const Conv2dOptions& opts = {});
+
 struct Pool2dOptions {
   std::vector<int64_t> window = {2, 2};
   std::vector<int64_t> strides = {2, 2};

@@ -45,6 +45,7 @@ enum class KernelFamily : uint8_t {
   kAttention,
   kRandom,
   kCollective,
+  kQuantized,  // quantize, quantized_dot, quantized_conv2d (int8; no fusion group takes them)
 };
 
 // The math-library algorithm whose semantics are exactly the op's (oneDNN's names): eltwise for

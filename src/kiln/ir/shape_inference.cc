@@ -524,6 +524,9 @@ absl::StatusOr<Type> Dispatch(const RuleContext& c) {
     case Opcode::kConv2d:
     case Opcode::kConv2dBackwardFilter:
     case Opcode::kConv2dBackwardInput:
+    case Opcode::kQuantize:
+    case Opcode::kQuantizedConv2d:
+    case Opcode::kQuantizedDot:
       return internal::InferContraction(c);
     case Opcode::kAvgPool2d:
     case Opcode::kAvgPool2dGrad:

@@ -1,12 +1,14 @@
 // Shape and dtype inference for contractions (dot_general, conv2d and its gradients), 2-D pooling
 // and composite NN ops. Dispatch and the remaining families are in shape_inference.cc.
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "kiln/base/status.h"
 #include "kiln/ir/internal/shape_rules.h"
+#include "kiln/ir/op_traits.h"
 #include "kiln/ir/shape_inference.h"
 
 namespace kiln::ir::internal {
@@ -149,6 +151,63 @@ absl::StatusOr<Type> InferConv(const RuleContext& c) {
   }
 }
 
+// ---- quantize, quantized_dot, quantized_conv2d ----
+absl::Status RequireDType(const RuleContext& c, int i, DType want, const std::string& what) {
+  if (c.in(i).dtype == want) return absl::OkStatus();
+  return c.Error(what + " must be " + std::string(DTypeName(want)) + ", got " + c.T(i));
+}
+
+// The per-output-channel scale operand: f32[channels].
+absl::Status RequireScale(const RuleContext& c, int i, int64_t channels) {
+  KILN_RETURN_IF_ERROR(RequireDType(c, i, DType::kF32, "scale"));
+  if (c.rank(i) != 1 || c.shape(i).dim(0) != channels)
+    return c.Error("scale " + c.T(i) + " must be f32[" + S(channels) +
+                   "] (one per output channel)");
+  return absl::OkStatus();
+}
+
+// The int32 accumulator must hold any sum of `terms` products of two s8 values in [-127, 127].
+absl::Status RequireInt32Sum(const RuleContext& c, int64_t terms) {
+  constexpr int64_t kMaxTerms = 2147483647 / (127 * 127);  // 133144
+  if (terms <= kMaxTerms) return absl::OkStatus();
+  return c.Error("a sum of " + S(terms) + " int8 products may overflow the int32 accumulator (at " +
+                 "most " + S(kMaxTerms) + ")");
+}
+
+absl::StatusOr<Type> InferQuantized(const RuleContext& c) {
+  if (c.op() == Opcode::kQuantize) {
+    KILN_RETURN_IF_ERROR(RequireDType(c, 0, DType::kF32, "operand"));
+    KILN_ASSIGN_OR_RETURN(double scale, c.Float("scale"));
+    if (!(scale > 0) || !std::isfinite(scale) || !std::isfinite(static_cast<float>(scale)) ||
+        static_cast<float>(scale) == 0.f)
+      return c.Error("attribute 'scale' must be a positive finite f32, got " +
+                     std::to_string(scale));
+    return Type{DType::kS8, c.shape(0)};
+  }
+  KILN_RETURN_IF_ERROR(RequireDType(c, 0, DType::kS8, "input"));
+  KILN_RETURN_IF_ERROR(RequireDType(c, 1, DType::kS8, "weights"));
+  if (c.op() == Opcode::kQuantizedConv2d) {
+    KILN_ASSIGN_OR_RETURN(ConvAttrs a, ReadConvAttrs(c));
+    KILN_ASSIGN_OR_RETURN(Shape out, ConvForwardShape(c, c.shape(0), c.shape(1), a));
+    KILN_RETURN_IF_ERROR(RequireScale(c, 2, c.shape(1).dim(0)));
+    KILN_RETURN_IF_ERROR(
+        RequireInt32Sum(c, c.shape(1).dim(1) * c.shape(1).dim(2) * c.shape(1).dim(3)));
+    return Type{DType::kF32, out};
+  }
+  // quantized_dot: x[..., K] x w[K, N].
+  if (c.rank(0) < 1 || c.rank(1) != 2)
+    return c.Error("expected x [..., K] and w [K, N], got " + c.T(0) + " and " + c.T(1));
+  const int64_t k = c.shape(0).dim(c.rank(0) - 1);
+  if (k != c.shape(1).dim(0))
+    return c.Error("contracting sizes differ: x " + c.T(0) + " last dim is " + S(k) + ", w " +
+                   c.T(1) + " dim 0 is " + S(c.shape(1).dim(0)));
+  KILN_RETURN_IF_ERROR(RequireScale(c, 2, c.shape(1).dim(1)));
+  KILN_RETURN_IF_ERROR(RequireInt32Sum(c, k));
+  std::vector<int64_t> dims = c.shape(0).dims();
+  dims.back() = c.shape(1).dim(1);
+  return Type{DType::kF32, Shape(dims)};
+}
+
 struct PoolAttrs {
   std::vector<int64_t> window, strides, padding;
 };
@@ -184,6 +243,7 @@ absl::StatusOr<Shape> PoolForwardShape(const RuleContext& c, const Shape& in, co
 
 absl::StatusOr<Type> InferContraction(const RuleContext& c) {
   if (c.op() == Opcode::kDotGeneral) return InferDotGeneral(c);
+  if (OpTraits(c.op()).family == KernelFamily::kQuantized) return InferQuantized(c);
   return InferConv(c);
 }
 

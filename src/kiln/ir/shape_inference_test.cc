@@ -239,6 +239,38 @@ std::map<Opcode, OpCases> Table() {
          {"rhs_contracting", Ints{0, 1}}},
         {},
         "used twice"}}};
+  // int8.
+  t[O::kQuantize] = {{{{F({2, 3})}, {{"scale", 0.25}}, {}, T(DType::kS8, {2, 3})}},
+                     {{{F({2, 3})}, {{"scale", 0.0}}, {}, "positive finite"},
+                      {{F({2, 3})}, {{"scale", -1.0}}, {}, "positive finite"},
+                      {{F({2})}, {{"scale", 1e300}}, {}, "positive finite"},
+                      {{T(DType::kF64, {2})}, {{"scale", 1.0}}, {}, "operand must be f32"}}};
+  t[O::kQuantizedDot] = {
+      {{{T(DType::kS8, {2, 5, 3}), T(DType::kS8, {3, 4}), F({4})}, {}, {}, F({2, 5, 4})}},
+      {{{T(DType::kS8, {2, 3}), T(DType::kS8, {4, 4}), F({4})}, {}, {}, "contracting sizes differ"},
+       {{T(DType::kS8, {2, 3}), T(DType::kS8, {3, 4}), F({3})}, {}, {}, "one per output channel"},
+       {{F({2, 3}), T(DType::kS8, {3, 4}), F({4})}, {}, {}, "input must be s8"},
+       {{T(DType::kS8, {2, 3}), T(DType::kS8, {3, 4, 1}), F({4})}, {}, {}, "w [K, N]"}}};
+  t[O::kQuantizedConv2d] = {{{{T(DType::kS8, {2, 4, 8, 8}), T(DType::kS8, {6, 2, 3, 3}), F({6})},
+                              ConvAttrs(),
+                              {},
+                              F({2, 6, 8, 8})}},
+                            {{{T(DType::kS8, {2, 4, 8, 8}), T(DType::kS8, {6, 2, 3, 3}), F({2})},
+                              ConvAttrs(),
+                              {},
+                              "scale f32[2] must be f32[6]"},
+                             {{T(DType::kS8, {2, 4, 8, 8}), T(DType::kS8, {6, 2, 3, 3}), I32({6})},
+                              ConvAttrs(),
+                              {},
+                              "scale must be f32"},
+                             {{T(DType::kS8, {2, 4, 8, 8}), F({6, 2, 3, 3}), F({6})},
+                              ConvAttrs(),
+                              {},
+                              "weights must be s8"},
+                             {{T(DType::kS8, {2, 4, 8, 8}), T(DType::kS8, {6, 4, 3, 3}), F({6})},
+                              ConvAttrs(),
+                              {},
+                              "filter in-channels"}}};
   t[O::kConv2d] = {
       {{{F({2, 4, 8, 8}), F({6, 2, 3, 3})}, ConvAttrs(), {}, F({2, 6, 8, 8})},
        {{F({1, 1, 8, 8}), F({1, 1, 3, 3})},

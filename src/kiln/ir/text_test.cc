@@ -219,6 +219,18 @@ std::map<Opcode, GraphFn> OpTable() {
     P(b, "unused \"quoted\"\n", {0, 3}, DType::kU8);
     b.Output("y", P(b, "x", {}, DType::kF64));
   };
+  // A scale that is not a short decimal: the text keeps every bit of it.
+  t[Opcode::kQuantize] = [](Builder& b) {
+    b.Output("q", Quantize(P(b, "x", {2, 3}), 0.0123456789f));
+  };
+  t[Opcode::kQuantizedConv2d] = [conv](Builder& b) {
+    b.Output("y", QuantizedConv2d(P(b, "x", {1, 4, 6, 5}, DType::kS8),
+                                  P(b, "w", {6, 2, 3, 3}, DType::kS8), P(b, "s", {6}), conv));
+  };
+  t[Opcode::kQuantizedDot] = [](Builder& b) {
+    b.Output("y", QuantizedDot(P(b, "x", {2, 5, 3}, DType::kS8), P(b, "w", {3, 4}, DType::kS8),
+                               P(b, "s", {4})));
+  };
   t[Opcode::kRandomBits] = [](Builder& b) {
     Value seed = P(b, "seed", {}, DType::kS64), counter = P(b, "counter", {}, DType::kS64);
     b.Output("u", RandomBits(seed, counter, DType::kF32, Shape{2, 3}));

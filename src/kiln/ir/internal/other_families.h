@@ -24,6 +24,7 @@
 #define KILN_IR_DECLARE_kAttention(name)
 #define KILN_IR_DECLARE_kRandom(name)
 #define KILN_IR_DECLARE_kCollective(name)
+#define KILN_IR_DECLARE_kQuantized(name)
 #endif
 #ifndef KILN_IR_DEFINE_kNone
 #define KILN_IR_DEFINE_kNone(name)
@@ -46,4 +47,5 @@
 #define KILN_IR_DEFINE_kAttention(name)
 #define KILN_IR_DEFINE_kRandom(name)
 #define KILN_IR_DEFINE_kCollective(name)
+#define KILN_IR_DEFINE_kQuantized(name)
 #endif

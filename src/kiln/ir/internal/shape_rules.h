@@ -92,7 +92,7 @@ int64_t WindowOutputSize(int64_t in, int64_t k, int64_t stride, int64_t pad_lo, 
                          int64_t dilation);
 
 // Rule families. Each returns the inferred type for ops it owns.
-absl::StatusOr<Type> InferContraction(const RuleContext& c);  // dot_general, conv2d*
+absl::StatusOr<Type> InferContraction(const RuleContext& c);  // dot_general, conv2d*, quantize*
 absl::StatusOr<Type> InferPooling(const RuleContext& c);      // *_pool2d*
 absl::StatusOr<Type> InferComposite(const RuleContext& c);    // softmax, norms, attention, ...
 

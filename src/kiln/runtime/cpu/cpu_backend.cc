@@ -19,6 +19,7 @@
 
 namespace kiln::runtime {
 namespace cpu {
+LowerResult LowerQuantized(const ir::Node& n, LowerContext& lc);  // quantized.cc (int8 ops)
 namespace {
 
 using ir::Opcode;
@@ -84,7 +85,9 @@ LowerResult LowerNode(const ir::Node& n, LowerContext& lc) {
     case F::kRandom:
     case F::kCollective:
       return LowerMisc(n, lc);
-    case F::kNone:  // parameter, constant
+    case F::kQuantized:
+      return LowerQuantized(n, lc);  // quantized.cc
+    case F::kNone:                   // parameter, constant
       return std::unique_ptr<Thunk>();
   }
   return Unimplemented(n, "no lowering");

@@ -55,6 +55,8 @@ absl::StatusOr<Kernel> MakeKernel(const ir::Node& n, OperandTypes types) {
       return MakeCompositeKernel(n, types);
     case F::kRandom:
       return MakeRandomKernel(n, types);
+    case F::kQuantized:
+      return MakeQuantizedKernel(n, types);
     case F::kNone:  // parameter and constant: the caller owns their data
       break;
   }

@@ -56,6 +56,7 @@ absl::StatusOr<Kernel> MakeContractionKernel(const ir::Node& n, OperandTypes typ
 absl::StatusOr<Kernel> MakePoolingKernel(const ir::Node& n, OperandTypes types);
 absl::StatusOr<Kernel> MakeCompositeKernel(const ir::Node& n, OperandTypes types);
 absl::StatusOr<Kernel> MakeRandomKernel(const ir::Node& n, OperandTypes types);
+absl::StatusOr<Kernel> MakeQuantizedKernel(const ir::Node& n, OperandTypes types);  // quantized.cc
 
 // Philox4x32-10: one block of four 32-bit words from a 128-bit counter and a 64-bit key (the one
 // implementation, base/philox.h, which the cpu backend's random_bits runs too).

@@ -1,0 +1,168 @@
+// The cpu backend's int8 ops: quantize as a vectorized loop, quantized_dot and quantized_conv2d
+// as oneDNN int8 matmul / convolution (s8 source, s8 weights, f32 destination, the per-channel
+// f32 scales as the matmul's runtime output scales; the convolution's applied by a loop).
+// oneDNN accumulates in int32 and multiplies the f32-converted sum by the scale once, the
+// reference kernels' semantics, so the results agree bit for bit (the quantized rows of
+// tests/op_table_nn.cc).
+#include <cmath>
+#include <cstdint>
+
+#include "kiln/runtime/cpu/internal/common.h"
+
+namespace kiln::runtime::cpu {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+LowerResult LowerQuantize(const ir::Node& n, LowerContext& lc) {
+  if (lc.operand_type(n, 0).dtype != DType::kF32)
+    return UnsupportedDType(n, lc.operand_type(n, 0).dtype);
+  const float scale = static_cast<float>(n.attr_float("scale"));
+  const int64_t count = n.type().shape.num_elements();
+  const int in = n.operand(0), out = n.id();
+  return MakeFnThunk(n, "loop", [=](RunContext& ctx) {
+    const float* x = static_cast<const float*>(ctx.buffers[in]);
+    int8_t* y = static_cast<int8_t*>(ctx.buffers[out]);
+    ParallelFor(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        // clamp(rint(x / scale), -127, 127), NaN -> 0 (the reference kernel's formula).
+        float q = x[i] / scale;
+        q = q != q ? 0.f : std::fmin(std::fmax(q, -127.f), 127.f);
+        y[i] = static_cast<int8_t>(std::nearbyint(q));
+      }
+    });
+  });
+}
+
+// y[i] *= scale[channel(i)] for the unscaled fallback: `inner` consecutive elements share a
+// channel, channels cycle with period `channels`.
+void ScaleChannels(float* y, const float* scale, int64_t count, int64_t channels, int64_t inner) {
+  ParallelFor(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] *= scale[(i / inner) % channels];
+  });
+}
+
+LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
+  const Shape& xs = lc.operand_type(n, 0).shape;
+  const int64_t K = lc.operand_type(n, 1).shape.dim(0), N = lc.operand_type(n, 1).shape.dim(1);
+  const int64_t M = K == 0 ? 0 : xs.num_elements() / K;
+  if (M == 0 || K == 0 || N == 0) return Unimplemented(n, "empty quantized_dot");
+  const auto src_md = PlainDesc({M, K}, dt::s8), dst_md = PlainDesc({M, N}, dt::f32);
+  const auto wei_plain = PlainDesc({K, N}, dt::s8);
+  for (bool scaled : {true, false}) {
+    // Plain weights first (no per-run reorder); oneDNN's packed layout when plain gets its
+    // reference kernel.
+    for (bool packed : {false, true}) {
+      dnnl::primitive_attr attr = DnnlThunkBuilder::Attr();
+      if (scaled) attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+      dnnl::matmul::primitive_desc pd;
+      try {
+        dnnl::memory::desc wei_md =
+            packed ? dnnl::memory::desc({K, N}, dt::s8, tag::any) : wei_plain;
+        pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_md, wei_md, dst_md), attr,
+                                          lc.cpu->engine());
+      } catch (const dnnl::error&) {
+        continue;
+      }
+      if (IsRefImpl(pd) && !packed) continue;
+      DnnlThunkBuilder b(lc, n, scaled ? "onednn int8 matmul" : "onednn int8 matmul+scale loop");
+      b.NameImpl(pd);
+      const int src = b.NodeMemory(n.operand(0), src_md);
+      KILN_ASSIGN_OR_RETURN(int wei, b.Input(n.operand(1), wei_plain, pd.weights_desc()));
+      const int dst = b.NodeMemory(n.id(), dst_md);
+      std::vector<std::pair<int, int>> args = {
+          {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+      if (scaled)
+        args.push_back(
+            {DNNL_ARG_ATTR_OUTPUT_SCALES, b.NodeMemory(n.operand(2), PlainDesc({N}, dt::f32))});
+      b.AddStepWithScratchpad(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+      if (!scaled) {
+        const int s = n.operand(2), y = n.id();
+        b.AddLoopStep([=](RunContext& ctx, uint8_t*) {
+          ScaleChannels(static_cast<float*>(ctx.buffers[y]),
+                        static_cast<const float*>(ctx.buffers[s]), M * N, N, 1);
+        });
+      }
+      return b.Finish();
+    }
+  }
+  return Unimplemented(n, "oneDNN int8 matmul");
+}
+
+// y[n, o, h, w] = acc[n, h, w, o] * scale[o]: the scales and the NHWC -> NCHW relayout in one
+// pass over the convolution's f32 sums.
+void ScaleNhwcToNchw(const float* acc, const float* scale, float* y, int64_t batch, int64_t o,
+                     int64_t hw) {
+  ParallelFor(batch * o, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(hw, 1)),
+              [&](int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i) {
+                  const int64_t n = i / o, c = i % o;
+                  const float* src = acc + n * hw * o + c;
+                  float* dst = y + i * hw;
+                  for (int64_t p = 0; p < hw; ++p) dst[p] = src[p * o] * scale[c];
+                }
+              });
+}
+
+// oneDNN 2.6's int8 convolutions take no runtime output scales, and its jit kernels want NHWC:
+// the primitive writes the unscaled f32 sums as NHWC into the workspace and one loop applies the
+// scales while writing NCHW (the same two roundings as the reference kernel).
+LowerResult LowerQuantizedConv(const ir::Node& n, LowerContext& lc) {
+  const Shape& in = lc.operand_type(n, 0).shape;
+  const Shape& f = lc.operand_type(n, 1).shape;
+  const Shape& out = n.type().shape;
+  const std::vector<int64_t> st = n.attr_ints("strides"), pad = n.attr_ints("padding"),
+                             dil = n.attr_ints("dilation");
+  const int64_t groups = n.attr_int("groups");
+  std::vector<int64_t> wdims = f.dims();
+  if (groups > 1) wdims = {groups, f.dim(0) / groups, f.dim(1), f.dim(2), f.dim(3)};
+  const auto src_user = PlainDesc(in.dims(), dt::s8);
+  const auto wei_user =
+      groups > 1 ? dnnl::memory::desc(wdims, dt::s8, tag::goihw) : PlainDesc(wdims, dt::s8);
+  const auto acc_md = dnnl::memory::desc(out.dims(), dt::f32, tag::nhwc);
+  const dnnl::memory::dims strides = {st[0], st[1]}, dilates = {dil[0] - 1, dil[1] - 1},
+                           pad_l = {pad[0], pad[2]}, pad_r = {pad[1], pad[3]};
+  dnnl::convolution_forward::primitive_desc pd;
+  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+    dnnl::convolution_forward::desc d(
+        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        dnnl::memory::desc(in.dims(), dt::s8, tag::any),
+        dnnl::memory::desc(wdims, dt::s8, tag::any), acc_md, strides, dilates, pad_l, pad_r);
+    pd = dnnl::convolution_forward::primitive_desc(d, DnnlThunkBuilder::Attr(), lc.cpu->engine());
+  }));
+  DnnlThunkBuilder b(lc, n, "onednn int8 convolution+scale loop");
+  b.NameImpl(pd);
+  KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
+  KILN_ASSIGN_OR_RETURN(int wei, b.Input(n.operand(1), wei_user, pd.weights_desc()));
+  const int acc = b.TempMemory(acc_md);
+  b.AddStepWithScratchpad(dnnl::convolution_forward(pd),
+                          {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, acc}},
+                          pd.scratchpad_desc());
+  const int s = n.operand(2), y = n.id();
+  const int64_t acc_off = b.TempOffset(acc), N = out.dim(0), O = out.dim(1),
+                hw = out.dim(2) * out.dim(3);
+  b.AddLoopStep([=](RunContext& ctx, uint8_t* ws) {
+    ScaleNhwcToNchw(reinterpret_cast<const float*>(ws + acc_off),
+                    static_cast<const float*>(ctx.buffers[s]), static_cast<float*>(ctx.buffers[y]),
+                    N, O, hw);
+  });
+  return b.Finish();
+}
+
+}  // namespace
+
+LowerResult LowerQuantized(const ir::Node& n, LowerContext& lc) {
+  switch (n.opcode()) {
+    case ir::Opcode::kQuantize:
+      return LowerQuantize(n, lc);
+    case ir::Opcode::kQuantizedDot:
+      return LowerQuantizedDot(n, lc);
+    case ir::Opcode::kQuantizedConv2d:
+      return LowerQuantizedConv(n, lc);
+    default:
+      return Unimplemented(n, "not an int8 op");
+  }
+}
+
+}  // namespace kiln::runtime::cpu

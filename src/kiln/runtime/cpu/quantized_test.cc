@@ -1,0 +1,105 @@
+// The int8 ops against hand-computed values, on the reference backend (the oracle) and the cpu
+// backend (oneDNN int8 primitives), which must agree bit for bit.
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kiln/ir/builder.h"
+#include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/runtime/reference/reference_backend.h"
+
+namespace kiln::runtime {
+namespace {
+
+using ir::Builder;
+using ir::Value;
+
+std::vector<std::unique_ptr<Backend>> Backends() {
+  std::vector<std::unique_ptr<Backend>> b;
+  b.push_back(MakeReferenceBackend());
+  b.push_back(MakeCpuBackend());
+  return b;
+}
+
+std::vector<Tensor> RunOn(Backend& backend, const ir::Graph& g, const std::vector<Tensor>& in) {
+  absl::StatusOr<std::unique_ptr<Executable>> exe = backend.Compile(g);
+  EXPECT_TRUE(exe.ok()) << exe.status();
+  if (!exe.ok()) return {};
+  absl::StatusOr<std::vector<Tensor>> out = (*exe)->Run(in);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *out : std::vector<Tensor>{};
+}
+
+TEST(QuantizeOp, RoundsHalfToEvenClampsAndZeroesNaN) {
+  Builder b("q");
+  Value x = b.Parameter("x", DType::kF32, {12});
+  b.Output("q", ir::Quantize(x, 0.5f));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  const float inf = std::numeric_limits<float>::infinity();
+  // x / 0.5: 0.5, 1.5, 2.5, -0.5, -1.5, 3.2, -3.3, 63.25 (126.5 -> 126), 64 (128 -> 127),
+  // -100 (-200 -> -127), NaN, inf.
+  Tensor in = Tensor::FromVector<float>(
+      {12}, {0.25f, 0.75f, 1.25f, -0.25f, -0.75f, 1.6f, -1.65f, 63.25f, 64.f, -100.f,
+             std::numeric_limits<float>::quiet_NaN(), inf});
+  const std::vector<int8_t> want = {0, 2, 2, 0, -2, 3, -3, 126, 127, -127, 0, 127};
+  for (auto& backend : Backends()) {
+    std::vector<Tensor> out = RunOn(*backend, *g, {in});
+    ASSERT_EQ(out.size(), 1u);
+    ASSERT_EQ(out[0].dtype(), DType::kS8);
+    for (int i = 0; i < 12; ++i)
+      EXPECT_EQ(out[0].data<int8_t>()[i], want[i]) << backend->name() << " element " << i;
+  }
+}
+
+TEST(QuantizedDotOp, IntegerSumTimesChannelScale) {
+  Builder b("qd");
+  Value x = b.Parameter("x", DType::kS8, {2, 3});
+  Value w = b.Parameter("w", DType::kS8, {3, 2});
+  Value s = b.Parameter("s", DType::kF32, {2});
+  b.Output("y", ir::QuantizedDot(x, w, s));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  Tensor xt = Tensor::FromVector<int8_t>({2, 3}, {1, -2, 3, 127, -127, 0});
+  Tensor wt = Tensor::FromVector<int8_t>({3, 2}, {4, -1, 5, 2, -6, 127});
+  Tensor st = Tensor::FromVector<float>({2}, {0.5f, 0.125f});
+  // Row 0: [1*4 - 2*5 - 3*6, -1 - 4 + 381] = [-24, 376]; row 1: [508 - 635, -127 - 254] =
+  // [-127, -381]; times [0.5, 0.125].
+  const std::vector<float> want = {-12.f, 47.f, -63.5f, -47.625f};
+  for (auto& backend : Backends()) {
+    std::vector<Tensor> out = RunOn(*backend, *g, {xt, wt, st});
+    ASSERT_EQ(out.size(), 1u);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(out[0].data<float>()[i], want[i]) << backend->name() << " element " << i;
+  }
+}
+
+TEST(QuantizedConv2dOp, PaddedWindowSums) {
+  Builder b("qc");
+  Value x = b.Parameter("x", DType::kS8, {1, 1, 2, 2});
+  Value w = b.Parameter("w", DType::kS8, {2, 1, 2, 2});
+  Value s = b.Parameter("s", DType::kF32, {2});
+  ir::Conv2dOptions o;
+  o.padding = {1, 0, 1, 0};  // top and left: output 2x2, (0,0) sees only x[0][0]
+  b.Output("y", ir::QuantizedConv2d(x, w, s, o));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  Tensor xt = Tensor::FromVector<int8_t>({1, 1, 2, 2}, {1, 2, 3, 4});
+  Tensor wt = Tensor::FromVector<int8_t>({2, 1, 2, 2}, {1, 1, 1, 1, 1, -1, 2, 3});
+  Tensor st = Tensor::FromVector<float>({2}, {1.f, 0.25f});
+  // Output (i, j) = sum over a, b of x[i-1+a][j-1+b] * w[a][b] (0 outside x). Channel 0 (all
+  // ones): [1, 3, 4, 10]. Channel 1 ([[1, -1], [2, 3]]): (0,0) = 1*3 = 3, (0,1) = 1*2 + 2*3 = 8,
+  // (1,0) = 1*(-1) + 3*3 = 8, (1,1) = 1 - 2 + 6 + 12 = 17; times 0.25.
+  const std::vector<float> want = {1.f, 3.f, 4.f, 10.f, 0.75f, 2.f, 2.f, 4.25f};
+  for (auto& backend : Backends()) {
+    std::vector<Tensor> out = RunOn(*backend, *g, {xt, wt, st});
+    ASSERT_EQ(out.size(), 1u);
+    for (int i = 0; i < 8; ++i)
+      EXPECT_EQ(out[0].data<float>()[i], want[i]) << backend->name() << " element " << i;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::runtime
