@@ -1,6 +1,9 @@
 #include "kiln/cli/train_cmd.h"
 
 #include <omp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +24,10 @@
 #include "kiln/cli/app.h"
 #include "kiln/cli/backends.h"
 #include "kiln/compiler/artifact.h"
+#include "kiln/dist/launch.h"
+#ifdef KILN_HAVE_MPI
+#include "kiln/dist/mpi/mpi_communicator.h"
+#endif
 #include "kiln/ir/printer.h"
 #include "kiln/nn/gpt.h"
 #include "kiln/runtime/cpu/machine.h"
@@ -30,10 +37,71 @@
 #include "kiln/train/trainer.h"
 #include "oneapi/dnnl/dnnl.h"
 
+extern char** environ;
+
 namespace kiln::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The process environment, read once (libraries take it as a map).
+dist::Environment ReadEnvironment() {
+  dist::Environment env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq != nullptr) env[std::string(*e, static_cast<size_t>(eq - *e))] = std::string(eq + 1);
+  }
+  return env;
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "";
+  return buf;
+}
+
+std::string SelfExe() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+// The mpirun child of `kiln train --workers`: SIGTERM / SIGINT sent to kiln go to it (mpirun
+// forwards them to the ranks).
+volatile sig_atomic_t g_launched_pid = 0;
+void ForwardToLauncher(int sig) {
+  if (g_launched_pid > 0) kill(static_cast<pid_t>(g_launched_pid), sig);
+}
+
+// Runs argv and returns its exit status (128 + signal when killed); -1 with `error` set when it
+// cannot start.
+int RunChild(const std::vector<std::string>& argv, std::string* error) {
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  pid_t pid = 0;
+  int rc = posix_spawnp(&pid, cargv[0], nullptr, nullptr, cargv.data(), environ);
+  if (rc != 0) {
+    *error = absl::StrCat("cannot run ", argv[0], ": ", std::strerror(rc));
+    if (rc == ENOENT) absl::StrAppend(error, " (install OpenMPI: openmpi-bin)");
+    return -1;
+  }
+  g_launched_pid = pid;
+  struct sigaction sa = {}, old_term = {}, old_int = {};
+  sa.sa_handler = ForwardToLauncher;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGINT, &sa, &old_int);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGINT, &old_int, nullptr);
+  g_launched_pid = 0;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
 
 int Fail(std::ostream& err, const std::string& command, const absl::Status& s) {
   err << "kiln " << command << ": " << s.message() << "\n";
@@ -330,6 +398,28 @@ TrainCommands::TrainCommands(CLI::App& app) {
                  "With --no-resume: move an earlier run in the folder to OUTDIR/replaced-<time>/ "
                  "(nothing is deleted)")
       ->needs(no_resume);
+  CLI::Option* workers =
+      train_
+          ->add_option("--workers", workers_,
+                       "Launch N worker ranks through mpirun (data parallel over mesh.data; "
+                       "docs/distributed.md) and return mpirun's exit status")
+          ->check(IntAtLeast(1));
+  train_->add_option("--hostfile", hostfile_, "With --workers: mpirun --hostfile (ranks on hosts)")
+      ->needs(workers);
+  train_
+      ->add_option("--job-timeout", job_timeout_s_,
+                   "With --workers: mpirun --timeout, the whole job is killed after S seconds "
+                   "(0: none)")
+      ->check(IntAtLeast(0))
+      ->needs(workers);
+  train_->add_flag("--dry-run", dry_run_, "With --workers: print the mpirun command and exit 0")
+      ->needs(workers);
+  train_
+      ->add_option("--collective-timeout", collective_timeout_s_,
+                   "In a multi-rank job: a collective that has not completed after S seconds "
+                   "(a dead or hung peer) fails the job")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 
   eval_ = app.add_subcommand("eval", "Held-out loss and accuracy of a checkpoint");
   eval_->add_option("checkpoint", checkpoint_, "Run directory (latest checkpoint) or step_N dir")
@@ -365,6 +455,34 @@ int TrainCommands::Run(const std::vector<std::string>& args, std::ostream& out, 
   return -1;
 }
 
+int TrainCommands::Launch(const std::vector<std::string>& args, std::ostream& out,
+                          std::ostream& err) {
+  dist::LaunchOptions lo;
+  lo.workers = workers_;
+  lo.hostfile = hostfile_;
+  lo.job_timeout_s = job_timeout_s_;
+  lo.cores = std::max(1u, std::thread::hardware_concurrency());
+  lo.root = geteuid() == 0;
+  lo.binary = SelfExe();
+  if (lo.binary.empty()) lo.binary = args.empty() ? "kiln" : args[0];
+  lo.args.assign(args.begin() + (args.empty() ? 0 : 1), args.end());
+  lo.env = ReadEnvironment();
+  absl::StatusOr<std::vector<std::string>> argv = dist::BuildMpirunCommand(lo);
+  if (!argv.ok()) return Fail(err, "train", argv.status());
+  if (dry_run_) {
+    out << dist::ShellJoin(*argv) << "\n";
+    return 0;
+  }
+  std::string error;
+  const int rc = RunChild(*argv, &error);
+  if (rc < 0) return Fail(err, "train", absl::FailedPreconditionError(error));
+  if (rc != 0 && rc != train::kExitPreempted) {
+    err << "kiln train: the " << workers_ << "-worker job failed (mpirun exit status " << rc
+        << ")\n";
+  }
+  return rc;
+}
+
 int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& out,
                             std::ostream& err) {
   if (max_restarts_ > 0 && !train::IsSupervisedWorker(std::getenv(train::kWorkerEnvVar))) {
@@ -372,14 +490,61 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
     so.max_restarts = max_restarts_;
     return train::RunSupervised(args, so, err);
   }
+  const dist::Environment env = ReadEnvironment();
+  absl::StatusOr<dist::RankInfo> me = dist::DetectRank(env);
+  if (!me.ok()) return Fail(err, "train", me.status());
+  if (workers_ > 0) {
+    if (me->size > 1) {
+      return Fail(err, "train",
+                  absl::InvalidArgumentError(
+                      absl::StrCat("this process is already rank ", me->rank, " of ", me->size,
+                                   " (started by ", me->launcher,
+                                   "); drop --workers when starting kiln train with mpirun or "
+                                   "srun yourself")));
+    }
+    return Launch(args, out, err);
+  }
+  std::unique_ptr<dist::Communicator> comm;
+  if (me->size > 1) {
+#ifdef KILN_HAVE_MPI
+    absl::StatusOr<std::unique_ptr<dist::MpiCommunicator>> c = dist::MpiCommunicator::Create(
+        std::chrono::milliseconds(static_cast<int64_t>(collective_timeout_s_ * 1000)));
+    if (!c.ok()) return Fail(err, "train", c.status());
+    comm = *std::move(c);
+#else
+    return Fail(err, "train",
+                absl::FailedPreconditionError(
+                    absl::StrCat("started as rank ", me->rank, " of ", me->size,
+                                 " but this kiln was built without OpenMPI (libopenmpi-dev)")));
+#endif
+  }
+  int rc = RunRank(args, comm.get(), out, err);
+#ifdef KILN_HAVE_MPI
+  // After a collective timed out the job's state is unknown: end every rank now (no peer then
+  // waits for this one), instead of MPI_Finalize waiting on the collective still in flight.
+  if (rc != 0 && comm != nullptr && static_cast<dist::MpiCommunicator*>(comm.get())->broken())
+    static_cast<dist::MpiCommunicator*>(comm.get())->Abort(rc);
+#endif
+  return rc;
+}
+
+int TrainCommands::RunRank(const std::vector<std::string>& args, dist::Communicator* comm,
+                           std::ostream& out, std::ostream& err) {
+  const bool chief = comm == nullptr || comm->rank() == 0;
+  const std::string who =
+      comm == nullptr ? "train"
+                      : absl::StrCat("train (rank ", comm->rank(), " of ", comm->size(), ")");
   std::vector<std::string> sets = sets_;
   if (!output_dir_.empty()) sets.push_back("output_dir=" + output_dir_);
   std::vector<std::string> config_notes;
   absl::StatusOr<train::TrainConfig> config =
       train::LoadTrainConfig(config_path_, sets, &config_notes);
-  if (!config.ok()) return Fail(err, "train", config.status());
-  for (const std::string& n : config_notes) out << n << "\n";
+  if (!config.ok()) return Fail(err, who, config.status());
+  if (chief)
+    for (const std::string& n : config_notes) out << n << "\n";
   train::TrainerOptions opts;
+  opts.comm = comm;
+  opts.host = HostName();
   if (!profile_steps_.empty()) {
     absl::StatusOr<std::pair<int64_t, int64_t>> r = ParseRange(profile_steps_);
     if (!r.ok()) return Fail(err, "train", r.status());
@@ -390,7 +555,8 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
   if (!backend.ok()) return Fail(err, "train", backend.status());
   opts.backend = backend->get();
   opts.log = &out;
-  opts.tty = &out == &std::cout && isatty(STDOUT_FILENO);
+  // A rank's stdout is mpirun's pseudo-terminal: log lines, not a progress line, there.
+  opts.tty = comm == nullptr && &out == &std::cout && isatty(STDOUT_FILENO);
   opts.resume = !no_resume_;
   opts.replace = replace_;
   opts.run_info = RunInfo(**backend, config->precision);
@@ -405,9 +571,9 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
   }
   train::InstallPreemptionHandlers();
   absl::StatusOr<std::unique_ptr<train::Trainer>> trainer = train::Trainer::Create(*config, opts);
-  if (!trainer.ok()) return Fail(err, "train", trainer.status());
+  if (!trainer.ok()) return Fail(err, who, trainer.status());
   absl::StatusOr<train::TrainResult> r = (*trainer)->Run();
-  if (!r.ok()) return Fail(err, "train", r.status());
+  if (!r.ok()) return Fail(err, who, r.status());
   return r->preempted ? train::kExitPreempted : 0;
 }
 

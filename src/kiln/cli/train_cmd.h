@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "kiln/dist/communicator.h"
 
 namespace kiln::cli {
 
@@ -29,6 +30,11 @@ class TrainCommands {
 
  private:
   int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+  // `--workers N`: runs (or with --dry-run prints) the mpirun command that starts the ranks.
+  int Launch(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+  // Trains as one process or as one rank of a job (`comm`: null for one process).
+  int RunRank(const std::vector<std::string>& args, dist::Communicator* comm, std::ostream& out,
+              std::ostream& err);
   int RunEval(std::ostream& out, std::ostream& err);
   int RunExport(std::ostream& out, std::ostream& err);
 
@@ -44,6 +50,12 @@ class TrainCommands {
   std::string backend_ = "cpu";
   bool no_resume_ = false;
   bool replace_ = false;
+  // Multi-process (docs/distributed.md): launch N ranks through mpirun, or run as one of them.
+  int workers_ = 0;
+  std::string hostfile_;
+  int64_t job_timeout_s_ = 0;
+  bool dry_run_ = false;
+  double collective_timeout_s_ = 60;
 
   std::string checkpoint_;  // eval / export: OUTDIR or OUTDIR/checkpoints/step_N
   std::string eval_config_;

@@ -1,0 +1,51 @@
+#!/bin/sh
+# A 2-worker `kiln train` whose rank 1 stops (SIGSTOP: hung, so only Kiln's collective timeout can
+# notice) or dies (SIGKILL: mpirun notices) mid-run must end, non-zero, within LIMIT_S, instead of
+# hanging (CTest, label mpi; docs/distributed.md "Faults").
+# usage: dist_train_fault_test.sh stop|kill KILN CONFIG OUTDIR LIMIT_S
+# Exits 77 when mpirun is absent. Everything it starts is bounded by timeout(1) and, at the end,
+# killed by PID.
+set -u
+mode=$1 kiln=$2 config=$3 out=$4 limit=$5
+command -v mpirun >/dev/null 2>&1 || { echo "dist_train_fault_test: mpirun not found: skipped"; exit 77; }
+rm -rf "$out" && mkdir -p "$out" || exit 1
+timeout -k 5 120 "$kiln" train "$config" --workers 2 --job-timeout 120 --collective-timeout 2 \
+  --set steps=1000000 --set eval_every=0 --set checkpoint_every=0 --set log_every=1000 \
+  --output-dir "$out/run" >"$out/log" 2>&1 &
+job=$!
+cleanup() { kill -9 "$job" 2>/dev/null; [ -n "${victim:-}" ] && kill -9 "$victim" 2>/dev/null; }
+trap cleanup EXIT
+victim=""
+i=0
+while [ $i -lt 300 ]; do  # run.json lists every rank's pid once the ranks are set up (<= 30 s)
+  victim=$(awk '/"pid":/ {p = $2} /"rank": 1$/ {gsub(",", "", p); print p}' "$out/run/run.json" 2>/dev/null)
+  [ -n "$victim" ] && break
+  sleep 0.1
+  i=$((i + 1))
+done
+if [ -z "$victim" ]; then
+  cat "$out/log"
+  echo "dist_train_fault_test: FAILED: no rank 1 pid in run.json after 30 s"
+  exit 1
+fi
+sleep 1  # a few steps in
+start=$(date +%s)
+if [ "$mode" = stop ]; then kill -STOP "$victim"; else kill -KILL "$victim"; fi
+wait "$job"
+rc=$?
+took=$(($(date +%s) - start))
+cat "$out/log"
+echo "rank 1 (pid $victim) got SIG$(echo "$mode" | tr a-z A-Z): the job exited $rc after ${took} s"
+if [ "$rc" -eq 0 ]; then  # (timeout(1) at 120 s cannot be it: the limit below is far less)
+  echo "dist_train_fault_test: FAILED: expected a non-zero exit of the job itself"
+  exit 1
+fi
+if [ "$took" -gt "$limit" ]; then
+  echo "dist_train_fault_test: FAILED: took more than ${limit} s"
+  exit 1
+fi
+if [ "$mode" = stop ] && ! grep -q "did not complete within 2000 ms" "$out/log"; then
+  echo "dist_train_fault_test: FAILED: no collective timeout reported"
+  exit 1
+fi
+echo "dist_train_fault_test: PASS"
