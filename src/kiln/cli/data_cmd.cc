@@ -279,6 +279,15 @@ int DataCommands::Run(std::ostream& out, std::ostream& err) {
     PrintSummary(out, csv_opts_.out_dir, *r, seconds(), "rows");
     return 0;
   }
+  if (*text_) {
+    absl::StatusOr<data::ImportSummary> r = data::ImportText(Env::Default(), text_opts_, progress);
+    if (!r.ok()) {
+      err << (tty ? "\n" : "") << "kiln data import text: " << r.status().message() << "\n";
+      return 1;
+    }
+    PrintSummary(out, text_opts_.out_dir, *r, seconds(), "tokens");
+    return 0;
+  }
   if (*inspect_) {
     absl::Status s = InspectDataset(inspect_dir_, !inspect_no_verify_, out);
     if (!s.ok()) {

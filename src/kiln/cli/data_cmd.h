@@ -16,6 +16,7 @@
 #include "CLI/CLI.hpp"
 #include "kiln/data/csv_import.h"
 #include "kiln/data/image_import.h"
+#include "kiln/data/text_import.h"
 
 namespace kiln::cli {
 
@@ -36,6 +37,7 @@ class DataCommands {
   data::ImageImportOptions image_opts_;
   std::string size_;
   data::CsvImportOptions csv_opts_;
+  data::TextImportOptions text_opts_;
   std::string inspect_dir_;
   bool inspect_no_verify_ = false;
   bool quiet_ = false;

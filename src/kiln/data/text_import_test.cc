@@ -1,0 +1,158 @@
+#include "kiln/data/text_import.h"
+
+#include <map>
+#include <random>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "kiln/base/env.h"
+#include "kiln/data/dataset_manifest.h"
+#include "kiln/data/internal/sentencepiece_wrapper.h"
+#include "kiln/data/shard_io.h"
+#include "tests/support/temp_dir.h"
+
+namespace kiln::data {
+namespace {
+
+// A fortune-style file ("%" lines between documents) of words in three scripts.
+std::string Corpus(uint64_t seed, int docs) {
+  const std::vector<std::string> words = {"Liebe", "Haus",  "Straße", "любовь", "дом",   "улица",
+                                          "爱",    "房子",  "街道",   "the",    "house", "street",
+                                          "über",  "schön", "хорошо", "好",     "and",   "of"};
+  std::mt19937_64 rng(seed);
+  std::string out;
+  for (int d = 0; d < docs; ++d) {
+    const int lines = 1 + static_cast<int>(rng() % 3);
+    for (int l = 0; l < lines; ++l) {
+      const int n = 3 + static_cast<int>(rng() % 8);
+      for (int w = 0; w < n; ++w) out += (w ? " " : "") + words[rng() % words.size()];
+      out += l % 2 ? ".\r\n" : ".\n";
+    }
+    out += "%\n";
+  }
+  return out;
+}
+
+std::map<std::string, std::string> DirFiles(Env* env, const std::string& dir) {
+  std::map<std::string, std::string> out;
+  const std::vector<std::string> names = *env->GetChildren(dir);
+  for (const std::string& name : names) {
+    if (name[0] != '.') out[name] = *ReadFileToString(env, JoinPath(dir, name));
+  }
+  return out;
+}
+
+TEST(TextImport, TokenizerShardsPackingAndDeterminism) {
+  Env* env = Env::Default();
+  const std::string tmp = test_support::MakeTempDir("text_import_test");
+  const std::string a = JoinPath(tmp, "a.txt"), b = JoinPath(tmp, "b.txt");
+  ASSERT_TRUE(WriteStringToFile(env, Corpus(1, 300), a).ok());
+  ASSERT_TRUE(WriteStringToFile(env, Corpus(2, 200), b).ok());
+  TextImportOptions o;
+  o.corpus = {a, b};
+  o.vocab_size = 120;
+  o.seq_len = 16;
+  o.sample_lines = 400;
+  o.doc_separator = "%";
+  o.shards = 3;
+  o.held_out = 0.1;
+  std::vector<std::map<std::string, std::string>> runs;
+  for (int threads : {1, 2}) {
+    o.threads = threads;
+    o.out_dir = JoinPath(tmp, "out" + std::to_string(threads));
+    absl::StatusOr<ImportSummary> s = ImportText(env, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->shards, 4);
+    EXPECT_GT(s->units, 1000);
+    runs.push_back(DirFiles(env, o.out_dir));
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  ASSERT_TRUE(runs[0].count("tokenizer.model"));
+  ASSERT_TRUE(runs[0].count("tokenizer.vocab"));
+
+  absl::StatusOr<DatasetManifest> m = ReadManifest(env, o.out_dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->FindFeature("tokens")->shape, (std::vector<int64_t>{17}));
+  EXPECT_EQ(m->extra["documents"], 500);
+  EXPECT_EQ(m->extra["tokenizer"]["eos_id"], 2);
+  const int vocab = m->extra["tokenizer"]["vocab_size"];
+  EXPECT_LE(vocab, 120);
+  EXPECT_EQ(m->statistics["tokens"]["train"]["documents"].get<int64_t>() +
+                m->statistics["tokens"]["held_out"]["documents"].get<int64_t>(),
+            500);
+  // The vocab file has one line per piece; the model loads and round-trips text.
+  const std::string& vocab_text = runs[0]["tokenizer.vocab"];
+  EXPECT_EQ(std::count(vocab_text.begin(), vocab_text.end(), '\n'), vocab);
+  std::string err;
+  auto sp = internal::SentencePieceEncoder::FromProto(runs[0]["tokenizer.model"], &err);
+  ASSERT_NE(sp, nullptr) << err;
+  std::vector<int> ids;
+  EXPECT_EQ(sp->Encode("Liebe дом 爱", &ids), "");
+  EXPECT_FALSE(ids.empty());
+
+  // Windows of 17 tokens advancing by 16: consecutive records share a token; EOS separates docs.
+  int64_t records = 0, eos = 0;
+  for (const ShardEntry& e : m->shards) {
+    auto r = ExampleReader::Open(env, JoinPath(o.out_dir, e.file));
+    ASSERT_TRUE(r.ok());
+    Example ex;
+    std::vector<int64_t> prev;
+    while (*(*r)->Next(&ex)) {
+      const std::vector<int64_t>& t = ex.features["tokens"].int64_list;
+      ASSERT_EQ(t.size(), 17u);
+      for (int64_t id : t) ASSERT_TRUE(id >= 0 && id < vocab);
+      if (!prev.empty()) EXPECT_EQ(prev.back(), t.front());
+      for (size_t i = 1; i < t.size(); ++i) eos += t[i] == 2;
+      prev = t;
+      ++records;
+    }
+  }
+  EXPECT_EQ(records, m->SplitExamples()["train"] + m->SplitExamples()["held_out"]);
+  EXPECT_GT(eos, 400);
+
+  // A rerun keeps the tokenizer and every shard.
+  absl::StatusOr<ImportSummary> again = ImportText(env, o);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->shards_kept, again->shards);
+  EXPECT_EQ(DirFiles(env, o.out_dir), runs[1]);
+}
+
+TEST(TextImport, DocumentSeparatorsAndErrors) {
+  Env* env = Env::Default();
+  const std::string tmp = test_support::MakeTempDir("text_import_test");
+  const std::string a = JoinPath(tmp, "a.txt");
+  ASSERT_TRUE(WriteStringToFile(env, Corpus(3, 80), a).ok());
+  TextImportOptions o;
+  o.corpus = {a};
+  o.out_dir = JoinPath(tmp, "out");
+  o.vocab_size = 60;
+  o.seq_len = 8;
+  o.shards = 1;
+  o.held_out = 0;
+  for (const char* sep : {"line", "blank", "file"}) {
+    o.doc_separator = sep;
+    absl::StatusOr<ImportSummary> s = ImportText(env, o);
+    ASSERT_TRUE(s.ok()) << sep << ": " << s.status();
+    absl::StatusOr<DatasetManifest> m = ReadManifest(env, o.out_dir);
+    const int64_t docs = m->extra["documents"];
+    if (std::string(sep) == "file" || std::string(sep) == "blank") {
+      EXPECT_EQ(docs, 1) << sep;
+    } else {
+      EXPECT_GT(docs, 80) << sep;  // each line (the "%" lines too)
+    }
+  }
+  o.corpus = {JoinPath(tmp, "missing.txt")};
+  absl::Status st = ImportText(env, o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(st.message().find("missing.txt"), std::string::npos);
+  const std::string empty = JoinPath(tmp, "empty.txt");
+  ASSERT_TRUE(WriteStringToFile(env, "\n\n  \n", empty).ok());
+  o.corpus = {empty};
+  EXPECT_NE(ImportText(env, o).status().message().find("no text"), std::string::npos);
+  o.corpus = {a};
+  o.seq_len = 0;
+  EXPECT_NE(ImportText(env, o).status().message().find("--seq-len"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::data
