@@ -56,6 +56,7 @@ class ProgressPrinter {
     const double since_last = std::chrono::duration<double>(now - last_).count();
     const bool end = p.done >= p.total;
     if (since_last < (tty_ ? 0.1 : 5.0) && !end) return;
+    if (!tty_ && p.done == 0 && !end) return;  // a plain line only once there is a rate
     if (end && ended_ == phase_) return;
     if (end) ended_ = phase_;
     last_ = now;
@@ -243,6 +244,57 @@ DataCommands::DataCommands(CLI::App& app) {
                    "fail: stop at the first file that does not decode; skip: list it and go on")
       ->capture_default_str();
   images_->add_flag("--quiet", quiet_, "No progress output");
+
+  csv_ = import->add_subcommand(
+      "csv", "A CSV file (plain or .gz) with a YAML schema to one example per row");
+  csv_->add_option("file", csv_opts_.file, "CSV file (.csv or .csv.gz)")->required();
+  csv_->add_option("--schema", csv_opts_.schema, "YAML schema: columns and their types, the label")
+      ->required();
+  csv_->add_option("--out", csv_opts_.out_dir, "Dataset folder to write")->required();
+  csv_->add_option("--shards", csv_opts_.shards, "Shards of the train split")
+      ->capture_default_str();
+  csv_->add_option("--held-out", csv_opts_.held_out, "Fraction of the rows in split held_out")
+      ->capture_default_str();
+  csv_->add_option("--seed", csv_opts_.seed, "Seed of the split permutation")
+      ->capture_default_str();
+  csv_->add_option("--threads", csv_opts_.threads, "Encoding threads (0: all cores)")
+      ->capture_default_str();
+  csv_->add_flag("--quiet", quiet_, "No progress output");
+
+  text_ = import->add_subcommand(
+      "text", "Text corpora to a SentencePiece tokenizer and token shards packed to --seq-len");
+  text_->add_option("corpus", text_opts_.corpus, "Text files (plain or .gz), UTF-8")->required();
+  text_->add_option("--out", text_opts_.out_dir, "Dataset folder to write")->required();
+  text_
+      ->add_option("--vocab-size", text_opts_.vocab_size, "SentencePiece vocabulary size (at most)")
+      ->capture_default_str();
+  text_
+      ->add_option("--seq-len", text_opts_.seq_len, "Tokens per example (records hold seq_len + 1)")
+      ->capture_default_str();
+  text_
+      ->add_option("--sample-lines", text_opts_.sample_lines,
+                   "Lines the tokenizer is trained on (a seeded sample when there are more)")
+      ->capture_default_str();
+  text_->add_option("--model-type", text_opts_.model_type, "unigram or bpe")->capture_default_str();
+  text_
+      ->add_option("--character-coverage", text_opts_.character_coverage,
+                   "Share of the characters the vocabulary must cover (SentencePiece's)")
+      ->capture_default_str();
+  text_
+      ->add_option("--doc-separator", text_opts_.doc_separator,
+                   "blank (blank lines end a document), line, file, or a line that separates them "
+                   "(e.g. % for fortune files)")
+      ->capture_default_str();
+  text_->add_option("--shards", text_opts_.shards, "Shards of the train split")
+      ->capture_default_str();
+  text_
+      ->add_option("--held-out", text_opts_.held_out, "Fraction of the documents in split held_out")
+      ->capture_default_str();
+  text_->add_option("--seed", text_opts_.seed, "Seed of the sample and the split")
+      ->capture_default_str();
+  text_->add_option("--threads", text_opts_.threads, "Tokenization threads (0: all cores)")
+      ->capture_default_str();
+  text_->add_flag("--quiet", quiet_, "No progress output");
 
   inspect_ =
       data_->add_subcommand("inspect", "Verify a dataset's shards and print its manifest summary");
