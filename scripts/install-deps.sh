@@ -41,6 +41,7 @@ DATA_PKGS=(
 TEST_PKGS=(
   python3-torch
   clang-format           # make format-check, run by CI
+  slurmctld slurmd slurm-client munge  # the Slurm test starts a private one-node cluster
 )
 
 # make bench: an optimized BLAS for the peer (without OpenBLAS, torch's f32 matmuls go through the
