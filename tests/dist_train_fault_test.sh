@@ -1,8 +1,9 @@
 #!/bin/sh
 # A 2-worker `kiln train` whose rank 1 stops (SIGSTOP: hung, so only Kiln's collective timeout can
 # notice) or dies (SIGKILL: mpirun notices) mid-run must end, non-zero, within LIMIT_S, instead of
-# hanging (CTest, label mpi; docs/distributed.md "Faults").
-# usage: dist_train_fault_test.sh stop|kill KILN CONFIG OUTDIR LIMIT_S
+# hanging; one whose rank 1 gets SIGTERM must stop on every rank after the same step, commit a
+# checkpoint and exit 75 (CTest, label mpi; docs/distributed.md "Faults").
+# usage: dist_train_fault_test.sh stop|kill|term KILN CONFIG OUTDIR LIMIT_S
 # Exits 77 when mpirun is absent. Everything it starts is bounded by timeout(1) and, at the end,
 # killed by PID.
 set -u
@@ -30,13 +31,22 @@ if [ -z "$victim" ]; then
 fi
 sleep 1  # a few steps in
 start=$(date +%s)
-if [ "$mode" = stop ]; then kill -STOP "$victim"; else kill -KILL "$victim"; fi
+case $mode in
+  stop) kill -STOP "$victim" ;;
+  kill) kill -KILL "$victim" ;;
+  *) kill -TERM "$victim" ;;
+esac
 wait "$job"
 rc=$?
 took=$(($(date +%s) - start))
 cat "$out/log"
 echo "rank 1 (pid $victim) got SIG$(echo "$mode" | tr a-z A-Z): the job exited $rc after ${took} s"
-if [ "$rc" -eq 0 ]; then  # (timeout(1) at 120 s cannot be it: the limit below is far less)
+if [ "$mode" = term ]; then
+  if [ "$rc" -ne 75 ] || ! grep -q "checkpoint committed at" "$out/log"; then
+    echo "dist_train_fault_test: FAILED: expected exit 75 with a committed checkpoint"
+    exit 1
+  fi
+elif [ "$rc" -eq 0 ]; then  # (timeout(1) at 120 s cannot be it: the limit below is far less)
   echo "dist_train_fault_test: FAILED: expected a non-zero exit of the job itself"
   exit 1
 fi

@@ -99,6 +99,7 @@ std::vector<Result> DataParallel(bool cpu, int d, int64_t first_bucket, int64_t 
     steps.push_back(*std::move(step));
   }
   *buckets = steps[0]->num_gradient_buckets();
+
   std::vector<Result> results(d);
   std::vector<std::thread> threads;
   for (int r = 0; r < d; ++r) {

@@ -443,7 +443,12 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     profiler_.Reserve(per_step * static_cast<size_t>(loop.prof_b - loop.prof_a) + 64);
   }
   while (step_->step() < c.steps) {
-    if (stop_.load(std::memory_order_relaxed) || PreemptionRequested()) {
+    bool stop = stop_.load(std::memory_order_relaxed) || PreemptionRequested();
+    // Multi-process: every rank stops after the same step when any rank was asked to.
+    if (mesh_.ranks > 1) {
+      KILN_ASSIGN_OR_RETURN(stop, AgreeToStop(stop));
+    }
+    if (stop) {
       result.preempted = true;
       break;
     }

@@ -160,6 +160,8 @@ class Trainer {
   absl::Status SyncFromChief();
   absl::Status GatherRanks();
   absl::Status TakeShare();
+  // True on every rank when any rank's `stop` is (a 4-byte max all-reduce, once per step).
+  absl::StatusOr<bool> AgreeToStop(bool stop);
   bool AsyncSaveAhead() const;
   // Run, per step.
   absl::StatusOr<nn::StepMetrics> Step(int64_t number, Loop& loop);

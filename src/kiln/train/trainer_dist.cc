@@ -98,6 +98,14 @@ absl::Status Trainer::GatherRanks() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Trainer::AgreeToStop(bool stop) {
+  int32_t flag = stop ? 1 : 0;
+  KILN_RETURN_IF_ERROR(
+      Annotate(options_.comm->AllReduce(&flag, 1, DType::kS32, dist::ReduceOp::kMax),
+               "agreeing on a stop request"));
+  return flag != 0;
+}
+
 absl::Status Trainer::TakeShare() {
   KILN_RETURN_IF_ERROR(SliceBatch(x_, coords_.data, mesh_.data, x_local_));
   return SliceBatch(y_, coords_.data, mesh_.data, y_local_);
