@@ -3,7 +3,8 @@
 # process, then the two faults of ../shared/reference/multihost.md §2d (CTest, label multihost;
 # docs/distributed.md "Multi-host tests"):
 #   1. the loss at every step within 1e-4 relative of the one-process run, and run.json naming
-#      the two hosts its ranks ran on;
+#      the two hosts its ranks ran on; then one process restarts that run from its checkpoint
+#      (another mesh) and continues it, tracking the one-process run;
 #   2. host n2 dies (SIGKILL of everything in its namespace) mid-run: the job ends non-zero within
 #      LIMIT_S, and rerunning the same command resumes from the last checkpoint and logs the same
 #      losses, bit for bit, as the uninterrupted run;
@@ -74,6 +75,22 @@ for h in n1 n2; do
   grep -q "\"$h\"" "$out/two/run.json" || fail "run.json does not name host $h"
 done
 echo "run.json names hosts n1 and n2"
+
+# Restart onto another mesh: one process continues the two-host run from its last checkpoint
+# (data-parallel state is whole on rank 0) and tracks the one-process run continued the same way.
+more=$((steps + 10))
+train one --set checkpoint_every=0 --set steps=$more
+[ "$rc" -eq 0 ] || { tail -20 "$out/one.log"; fail "continuing the one-process run exited $rc"; }
+train two --set checkpoint_every=10 --set steps=$more
+[ "$rc" -eq 0 ] || { tail -20 "$out/two.log"; fail "one process continuing the two-host run exited $rc"; }
+grep -q "resum" "$out/two.log" || fail "one process did not resume the two-host run"
+losses "$out/one" | awk -v s="$steps" '$1 > s' >"$out/one.more"
+losses "$out/two" | awk -v s="$steps" '$1 > s' >"$out/two.more"
+[ "$(wc -l <"$out/two.more")" -eq 10 ] || fail "the restart onto one process did not log steps $((steps + 1))..$more"
+paste "$out/one.more" "$out/two.more" | awk '{ d = $2 - $4; if (d < 0) d = -d; a = $2; if (a < 0) a = -a
+    if (d / a > worst) worst = d / a }
+  END { printf "restart of the two-host run in one process: steps continue, largest relative difference %.3g\n", worst
+        if (worst > 1e-4) exit 1 }' || fail "the restarted run's losses differ by more than 1e-4"
 
 # 2. Host n2 dies after the first checkpoint; the rerun resumes and matches run 1 bit for bit.
 # shellcheck disable=SC2086
