@@ -56,7 +56,7 @@ class ProgressPrinter {
     const double since_last = std::chrono::duration<double>(now - last_).count();
     const bool end = p.done >= p.total;
     if (since_last < (tty_ ? 0.1 : 5.0) && !end) return;
-    if (!tty_ && p.done == 0 && !end) return;  // a plain line only once there is a rate
+    if (!tty_ && (p.done == base_ || now == start_) && !end) return;  // no rate yet
     if (end && ended_ == phase_) return;
     if (end) ended_ = phase_;
     last_ = now;

@@ -348,8 +348,24 @@ absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& o,
   }
   for (size_t k = 0; k < schema.columns.size(); ++k) {
     Column& c = schema.columns[k];
-    if (c.type == ColumnType::kCategorical && !c.fixed_vocabulary)
-      c.vocabulary.assign(seen[k].begin(), seen[k].end());
+    if (c.type != ColumnType::kCategorical || c.fixed_vocabulary) continue;
+    c.vocabulary.assign(seen[k].begin(), seen[k].end());
+    // Values that are all integers (class numbers) sort numerically: "2" before "10".
+    bool integers = true;
+    for (const std::string& v : c.vocabulary) {
+      int64_t x;
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+      integers = integers && ec == std::errc() && p == v.data() + v.size();
+    }
+    if (integers) {
+      std::stable_sort(c.vocabulary.begin(), c.vocabulary.end(),
+                       [](const std::string& a, const std::string& b) {
+                         int64_t x = 0, y = 0;
+                         std::from_chars(a.data(), a.data() + a.size(), x);
+                         std::from_chars(b.data(), b.data() + b.size(), y);
+                         return x < y;
+                       });
+    }
   }
   std::vector<std::map<std::string, int64_t>> ids(schema.columns.size());
   for (size_t k = 0; k < schema.columns.size(); ++k) {

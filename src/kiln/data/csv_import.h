@@ -19,8 +19,8 @@
 // With a header every CSV column must be listed (ignore ones to drop). Each record gets one
 // feature per non-ignored column, named like it: numeric -> float_list [1 value], categorical ->
 // int64_list [the value's id in the column's vocabulary: its fixed list, else every distinct
-// value of the file sorted bytewise]. The label column's vocabulary is the manifest's label
-// vocabulary. Quoting is RFC 4180 ("a ""b""", newlines inside quotes). Errors name
+// value of the file sorted bytewise, or numerically when all are integers]. The label column's
+// vocabulary is the manifest's label vocabulary. Quoting is RFC 4180 ("a ""b""", newlines inside quotes). Errors name
 // file:line:column and the column.
 #ifndef KILN_DATA_CSV_IMPORT_H_
 #define KILN_DATA_CSV_IMPORT_H_

@@ -116,7 +116,7 @@ TEST(CsvImport, FeaturesVocabulariesStatisticsAndDeterminism) {
 
 TEST(CsvImport, NoHeaderListSchema) {
   Fixture f;
-  const std::string csv = f.Write("d.csv", "1;a\n2;b\n\n3;a\n");
+  const std::string csv = f.Write("d.csv", "1;10\n2;2\n\n3;10\n");
   const std::string schema =
       f.Write("s.yaml",
               "header: false\ndelimiter: \";\"\nlabel: y\n"
@@ -126,6 +126,9 @@ TEST(CsvImport, NoHeaderListSchema) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->examples, 3);
   EXPECT_EQ(s->splits.count("held_out"), 0u);
+  absl::StatusOr<DatasetManifest> m = ReadManifest(f.env, o.out_dir);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->label_vocabulary, (std::vector<std::string>{"2", "10"}));  // integers: numeric order
 }
 
 TEST(CsvImport, ErrorsNameFileLineAndColumn) {
