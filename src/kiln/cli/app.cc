@@ -15,6 +15,7 @@
 #include "kiln/cli/demo.h"
 #include "kiln/cli/ir_commands.h"
 #include "kiln/cli/predict_cmd.h"
+#include "kiln/cli/quantize_cmd.h"
 #include "kiln/cli/serve_cmd.h"
 #include "kiln/cli/train_cmd.h"
 
@@ -157,6 +158,8 @@ int RunKiln(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     TrainCommands train_cmds(app);
     // `kiln predict` (predict_cmd.h).
     PredictCommand predict_cmd(app);
+    // `kiln quantize` (quantize_cmd.h).
+    QuantizeCommand quantize_cmd(app);
     // `kiln serve` (serve_cmd.h).
     ServeCommand serve_cmd(app);
     // `kiln data import ...`, `kiln data inspect` (data_cmd.h).
@@ -183,6 +186,7 @@ int RunKiln(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     }
     if (int rc = train_cmds.Run(storage, out, err); rc >= 0) return rc;
     if (int rc = predict_cmd.Run(out, err); rc >= 0) return rc;
+    if (int rc = quantize_cmd.Run(out, err); rc >= 0) return rc;
     if (int rc = serve_cmd.Run(out, err); rc >= 0) return rc;
     if (int rc = data_cmds.Run(out, err); rc >= 0) return rc;
     if (*ir_print) {

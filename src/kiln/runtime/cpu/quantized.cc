@@ -43,19 +43,30 @@ void ScaleChannels(float* y, const float* scale, int64_t count, int64_t channels
   });
 }
 
+// How the per-channel scales reach the matmul, in order of preference: a binary-mul post-op on
+// the f32-converted sums (oneDNN 2.6's brgemm int8 kernel takes it; runtime output scales would
+// send it to the slower gemm kernel), runtime output scales, or a loop after the primitive. All
+// three compute f32(int32 sum) * scale[n], one rounding each.
+enum class ScaleHow { kPostOp, kRuntimeScales, kLoop };
+
 LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
   const Shape& xs = lc.operand_type(n, 0).shape;
   const int64_t K = lc.operand_type(n, 1).shape.dim(0), N = lc.operand_type(n, 1).shape.dim(1);
   const int64_t M = K == 0 ? 0 : xs.num_elements() / K;
   if (M == 0 || K == 0 || N == 0) return Unimplemented(n, "empty quantized_dot");
   const auto src_md = PlainDesc({M, K}, dt::s8), dst_md = PlainDesc({M, N}, dt::f32);
-  const auto wei_plain = PlainDesc({K, N}, dt::s8);
-  for (bool scaled : {true, false}) {
+  const auto wei_plain = PlainDesc({K, N}, dt::s8), scale_md = PlainDesc({1, N}, dt::f32);
+  for (ScaleHow how : {ScaleHow::kPostOp, ScaleHow::kRuntimeScales, ScaleHow::kLoop}) {
     // Plain weights first (no per-run reorder); oneDNN's packed layout when plain gets its
     // reference kernel.
     for (bool packed : {false, true}) {
       dnnl::primitive_attr attr = DnnlThunkBuilder::Attr();
-      if (scaled) attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+      if (how == ScaleHow::kRuntimeScales) attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+      if (how == ScaleHow::kPostOp) {
+        dnnl::post_ops ops;
+        ops.append_binary(dnnl::algorithm::binary_mul, scale_md);
+        attr.set_post_ops(ops);
+      }
       dnnl::matmul::primitive_desc pd;
       try {
         dnnl::memory::desc wei_md =
@@ -65,19 +76,23 @@ LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
       } catch (const dnnl::error&) {
         continue;
       }
-      if (IsRefImpl(pd) && !packed) continue;
-      DnnlThunkBuilder b(lc, n, scaled ? "onednn int8 matmul" : "onednn int8 matmul+scale loop");
+      if (IsRefImpl(pd) && (how != ScaleHow::kLoop || !packed)) continue;
+      DnnlThunkBuilder b(
+          lc, n, how == ScaleHow::kLoop ? "onednn int8 matmul+scale loop" : "onednn int8 matmul");
       b.NameImpl(pd);
       const int src = b.NodeMemory(n.operand(0), src_md);
       KILN_ASSIGN_OR_RETURN(int wei, b.Input(n.operand(1), wei_plain, pd.weights_desc()));
       const int dst = b.NodeMemory(n.id(), dst_md);
       std::vector<std::pair<int, int>> args = {
           {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-      if (scaled)
+      if (how == ScaleHow::kRuntimeScales)
         args.push_back(
             {DNNL_ARG_ATTR_OUTPUT_SCALES, b.NodeMemory(n.operand(2), PlainDesc({N}, dt::f32))});
+      if (how == ScaleHow::kPostOp)
+        args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                        b.NodeMemory(n.operand(2), scale_md)});
       b.AddStepWithScratchpad(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
-      if (!scaled) {
+      if (how == ScaleHow::kLoop) {
         const int s = n.operand(2), y = n.id();
         b.AddLoopStep([=](RunContext& ctx, uint8_t*) {
           ScaleChannels(static_cast<float*>(ctx.buffers[y]),

@@ -1,0 +1,671 @@
+#include "kiln/cli/quantize_cmd.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "kiln/base/env.h"
+#include "kiln/base/status.h"
+#include "kiln/cli/backends.h"
+#include "kiln/cli/quantize_rewrite.h"
+#include "kiln/compiler/artifact.h"
+#include "kiln/data/digits.h"
+#include "kiln/tensor/safetensors.h"
+
+namespace kiln::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using compiler::TensorSpec;
+
+// Examples: one [N, ...] tensor per runtime input, plus labels when the data has them.
+struct Examples {
+  std::map<std::string, Tensor> inputs;
+  std::vector<int64_t> labels;
+  int64_t n = 0;
+};
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
+  return s;
+}
+
+std::vector<std::string_view> SplitFields(std::string_view line) {
+  std::vector<std::string_view> fields;
+  size_t start = 0;
+  for (size_t i = 0; i <= line.size(); ++i) {
+    if (i == line.size() || line[i] == ',') {
+      fields.push_back(Trim(line.substr(start, i - start)));
+      start = i + 1;
+    }
+  }
+  return fields;
+}
+
+bool ParseDouble(std::string_view s, double* v) {
+  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  auto r = std::from_chars(s.data(), s.data() + s.size(), *v);
+  return !s.empty() && r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+Shape WithLeading(int64_t n, const Shape& s) {
+  std::vector<int64_t> dims = {n};
+  dims.insert(dims.end(), s.dims().begin() + 1, s.dims().end());
+  return Shape(std::move(dims));
+}
+
+int64_t PerExample(const TensorSpec& s) { return s.shape.num_elements() / s.shape.dim(0); }
+
+// The label column of a CSV row with `fields` fields: -1 for none.
+absl::StatusOr<int64_t> LabelColumn(const std::string& spec, int64_t fields) {
+  if (spec == "none") return -1;
+  if (spec == "last") return fields - 1;
+  if (spec == "first") return 0;
+  int64_t c = -1;
+  auto r = std::from_chars(spec.data(), spec.data() + spec.size(), c);
+  if (r.ec != std::errc() || r.ptr != spec.data() + spec.size() || c < 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--labels-column ", spec, ": expected last, first, none or a 0-based column index"));
+  if (c >= fields)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--labels-column ", c, " is past the row's ", fields, " columns"));
+  return c;
+}
+
+absl::StatusOr<Examples> ReadCsvExamples(const std::string& path,
+                                         const std::vector<TensorSpec>& inputs,
+                                         const std::string& labels_column) {
+  KILN_ASSIGN_OR_RETURN(std::string text, data::ReadMaybeGzippedFile(path));
+  int64_t features = 0;
+  for (const TensorSpec& s : inputs) features += PerExample(s);
+  const int64_t want = features + (labels_column == "none" ? 0 : 1);
+  std::vector<std::vector<double>> rows;
+  std::vector<int64_t> labels;
+  std::string_view rest = text;
+  for (int64_t line_no = 1; !rest.empty(); ++line_no) {
+    const size_t nl = rest.find('\n');
+    std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    if (Trim(line).empty()) continue;
+    std::vector<std::string_view> fields = SplitFields(line);
+    std::vector<double> values(fields.size());
+    bool any_number = false;
+    for (size_t i = 0; i < fields.size(); ++i) any_number |= ParseDouble(fields[i], &values[i]);
+    if (rows.empty() && labels.empty() && !any_number) continue;  // a header
+    if (static_cast<int64_t>(fields.size()) != want)
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", line_no, ": expected ", want, " columns (", features, " input values",
+          want > features ? " and a label" : "", "), got ", fields.size()));
+    KILN_ASSIGN_OR_RETURN(int64_t label_col, LabelColumn(labels_column, want));
+    std::vector<double> row;
+    for (int64_t i = 0; i < want; ++i) {
+      if (!ParseDouble(fields[i], &values[i]) || !std::isfinite(values[i]))
+        return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": column ", i + 1,
+                                                       " ('", std::string(fields[i]),
+                                                       "') is not a number"));
+      if (i == label_col) {
+        if (values[i] != std::floor(values[i]) || values[i] < 0)
+          return absl::InvalidArgumentError(absl::StrCat(
+              path, ":", line_no, ": label column ", i + 1, " ('", std::string(fields[i]),
+              "') is not a class index (a non-negative integer)"));
+        labels.push_back(static_cast<int64_t>(values[i]));
+      } else {
+        row.push_back(values[i]);
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  if (rows.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no data rows"));
+  Examples ex;
+  ex.n = static_cast<int64_t>(rows.size());
+  ex.labels = std::move(labels);
+  int64_t col = 0;
+  for (const TensorSpec& s : inputs) {
+    Tensor t(s.dtype, WithLeading(ex.n, s.shape));
+    const int64_t per = PerExample(s);
+    for (int64_t r = 0; r < ex.n; ++r)
+      for (int64_t j = 0; j < per; ++j) t.SetDouble(r * per + j, rows[r][col + j]);
+    col += per;
+    ex.inputs[s.name] = std::move(t);
+  }
+  return ex;
+}
+
+absl::StatusOr<Examples> ReadTensorExamples(const std::string& path,
+                                            const std::vector<TensorSpec>& inputs,
+                                            const std::string& labels_column) {
+  KILN_ASSIGN_OR_RETURN(auto tensors, ReadSafetensors(path));
+  Examples ex;
+  ex.n = -1;
+  for (const TensorSpec& s : inputs) {
+    auto it = tensors.find(s.name);
+    if (it == tensors.end())
+      return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor '", s.name, "'"));
+    const Tensor& t = it->second;
+    if (t.dtype() != s.dtype || t.shape().rank() != s.shape.rank() || t.shape().rank() == 0 ||
+        WithLeading(t.shape().dim(0), s.shape) != t.shape())
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor '", s.name, "' is ", t.TypeString(), ", expected N examples of ",
+          std::string(DTypeName(s.dtype)), s.shape.ToString()));
+    if (ex.n >= 0 && t.shape().dim(0) != ex.n)
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", s.name, "' holds ",
+                                                     t.shape().dim(0),
+                                                     " examples, the inputs before it ", ex.n));
+    ex.n = t.shape().dim(0);
+    ex.inputs[s.name] = t;
+  }
+  auto l = tensors.find("labels");
+  if (labels_column != "none" && l != tensors.end()) {
+    const Tensor& t = l->second;
+    if (!IsInteger(t.dtype()) || t.shape() != Shape{ex.n})
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor 'labels' is ", t.TypeString(),
+                                                     ", expected integer class indices [", ex.n,
+                                                     "]"));
+    for (int64_t i = 0; i < ex.n; ++i) ex.labels.push_back(LoadAsInt64(t.raw_data(), t.dtype(), i));
+  }
+  if (ex.n <= 0) return absl::InvalidArgumentError(absl::StrCat(path, ": no examples"));
+  return ex;
+}
+
+absl::StatusOr<Examples> ReadExamples(const std::string& path, const std::vector<TensorSpec>& in,
+                                      const QuantizeOptions& o) {
+  absl::StatusOr<Examples> ex;
+  if (absl::EndsWith(path, ".safetensors")) {
+    ex = ReadTensorExamples(path, in, o.labels_column);
+  } else if (absl::EndsWith(path, ".csv") || absl::EndsWith(path, ".csv.gz")) {
+    ex = ReadCsvExamples(path, in, o.labels_column);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": expected a .safetensors file or CSV rows (.csv or .csv.gz)"));
+  }
+  if (!ex.ok() || o.input_scale == 1.0) return ex;
+  for (auto& [name, t] : ex->inputs) {
+    if (!IsFloating(t.dtype())) continue;
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.SetDouble(i, t.GetDouble(i) * o.input_scale);
+  }
+  return ex;
+}
+
+// Rows [begin, end) of `ex`.
+Examples Slice(const Examples& ex, int64_t begin, int64_t end) {
+  Examples r;
+  r.n = end - begin;
+  for (const auto& [name, t] : ex.inputs) {
+    const int64_t per = t.num_elements() / ex.n;
+    Tensor s(t.dtype(), WithLeading(r.n, t.shape()));
+    const int64_t es = DTypeSize(t.dtype());
+    std::memcpy(s.raw_data(), static_cast<const char*>(t.raw_data()) + begin * per * es,
+                r.n * per * es);
+    r.inputs[name] = std::move(s);
+  }
+  if (!ex.labels.empty()) r.labels.assign(ex.labels.begin() + begin, ex.labels.begin() + end);
+  return r;
+}
+
+// ---- Running a program on examples ----
+
+struct Runner {
+  ir::Graph program;
+  std::map<std::string, Tensor> weights;
+  std::unique_ptr<runtime::Executable> exe;
+};
+
+absl::StatusOr<Runner> MakeRunner(runtime::Backend& backend, ir::Graph program,
+                                  std::map<std::string, Tensor> weights) {
+  Runner r;
+  KILN_ASSIGN_OR_RETURN(r.exe, backend.Compile(program));
+  r.program = std::move(program);
+  r.weights = std::move(weights);
+  return r;
+}
+
+// Runs rows [b*batch, ...) of `ex` as batch b (the last one zero-padded); fn(outputs, rows).
+absl::Status RunBatches(
+    Runner& r, const Examples& ex, int64_t batch,
+    const std::function<absl::Status(const std::vector<Tensor>&, int64_t)>& fn) {
+  std::vector<int> params = r.program.parameters();
+  for (int64_t begin = 0; begin < ex.n; begin += batch) {
+    const int64_t rows = std::min(batch, ex.n - begin);
+    std::vector<Tensor> args;
+    for (int p : params) {
+      const ir::Node& node = r.program.node(p);
+      const std::string& name = node.attr_str("name");
+      auto w = r.weights.find(name);
+      if (w != r.weights.end()) {
+        args.push_back(w->second);
+        continue;
+      }
+      auto in = ex.inputs.find(name);
+      if (in == ex.inputs.end())
+        return absl::InternalError(absl::StrCat("no value for parameter '", name, "'"));
+      Tensor t(node.type().dtype, node.type().shape);
+      const int64_t bytes = in->second.byte_size() / ex.n;
+      std::memcpy(t.raw_data(), static_cast<const char*>(in->second.raw_data()) + begin * bytes,
+                  rows * bytes);
+      args.push_back(std::move(t));
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, r.exe->Run(args));
+    KILN_RETURN_IF_ERROR(fn(outs, rows));
+  }
+  return absl::OkStatus();
+}
+
+// ---- Calibration ----
+
+// |x| of every calibration activation per site (every value up to 2^22 per site, then a
+// deterministic stride), and the activation scale the method picks from them.
+absl::StatusOr<std::vector<float>> Calibrate(runtime::Backend& backend, const compiler::Artifact& a,
+                                             const std::vector<Int8Site>& sites,
+                                             const Examples& calib, int64_t batch,
+                                             const QuantizeOptions& o,
+                                             std::vector<double>* absmax) {
+  KILN_ASSIGN_OR_RETURN(ir::Graph g, CalibrationProgram(a.program, sites));
+  KILN_ASSIGN_OR_RETURN(Runner r, MakeRunner(backend, std::move(g), a.weights));
+  const size_t first = a.program.outputs().size();
+  std::vector<std::vector<float>> values(sites.size());
+  absmax->assign(sites.size(), 0.0);
+  KILN_RETURN_IF_ERROR(
+      RunBatches(r, calib, batch, [&](const std::vector<Tensor>& outs, int64_t rows) {
+        for (size_t k = 0; k < sites.size(); ++k) {
+          const Tensor& t = outs[first + k];
+          // Only the rows that hold examples (the activation's leading dim is the batch).
+          const int64_t count = t.num_elements() / batch * rows;
+          const float* v = t.data<float>();
+          const int64_t total =
+              t.num_elements() / batch * calib.n;  // this site's values, all batches
+          const int64_t stride = std::max<int64_t>(1, total >> 22);
+          for (int64_t i = 0; i < count; ++i) {
+            const float x = std::fabs(v[i]);
+            if (!std::isfinite(x)) continue;
+            (*absmax)[k] = std::max((*absmax)[k], static_cast<double>(x));
+            if (i % stride == 0) values[k].push_back(x);
+          }
+        }
+        return absl::OkStatus();
+      }));
+  std::vector<float> scales;
+  for (size_t k = 0; k < sites.size(); ++k) {
+    double range = (*absmax)[k];
+    if (o.method == "percentile" && !values[k].empty()) {
+      std::vector<float>& v = values[k];
+      const size_t idx =
+          std::min(v.size() - 1, static_cast<size_t>(std::ceil(o.percentile / 100.0 * v.size())) -
+                                     (o.percentile > 0 ? 1 : 0));
+      std::nth_element(v.begin(), v.begin() + idx, v.end());
+      range = v[idx];
+    }
+    scales.push_back(SymmetricScale(range));
+  }
+  return scales;
+}
+
+// ---- The metric ----
+
+// The output compared: "logits" when present, else the first f32 [B, C] output (C > 1) for
+// accuracy; every f32 output for the relative MSE.
+int LogitsOutput(const ir::Graph& g) {
+  int found = -1;
+  for (size_t i = 0; i < g.outputs().size(); ++i) {
+    const ir::Type& t = g.node(g.outputs()[i].node).type();
+    if (t.dtype != DType::kF32 || t.shape.rank() != 2 || t.shape.dim(1) < 2) continue;
+    if (g.outputs()[i].name == "logits") return static_cast<int>(i);
+    if (found < 0) found = static_cast<int>(i);
+  }
+  return found;
+}
+
+struct Metric {
+  std::string name;  // accuracy | relative_mse
+  double f32 = 0, int8 = 0, drop = 0;
+};
+
+// Accuracy (percent) of both programs when there are labels and logits, else the relative MSE of
+// the int8 outputs against the f32 ones (percent of the f32 outputs' mean square).
+absl::StatusOr<Metric> Evaluate(Runner& f32, Runner& int8, const Examples& ev, int64_t batch) {
+  const int logits = LogitsOutput(f32.program);
+  Metric m;
+  if (logits >= 0 && !ev.labels.empty()) {
+    m.name = "accuracy";
+    const int64_t classes =
+        f32.program.node(f32.program.outputs()[logits].node).type().shape.dim(1);
+    for (int64_t l : ev.labels)
+      if (l >= classes)
+        return absl::InvalidArgumentError(
+            absl::StrCat("label ", l, " is not a class of the model's ", classes, " logits"));
+    int64_t offset = 0;
+    int64_t right[2] = {0, 0};
+    for (int which = 0; which < 2; ++which) {
+      offset = 0;
+      KILN_RETURN_IF_ERROR(RunBatches(
+          which == 0 ? f32 : int8, ev, batch, [&](const std::vector<Tensor>& outs, int64_t rows) {
+            const float* v = outs[logits].data<float>();
+            for (int64_t r = 0; r < rows; ++r) {
+              const float* row = v + r * classes;
+              const int64_t pred = std::max_element(row, row + classes) - row;
+              right[which] += pred == ev.labels[offset + r];
+            }
+            offset += rows;
+            return absl::OkStatus();
+          }));
+    }
+    m.f32 = 100.0 * right[0] / ev.n;
+    m.int8 = 100.0 * right[1] / ev.n;
+    m.drop = m.f32 - m.int8;
+    return m;
+  }
+  m.name = "relative_mse";
+  std::vector<std::vector<Tensor>> ref;
+  KILN_RETURN_IF_ERROR(RunBatches(f32, ev, batch, [&](const std::vector<Tensor>& outs, int64_t) {
+    ref.push_back(outs);
+    return absl::OkStatus();
+  }));
+  double err = 0, norm = 0;
+  size_t b = 0;
+  KILN_RETURN_IF_ERROR(
+      RunBatches(int8, ev, batch, [&](const std::vector<Tensor>& outs, int64_t rows) {
+        for (size_t i = 0; i < outs.size(); ++i) {
+          if (outs[i].dtype() != DType::kF32) continue;
+          const int64_t count = outs[i].num_elements() / batch * rows;
+          const float* q = outs[i].data<float>();
+          const float* f = ref[b][i].data<float>();
+          for (int64_t j = 0; j < count; ++j) {
+            err += (double(q[j]) - f[j]) * (double(q[j]) - f[j]);
+            norm += double(f[j]) * f[j];
+          }
+        }
+        ++b;
+        return absl::OkStatus();
+      }));
+  m.int8 = norm > 0 ? 100.0 * err / norm : (err > 0 ? 100.0 : 0.0);
+  m.drop = m.int8;
+  return m;
+}
+
+// ---- Latency ----
+
+struct Latency {
+  std::vector<double> f32_ms, int8_ms;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+}
+
+// One batch of the eval examples through each program, alternating, after 3 warm-up runs each.
+absl::StatusOr<Latency> MeasureLatency(Runner& f32, Runner& int8, const Examples& ev, int64_t batch,
+                                       int runs) {
+  Examples one = Slice(ev, 0, std::min(batch, ev.n));
+  Latency l;
+  for (int i = -3; i < runs; ++i) {
+    for (int which = 0; which < 2; ++which) {
+      const auto start = std::chrono::steady_clock::now();
+      KILN_RETURN_IF_ERROR(
+          RunBatches(which == 0 ? f32 : int8, one, batch,
+                     [](const std::vector<Tensor>&, int64_t) { return absl::OkStatus(); }));
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      if (i >= 0) (which == 0 ? l.f32_ms : l.int8_ms).push_back(ms);
+    }
+  }
+  return l;
+}
+
+int64_t WeightBytes(const std::map<std::string, Tensor>& w) {
+  int64_t b = 0;
+  for (const auto& [name, t] : w) b += t.byte_size();
+  return b;
+}
+
+nlohmann::json LayerJson(const Int8Layer& l, const ir::Graph& g, double absmax) {
+  const auto [lo, hi] = std::minmax_element(l.weight_scales.begin(), l.weight_scales.end());
+  return {{"op", std::string(ir::OpcodeName(l.site.op))},
+          {"node", l.site.node},
+          {"weight", l.site.weight},
+          {"weight_shape", g.node(g.FindParameter(l.site.weight)).type().shape.dims()},
+          {"int8_weight", l.int8_weight},
+          {"scale_parameter", l.scale_param},
+          {"activation_absmax", absmax},
+          {"activation_scale", l.activation_scale},
+          {"weight_scales", l.weight_scales},
+          {"weight_scale_min", lo == l.weight_scales.end() ? 0.f : *lo},
+          {"weight_scale_max", hi == l.weight_scales.end() ? 0.f : *hi},
+          {"weight_max_abs_error", l.weight_max_abs_error}};
+}
+
+absl::Status CheckOptions(const QuantizeOptions& o) {
+  if (o.method != "minmax" && o.method != "percentile")
+    return absl::InvalidArgumentError("--method " + o.method + ": expected minmax or percentile");
+  if (!(o.percentile > 0 && o.percentile <= 100))
+    return absl::InvalidArgumentError(
+        absl::StrCat("--percentile ", o.percentile, ": expected a value in (0, 100]"));
+  if (!std::isfinite(o.budget))
+    return absl::InvalidArgumentError("--budget must be a finite number");
+  if (!std::isfinite(o.input_scale))
+    return absl::InvalidArgumentError("--input-scale must be a finite number");
+  if (o.calibration_rows < 0 || o.latency_runs < 1)
+    return absl::InvalidArgumentError("--calibration-rows must be >= 0, --latency-runs >= 1");
+  if (o.out.empty()) return absl::InvalidArgumentError("--out is required");
+  std::error_code ec;
+  if (fs::exists(o.out, ec) && !o.overwrite)
+    return absl::AlreadyExistsError(o.out + " exists (pass --overwrite to replace it)");
+  if (fs::weakly_canonical(o.out, ec) == fs::weakly_canonical(o.artifact, ec))
+    return absl::InvalidArgumentError("--out must not be the input artifact");
+  return absl::OkStatus();
+}
+
+// The eval examples: --eval, or the calibration file's rows after the calibration rows.
+absl::StatusOr<std::pair<Examples, Examples>> LoadData(const QuantizeOptions& o,
+                                                       const std::vector<TensorSpec>& inputs,
+                                                       std::string* eval_source) {
+  KILN_ASSIGN_OR_RETURN(Examples all, ReadExamples(o.calibration, inputs, o));
+  const int64_t nc = o.calibration_rows == 0 ? all.n : std::min(all.n, o.calibration_rows);
+  Examples calib = Slice(all, 0, nc);
+  if (!o.eval.empty()) {
+    KILN_ASSIGN_OR_RETURN(Examples ev, ReadExamples(o.eval, inputs, o));
+    *eval_source = o.eval;
+    return std::make_pair(std::move(calib), std::move(ev));
+  }
+  if (nc >= all.n)
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.calibration, ": all ", all.n, " examples calibrate (--calibration-rows ",
+        o.calibration_rows, "); pass --eval DATA or fewer --calibration-rows to hold some out"));
+  *eval_source = absl::StrCat(o.calibration, " rows ", nc + 1, "-", all.n);
+  return std::make_pair(std::move(calib), Slice(all, nc, all.n));
+}
+
+void PrintReport(const nlohmann::json& r, std::ostream& out) {
+  const bool acc = r["metric"] == "accuracy";
+  out << absl::StrFormat("int8: %d of %d matmul/conv layers (%s calibration on %d examples)\n",
+                         static_cast<int>(r["layers"].size()), r["sites"].get<int>(),
+                         r["method"].get<std::string>(), r["calibration_examples"].get<int64_t>());
+  if (acc) {
+    out << absl::StrFormat(
+        "accuracy: f32 %.2f%%  int8 %.2f%%  drop %.2f points (budget %.2f) on %d "
+        "held-out examples\n",
+        r["f32"].get<double>(), r["int8"].get<double>(), r["drop"].get<double>(),
+        r["budget"].get<double>(), r["eval_examples"].get<int64_t>());
+  } else {
+    out << absl::StrFormat(
+        "relative MSE of the int8 outputs vs f32: %.4f%% (budget %.4f%%) on %d "
+        "examples\n",
+        r["drop"].get<double>(), r["budget"].get<double>(), r["eval_examples"].get<int64_t>());
+  }
+  const nlohmann::json& l = r["latency_ms"];
+  out << absl::StrFormat(
+      "latency at batch %d (median of %d): f32 %.4f ms  int8 %.4f ms  (f32/int8 %.2fx)\n",
+      l["batch"].get<int64_t>(), l["runs"].get<int>(), l["f32_median"].get<double>(),
+      l["int8_median"].get<double>(), l["f32_over_int8"].get<double>());
+  const nlohmann::json& w = r["weight_bytes"];
+  out << absl::StrFormat("weights: f32 %d bytes  int8 artifact %d bytes\n", w["f32"].get<int64_t>(),
+                         w["int8"].get<int64_t>());
+}
+
+}  // namespace
+
+absl::StatusOr<QuantizeResult> RunQuantize(const QuantizeOptions& o, std::ostream& out) {
+  KILN_RETURN_IF_ERROR(CheckOptions(o));
+  KILN_ASSIGN_OR_RETURN(compiler::Artifact a, compiler::LoadArtifact(o.artifact));
+  const std::vector<TensorSpec> inputs = a.signature.RuntimeInputs();
+  int64_t batch = 0;
+  for (const TensorSpec& s : inputs) {
+    if (s.shape.rank() == 0 || (batch != 0 && s.shape.dim(0) != batch))
+      return absl::InvalidArgumentError(o.artifact +
+                                        ": its inputs do not share a leading batch dimension");
+    batch = s.shape.dim(0);
+  }
+  if (batch <= 0) return absl::InvalidArgumentError(o.artifact + ": the artifact takes no inputs");
+  std::string eval_source;
+  KILN_ASSIGN_OR_RETURN(auto data, LoadData(o, inputs, &eval_source));
+  const Examples& calib = data.first;
+  const Examples& ev = data.second;
+  std::set<std::string> weight_names;
+  for (const auto& [name, t] : a.weights) weight_names.insert(name);
+  const std::vector<Int8Site> sites = FindInt8Sites(a.program, weight_names);
+  if (sites.empty())
+    return absl::InvalidArgumentError(o.artifact +
+                                      ": no matmul or convolution reads an artifact weight");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Backend> backend, MakeBackendByName(o.backend));
+  std::vector<double> absmax;
+  KILN_ASSIGN_OR_RETURN(std::vector<float> scales,
+                        Calibrate(*backend, a, sites, calib, batch, o, &absmax));
+  KILN_ASSIGN_OR_RETURN(Int8Program q, RewriteInt8(a.program, a.weights, sites, scales));
+  KILN_ASSIGN_OR_RETURN(Runner f32, MakeRunner(*backend, a.program, a.weights));
+  KILN_ASSIGN_OR_RETURN(Runner int8, MakeRunner(*backend, q.program, q.weights));
+  KILN_ASSIGN_OR_RETURN(Metric m, Evaluate(f32, int8, ev, batch));
+  KILN_ASSIGN_OR_RETURN(Latency lat, MeasureLatency(f32, int8, ev, batch, o.latency_runs));
+
+  QuantizeResult res;
+  res.accepted = m.drop <= o.budget;
+  nlohmann::json& r = res.report;
+  r = {{"artifact", o.artifact},
+       {"out", o.out},
+       {"backend", o.backend},
+       {"method", o.method},
+       {"calibration", o.calibration},
+       {"input_scale", o.input_scale},
+       {"calibration_examples", calib.n},
+       {"eval", eval_source},
+       {"eval_examples", ev.n},
+       {"metric", m.name},
+       {"f32", m.f32},
+       {"int8", m.int8},
+       {"drop", m.drop},
+       {"budget", o.budget},
+       {"accepted", res.accepted},
+       {"sites", static_cast<int>(sites.size())}};
+  if (o.method == "percentile") r["percentile"] = o.percentile;
+  const double f32_med = Median(lat.f32_ms), int8_med = Median(lat.int8_ms);
+  r["latency_ms"] = {{"batch", batch},
+                     {"runs", o.latency_runs},
+                     {"f32_median", f32_med},
+                     {"int8_median", int8_med},
+                     {"f32_min", *std::min_element(lat.f32_ms.begin(), lat.f32_ms.end())},
+                     {"f32_max", *std::max_element(lat.f32_ms.begin(), lat.f32_ms.end())},
+                     {"int8_min", *std::min_element(lat.int8_ms.begin(), lat.int8_ms.end())},
+                     {"int8_max", *std::max_element(lat.int8_ms.begin(), lat.int8_ms.end())},
+                     {"f32_over_int8", int8_med > 0 ? f32_med / int8_med : 0.0}};
+  int64_t site_f32_bytes = 0;
+  for (const Int8Site& s : sites) site_f32_bytes += a.weights.at(s.weight).byte_size();
+  r["weight_bytes"] = {{"f32", WeightBytes(a.weights)},
+                       {"int8", WeightBytes(q.weights)},
+                       {"quantized_layers_f32", site_f32_bytes}};
+  r["layers"] = nlohmann::json::array();
+  for (size_t k = 0; k < q.layers.size(); ++k)
+    r["layers"].push_back(LayerJson(q.layers[k], a.program, absmax[k]));
+  PrintReport(r, out);
+  if (!res.accepted) return res;
+
+  // What the cpu backend's pipeline makes of the rewritten program (fusion of the bias adds and
+  // activations after the int8 ops), as `kiln export` stores it.
+  const ir::Graph& program = int8.exe->graph();
+  compiler::ArtifactOptions ao;
+  ao.backend = a.backend;
+  ao.metadata = a.metadata;
+  ao.metadata["quantized"] = "int8";
+  ao.metadata["quantize_method"] = o.method;
+  ao.metadata["quantized_from"] = a.program_sha256;
+  ao.overwrite = o.overwrite;
+  KILN_RETURN_IF_ERROR(compiler::WriteArtifact(o.out, program, q.weights, ao));
+  KILN_RETURN_IF_ERROR(
+      WriteStringToFile(Env::Default(), r.dump(2) + "\n", o.out + "/quantize.json", false));
+  out << "wrote " << o.out << " (and " << o.out << "/quantize.json)\n";
+  return res;
+}
+
+QuantizeCommand::QuantizeCommand(CLI::App& app) {
+  cmd_ = app.add_subcommand(
+      "quantize",
+      "Post-training int8 of an artifact's matmuls and convolutions, written only when the "
+      "held-out metric drops by at most --budget (docs/quantize.md)");
+  cmd_->add_option("artifact", options_.artifact, "The f32 artifact directory (`kiln export`)")
+      ->required();
+  cmd_->add_option("--calibration", options_.calibration,
+                   "Calibration examples: .csv/.csv.gz rows (inputs then a label) or .safetensors")
+      ->required();
+  cmd_->add_option("--out", options_.out, "Where to write the int8 artifact")->required();
+  cmd_->add_option("--eval", options_.eval,
+                   "Held-out examples (default: the calibration file's rows after "
+                   "--calibration-rows)");
+  cmd_->add_option("--budget", options_.budget,
+                   "Largest allowed drop: accuracy points, or relative MSE in percent")
+      ->capture_default_str();
+  cmd_->add_option("--method", options_.method, "Activation calibration: minmax or percentile")
+      ->check(CLI::IsMember({"minmax", "percentile"}))
+      ->capture_default_str();
+  cmd_->add_option("--percentile", options_.percentile, "Percentile of |x| for --method percentile")
+      ->capture_default_str();
+  cmd_->add_option("--labels-column", options_.labels_column,
+                   "CSV label column: last, first, none or a 0-based index")
+      ->capture_default_str();
+  cmd_->add_option("--calibration-rows", options_.calibration_rows,
+                   "Examples of --calibration that calibrate (0: all)")
+      ->capture_default_str();
+  cmd_->add_option("--input-scale", options_.input_scale,
+                   "Multiply every float input value read by this (the data pipeline's scaling; "
+                   "digits: 0.0625)")
+      ->capture_default_str();
+  cmd_->add_option("--latency-runs", options_.latency_runs, "Timed runs per program")
+      ->capture_default_str();
+  cmd_->add_flag("--overwrite", options_.overwrite, "Replace --out if it exists");
+  cmd_->add_option("--backend", options_.backend, "Backend: cpu (oneDNN) or reference")
+      ->check(CLI::IsMember(BackendNames()))
+      ->capture_default_str();
+}
+
+int QuantizeCommand::Run(std::ostream& out, std::ostream& err) {
+  if (!*cmd_) return -1;
+  absl::StatusOr<QuantizeResult> r = RunQuantize(options_, out);
+  if (!r.ok()) {
+    err << "kiln quantize: " << r.status().message() << "\n";
+    return 1;
+  }
+  if (r->accepted) return 0;
+  const nlohmann::json& j = r->report;
+  err << absl::StrFormat(
+      "kiln quantize: refused: the %s drop of %.4f exceeds the budget of %.4f (f32 %.4f, int8 "
+      "%.4f); nothing written to %s\n",
+      j["metric"].get<std::string>(), j["drop"].get<double>(), j["budget"].get<double>(),
+      j["f32"].get<double>(), j["int8"].get<double>(), options_.out);
+  return 1;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,254 @@
+// `kiln quantize`: the int8 rewrite on a small graph (printed IR), per-channel weight
+// quantization by hand, and the command on a small MLP artifact written here (report fields, the
+// gate refusing and writing nothing, the int8 artifact running under `kiln predict`).
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kiln/cli/internal/test_util.h"
+#include "kiln/cli/predict_cmd.h"
+#include "kiln/cli/quantize_cmd.h"
+#include "kiln/cli/quantize_rewrite.h"
+#include "kiln/compiler/artifact.h"
+#include "kiln/ir/builder.h"
+#include "kiln/ir/printer.h"
+#include "kiln/nn/layers.h"
+#include "kiln/nn/params.h"
+#include "kiln/runtime/reference/reference_backend.h"
+
+namespace kiln::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// y = relu(x . w + b), and z = x . v^T with v stored [N, K].
+ir::Graph SmallGraph() {
+  ir::Builder b("small");
+  ir::Value w = b.Parameter("w", DType::kF32, {4, 3});
+  ir::Value bias = b.Parameter("b", DType::kF32, {3});
+  ir::Value v = b.Parameter("v", DType::kF32, {2, 4});
+  ir::Value x = b.Parameter("x", DType::kF32, {2, 4});
+  b.Output("y", ir::Relu(ir::MatMul(x, w) + bias));
+  b.Output("z", ir::DotGeneral(x, v, {{}, {}, {1}, {1}}));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  EXPECT_TRUE(g.ok()) << g.status();
+  return *g;
+}
+
+TEST(Int8Rewrite, FindsWeightMatmulsAndRewritesThem) {
+  ir::Graph g = SmallGraph();
+  std::vector<Int8Site> sites = FindInt8Sites(g, {"w", "b", "v"});
+  ASSERT_EQ(sites.size(), 2u);
+  EXPECT_EQ(sites[0].weight, "w");
+  EXPECT_FALSE(sites[0].transposed);
+  EXPECT_EQ(sites[1].weight, "v");
+  EXPECT_TRUE(sites[1].transposed);
+  // Not weights: nothing to quantize.
+  EXPECT_TRUE(FindInt8Sites(g, {}).empty());
+
+  std::map<std::string, Tensor> weights = {
+      {"w", Tensor::FromVector<float>({4, 3}, std::vector<float>(12, 0.5f))},
+      {"b", Tensor::FromVector<float>({3}, {1, 2, 3})},
+      {"v", Tensor::FromVector<float>({2, 4}, {1, 2, 3, 4, -1, -2, -3, -8})}};
+  absl::StatusOr<Int8Program> q = RewriteInt8(g, weights, sites, {0.25f, 0.5f});
+  ASSERT_TRUE(q.ok()) << q.status();
+  const std::string text = ir::PrintGraph(q->program);
+  // The f32 weights are gone; the bias stays; x keeps its place; the int8 weights and scales are
+  // new parameters after it.
+  EXPECT_THAT(text, Not(HasSubstr("name=\"w\"")));
+  EXPECT_THAT(text, Not(HasSubstr("name=\"v\"")));
+  EXPECT_THAT(text, HasSubstr("parameter() {index=0, name=\"b\"} : f32[3]"));
+  EXPECT_THAT(text, HasSubstr("parameter() {index=1, name=\"x\"} : f32[2,4]"));
+  EXPECT_THAT(text, HasSubstr("parameter() {index=2, name=\"w.int8\"} : s8[4,3]"));
+  EXPECT_THAT(text, HasSubstr("parameter() {index=3, name=\"w.scale\"} : f32[3]"));
+  EXPECT_THAT(text, HasSubstr("parameter() {index=4, name=\"v.int8\"} : s8[4,2]"));
+  EXPECT_THAT(text, HasSubstr("quantize(%1) {scale=0.25} : s8[2,4]"));
+  EXPECT_THAT(text, HasSubstr("quantized_dot("));
+  EXPECT_THAT(text, Not(HasSubstr("dot_general")));
+  EXPECT_THAT(text, HasSubstr("relu("));
+  // Output scale = activation scale * weight channel scale (0.5 / 127).
+  const Tensor& ws = q->weights.at("w.scale");
+  EXPECT_EQ(ws.data<float>()[0], 0.25f * (0.5f / 127.0f));
+  // v [2, 4] contracted on dim 1 is stored transposed, [K, N].
+  const Tensor& vq = q->weights.at("v.int8");
+  EXPECT_EQ(vq.shape(), (Shape{4, 2}));
+  EXPECT_EQ(vq.data<int8_t>()[0], 32);    // v[0][0] = 1 of channel max 4: 127 / 4 = 31.75 -> 32
+  EXPECT_EQ(vq.data<int8_t>()[7], -127);  // v[1][3] = -8, the channel's max
+  EXPECT_EQ(q->weights.count("w"), 0u);
+  EXPECT_EQ(q->weights.count("b"), 1u);
+  ASSERT_EQ(q->layers.size(), 2u);
+  EXPECT_EQ(q->layers[1].scale_param, "v.scale");
+}
+
+TEST(Int8Rewrite, PerChannelSymmetricWeights) {
+  Int8Site site;
+  site.weight = "w";
+  // [K=2, N=2]: channel 0 = (1, 0.25), channel 1 = (-0.5, 2).
+  Tensor w = Tensor::FromVector<float>({2, 2}, {1.f, -0.5f, 0.25f, 2.f});
+  absl::StatusOr<QuantizedWeight> q = QuantizeWeight(w, site);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->scales, (std::vector<float>{1.f / 127, 2.f / 127}));
+  // 0.25 * 127 = 31.75 -> 32; -0.5 / (2 / 127) = -31.75 -> -32.
+  EXPECT_EQ(std::vector<int8_t>(q->q.data<int8_t>(), q->q.data<int8_t>() + 4),
+            (std::vector<int8_t>{127, -32, 32, 127}));
+  EXPECT_LE(q->max_abs_error, 1.0 / 127 / 2 + 1e-7);
+  // All-zero channels get scale 1 (and zeros); non-finite weights are an error naming them.
+  Tensor z(DType::kF32, Shape{2, 2});
+  absl::StatusOr<QuantizedWeight> qz = QuantizeWeight(z, site);
+  ASSERT_TRUE(qz.ok());
+  EXPECT_EQ(qz->scales, (std::vector<float>{1.f, 1.f}));
+  z.data<float>()[3] = std::numeric_limits<float>::infinity();
+  EXPECT_THAT(QuantizeWeight(z, site).status().message(), HasSubstr("weight 'w'"));
+}
+
+TEST(Int8Rewrite, CalibrationProgramExposesActivations) {
+  ir::Graph g = SmallGraph();
+  std::vector<Int8Site> sites = FindInt8Sites(g, {"w", "b", "v"});
+  absl::StatusOr<ir::Graph> c = CalibrationProgram(g, sites);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->outputs().size(), 4u);
+  EXPECT_EQ(c->outputs()[2].name, CalibrationOutput(0));
+  EXPECT_EQ(c->node(c->outputs()[2].node).attr_str("name"), "x");
+}
+
+constexpr int64_t kFeatures = 6, kClasses = 3, kBatch = 4;
+
+// A small MLP artifact with initial weights, and CSV rows labelled with its own f32 predictions
+// (so the f32 accuracy is 100%).
+class QuantizeCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = ::testing::TempDir() + "/kiln_quantize_test";
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    art_ = root_ + "/art";
+    nn::MlpClassifier model({.in_features = kFeatures, .hidden = {16}, .num_classes = kClasses});
+    absl::StatusOr<nn::ParamStore> params = nn::InitParams(model.Params(), 3);
+    ASSERT_TRUE(params.ok()) << params.status();
+    std::map<std::string, Tensor> weights;
+    for (int i = 0; i < params->size(); ++i) weights[params->names()[i]] = params->value(i);
+    absl::StatusOr<ir::Graph> g = model.PredictGraph(kBatch);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(compiler::WriteArtifact(art_, *g, weights).ok());
+    // 40 rows: x from a fixed pattern, label = the f32 model's argmax.
+    const int64_t n = 40;
+    absl::StatusOr<ir::Graph> all = model.PredictGraph(n);
+    ASSERT_TRUE(all.ok());
+    std::vector<float> flat;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < kFeatures; ++j)
+        flat.push_back(static_cast<float>(((r * 7 + j * 3) % 11) - 5) / 2.f);
+    auto exe = runtime::MakeReferenceBackend()->Compile(*all);
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    std::map<std::string, Tensor> in = weights;
+    in["x"] = Tensor::FromVector<float>(Shape{n, kFeatures}, flat);
+    auto out = (*exe)->RunNamed(in);
+    ASSERT_TRUE(out.ok()) << out.status();
+    std::string csv;
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t j = 0; j < kFeatures; ++j) csv += std::to_string(flat[r * kFeatures + j]) + ",";
+      csv += std::to_string(out->at("prediction").data<int32_t>()[r]) + "\n";
+    }
+    data_ = WriteTemp("kiln_quantize_test/rows.csv", csv);
+  }
+
+  QuantizeOptions Options(double budget) const {
+    QuantizeOptions o;
+    o.artifact = art_;
+    o.calibration = data_;
+    o.calibration_rows = 24;  // rows 25-40 are held out
+    o.out = root_ + "/int8";
+    o.budget = budget;
+    o.latency_runs = 3;
+    return o;
+  }
+
+  std::string root_, art_, data_;
+};
+
+TEST_F(QuantizeCommandTest, WritesTheArtifactAndReportWithinBudget) {
+  std::ostringstream printed;
+  absl::StatusOr<QuantizeResult> r = RunQuantize(Options(100.0), printed);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->accepted);
+  const nlohmann::json& j = r->report;
+  EXPECT_EQ(j["metric"], "accuracy");
+  EXPECT_EQ(j["f32"].get<double>(), 100.0);
+  EXPECT_EQ(j["calibration_examples"], 24);
+  EXPECT_EQ(j["eval_examples"], 16);
+  EXPECT_EQ(j["layers"].size(), 2u);
+  EXPECT_EQ(j["method"], "minmax");
+  EXPECT_GT(j["latency_ms"]["f32_median"].get<double>(), 0);
+  EXPECT_GT(j["latency_ms"]["int8_median"].get<double>(), 0);
+  EXPECT_LT(j["weight_bytes"]["int8"].get<int64_t>(), j["weight_bytes"]["f32"].get<int64_t>());
+  EXPECT_THAT(printed.str(), HasSubstr("accuracy: f32 100.00%"));
+  ASSERT_TRUE(fs::exists(root_ + "/int8/quantize.json"));
+  absl::StatusOr<compiler::Artifact> a = compiler::LoadArtifact(root_ + "/int8");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_THAT(ir::PrintGraph(a->program), HasSubstr("quantized_dot"));
+  EXPECT_EQ(a->weights.at("fc0/weight.int8").dtype(), DType::kS8);
+  EXPECT_EQ(a->metadata.at("quantized"), "int8");
+  // `kiln predict` runs it unchanged (inputs: the 6 features, without the label column).
+  std::string rows;
+  for (int r = 0; r < 5; ++r) rows += "1,2,3,-1,-2,0.5\n";
+  PredictOptions p;
+  p.artifact = root_ + "/int8";
+  p.input = WriteTemp("kiln_quantize_test/in.csv", rows);
+  std::ostringstream pout;
+  absl::StatusOr<PredictResult> pr = RunPredict(p, pout);
+  ASSERT_TRUE(pr.ok()) << pr.status();
+  EXPECT_EQ(pr->examples, 5);
+}
+
+TEST_F(QuantizeCommandTest, RefusesPastTheBudgetAndWritesNothing) {
+  std::ostringstream printed;
+  absl::StatusOr<QuantizeResult> r = RunQuantize(Options(-1.0), printed);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->accepted);
+  EXPECT_FALSE(fs::exists(root_ + "/int8"));
+  // Through the command: exit 1 and both numbers.
+  KilnResult k = Kiln({"quantize", art_, "--calibration", data_, "--calibration-rows", "24",
+                       "--out", root_ + "/int8", "--budget", "-1", "--latency-runs", "2"});
+  EXPECT_EQ(k.code, 1);
+  EXPECT_THAT(k.err, HasSubstr("refused: the accuracy drop of"));
+  EXPECT_THAT(k.err, HasSubstr("f32 100.0000"));
+  EXPECT_FALSE(fs::exists(root_ + "/int8"));
+}
+
+TEST_F(QuantizeCommandTest, PercentileCalibrationAndBadInput) {
+  QuantizeOptions o = Options(100.0);
+  o.method = "percentile";
+  o.percentile = 50;
+  std::ostringstream printed;
+  absl::StatusOr<QuantizeResult> r = RunQuantize(o, printed);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report["percentile"], 50.0);
+  // Clipping at the median of |x| gives a smaller scale than min-max.
+  QuantizeOptions m = Options(100.0);
+  m.out = root_ + "/int8_minmax";
+  absl::StatusOr<QuantizeResult> rm = RunQuantize(m, printed);
+  ASSERT_TRUE(rm.ok()) << rm.status();
+  EXPECT_LT(r->report["layers"][0]["activation_scale"].get<double>(),
+            rm->report["layers"][0]["activation_scale"].get<double>());
+  // An existing --out, a short CSV row, all rows calibrating with no --eval.
+  EXPECT_THAT(RunQuantize(m, printed).status().message(), HasSubstr("exists"));
+  QuantizeOptions bad = Options(1.0);
+  bad.out = root_ + "/never";
+  bad.calibration = WriteTemp("kiln_quantize_test/bad.csv", "1,2,3,4,5,6,0\n1,2,3\n");
+  EXPECT_THAT(RunQuantize(bad, printed).status().message(),
+              HasSubstr("bad.csv:2: expected 7 columns"));
+  QuantizeOptions all = Options(1.0);
+  all.out = root_ + "/never";
+  all.calibration_rows = 0;
+  EXPECT_THAT(RunQuantize(all, printed).status().message(), HasSubstr("pass --eval"));
+  EXPECT_FALSE(fs::exists(root_ + "/never"));
+}
+
+}  // namespace
+}  // namespace kiln::cli
