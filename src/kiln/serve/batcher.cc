@@ -186,7 +186,7 @@ void DynamicBatcher::WorkerLoop(int instance) {
         info.reserve(queue_.size());
         for (const Entry& e : queue_)
           info.push_back({e.request->rows, e.request->enqueue_us, e.deadline_us});
-        BatchDecision d = DecideBatch(info, now, config_, stopping_);
+        BatchDecision d = DecideBatch(info, now, config_, stopping_ || flushing_);
         if (d.count > 0) {
           for (int i = 0; i < d.count; ++i) {
             queue_[i].request->dispatch_us = now;
@@ -236,6 +236,14 @@ void DynamicBatcher::Finish(absl::Status status, std::unique_ptr<BatchRequest> r
     finished_.erase(it);
     ++next_release_;
   }
+}
+
+void DynamicBatcher::Flush() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    flushing_ = true;
+  }
+  cv_.notify_all();
 }
 
 void DynamicBatcher::Stop() {

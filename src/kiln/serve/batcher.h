@@ -104,6 +104,9 @@ class DynamicBatcher {
   // full or the batcher is stopping.
   absl::Status Enqueue(std::unique_ptr<BatchRequest> request);
 
+  // From now on batches go out without waiting for max_queue_delay (a server draining);
+  // requests are still accepted.
+  void Flush();
   // Stops accepting, runs every queued request (no more waiting for batches), joins the workers.
   void Stop();
 
@@ -131,6 +134,7 @@ class DynamicBatcher {
   std::vector<Entry> queue_;  // sorted by (level, seq)
   uint64_t next_seq_ = 0;
   bool stopping_ = false;
+  bool flushing_ = false;
 
   std::mutex release_mu_;
   uint64_t next_release_ = 0;

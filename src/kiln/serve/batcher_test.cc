@@ -185,6 +185,19 @@ TEST(DynamicBatcherTest, HoldsABatchExactlyUntilTheDelayOfTheOldest) {
   EXPECT_EQ(rec.batches[1].size(), 4u);
 }
 
+TEST(DynamicBatcherTest, FlushSendsQueuedRequestsWithoutWaitingAndStillAccepts) {
+  ManualClock clock(0);
+  Recorder rec;
+  DynamicBatcher b(Config(8, {8}, 1000000), RecordingRunner(&rec), &clock);
+  ASSERT_TRUE(b.Enqueue(MakeRequest(&rec)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(rec.done.load(), 0);
+  b.Flush();
+  ASSERT_TRUE(WaitFor([&] { return rec.done.load() == 1; }));
+  ASSERT_TRUE(b.Enqueue(MakeRequest(&rec)).ok());
+  ASSERT_TRUE(WaitFor([&] { return rec.done.load() == 2; }));
+}
+
 TEST(DynamicBatcherTest, TimedOutRequestsAreAnsweredUnavailable) {
   ManualClock clock(0);
   Recorder rec;

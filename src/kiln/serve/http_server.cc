@@ -41,8 +41,11 @@ struct HttpServer::Impl {
   // Declared last: destroyed first (the acceptor before the io_context it uses).
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
+  // Keeps run() going while a request waits for its model (no I/O pending then) and after the
+  // acceptor closes, until Shutdown has drained.
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
 
-  explicit Impl(int threads) : ioc(threads) {}
+  explicit Impl(int threads) : ioc(threads) { work.emplace(net::make_work_guard(ioc)); }
   void Accept();
   void CloseIdleSessions();
 };
@@ -293,6 +296,7 @@ void HttpServer::Shutdown(int64_t drain_ms) {
   for (int i = 0;
        i < 100 && impl->connections.load() > 0 && std::chrono::steady_clock::now() < deadline; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  impl->work.reset();
   impl->ioc.stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();

@@ -58,6 +58,8 @@ class ServedModel {
   // Queues a request whose inputs are [rows, ...] in inputs() order (the caller checks shapes
   // and dtypes); see DynamicBatcher::Enqueue.
   absl::Status Submit(std::unique_ptr<BatchRequest> request);
+  // Batches go out at once from now on (draining); see DynamicBatcher::Flush.
+  void Flush() { batcher_->Flush(); }
   // Stops accepting and finishes what is queued.
   void Stop();
   // Called after every batch, on the worker thread.

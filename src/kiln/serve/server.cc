@@ -112,7 +112,8 @@ void InferenceServer::Shutdown(int64_t drain_ms) {
   if (shut_down_) return;
   shut_down_ = true;
   ready_ = false;
-  if (http_) http_->Shutdown(drain_ms);  // answers what was read (models still run)
+  for (auto& m : registry_.All()) m->Flush();  // queued requests stop waiting for batches
+  if (http_) http_->Shutdown(drain_ms);        // answers what was read (models still run)
   for (auto& m : registry_.All()) m->Stop();
   http_.reset();
 }
