@@ -1,0 +1,116 @@
+// The HTTP layer alone over 127.0.0.1: timeouts (idle, slow request), header limit, 100-continue,
+// pipelining, the connection limit, draining on shutdown.
+#include "kiln/serve/http_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "kiln/serve/internal/test_client.h"
+
+namespace kiln::serve {
+namespace {
+
+using testing::TestClient;
+
+std::unique_ptr<HttpServer> StartEcho(HttpServerOptions o, std::atomic<int>* delay_ms = nullptr) {
+  auto s = HttpServer::Start(o, [delay_ms](HttpRequest req, HttpReplier reply) {
+    auto answer = [req = std::move(req), reply = std::move(reply)] {
+      reply(HttpResponse{200, "text/plain", req.method + " " + req.target + " " + req.body, {}});
+    };
+    if (delay_ms != nullptr && delay_ms->load() > 0) {
+      std::thread([answer, d = delay_ms->load()] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(d));
+        answer();
+      }).detach();
+    } else {
+      answer();
+    }
+  });
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(*s);
+}
+
+double SecondsUntilClosed(TestClient& c, const std::string& bytes) {
+  const auto t0 = std::chrono::steady_clock::now();
+  c.SendRaw(bytes);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST(HttpServerTest, IdleAndSlowRequestsAreClosedByTheTimeouts) {
+  HttpServerOptions o;
+  o.idle_timeout_ms = 300;
+  o.read_timeout_ms = 300;
+  auto s = StartEcho(o);
+  TestClient idle(s->port());
+  EXPECT_LT(SecondsUntilClosed(idle, ""), 3.0);  // nothing sent: closed after ~0.3 s
+  TestClient slow(s->port());
+  // Half a header, never finished (slowloris).
+  EXPECT_LT(SecondsUntilClosed(slow, "POST /x HTTP/1.1\r\nHost: a\r\nContent-"), 3.0);
+  TestClient body(s->port());
+  EXPECT_LT(
+      SecondsUntilClosed(body, "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nab"),
+      3.0);
+}
+
+TEST(HttpServerTest, HeaderLimitContinueAndPipelining) {
+  HttpServerOptions o;
+  o.max_header_bytes = 1024;
+  auto s = StartEcho(o);
+  {
+    TestClient c(s->port());
+    auto r = c.Send("GET", "/a", "", {{"X-Big", std::string(4000, 'x')}});
+    EXPECT_EQ(r.status, 431);
+  }
+  {
+    TestClient c(s->port());
+    std::string got = c.SendRaw(
+        "POST /c HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nExpect: 100-continue\r\n"
+        "Connection: close\r\n\r\nhi");
+    EXPECT_NE(got.find("HTTP/1.1 100 Continue"), std::string::npos) << got;
+    EXPECT_NE(got.find("POST /c hi"), std::string::npos) << got;
+  }
+  {
+    TestClient c(s->port());
+    std::string got = c.SendRaw(
+        "GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n"
+        "GET /3 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    const size_t a = got.find("GET /1"), b = got.find("GET /2"), c3 = got.find("GET /3");
+    ASSERT_NE(c3, std::string::npos) << got;
+    EXPECT_LT(a, b);
+    EXPECT_LT(b, c3);
+  }
+}
+
+TEST(HttpServerTest, ConnectionLimit) {
+  HttpServerOptions o;
+  o.max_connections = 1;
+  auto s = StartEcho(o);
+  TestClient first(s->port());
+  EXPECT_EQ(first.Send("GET", "/a").status, 200);
+  TestClient second(s->port());
+  EXPECT_EQ(second.Send("GET", "/b").status, 0);  // closed on accept
+  EXPECT_EQ(first.Send("GET", "/c").status, 200);
+}
+
+TEST(HttpServerTest, ShutdownAnswersRequestsInFlight) {
+  std::atomic<int> delay{400};
+  auto s = StartEcho(HttpServerOptions{}, &delay);
+  std::atomic<int> status{-1};
+  std::thread t([&] {
+    TestClient c(s->port());
+    status = c.Send("POST", "/slow", "x").status;
+  });
+  for (int i = 0; i < 200 && s->in_flight() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(s->in_flight(), 1);
+  s->Shutdown(5000);
+  t.join();
+  EXPECT_EQ(status.load(), 200);
+  TestClient late(s->port());
+  EXPECT_FALSE(late.connected() && late.Send("GET", "/a").status != 0);
+}
+
+}  // namespace
+}  // namespace kiln::serve
