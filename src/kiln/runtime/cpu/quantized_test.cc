@@ -33,23 +33,41 @@ std::vector<Tensor> RunOn(Backend& backend, const ir::Graph& g, const std::vecto
 }
 
 TEST(QuantizeOp, RoundsHalfToEvenClampsAndZeroesNaN) {
+  // x / 0.5: 0.5, 1.5, 2.5, -0.5, -1.5, 3.2, -3.3, 63.25 (126.5 -> 126), 64 (128 -> 127),
+  // -100 (-200 -> -127), NaN, inf; three times over (36 values: the cpu kernel's 16-wide steps
+  // and its scalar tail both see every case).
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {0.25f,
+                                0.75f,
+                                1.25f,
+                                -0.25f,
+                                -0.75f,
+                                1.6f,
+                                -1.65f,
+                                63.25f,
+                                64.f,
+                                -100.f,
+                                std::numeric_limits<float>::quiet_NaN(),
+                                inf};
+  const std::vector<int8_t> q = {0, 2, 2, 0, -2, 3, -3, 126, 127, -127, 0, 127};
+  std::vector<float> in_values;
+  std::vector<int8_t> want;
+  for (int r = 0; r < 3; ++r) {
+    in_values.insert(in_values.end(), x.begin(), x.end());
+    want.insert(want.end(), q.begin(), q.end());
+  }
+  const int64_t n = static_cast<int64_t>(want.size());
   Builder b("q");
-  Value x = b.Parameter("x", DType::kF32, {12});
-  b.Output("q", ir::Quantize(x, 0.5f));
+  Value xv = b.Parameter("x", DType::kF32, {n});
+  b.Output("q", ir::Quantize(xv, 0.5f));
   absl::StatusOr<ir::Graph> g = b.Build();
   ASSERT_TRUE(g.ok()) << g.status();
-  const float inf = std::numeric_limits<float>::infinity();
-  // x / 0.5: 0.5, 1.5, 2.5, -0.5, -1.5, 3.2, -3.3, 63.25 (126.5 -> 126), 64 (128 -> 127),
-  // -100 (-200 -> -127), NaN, inf.
-  Tensor in = Tensor::FromVector<float>(
-      {12}, {0.25f, 0.75f, 1.25f, -0.25f, -0.75f, 1.6f, -1.65f, 63.25f, 64.f, -100.f,
-             std::numeric_limits<float>::quiet_NaN(), inf});
-  const std::vector<int8_t> want = {0, 2, 2, 0, -2, 3, -3, 126, 127, -127, 0, 127};
+  Tensor in = Tensor::FromVector<float>({n}, in_values);
   for (auto& backend : Backends()) {
     std::vector<Tensor> out = RunOn(*backend, *g, {in});
     ASSERT_EQ(out.size(), 1u);
     ASSERT_EQ(out[0].dtype(), DType::kS8);
-    for (int i = 0; i < 12; ++i)
+    for (int64_t i = 0; i < n; ++i)
       EXPECT_EQ(out[0].data<int8_t>()[i], want[i]) << backend->name() << " element " << i;
   }
 }
