@@ -22,6 +22,8 @@
 //     softmax and log_softmax: 0 (every kernel reads a whole row before it writes any of it;
 //     oneDNN softmax documents in-place) -- the LM head's logits and their softmax share one
 //     [tokens x vocab] buffer
+//     scatter_add: 0 (it adds the updates into its operand's elements; in place it touches only
+//     the rows hit) -- a tied embedding's gather gradient scatters into the LM head's dW
 //   Never: dot_general, convolutions, transposes, broadcasts, reductions, convert (oneDNN reorder),
 //   select (the reference kernel memcpy's each element), data movement, the other composites:
 //   they read other elements than the one they write, or make no promise about out == in.
