@@ -7,6 +7,8 @@
 //                views) and per-feature [768] (row views) broadcasts, 2 outputs
 //   rowreduce    d = x - mean, sum(d * d) over the last dim: a column-view reduction
 //   xent_grad    p * scale - onehot over [4,128,50257] with [4,128] and [50257] broadcasts
+//   sumsq        sum(g * g) over [50257,768] into one value: the clipping norm of the embedding
+//   xent         cross_entropy over [4,128,50257] logits (log-sum-exp per row minus the label's)
 // Prints per kernel the median time, GB/s of the bytes it reads and writes, and that as a share of
 // memcpy (median of the measurements taken between kernels).
 //
@@ -89,6 +91,23 @@ ir::Graph RowReduce(int64_t b0, int64_t b1, int64_t d) {
   return b.Build().value();
 }
 
+// The squared norm of one gradient, as gradient clipping sums it: a read-only stream into one f32.
+ir::Graph SumSquares(int64_t r, int64_t c) {
+  ir::Builder b("sumsq");
+  Value g = b.Parameter("g", DType::kF32, {r, c});
+  b.Output("sumsq", ir::ReduceSum(g * g, {0, 1}));
+  return b.Build().value();
+}
+
+// The LM head's loss: log-sum-exp of each [vocab] row minus the label's logit (one read).
+ir::Graph Xent(int64_t b0, int64_t b1, int64_t v) {
+  ir::Builder b("xent");
+  Value logits = b.Parameter("logits", DType::kF32, {b0, b1, v});
+  Value labels = b.Parameter("labels", DType::kS32, {b0, b1});
+  b.Output("loss", ir::SparseCrossEntropy(logits, labels));
+  return b.Build().value();
+}
+
 ir::Graph XentGrad(int64_t b0, int64_t b1, int64_t v) {
   ir::Builder b("xent_grad");
   Value p = b.Parameter("p", DType::kF32, {b0, b1, v});
@@ -114,8 +133,14 @@ Timing Run(const Case& c, int reps) {
   for (int id : c.graph.parameters()) {
     const ir::Type& t = c.graph.node(id).type();
     Tensor x(t.dtype, t.shape);
-    float* f = static_cast<float*>(x.raw_data());
-    for (int64_t i = 0; i < t.shape.num_elements(); ++i) f[i] = dist(rng);
+    if (t.dtype == DType::kS32) {  // labels: small valid class ids
+      int32_t* l = static_cast<int32_t*>(x.raw_data());
+      for (int64_t i = 0; i < t.shape.num_elements(); ++i)
+        l[i] = static_cast<int32_t>(rng() % 1000);
+    } else {
+      float* f = static_cast<float*>(x.raw_data());
+      for (int64_t i = 0; i < t.shape.num_elements(); ++i) f[i] = dist(rng);
+    }
     bytes += 4.0 * static_cast<double>(t.shape.num_elements());
     ins.push_back(std::move(x));
   }
@@ -161,6 +186,8 @@ int main(int argc, char** argv) {
   cases.push_back({"layernorm", LayerNorm(4, 128, 768), {}});
   cases.push_back({"rowreduce", RowReduce(4, 128, 768), {}});
   cases.push_back({"xent_grad", XentGrad(4, 128, 50257), {}});
+  cases.push_back({"sumsq", SumSquares(50257, 768), {}});
+  cases.push_back({"xent", Xent(4, 128, 50257), {}});
   std::vector<double> memcpy_bw;
   memcpy_bw.push_back(MemcpyBytesPerSecond(threads, 5));
   std::vector<std::pair<std::string, Timing>> results;

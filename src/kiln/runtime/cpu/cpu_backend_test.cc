@@ -456,6 +456,11 @@ TEST(CpuBackendTest, NormsAndSoftmax) {
   Check(
       "cross_entropy", {U({4, 3, 10}, -3, 3), Ints({4, 3}, -1, 10)},
       [](Builder&, auto& p) { return ir::SparseCrossEntropy(p[0], p[1]); }, kAllFloats, tol);
+  // Rows over several of the f32 kernel's 2048-float chunks, their maxima anywhere: the running
+  // sum is rescaled whenever a later chunk holds a larger value.
+  Check(
+      "cross_entropy_long_rows", {U({5, 5000}, -8, 8), Ints({5}, 0, 5000)},
+      [](Builder&, auto& p) { return ir::SparseCrossEntropy(p[0], p[1]); }, {DType::kF32}, tol);
 }
 
 TEST(CpuBackendTest, Attention) {

@@ -115,9 +115,9 @@ inline float FastExp(float x) {
 // Softmax of one row in place (with a scale applied first): max, exp(x - max) with FastExp, and
 // a sum with 8 partial accumulators, all vectorized (runtime ISA dispatch; attention.cc).
 void SoftmaxRowF32(float* row, int64_t n, float scale);
-// log(sum(exp(row))) of one row (n > 0), read only: the max, then FastExp(x - max) summed in 8
-// lanes combined in a fixed order (deterministic), plus the max. attention.cc, beside
-// SoftmaxRowF32.
+// log(sum(exp(row))) of one row (n > 0), read only, in one pass over memory: per L1-sized chunk
+// its max, then FastExp(x - max) summed in 32 lanes combined in a fixed order (deterministic),
+// the running sum rescaled when the max grows. attention.cc, beside SoftmaxRowF32.
 float LogSumExpRowF32(const float* row, int64_t n);
 
 template <typename T>
