@@ -108,6 +108,7 @@ void PrintSummary(std::ostream& out, const std::string& dir, const data::ImportS
   if (s.skipped > 0)
     out << "skipped " << s.skipped << " inputs that did not decode (listed in dataset.json)\n";
   if (s.ignored > 0) out << "ignored " << s.ignored << " files that are not inputs\n";
+  for (const auto& [phase, t] : s.phase_seconds) out << absl::StrFormat("  %s: %.2f s\n", phase, t);
   out << absl::StrFormat("%.2f s, %.1f %s/s\n", seconds, seconds > 0 ? s.units / seconds : 0.0,
                          unit);
 }

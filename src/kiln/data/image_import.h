@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
@@ -54,6 +56,8 @@ struct ImportSummary {
   std::map<std::string, int64_t> splits;
   uint64_t input_bytes = 0;
   int64_t units = 0;  // tokens for text, else examples
+  // Wall time of the import's main phases, in order (e.g. {"tokenizer", 2.1}).
+  std::vector<std::pair<std::string, double>> phase_seconds;
 };
 
 absl::StatusOr<ImportSummary> ImportImages(Env* env, const ImageImportOptions& options,
