@@ -19,6 +19,7 @@
 #include "kiln/nn/layers.h"
 #include "kiln/nn/params.h"
 #include "kiln/runtime/reference/reference_backend.h"
+#include "kiln/tensor/safetensors.h"
 
 namespace kiln::cli {
 namespace {
@@ -248,6 +249,47 @@ TEST_F(QuantizeCommandTest, PercentileCalibrationAndBadInput) {
   all.calibration_rows = 0;
   EXPECT_THAT(RunQuantize(all, printed).status().message(), HasSubstr("pass --eval"));
   EXPECT_FALSE(fs::exists(root_ + "/never"));
+}
+
+TEST_F(QuantizeCommandTest, RelativeMseWithoutLabelsAndSafetensorsInput) {
+  // No labels: the int8 outputs against the f32 ones.
+  QuantizeOptions o = Options(100.0);
+  o.labels_column = "none";
+  {
+    // The same rows without their label column.
+    std::string text = ReadFile(data_), out;
+    size_t start = 0;
+    while (start < text.size()) {
+      size_t nl = text.find('\n', start);
+      std::string line = text.substr(start, nl - start);
+      out += line.substr(0, line.rfind(',')) + "\n";
+      start = nl + 1;
+    }
+    o.calibration = WriteTemp("kiln_quantize_test/nolabels.csv", out);
+  }
+  std::ostringstream printed;
+  absl::StatusOr<QuantizeResult> r = RunQuantize(o, printed);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report["metric"], "relative_mse");
+  EXPECT_EQ(r->report["f32"].get<double>(), 0.0);
+  EXPECT_GT(r->report["drop"].get<double>(), 0.0);  // int8 is not bit-identical to f32
+  EXPECT_LT(r->report["drop"].get<double>(), 5.0);  // but close: a few percent at most
+  EXPECT_THAT(printed.str(), HasSubstr("relative MSE"));
+
+  // safetensors: x [N, 6] and labels [N] (all class 0 here: only the plumbing is checked).
+  std::vector<float> x(40 * kFeatures);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 13) / 4.f - 1.5f;
+  const std::string st = ::testing::TempDir() + "/kiln_quantize_test/ex.safetensors";
+  ASSERT_TRUE(WriteSafetensors(st, {{"x", Tensor::FromVector<float>(Shape{40, kFeatures}, x)},
+                                    {"labels", Tensor(DType::kS64, Shape{40})}})
+                  .ok());
+  QuantizeOptions t = Options(100.0);
+  t.calibration = st;
+  t.out = root_ + "/int8_st";
+  absl::StatusOr<QuantizeResult> rt = RunQuantize(t, printed);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  EXPECT_EQ(rt->report["metric"], "accuracy");
+  EXPECT_EQ(rt->report["eval_examples"], 16);
 }
 
 }  // namespace
