@@ -42,6 +42,7 @@ TEST_PKGS=(
   python3-torch
   clang-format           # make format-check, run by CI
   slurmctld slurmd slurm-client munge  # the Slurm test starts a private one-node cluster
+  prometheus             # a real Prometheus scrapes kiln serve in serve_prometheus
 )
 
 # make bench: an optimized BLAS for the peer (without OpenBLAS, torch's f32 matmuls go through the
