@@ -6,7 +6,8 @@
 #   make bench  Kiln vs the PyTorch peer (python3-torch), same threads, alternating: ratios of
 #               medians, also written to bench/out/results.json (installs the peer packages)
 #   make bench-dist  all-reduce bandwidth of Kiln's MPI Communicator against raw MPI_Allreduce, 2
-#               ranks, 1-256 MiB: bench/out/dist.json
+#               ranks, 1-256 MiB, and the data-parallel step time of 2 ranks x 1 thread against
+#               1 rank x 2 threads (GPT and MLP examples): bench/out/dist.json
 #   make build  configure and build only
 #   make format / make format-check   clang-format the C++ sources / fail if any is not (CI runs it)
 BUILD_DIR ?= build
@@ -48,11 +49,13 @@ bench: configure
 # 2 ranks, unbound (both would be pinned to core 0 otherwise), with the malloc tunable that keeps
 # OpenMPI's per-call temporaries above 32 MiB from page-faulting (docs/distributed.md).
 bench-dist: configure
-	@cmake --build $(BUILD_DIR) --target dist_bench -j $(JOBS)
+	@cmake --build $(BUILD_DIR) --target dist_bench kiln -j $(JOBS)
 	@mkdir -p bench/out
 	@timeout -k 5 600 mpirun --allow-run-as-root --bind-to none -np 2 \
 	  -x GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1073741824 \
 	  $(BUILD_DIR)/bench/dist_bench --out=bench/out/dist.json
+	@python3 bench/dist_step_bench.py $(BUILD_DIR)/src/kiln/cli/kiln examples/gpt_text.yaml bench/out/dist.json
+	@python3 bench/dist_step_bench.py $(BUILD_DIR)/src/kiln/cli/kiln examples/mlp_digits.yaml bench/out/dist.json --steps 200
 
 # Every C++ file as .clang-format (Google base) says: `make format` rewrites them, `make format-check`
 # (run by .ci/run) fails naming each file that differs.
