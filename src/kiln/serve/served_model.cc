@@ -69,6 +69,13 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedModel::Load(
     }
   }
   m->sizes_ = config.BatchSizes();
+  // The exported batch size runs the artifact's own program (no rebatching): compiled too, so a
+  // small batch is not padded past it.
+  if (m->artifact_batch_ <= config.max_batch_size &&
+      !std::binary_search(m->sizes_.begin(), m->sizes_.end(), m->artifact_batch_)) {
+    m->sizes_.insert(std::lower_bound(m->sizes_.begin(), m->sizes_.end(), m->artifact_batch_),
+                     m->artifact_batch_);
+  }
   m->slots_.resize(config.instances);
   KILN_RETURN_IF_ERROR(Annotate(m->Compile(*a, backend), what));
   KILN_RETURN_IF_ERROR(Annotate(m->CheckRebatched(*a, backend), what));

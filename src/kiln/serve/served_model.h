@@ -1,5 +1,6 @@
 // One served model version: a `kiln export` artifact compiled ahead of time at every batch size
-// its batching config names (the preferred sizes and the max), once per instance, checked and
+// its batching config names (the preferred sizes and the max) and at the artifact's own batch
+// size when that is no more than the max, once per instance, checked and
 // warmed up before it is ready, behind a DynamicBatcher. A batch of R rows runs on the smallest
 // compiled size >= R, padded with zero rows; nothing compiles at request time.
 //
