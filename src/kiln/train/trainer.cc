@@ -576,7 +576,9 @@ absl::Status Trainer::Report(int64_t number, const nn::StepMetrics& m, Loop& loo
 
 absl::Status Trainer::MaybeEvaluate(int64_t number, Loop& loop, TrainResult& result) {
   const TrainConfig& c = config_;
-  if (c.eval_every <= 0 || number % c.eval_every != 0 || !chief()) return absl::OkStatus();
+  // Every rank evaluates (rank 0 alone writes the result): a rank 0 evaluating alone would keep
+  // the others waiting in the next collective, past its timeout for a long evaluation.
+  if (c.eval_every <= 0 || number % c.eval_every != 0) return absl::OkStatus();
   auto s = profiler_.Scope("eval", "evaluate");
   KILN_ASSIGN_OR_RETURN(EvalResult e, Evaluate(c.eval_batches));
   KILN_RETURN_IF_ERROR(WriteMetrics(number, EvalScalars(e)));

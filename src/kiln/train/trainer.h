@@ -84,7 +84,9 @@ struct TrainerOptions {
   // (borrowed; null or size 1: one process) and this rank's host name (run.json). The mesh comes
   // from config.mesh. Every rank builds the same step on its share of each global batch; only
   // rank 0 takes OUTDIR's lock and writes config.yaml, run.json, metrics, events, checkpoints
-  // and traces, logs, and evaluates; the others resume from what rank 0 restored (broadcast).
+  // and traces, and logs (every rank runs the eval_every evaluations, so that none waits for
+  // rank 0's in a collective; rank 0 alone the final one); the others resume from what rank 0
+  // restored (broadcast).
   dist::Communicator* comm = nullptr;
   std::string host;
 };
