@@ -12,7 +12,7 @@ protobuf wire-format decoder of tf.train.Example. It checks, for each DIR given:
 Exit status 0 when everything holds, 1 with a message naming the file and offset otherwise.
 
   check_dataset.py /data/icons /data/clicks
-  check_dataset.py --make-pngs /tmp/src        # writes a small class-folder tree of PNGs
+  check_dataset.py --make-pngs /tmp/src [W H PER_LABEL]   # a class-folder tree of PNGs
 """
 import json
 import os
@@ -238,17 +238,17 @@ def write_png(path, w, h, ch, px):
                 + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
-def make_pngs(root, w=8, h=6):
+def make_pngs(root, w=8, h=6, per_label=6):
     for label, ch in (("gray", 1), ("rgb", 3), ("rgba", 4)):
         os.makedirs(os.path.join(root, label), exist_ok=True)
-        for k in range(6):
+        for k in range(per_label):
             px = bytes((i * 7 + k * 31 + c * 50) % 256 for i in range(w * h) for c in range(ch))
             write_png(os.path.join(root, label, "%s%d.png" % (label, k)), w, h, ch, px)
 
 
 def main(argv):
-    if len(argv) == 3 and argv[1] == "--make-pngs":
-        make_pngs(argv[2])
+    if len(argv) in (3, 6) and argv[1] == "--make-pngs":
+        make_pngs(argv[2], *[int(a) for a in argv[3:]])
         return 0
     src, dirs = None, []
     it = iter(argv[1:])
