@@ -34,6 +34,7 @@ SERVE_PKGS=(
 DATA_PKGS=(
   libjpeg62-turbo-dev libpng-dev
   libsentencepiece-dev
+  libgdcm-dev            # DICOM decoding for kiln data import dicom: every syntax incl. JPEG 2000
 )
 
 # Tests and the demo: the PyTorch oracle that the GPT interop test (gpt_torch_logits) runs; without
@@ -43,6 +44,7 @@ TEST_PKGS=(
   clang-format           # make format-check, run by CI
   slurmctld slurmd slurm-client munge  # the Slurm test starts a private one-node cluster
   prometheus             # a real Prometheus scrapes kiln serve in serve_prometheus
+  python3-pydicom        # real DICOM files in many transfer syntaxes for dicom_import_test
 )
 
 # make bench: an optimized BLAS for the peer (without OpenBLAS, torch's f32 matmuls go through the
