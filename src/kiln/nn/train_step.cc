@@ -106,6 +106,32 @@ int AverageGradients(std::vector<ir::Value>& grads, const TrainStepOptions& o) {
   return static_cast<int>(buckets.size());
 }
 
+// BuildTrainStep, with the data-parallel gradient averaging (AverageGradients) when
+// options.data_parallel > 1; *buckets: the all-reduces it inserted.
+absl::StatusOr<ir::Graph> BuildStepGraph(const ir::Graph& loss, const ParamStore& initial,
+                                         const TrainStepOptions& options, int* buckets) {
+  if (options.data_parallel < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: data_parallel must be >= 1, got ", options.data_parallel));
+  }
+  if (options.data_parallel > 1 &&
+      (options.collectives == nullptr || options.collectives->size() != options.data_parallel)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: data_parallel = ", options.data_parallel,
+                     " needs collectives over as many ranks, got ",
+                     options.collectives == nullptr ? std::string("none")
+                                                    : std::to_string(options.collectives->size())));
+  }
+  GradientHook hook;
+  if (options.data_parallel > 1) {
+    hook = [&](ir::Builder&, std::vector<ir::Value>& grads) {
+      *buckets = AverageGradients(grads, options);
+      return absl::OkStatus();
+    };
+  }
+  return BuildTrainStep(loss, initial.names(), options.optimizer, options.loss_output, hook);
+}
+
 }  // namespace
 
 std::vector<std::vector<int>> GradientBuckets(const std::vector<int64_t>& grad_bytes,
@@ -152,30 +178,8 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
     low_precision_loss = *std::move(rewritten);
     loss = &low_precision_loss;
   }
-  if (options.data_parallel < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TrainStep: data_parallel must be >= 1, got ", options.data_parallel));
-  }
-  if (options.data_parallel > 1 &&
-      (options.collectives == nullptr || options.collectives->size() != options.data_parallel)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TrainStep: data_parallel = ", options.data_parallel,
-                     " needs collectives over as many "
-                     "ranks, got ",
-                     options.collectives == nullptr ? std::string("none")
-                                                    : std::to_string(options.collectives->size())));
-  }
   int buckets = 0;
-  GradientHook hook;
-  if (options.data_parallel > 1) {
-    hook = [&](ir::Builder&, std::vector<ir::Value>& grads) {
-      buckets = AverageGradients(grads, options);
-      return absl::OkStatus();
-    };
-  }
-  KILN_ASSIGN_OR_RETURN(
-      ir::Graph step_graph,
-      BuildTrainStep(*loss, initial.names(), options.optimizer, options.loss_output, hook));
+  KILN_ASSIGN_OR_RETURN(ir::Graph step_graph, BuildStepGraph(*loss, initial, options, &buckets));
 
   std::unique_ptr<TrainStep> t(new TrainStep());
   t->options_ = options;
