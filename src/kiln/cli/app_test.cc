@@ -42,12 +42,13 @@ TEST(App, UnknownOrMissingCommandListsTheCommands) {
   KilnResult r = Kiln({"frobnicate"});
   EXPECT_EQ(r.code, 109);
   EXPECT_THAT(r.err, HasSubstr("kiln: unknown command 'frobnicate'; the commands are "));
-  EXPECT_THAT(r.err, HasSubstr("demo, eval, export, ir, "));
+  EXPECT_THAT(r.err, HasSubstr("data, demo, eval, export, ir, predict, quantize, serve, train"));
   EXPECT_THAT(r.err, HasSubstr("kiln --help"));
 
   KilnResult none = Kiln({});
   EXPECT_EQ(none.code, 106);
-  EXPECT_THAT(none.err, HasSubstr("kiln: a command is required: demo, eval, export, ir, "));
+  EXPECT_THAT(none.err, HasSubstr("kiln: a command is required: data, demo, eval, export, ir, "
+                                  "predict, quantize, serve, train, version"));
   EXPECT_THAT(Kiln({"ir"}).err, HasSubstr("kiln ir: a command is required: check, print"));
 
   // Flags and real commands are left to the parser.
