@@ -119,5 +119,39 @@ TEST(QuantizedConv2dOp, PaddedWindowSums) {
   }
 }
 
+// The cpu kernel packs the filter once and repacks only when its bytes change: one executable
+// run with two filters in turn must give each filter's result.
+TEST(QuantizedConv2dOp, RepacksChangedWeights) {
+  Builder b("qc");
+  Value x = b.Parameter("x", DType::kS8, {2, 16, 6, 6});
+  Value w = b.Parameter("w", DType::kS8, {32, 16, 3, 3});
+  Value s = b.Parameter("s", DType::kF32, {32});
+  ir::Conv2dOptions o;
+  o.padding = {1, 1, 1, 1};
+  b.Output("y", ir::QuantizedConv2d(x, w, s, o));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto fill = [](Tensor& t, int seed) {
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      t.data<int8_t>()[i] = static_cast<int8_t>((i * 37 + seed * 11) % 255 - 127);
+  };
+  Tensor xt(DType::kS8, Shape{2, 16, 6, 6}), w1(DType::kS8, Shape{32, 16, 3, 3});
+  fill(xt, 1);
+  fill(w1, 2);
+  Tensor w2 = w1.Clone();
+  w2.data<int8_t>()[100] = static_cast<int8_t>(-w2.data<int8_t>()[100] + 1);  // one byte differs
+  Tensor st(DType::kF32, Shape{32});
+  for (int i = 0; i < 32; ++i) st.data<float>()[i] = 0.001f * (i + 1);
+  auto cpu = MakeCpuBackend()->Compile(*g);
+  auto ref = MakeReferenceBackend()->Compile(*g);
+  ASSERT_TRUE(cpu.ok() && ref.ok());
+  for (const Tensor* wt : {&w1, &w2, &w1}) {
+    absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, *wt, st});
+    absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, *wt, st});
+    ASSERT_TRUE(c.ok() && r.ok());
+    EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << (wt == &w2 ? "second filter" : "first filter");
+  }
+}
+
 }  // namespace
 }  // namespace kiln::runtime
