@@ -78,11 +78,118 @@ void ScaleChannels(float* y, const float* scale, int64_t count, int64_t channels
 // three compute f32(int32 sum) * scale[n], one rounding each.
 enum class ScaleHow { kPostOp, kRuntimeScales, kLoop };
 
+// Packs `user` (an operand's bytes) into `packed` with `reorder` on the first run and again
+// only when the bytes differ from the last packed copy: an artifact's constant weights are
+// reordered once, weights that change still give the right result.
+class WeightPacker {
+ public:
+  WeightPacker() = default;
+  WeightPacker(dnnl::memory user, dnnl::memory packed, int64_t bytes)
+      : user_(std::move(user)), packed_(std::move(packed)), last_(bytes) {
+    reorder_ = dnnl::reorder(user_, packed_);
+  }
+  const dnnl::memory& Get(const void* w, dnnl::stream& stream) {
+    if (!valid_ || std::memcmp(w, last_.data(), last_.size()) != 0) {
+      user_.set_data_handle(const_cast<void*>(w));
+      reorder_.execute(stream, user_, packed_);
+      std::memcpy(last_.data(), w, last_.size());
+      valid_ = true;
+    }
+    return packed_;
+  }
+
+ private:
+  dnnl::memory user_, packed_;
+  dnnl::reorder reorder_;
+  std::vector<uint8_t> last_;
+  bool valid_ = false;
+};
+
+// quantized_dot as a oneDNN int8 matmul on packed weights (WeightPacker), the scales as a
+// binary-mul post-op.
+class QuantizedDotThunk : public Thunk {
+ public:
+  struct Plan {
+    std::string name;
+    int x = -1, w = -1, scale = -1, y = -1;
+    dnnl::matmul matmul;
+    dnnl::memory src, dst, scale_mem, scratch;
+    int64_t scratch_off = 0;
+  };
+  QuantizedDotThunk(std::shared_ptr<CpuContext> cpu, Plan p, WeightPacker packer)
+      : cpu_(std::move(cpu)), p_(std::move(p)), packer_(std::move(packer)) {}
+
+  void Run(RunContext& ctx) override {
+    dnnl::stream& stream = cpu_->stream();
+    const dnnl::memory& wei = packer_.Get(ctx.buffers[p_.w], stream);
+    p_.src.set_data_handle(ctx.buffers[p_.x]);
+    p_.dst.set_data_handle(ctx.buffers[p_.y]);
+    p_.scale_mem.set_data_handle(ctx.buffers[p_.scale]);
+    p_.scratch.set_data_handle(cpu_->workspace() + p_.scratch_off);
+    p_.matmul.execute(stream, {{DNNL_ARG_SRC, p_.src},
+                               {DNNL_ARG_WEIGHTS, wei},
+                               {DNNL_ARG_DST, p_.dst},
+                               {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, p_.scale_mem},
+                               {DNNL_ARG_SCRATCHPAD, p_.scratch}});
+  }
+  std::string name() const override { return p_.name; }
+
+ private:
+  std::shared_ptr<CpuContext> cpu_;
+  Plan p_;
+  WeightPacker packer_;
+};
+
+// The packed-weights matmul, or nullptr when oneDNN packs nothing (plain weights are what its
+// kernel reads) or has only its reference kernel for it.
+absl::StatusOr<std::unique_ptr<Thunk>> PackedQuantizedDot(const ir::Node& n, LowerContext& lc,
+                                                          int64_t M, int64_t K, int64_t N) {
+  const auto src_md = PlainDesc({M, K}, dt::s8), dst_md = PlainDesc({M, N}, dt::f32);
+  const auto wei_plain = PlainDesc({K, N}, dt::s8), scale_md = PlainDesc({1, N}, dt::f32);
+  const dnnl::engine& eng = lc.cpu->engine();
+  dnnl::primitive_attr attr = DnnlThunkBuilder::Attr();
+  dnnl::post_ops ops;
+  ops.append_binary(dnnl::algorithm::binary_mul, scale_md);
+  attr.set_post_ops(ops);
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(src_md, dnnl::memory::desc({K, N}, dt::s8, tag::any), dst_md), attr,
+        eng);
+  } catch (const dnnl::error&) {
+    return std::unique_ptr<Thunk>();
+  }
+  if (IsRefImpl(pd) || pd.weights_desc() == wei_plain) return std::unique_ptr<Thunk>();
+  QuantizedDotThunk::Plan p;
+  WeightPacker packer;
+  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+    p.matmul = dnnl::matmul(pd);
+    p.src = dnnl::memory(src_md, eng, DNNL_MEMORY_NONE);
+    p.dst = dnnl::memory(dst_md, eng, DNNL_MEMORY_NONE);
+    p.scale_mem = dnnl::memory(scale_md, eng, DNNL_MEMORY_NONE);
+    p.scratch = dnnl::memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
+    packer = WeightPacker(dnnl::memory(wei_plain, eng, DNNL_MEMORY_NONE),
+                          dnnl::memory(pd.weights_desc(), eng),
+                          static_cast<int64_t>(wei_plain.get_size()));
+  }));
+  WorkspaceLayout layout;
+  p.scratch_off = layout.Add(static_cast<int64_t>(pd.scratchpad_desc().get_size()));
+  lc.cpu->RequireWorkspace(layout.size());
+  p.name = ThunkName(n, std::string("onednn int8 matmul, packed weights ") + pd.impl_info_str());
+  p.x = n.operand(0);
+  p.w = n.operand(1);
+  p.scale = n.operand(2);
+  p.y = n.id();
+  return std::unique_ptr<Thunk>(new QuantizedDotThunk(lc.cpu, std::move(p), std::move(packer)));
+}
+
 LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
   const Shape& xs = lc.operand_type(n, 0).shape;
   const int64_t K = lc.operand_type(n, 1).shape.dim(0), N = lc.operand_type(n, 1).shape.dim(1);
   const int64_t M = K == 0 ? 0 : xs.num_elements() / K;
   if (M == 0 || K == 0 || N == 0) return Unimplemented(n, "empty quantized_dot");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Thunk> packed, PackedQuantizedDot(n, lc, M, K, N));
+  if (packed) return packed;
   const auto src_md = PlainDesc({M, K}, dt::s8), dst_md = PlainDesc({M, N}, dt::f32);
   const auto wei_plain = PlainDesc({K, N}, dt::s8), scale_md = PlainDesc({1, N}, dt::f32);
   for (ScaleHow how : {ScaleHow::kPostOp, ScaleHow::kRuntimeScales, ScaleHow::kLoop}) {

@@ -153,5 +153,32 @@ TEST(QuantizedConv2dOp, RepacksChangedWeights) {
   }
 }
 
+TEST(QuantizedDotOp, RepacksChangedWeights) {
+  Builder b("qd");
+  Value x = b.Parameter("x", DType::kS8, {8, 64});
+  Value w = b.Parameter("w", DType::kS8, {64, 48});
+  Value s = b.Parameter("s", DType::kF32, {48});
+  b.Output("y", ir::QuantizedDot(x, w, s));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  Tensor xt(DType::kS8, Shape{8, 64}), w1(DType::kS8, Shape{64, 48}), st(DType::kF32, Shape{48});
+  for (int64_t i = 0; i < xt.num_elements(); ++i)
+    xt.data<int8_t>()[i] = static_cast<int8_t>((i * 29) % 255 - 127);
+  for (int64_t i = 0; i < w1.num_elements(); ++i)
+    w1.data<int8_t>()[i] = static_cast<int8_t>((i * 53 + 7) % 255 - 127);
+  for (int i = 0; i < 48; ++i) st.data<float>()[i] = 0.01f * (i + 1);
+  Tensor w2 = w1.Clone();
+  w2.data<int8_t>()[w2.num_elements() - 1] ^= 0x5;  // the last byte differs
+  auto cpu = MakeCpuBackend()->Compile(*g);
+  auto ref = MakeReferenceBackend()->Compile(*g);
+  ASSERT_TRUE(cpu.ok() && ref.ok());
+  for (const Tensor* wt : {&w1, &w2, &w1}) {
+    absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, *wt, st});
+    absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, *wt, st});
+    ASSERT_TRUE(c.ok() && r.ok());
+    EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << (wt == &w2 ? "second" : "first") << " weights";
+  }
+}
+
 }  // namespace
 }  // namespace kiln::runtime
