@@ -480,6 +480,13 @@ int TrainCommands::Launch(const std::vector<std::string>& args, std::ostream& ou
     err << "kiln train: the " << workers_ << "-worker job failed (mpirun exit status " << rc
         << ")\n";
   }
+  // Supervised (--max-restarts): a rank killed by a signal makes mpirun exit 128 + signal; die of
+  // that signal too, so that the supervisor restarts the job from the latest checkpoint.
+  if (rc > 128 && rc < 128 + 32 && train::IsSupervisedWorker(std::getenv(train::kWorkerEnvVar))) {
+    err << std::flush;
+    signal(rc - 128, SIG_DFL);
+    raise(rc - 128);
+  }
   return rc;
 }
 

@@ -18,8 +18,11 @@ struct LaunchFlag {
   absl::string_view name;
   bool has_value;
 };
-constexpr LaunchFlag kLaunchFlags[] = {
-    {"--workers", true}, {"--hostfile", true}, {"--job-timeout", true}, {"--dry-run", false}};
+constexpr LaunchFlag kLaunchFlags[] = {{"--workers", true},
+                                       {"--hostfile", true},
+                                       {"--job-timeout", true},
+                                       {"--dry-run", false},
+                                       {"--max-restarts", true}};
 
 // The value of `name` in env, parsed as a non-negative integer; nullopt when unset.
 absl::StatusOr<std::optional<int>> ReadInt(const Environment& env, const std::string& name) {

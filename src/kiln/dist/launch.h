@@ -18,7 +18,8 @@
 // instead of 5 GB/s), OMP_NUM_THREADS = max(1, cores / workers) unless the caller's environment
 // sets it (then its value is forwarded), --allow-run-as-root as root, --timeout for a job
 // timeout, --hostfile, then the same binary with the same arguments minus the launch flags
-// (--workers, --hostfile, --job-timeout, --dry-run), so that the ranks do not launch again.
+// (--workers, --hostfile, --job-timeout, --dry-run, and --max-restarts: restarting is the
+// launcher's business), so that the ranks do not launch or supervise again.
 //
 // Libraries do not call getenv: both functions take the environment as a map.
 #ifndef KILN_DIST_LAUNCH_H_
@@ -54,7 +55,7 @@ struct LaunchOptions {
 absl::StatusOr<std::vector<std::string>> BuildMpirunCommand(const LaunchOptions& options);
 
 // `args` without --workers N / --workers=N, --hostfile F / --hostfile=F, --job-timeout S /
-// --job-timeout=S and --dry-run.
+// --job-timeout=S, --max-restarts N / --max-restarts=N and --dry-run.
 std::vector<std::string> StripLaunchFlags(const std::vector<std::string>& args);
 
 // The command line as a shell would take it: words with characters outside [A-Za-z0-9_./=:,+-@%]

@@ -60,7 +60,7 @@ TEST(LaunchTest, OversubscribesRootHostfileTimeoutAndThreads) {
 TEST(LaunchTest, StripsOnlyTheLaunchFlags) {
   EXPECT_THAT(StripLaunchFlags({"train", "c.yaml", "--workers=2", "--hostfile", "h", "--dry-run",
                                 "--job-timeout", "30", "--set", "steps=1", "--hostfile=x",
-                                "--job-timeout=5", "--workersx"}),
+                                "--job-timeout=5", "--max-restarts", "3", "--workersx"}),
               ElementsAre("train", "c.yaml", "--set", "steps=1", "--workersx"));
 }
 
