@@ -60,6 +60,11 @@ absl::StatusOr<Image> DecodeJpeg(std::string_view bytes, const std::string& name
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
                static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&cinfo, TRUE);
+  if (static_cast<uint64_t>(cinfo.image_width) * cinfo.image_height > (uint64_t{1} << 28)) {
+    jpeg_destroy_decompress(&cinfo);
+    return Bad(name, absl::StrCat("JPEG of ", cinfo.image_width, "x", cinfo.image_height,
+                                  " pixels is larger than the 2^28 pixels accepted"));
+  }
   bool cmyk = false;
   if (cinfo.jpeg_color_space == JCS_GRAYSCALE) {
     cinfo.out_color_space = JCS_GRAYSCALE;
@@ -155,6 +160,10 @@ absl::StatusOr<Image> DecodePng(std::string_view bytes, const std::string& name)
   // Guards against absurd sizes in a corrupt header (libpng checks them against these).
   png_set_user_limits(png, 1 << 15, 1 << 15);
   png_read_info(png, info);
+  if (static_cast<uint64_t>(png_get_image_width(png, info)) * png_get_image_height(png, info) >
+      (uint64_t{1} << 28)) {
+    png_error(png, "image larger than the 2^28 pixels accepted");
+  }
   const int color = png_get_color_type(png, info);
   const int depth = png_get_bit_depth(png, info);
   img.format = absl::StrCat("png ", PngColorName(color), " ", depth, "-bit");

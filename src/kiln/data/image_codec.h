@@ -13,6 +13,7 @@
 //   interlaced files are de-interlaced. gAMA/iCCP/sRGB chunks are ignored: values are taken as
 //   stored. Ancillary-chunk CRC errors are ignored (libpng's default); critical ones are errors.
 // The format is found from the first bytes (FF D8 FF: JPEG; 89 50 4E 47: PNG), not the name.
+// Images above 2^28 pixels (or, for PNG, 32768 pixels a side) are refused, not allocated.
 // Errors are InvalidArgument naming `name`.
 #ifndef KILN_DATA_IMAGE_CODEC_H_
 #define KILN_DATA_IMAGE_CODEC_H_

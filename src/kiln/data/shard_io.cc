@@ -127,7 +127,12 @@ absl::Status RemoveStaleShards(Env* env, const std::string& dir,
     bool kept = false;
     for (const std::string& k : keep) kept = kept || k == name;
     if (kept) continue;
-    KILN_LOG(INFO) << "removing " << JoinPath(dir, name) << " (not part of this import)";
+    if (name[0] == '.') {
+      KILN_LOG(INFO) << "removing " << JoinPath(dir, name)
+                     << " (a partial shard left by an interrupted run)";
+    } else {
+      KILN_LOG(INFO) << "removing " << JoinPath(dir, name) << " (not part of this import)";
+    }
     KILN_RETURN_IF_ERROR(env->DeleteFile(JoinPath(dir, name)));
     const std::string state = StatePath(dir, name);
     if (env->FileExists(state)) KILN_RETURN_IF_ERROR(env->DeleteFile(state));

@@ -242,7 +242,9 @@ def make_pngs(root, w=8, h=6, per_label=6):
     for label, ch in (("gray", 1), ("rgb", 3), ("rgba", 4)):
         os.makedirs(os.path.join(root, label), exist_ok=True)
         for k in range(per_label):
-            px = bytes((i * 7 + k * 31 + c * 50) % 256 for i in range(w * h) for c in range(ch))
+            # Rows of one pattern, shifted per row and per image (fast for big images too).
+            base = bytes((i * 7 + k * 31 + (i % ch) * 50) % 256 for i in range(w * ch + h * ch))
+            px = b"".join(base[(y * ch) % len(base):][:w * ch].ljust(w * ch, b"\x80") for y in range(h))
             write_png(os.path.join(root, label, "%s%d.png" % (label, k)), w, h, ch, px)
 
 
