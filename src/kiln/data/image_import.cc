@@ -39,14 +39,18 @@ bool IsImageName(const std::string& name) {
 }
 
 absl::Status Walk(Env* env, const std::string& root, const std::string& rel, int64_t label,
-                  std::vector<SourceFile>* files, int64_t* ignored) {
+                  std::vector<SourceFile>* files, int64_t* ignored, int depth = 0) {
+  if (depth > 32) {
+    return absl::InvalidArgumentError(JoinPath(root, rel) +
+                                      ": folders nested over 32 deep (a symbolic link loop?)");
+  }
   KILN_ASSIGN_OR_RETURN(std::vector<std::string> names, env->GetChildren(JoinPath(root, rel)));
   for (const std::string& name : names) {
     if (name.empty() || name[0] == '.') continue;
     const std::string r = JoinPath(rel, name);
     KILN_ASSIGN_OR_RETURN(bool is_dir, env->IsDirectory(JoinPath(root, r)));
     if (is_dir) {
-      KILN_RETURN_IF_ERROR(Walk(env, root, r, label, files, ignored));
+      KILN_RETURN_IF_ERROR(Walk(env, root, r, label, files, ignored, depth + 1));
     } else if (IsImageName(name)) {
       KILN_ASSIGN_OR_RETURN(uint64_t size, env->GetFileSize(JoinPath(root, r)));
       files->push_back({r, label, size});
