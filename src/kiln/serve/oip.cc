@@ -364,6 +364,27 @@ absl::StatusOr<InferBody> ParseInferRequest(std::string_view json, std::string_v
   return b;
 }
 
+absl::StatusOr<bool> ParseIndexReady(std::string_view json) {
+  thread_local sj::parser parser;
+  simdjson::padded_string padded(json);
+  sj::document doc;
+  sj::object obj;
+  if (parser.iterate(padded).get(doc) || doc.get_object().get(obj))
+    return Bad("body", "expected a JSON object");
+  bool ready = false;
+  for (auto member : obj) {
+    sj::field m;
+    std::string_view key;
+    if (std::move(member).get(m) || m.unescaped_key().get(key))
+      return Bad("body", "malformed JSON");
+    if (key != "ready") continue;
+    sj::value v = m.value();
+    absl::Status s = ReadBool(v, "ready", &ready);
+    if (!s.ok()) return s;
+  }
+  return ready;
+}
+
 void AppendJsonString(std::string_view s, std::string* out) {
   out->push_back('"');
   for (char c : s) {

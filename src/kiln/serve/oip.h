@@ -55,6 +55,9 @@ struct InferBody {
 absl::StatusOr<InferBody> ParseInferRequest(std::string_view json, std::string_view binary,
                                             int64_t max_elements);
 
+// The repository index request body {"ready": bool}: its `ready` (false when absent).
+absl::StatusOr<bool> ParseIndexReady(std::string_view json);
+
 // A tensor's values as a JSON array (floats in shortest round-trip form).
 void AppendJsonData(const Tensor& t, std::string* out);
 // A JSON string literal with escapes.

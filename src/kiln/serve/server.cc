@@ -165,7 +165,7 @@ void InferenceServer::Handle(HttpRequest req, HttpReplier reply) {
 
 void InferenceServer::Route(const std::vector<std::string>& p, HttpRequest& req, Call& call,
                             HttpReplier& reply) {
-  const bool get = req.method == "GET" || req.method == "HEAD";
+  const bool get = req.method == "GET";
   const bool post = req.method == "POST";
   auto method_error = [&](const char* want) {
     Finish(call, Error(405, absl::StrCat(req.method, " ", call.path, ": use ", want)), reply);
@@ -258,8 +258,12 @@ void InferenceServer::Repository(const std::vector<std::string>& p, HttpRequest&
   if (req.method != "POST")
     return Finish(call, Error(405, absl::StrCat(req.method, " ", call.path, ": use POST")), reply);
   if (p.size() == 3 && p[2] == "index") {
-    const bool ready_only = req.body.find("\"ready\"") != std::string::npos &&
-                            req.body.find("true") != std::string::npos;
+    bool ready_only = false;
+    if (!req.body.empty()) {
+      absl::StatusOr<bool> r = ParseIndexReady(req.body);
+      if (!r.ok()) return Finish(call, Error(400, std::string(r.status().message())), reply);
+      ready_only = *r;
+    }
     return Finish(call, Json(200, repository_->IndexJson(ready_only)), reply);
   }
   if (p.size() == 5 && p[2] == "models" && (p[4] == "load" || p[4] == "unload")) {

@@ -307,6 +307,9 @@ TEST(RepositoryTest, LoadReloadUnloadAndAFailedReloadKeepsServing) {
   EXPECT_NE(index[0]["reason"].get<std::string>().find("manifest.json"), std::string::npos)
       << index[0];
   EXPECT_EQ(c.Send("GET", "/v2/models/mlp/versions/1/ready").status, 200);
+  r = c.Send("POST", "/v2/repository/index", R"({"ready": true})");
+  EXPECT_EQ(json::parse(r.body).size(), 2u) << r.body;  // the two ready versions only
+  EXPECT_EQ(c.Send("POST", "/v2/repository/index", R"({"ready": 1})").status, 400);
   r = c.Send("GET", "/v2/models/mlp");
   EXPECT_EQ(json::parse(r.body)["versions"], json::parse(R"(["1","2"])"));
   // A bad config: the reload fails and both versions keep serving.
