@@ -1,6 +1,7 @@
 #include "kiln/data/csv_import.h"
 
 #include <map>
+#include <random>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -179,6 +180,25 @@ TEST(CsvImport, ErrorsNameFileLineAndColumn) {
   const std::string s4 = f.Write("s4.yaml", "columns: [x: 1\n");
   CsvImportOptions o4{bad_num, s4, JoinPath(f.dir, "out"), 1, 0.0, 0, 1};
   EXPECT_NE(ImportCsv(f.env, o4).status().message().find("s4.yaml:"), std::string::npos);
+}
+
+TEST(CsvImport, RandomBytesNeverCrash) {
+  Fixture f;
+  const std::string schema =
+      f.Write("s.yaml", "label: y\ncolumns:\n  x: numeric\n  y: categorical\n");
+  std::mt19937_64 rng(5);
+  const std::string alphabet = "xy,\"\n\r12.e-a ";
+  for (int iter = 0; iter < 200; ++iter) {
+    std::string csv = "x,y\n";
+    for (int n = static_cast<int>(rng() % 40); n > 0; --n)
+      csv.push_back(alphabet[rng() % alphabet.size()]);
+    CsvImportOptions o{f.Write("r.csv", csv), schema, JoinPath(f.dir, "out"), 1, 0.0, 0, 2};
+    absl::StatusOr<ImportSummary> s = ImportCsv(f.env, o);
+    if (!s.ok()) {
+      EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+      EXPECT_NE(s.status().message().find("r.csv"), std::string::npos) << s.status();
+    }
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <png.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,38 @@ TEST(ImageCodec, JpegRoundTripAndCorruptFilesNameTheFile) {
   absl::StatusOr<Image> junk = DecodeImage("hello", "x.png");
   ASSERT_FALSE(junk.ok());
   EXPECT_NE(junk.status().message().find("neither a JPEG nor a PNG"), std::string::npos);
+}
+
+TEST(ImageCodec, DamagedFilesNeverCrash) {
+  // Random truncations and byte flips of a PNG (interlaced RGBA) and a JPEG: every result is a
+  // decoded image or an InvalidArgument naming the file.
+  std::string rows;
+  for (int i = 0; i < 16 * 12 * 4; ++i) rows.push_back(static_cast<char>(i * 13));
+  PngSpec spec{16, 12, PNG_COLOR_TYPE_RGB_ALPHA, 8, rows};
+  spec.interlaced = true;
+  Image rgb;
+  rgb.width = 16;
+  rgb.height = 12;
+  rgb.channels = 3;
+  rgb.pixels.assign(rows.begin(), rows.begin() + 16 * 12 * 3);
+  const std::string files[] = {*EncodePng(spec), *EncodeJpeg(rgb)};
+  std::mt19937_64 rng(11);
+  for (const std::string& good : files) {
+    for (int iter = 0; iter < 300; ++iter) {
+      std::string bad = good.substr(0, rng() % (good.size() + 1));
+      for (int k = static_cast<int>(rng() % 4); k > 0 && !bad.empty(); --k) {
+        bad[rng() % bad.size()] ^= static_cast<char>(1 + rng() % 255);
+      }
+      absl::StatusOr<Image> img = DecodeImage(bad, "x/damaged");
+      if (img.ok()) {
+        EXPECT_EQ(img->pixels.size(),
+                  static_cast<size_t>(img->width) * img->height * img->channels);
+      } else {
+        EXPECT_EQ(img.status().code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_NE(img.status().message().find("x/damaged"), std::string::npos);
+      }
+    }
+  }
 }
 
 TEST(ImageTransform, ChannelsAndResize) {
