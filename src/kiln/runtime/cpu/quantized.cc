@@ -1,9 +1,11 @@
-// The cpu backend's int8 ops: quantize as a vectorized loop, quantized_dot and quantized_conv2d
-// as oneDNN int8 matmul / convolution (s8 source, s8 weights, f32 destination, the per-channel
-// f32 scales as the matmul's runtime output scales; the convolution's applied by a loop).
+// The cpu backend's int8 ops: quantize as an SSE2 loop, quantized_dot and quantized_conv2d as
+// oneDNN int8 matmul / convolution (s8 source, s8 weights, f32 destination). The matmul takes the
+// per-channel f32 scales as a binary-mul post-op (fallbacks: runtime output scales, a loop); the
+// convolution writes unscaled f32 sums that one loop scales. Both pack their s8 weights into
+// oneDNN's blocked layout once and again only when the weights' bytes change (WeightPacker).
 // oneDNN accumulates in int32 and multiplies the f32-converted sum by the scale once, the
 // reference kernels' semantics, so the results agree bit for bit (the quantized rows of
-// tests/op_table_nn.cc).
+// tests/op_table_nn.cc, quantized_test.cc).
 #include <emmintrin.h>
 
 #include <cmath>
@@ -259,9 +261,8 @@ void ScaleNhwcToNchw(const float* acc, const float* scale, float* y, int64_t bat
 // quantized_conv2d as one oneDNN int8 convolution. oneDNN 2.6's int8 convolutions take no
 // runtime output scales and its jit kernels want NHWC: the primitive writes the unscaled f32 sums
 // as NHWC into the workspace and one loop applies the scales while writing NCHW (the same two
-// roundings as the reference kernel). The weights' reorder into the blocked layout with its
-// compensation is a pure function of their bytes: it reruns only when they differ from the
-// last run's (a memcmp), so an artifact's constant weights are packed once.
+// roundings as the reference kernel). The filter is packed into the blocked layout with its
+// compensation by a WeightPacker: once for an artifact's constant weights.
 class QuantizedConvThunk : public Thunk {
  public:
   struct Plan {
@@ -269,24 +270,17 @@ class QuantizedConvThunk : public Thunk {
     int x = -1, w = -1, scale = -1, y = -1;
     dnnl::convolution_forward conv;
     dnnl::reorder src_reorder;  // null when the user layout is what the convolution reads
-    dnnl::reorder wei_reorder;
-    dnnl::memory src_user, src, wei_user, wei, acc, scratch;
-    int64_t src_off = -1, acc_off = 0, scratch_off = 0, wei_bytes = 0;
+    dnnl::memory src_user, src, acc, scratch;
+    int64_t src_off = -1, acc_off = 0, scratch_off = 0;
     int64_t n = 0, o = 0, hw = 0;
   };
-  QuantizedConvThunk(std::shared_ptr<CpuContext> cpu, Plan p)
-      : cpu_(std::move(cpu)), p_(std::move(p)), last_weights_(p_.wei_bytes) {}
+  QuantizedConvThunk(std::shared_ptr<CpuContext> cpu, Plan p, WeightPacker packer)
+      : cpu_(std::move(cpu)), p_(std::move(p)), packer_(std::move(packer)) {}
 
   void Run(RunContext& ctx) override {
     uint8_t* ws = cpu_->workspace();
     dnnl::stream& stream = cpu_->stream();
-    const void* w = ctx.buffers[p_.w];
-    if (!packed_ || std::memcmp(w, last_weights_.data(), p_.wei_bytes) != 0) {
-      p_.wei_user.set_data_handle(const_cast<void*>(w));
-      p_.wei_reorder.execute(stream, p_.wei_user, p_.wei);
-      std::memcpy(last_weights_.data(), w, p_.wei_bytes);
-      packed_ = true;
-    }
+    const dnnl::memory& wei = packer_.Get(ctx.buffers[p_.w], stream);
     p_.src_user.set_data_handle(ctx.buffers[p_.x]);
     if (p_.src_reorder) {
       p_.src.set_data_handle(ws + p_.src_off);
@@ -295,7 +289,7 @@ class QuantizedConvThunk : public Thunk {
     p_.acc.set_data_handle(ws + p_.acc_off);
     p_.scratch.set_data_handle(ws + p_.scratch_off);
     p_.conv.execute(stream, {{DNNL_ARG_SRC, p_.src_reorder ? p_.src : p_.src_user},
-                             {DNNL_ARG_WEIGHTS, p_.wei},
+                             {DNNL_ARG_WEIGHTS, wei},
                              {DNNL_ARG_DST, p_.acc},
                              {DNNL_ARG_SCRATCHPAD, p_.scratch}});
     ScaleNhwcToNchw(reinterpret_cast<const float*>(ws + p_.acc_off),
@@ -307,8 +301,7 @@ class QuantizedConvThunk : public Thunk {
  private:
   std::shared_ptr<CpuContext> cpu_;
   Plan p_;
-  std::vector<uint8_t> last_weights_;  // the bytes p_.wei was packed from
-  bool packed_ = false;
+  WeightPacker packer_;
 };
 
 LowerResult LowerQuantizedConv(const ir::Node& n, LowerContext& lc) {
@@ -328,6 +321,7 @@ LowerResult LowerQuantizedConv(const ir::Node& n, LowerContext& lc) {
                            pad_l = {pad[0], pad[2]}, pad_r = {pad[1], pad[3]};
   const dnnl::engine& eng = lc.cpu->engine();
   QuantizedConvThunk::Plan p;
+  WeightPacker packer;
   dnnl::convolution_forward::primitive_desc pd;
   KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
     dnnl::convolution_forward::desc d(
@@ -337,9 +331,9 @@ LowerResult LowerQuantizedConv(const ir::Node& n, LowerContext& lc) {
     pd = dnnl::convolution_forward::primitive_desc(d, DnnlThunkBuilder::Attr(), eng);
     p.conv = dnnl::convolution_forward(pd);
     p.src_user = dnnl::memory(src_user, eng, DNNL_MEMORY_NONE);
-    p.wei_user = dnnl::memory(wei_user, eng, DNNL_MEMORY_NONE);
-    p.wei = dnnl::memory(pd.weights_desc(), eng);  // owned: packed once, kept across runs
-    p.wei_reorder = dnnl::reorder(p.wei_user, p.wei);
+    packer = WeightPacker(dnnl::memory(wei_user, eng, DNNL_MEMORY_NONE),
+                          dnnl::memory(pd.weights_desc(), eng),
+                          static_cast<int64_t>(wei_user.get_size()));
     if (pd.src_desc() != src_user) {
       p.src = dnnl::memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
       p.src_reorder = dnnl::reorder(p.src_user, p.src);
@@ -357,11 +351,10 @@ LowerResult LowerQuantizedConv(const ir::Node& n, LowerContext& lc) {
   p.w = n.operand(1);
   p.scale = n.operand(2);
   p.y = n.id();
-  p.wei_bytes = static_cast<int64_t>(wei_user.get_size());
   p.n = out.dim(0);
   p.o = out.dim(1);
   p.hw = out.dim(2) * out.dim(3);
-  return std::unique_ptr<Thunk>(new QuantizedConvThunk(lc.cpu, std::move(p)));
+  return std::unique_ptr<Thunk>(new QuantizedConvThunk(lc.cpu, std::move(p), std::move(packer)));
 }
 
 }  // namespace
