@@ -43,7 +43,8 @@ void JpegEmitMessage(j_common_ptr cinfo, int level) {
   err->warned = true;  // corrupt data: made an error after decompression
 }
 
-absl::StatusOr<Image> DecodeJpeg(std::string_view bytes, const std::string& name) {
+absl::StatusOr<Image> DecodeJpeg(std::string_view bytes, const std::string& name, int min_w,
+                                 int min_h) {
   Image img;
   img.format = "jpeg";
   std::vector<uint8_t> raw;  // declared before setjmp: a longjmp must not skip its destructor
@@ -66,6 +67,17 @@ absl::StatusOr<Image> DecodeJpeg(std::string_view bytes, const std::string& name
                                   " pixels is larger than the 2^28 pixels accepted"));
   }
   bool cmyk = false;
+  if (min_w > 0 && min_h > 0) {
+    for (unsigned d = 8; d >= 2; d /= 2) {
+      if ((cinfo.image_width + d - 1) / d >= 2u * min_w &&
+          (cinfo.image_height + d - 1) / d >= 2u * min_h) {
+        cinfo.scale_num = 1;
+        cinfo.scale_denom = d;
+        img.format += absl::StrCat(" scaled 1/", d);
+        break;
+      }
+    }
+  }
   if (cinfo.jpeg_color_space == JCS_GRAYSCALE) {
     cinfo.out_color_space = JCS_GRAYSCALE;
     img.format += " gray";
@@ -207,9 +219,14 @@ void PngWriteError(png_structp png, png_const_charp msg) {
 }  // namespace
 
 absl::StatusOr<Image> DecodeImage(std::string_view bytes, const std::string& name) {
+  return DecodeImage(bytes, name, 0, 0);
+}
+
+absl::StatusOr<Image> DecodeImage(std::string_view bytes, const std::string& name, int min_width,
+                                  int min_height) {
   if (bytes.size() >= 3 && static_cast<uint8_t>(bytes[0]) == 0xFF &&
       static_cast<uint8_t>(bytes[1]) == 0xD8 && static_cast<uint8_t>(bytes[2]) == 0xFF) {
-    return DecodeJpeg(bytes, name);
+    return DecodeJpeg(bytes, name, min_width, min_height);
   }
   if (bytes.size() >= 8 &&
       png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0) {

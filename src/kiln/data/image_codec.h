@@ -37,6 +37,13 @@ struct Image {
 
 absl::StatusOr<Image> DecodeImage(std::string_view bytes, const std::string& name);
 
+// The same, for a caller that will shrink the image to at most min_width x min_height: a JPEG
+// is decoded with libjpeg's scaled IDCT at 1/2, 1/4 or 1/8 of its size, the smallest scale whose
+// result is still at least 2 * min_width x 2 * min_height (much faster for big photos; the area
+// resampling that follows does the rest). PNGs and 0 hints decode at full size. Deterministic.
+absl::StatusOr<Image> DecodeImage(std::string_view bytes, const std::string& name, int min_width,
+                                  int min_height);
+
 // A PNG of the given libpng color type (PNG_COLOR_TYPE_GRAY=0, RGB=2, PALETTE=3, GRAY_ALPHA=4,
 // RGBA=6) and bit depth. `rows`: height rows of packed samples as PNG stores them (16-bit samples
 // big-endian, sub-byte gray packed from the high bit). `palette`: RGB triples; `trns`: the tRNS

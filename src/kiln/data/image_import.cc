@@ -104,7 +104,7 @@ Decoded DecodeOne(Env* env, const ImageImportOptions& o, const SourceFile& f) {
     return d;
   }
   d.crc = crc32c::Value(bytes->data(), bytes->size());
-  absl::StatusOr<Image> img = DecodeImage(*bytes, f.rel);
+  absl::StatusOr<Image> img = DecodeImage(*bytes, f.rel, o.width, o.height);
   if (!img.ok()) {
     d.error = std::string(img.status().message());
     return d;

@@ -105,6 +105,32 @@ TEST(ImageCodec, JpegRoundTripAndCorruptFilesNameTheFile) {
   EXPECT_NE(junk.status().message().find("neither a JPEG nor a PNG"), std::string::npos);
 }
 
+TEST(ImageCodec, BigJpegsDecodeScaledForSmallTargets) {
+  Image rgb;
+  rgb.width = 64;
+  rgb.height = 48;
+  rgb.channels = 3;
+  for (int y = 0; y < 48; ++y) {
+    for (int x = 0; x < 64; ++x) {
+      for (int c = 0; c < 3; ++c) rgb.pixels.push_back(static_cast<uint8_t>(x * 2 + y * c));
+    }
+  }
+  const std::string jpg = *EncodeJpeg(rgb, 95);
+  absl::StatusOr<Image> full = DecodeImage(jpg, "a.jpg");
+  absl::StatusOr<Image> quarter = DecodeImage(jpg, "a.jpg", 8, 6);  // 16x12 >= 2 * 8x6
+  absl::StatusOr<Image> half = DecodeImage(jpg, "a.jpg", 16, 12);   // 32x24 >= 2 * 16x12
+  absl::StatusOr<Image> none = DecodeImage(jpg, "a.jpg", 40, 30);
+  ASSERT_TRUE(full.ok() && quarter.ok() && half.ok() && none.ok());
+  EXPECT_EQ(quarter->width, 16);
+  EXPECT_EQ(quarter->height, 12);
+  EXPECT_EQ(half->width, 32);
+  EXPECT_EQ(none->width, 64);
+  // The scaled decode agrees with a full decode shrunk by area averaging.
+  Image shrunk = ResizeImage(*full, 12, 16, ResizeMode::kFit);
+  for (size_t i = 0; i < shrunk.pixels.size(); ++i)
+    EXPECT_NEAR(shrunk.pixels[i], quarter->pixels[i], 6);
+}
+
 TEST(ImageCodec, DamagedFilesNeverCrash) {
   // Random truncations and byte flips of a PNG (interlaced RGBA) and a JPEG: every result is a
   // decoded image or an InvalidArgument naming the file.
