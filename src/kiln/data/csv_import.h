@@ -20,8 +20,8 @@
 // feature per non-ignored column, named like it: numeric -> float_list [1 value], categorical ->
 // int64_list [the value's id in the column's vocabulary: its fixed list, else every distinct
 // value of the file sorted bytewise, or numerically when all are integers]. The label column's
-// vocabulary is the manifest's label vocabulary. Quoting is RFC 4180 ("a ""b""", newlines inside quotes). Errors name
-// file:line:column and the column.
+// vocabulary is the manifest's label vocabulary. Quoting is RFC 4180 ("a ""b""", newlines inside
+// quotes). Errors name file:line:column and the column.
 #ifndef KILN_DATA_CSV_IMPORT_H_
 #define KILN_DATA_CSV_IMPORT_H_
 
