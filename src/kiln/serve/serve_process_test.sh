@@ -20,6 +20,7 @@ gzip -dc "$DIGITS" | head -5 | cut -d, -f1-64 > "$OUT/rows.csv"
 
 # Starts `kiln serve` with extra flags; sets PID and PORT.
 start() {
+  rm -f "$OUT/serve.out" "$OUT/serve.err"  # else the previous server's lines could match below
   "$KILN" serve --model "$OUT/art" --name mlp --port 0 --max-batch 8 --preferred-batch 4,8 "$@" \
     > "$OUT/serve.out" 2> "$OUT/serve.err" &
   PID=$!
@@ -64,16 +65,29 @@ timeout 20 sh -c "while kill -0 $PID 2> /dev/null; do sleep 0.1; done"
 wait "$PID" || { echo "kiln serve exited $?"; exit 1; }
 PID=
 
-# Drain: three requests wait for a batch (1.5 s delay, nothing fills one); SIGTERM arrives first.
-start --max-queue-delay-us 1500000
+# Drain: three requests wait for a batch (a 20 s delay, nothing fills one); SIGTERM arrives once
+# /metrics shows all three queued, and the drain must send them at once.
+start --max-queue-delay-us 20000000
 for r in 1 2 3; do
   (timeout 20 curl -s -o "$OUT/drain$r.json" -w '%{http_code}' -X POST \
     "http://127.0.0.1:$PORT/v2/models/mlp/infer" --data-binary "@$OUT/req$r.json" \
     > "$OUT/drain$r.code") &
 done
-sleep 0.5
+i=0
+until timeout 5 curl -s "http://127.0.0.1:$PORT/metrics" |
+    grep -q 'kiln_inference_queue_depth{model="mlp",version="1"} 3'; do
+  i=$((i + 1))
+  if [ $i -gt 200 ]; then
+    echo "the 3 requests never showed as queued:"
+    timeout 5 curl -s "http://127.0.0.1:$PORT/metrics" | grep -E 'queue_depth|requests_total|http'
+    cat "$OUT"/drain*.code "$OUT/serve.out" "$OUT/serve.err"
+    exit 1
+  fi
+  sleep 0.05
+done
 kill -TERM "$PID"
-timeout 20 sh -c "while kill -0 $PID 2> /dev/null; do sleep 0.1; done"
+timeout 10 sh -c "while kill -0 $PID 2> /dev/null; do sleep 0.1; done" ||
+  { echo "kiln serve did not exit within 10 s of SIGTERM (the queue was not flushed)"; exit 1; }
 RC=0
 wait "$PID" || RC=$?
 PID=
