@@ -373,29 +373,15 @@ absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& o,
       ids[k][schema.columns[k].vocabulary[i]] = static_cast<int64_t>(i);
   }
 
-  // The split and shard plan, as for images.
   const int64_t n = static_cast<int64_t>(records.size());
-  std::mt19937_64 rng(o.seed);
-  const std::vector<int64_t> perm = Permutation(n, rng);
-  const int64_t n_held = std::llround(o.held_out * static_cast<double>(n));
-  std::vector<PlannedShard> plan;
-  std::vector<std::vector<int64_t>> shard_items;
-  for (const char* split : {"train", "held_out"}) {
-    std::vector<int64_t> items = std::string(split) == "train"
-                                     ? std::vector<int64_t>(perm.begin() + n_held, perm.end())
-                                     : std::vector<int64_t>(perm.begin(), perm.begin() + n_held);
-    const int64_t m = static_cast<int64_t>(items.size());
-    const int count = ShardCount(m, o.shards, o.held_out, std::string(split) == "train");
-    for (int k = 0; k < count; ++k) {
-      plan.push_back({ShardFileName(split, k, count), split});
-      shard_items.emplace_back(items.begin() + k * m / count, items.begin() + (k + 1) * m / count);
-    }
-  }
+  const ShardPlan split = PlanSplits(n, o.held_out, o.shards, o.seed);
+  const std::vector<PlannedShard>& plan = split.shards;
+  const std::vector<std::vector<int64_t>>& shard_items = split.items;
   const std::string source_fp =
       Hex64(Fnv1a64(absl::StrCat("csv\t", file_size, "\t", Hex32(file_crc), "\n")));
   const std::string plan_fp = Hex64(Fnv1a64(
       absl::StrCat(source_fp, "|", schema_text, "|", o.shards, "|", o.held_out, "|", o.seed)));
-  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads = ResolveThreads(o.threads);
 
   auto encode = [&](int64_t row) {
     const Record& r = records[row];

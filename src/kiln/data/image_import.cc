@@ -137,12 +137,6 @@ std::string PlanFingerprint(const ImageImportOptions& o, const std::vector<Sourc
 
 }  // namespace
 
-int ShardCount(int64_t examples, int requested, double fraction, bool train) {
-  if (examples <= 0) return 0;
-  int64_t n = train ? requested : static_cast<int64_t>(std::ceil(requested * fraction));
-  return static_cast<int>(std::clamp<int64_t>(n, 1, examples));
-}
-
 absl::StatusOr<ImportSummary> ImportImages(Env* env, const ImageImportOptions& o,
                                            const ProgressFn& progress) {
   KILN_RETURN_IF_ERROR(CheckOptions(o));
@@ -171,26 +165,12 @@ absl::StatusOr<ImportSummary> ImportImages(Env* env, const ImageImportOptions& o
             [](const SourceFile& a, const SourceFile& b) { return a.rel < b.rel; });
   for (const SourceFile& f : files) summary.input_bytes += f.size;
 
-  // The split and shard plan.
-  std::mt19937_64 rng(o.seed);
-  const std::vector<int64_t> perm = Permutation(static_cast<int64_t>(files.size()), rng);
-  const int64_t n_held = std::llround(o.held_out * static_cast<double>(files.size()));
-  std::map<std::string, std::vector<int64_t>> split_items;
-  split_items["held_out"].assign(perm.begin(), perm.begin() + n_held);
-  split_items["train"].assign(perm.begin() + n_held, perm.end());
-  std::vector<PlannedShard> plan;
-  std::vector<std::vector<int64_t>> shard_items;
-  for (const char* split : {"train", "held_out"}) {
-    const std::vector<int64_t>& items = split_items[split];
-    const int64_t m = static_cast<int64_t>(items.size());
-    const int count = ShardCount(m, o.shards, o.held_out, std::string(split) == "train");
-    for (int k = 0; k < count; ++k) {
-      plan.push_back({ShardFileName(split, k, count), split});
-      shard_items.emplace_back(items.begin() + k * m / count, items.begin() + (k + 1) * m / count);
-    }
-  }
+  const ShardPlan split =
+      PlanSplits(static_cast<int64_t>(files.size()), o.held_out, o.shards, o.seed);
+  const std::vector<PlannedShard>& plan = split.shards;
+  const std::vector<std::vector<int64_t>>& shard_items = split.items;
   const std::string plan_fp = PlanFingerprint(o, files, labels);
-  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads = ResolveThreads(o.threads);
 
   int64_t done = 0;
   const int64_t total = static_cast<int64_t>(files.size());

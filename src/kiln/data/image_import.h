@@ -63,10 +63,6 @@ struct ImportSummary {
 absl::StatusOr<ImportSummary> ImportImages(Env* env, const ImageImportOptions& options,
                                            const ProgressFn& progress = nullptr);
 
-// How many shards a split of `examples` examples gets: the train split `requested` (at most
-// one per example), the held-out split ceil(requested * fraction) (at least 1), none if empty.
-int ShardCount(int64_t examples, int requested, double fraction, bool train);
-
 }  // namespace kiln::data
 
 #endif  // KILN_DATA_IMAGE_IMPORT_H_

@@ -1,6 +1,10 @@
 #include "kiln/data/shard_io.h"
 
+#include <algorithm>
+#include <cmath>
+#include <random>
 #include <regex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +12,7 @@
 #include "kiln/base/crc32c.h"
 #include "kiln/base/log.h"
 #include "kiln/base/status.h"
+#include "kiln/data/dataset.h"
 #include "kiln/data/import_util.h"
 
 namespace kiln::data {
@@ -175,6 +180,37 @@ absl::StatusOr<std::vector<FinishedShard>> WriteShards(Env* env, const std::stri
   }
   if (kept != nullptr) *kept = n_kept;
   return out;
+}
+
+int ShardCount(int64_t examples, int requested, double fraction, bool train) {
+  if (examples <= 0) return 0;
+  int64_t n = train ? requested : static_cast<int64_t>(std::ceil(requested * fraction));
+  return static_cast<int>(std::clamp<int64_t>(n, 1, examples));
+}
+
+ShardPlan PlanSplits(int64_t n, double held_out, int shards, uint64_t seed, bool sorted) {
+  std::mt19937_64 rng(seed);
+  const std::vector<int64_t> perm = Permutation(n, rng);
+  const int64_t n_held = std::llround(held_out * static_cast<double>(n));
+  ShardPlan plan;
+  for (const bool train : {true, false}) {
+    std::vector<int64_t> items = train ? std::vector<int64_t>(perm.begin() + n_held, perm.end())
+                                       : std::vector<int64_t>(perm.begin(), perm.begin() + n_held);
+    if (sorted) std::sort(items.begin(), items.end());
+    const std::string split = train ? "train" : "held_out";
+    const int64_t m = static_cast<int64_t>(items.size());
+    const int count = ShardCount(m, shards, held_out, train);
+    for (int k = 0; k < count; ++k) {
+      plan.shards.push_back({ShardFileName(split, k, count), split});
+      plan.items.emplace_back(items.begin() + k * m / count, items.begin() + (k + 1) * m / count);
+    }
+  }
+  return plan;
+}
+
+int ResolveThreads(int requested) {
+  return requested > 0 ? requested
+                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 absl::StatusOr<std::unique_ptr<ExampleReader>> ExampleReader::Open(Env* env,

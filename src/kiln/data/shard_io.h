@@ -96,6 +96,23 @@ absl::StatusOr<std::vector<FinishedShard>> WriteShards(
     const std::vector<PlannedShard>& shards, const ProduceShardFn& produce, int* kept = nullptr,
     const std::function<void(size_t)>& on_kept = nullptr);
 
+// How many shards a split of `examples` examples gets: the train split `requested` (at most
+// one per example), the held-out split ceil(requested * fraction) (at least 1), none if empty.
+int ShardCount(int64_t examples, int requested, double fraction, bool train);
+
+// The split and shard plan every importer uses: items 0..n-1 permuted with
+// std::mt19937_64(seed) (data::Permutation); the first round(held_out * n) form split "held_out",
+// the rest "train" (each in permuted order, or ascending when `sorted`); each split is cut into
+// ShardCount contiguous slices. shards[k] is written from items[k].
+struct ShardPlan {
+  std::vector<PlannedShard> shards;
+  std::vector<std::vector<int64_t>> items;
+};
+ShardPlan PlanSplits(int64_t n, double held_out, int shards, uint64_t seed, bool sorted = false);
+
+// Threads to use for `requested` (0 or less: all cores).
+int ResolveThreads(int requested);
+
 // Reads the tf.train.Example records of one shard. Every error is DataLoss naming the file and
 // the record's byte offset (a truncated record included: a finished shard is never appended to).
 class ExampleReader {

@@ -231,29 +231,14 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
         absl::StrCat(o.out_dir, "/", kTokenizerModel, " does not load: ", load_err));
   const uint32_t model_crc = crc32c::Value(model.data(), model.size());
 
-  // Split documents, then contiguous groups of them per shard.
+  // Split documents (each split in corpus order), then contiguous groups of them per shard.
   const int64_t d = static_cast<int64_t>(docs.size());
-  std::mt19937_64 rng(o.seed);
-  std::vector<int64_t> perm = Permutation(d, rng);
-  const int64_t n_held = std::llround(o.held_out * static_cast<double>(d));
-  std::vector<int64_t> held(perm.begin(), perm.begin() + n_held),
-      train(perm.begin() + n_held, perm.end());
-  std::sort(held.begin(), held.end());
-  std::sort(train.begin(), train.end());
-  std::vector<PlannedShard> plan;
-  std::vector<std::vector<int64_t>> shard_docs;
-  for (const auto& [split, items] :
-       {std::pair<std::string, std::vector<int64_t>*>{"train", &train}, {"held_out", &held}}) {
-    const int64_t m = static_cast<int64_t>(items->size());
-    const int count = ShardCount(m, o.shards, o.held_out, split == "train");
-    for (int k = 0; k < count; ++k) {
-      plan.push_back({ShardFileName(split, k, count), split});
-      shard_docs.emplace_back(items->begin() + k * m / count, items->begin() + (k + 1) * m / count);
-    }
-  }
+  const ShardPlan split = PlanSplits(d, o.held_out, o.shards, o.seed, /*sorted=*/true);
+  const std::vector<PlannedShard>& plan = split.shards;
+  const std::vector<std::vector<int64_t>>& shard_docs = split.items;
   const std::string plan_fp = Hex64(Fnv1a64(absl::StrCat(
       tok_plan, "|", Hex32(model_crc), "|", o.seq_len, "|", o.shards, "|", o.held_out)));
-  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads = ResolveThreads(o.threads);
   const int64_t window = o.seq_len + 1;
 
   int64_t docs_done = 0;

@@ -101,7 +101,9 @@ TEST(TextImport, TokenizerShardsPackingAndDeterminism) {
       const std::vector<int64_t>& t = ex.features["tokens"].int64_list;
       ASSERT_EQ(t.size(), 17u);
       for (int64_t id : t) ASSERT_TRUE(id >= 0 && id < vocab);
-      if (!prev.empty()) EXPECT_EQ(prev.back(), t.front());
+      if (!prev.empty()) {
+        EXPECT_EQ(prev.back(), t.front());
+      }
       for (size_t i = 1; i < t.size(); ++i) eos += t[i] == 2;
       prev = t;
       ++records;
