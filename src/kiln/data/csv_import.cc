@@ -295,38 +295,26 @@ absl::Status BindColumns(Schema* s, std::vector<Record>* records, const std::str
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& o,
-                                        const ProgressFn& progress) {
-  KILN_RETURN_IF_ERROR(CheckCsvOptions(o));
-  KILN_ASSIGN_OR_RETURN(std::string schema_text, ReadFileToString(env, o.schema));
-  KILN_ASSIGN_OR_RETURN(Schema schema, ParseSchema(o.schema, schema_text));
-  KILN_ASSIGN_OR_RETURN(uint64_t file_size, env->GetFileSize(o.file));
-  KILN_ASSIGN_OR_RETURN(std::string text, ReadMaybeGzippedFile(o.file, env));
-  const uint32_t file_crc = crc32c::Value(text.data(), text.size());
-  KILN_ASSIGN_OR_RETURN(std::vector<Record> records, SplitCsv(text, schema.delimiter, o.file));
-  text.clear();
-  text.shrink_to_fit();
-  KILN_RETURN_IF_ERROR(BindColumns(&schema, &records, o.file));
-  if (records.empty()) return absl::InvalidArgumentError(o.file + ": no data rows");
+// Pass 1 over the records (in file order): checks every cell, collects each numeric column's
+// statistics and each categorical column's vocabulary.
+absl::Status CheckCells(const std::string& file, const std::vector<Record>& records, Schema* schema,
+                        std::vector<ChannelStats>* stats) {
   int expected = 0;
-  for (const Column& c : schema.columns) expected = std::max(expected, c.csv_index + 1);
+  for (const Column& c : schema->columns) expected = std::max(expected, c.csv_index + 1);
 
-  // Pass 1: check every cell, collect vocabularies and statistics (in file order).
-  std::vector<std::set<std::string>> seen(schema.columns.size());
-  std::vector<ChannelStats> stats(schema.columns.size(), ChannelStats(1));
+  std::vector<std::set<std::string>> seen(schema->columns.size());
+  stats->assign(schema->columns.size(), ChannelStats(1));
   for (const Record& r : records) {
     if (r.fields.size() != static_cast<size_t>(expected)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(o.file, ":", r.line, ": ", r.fields.size(), " fields, expected ", expected));
+          absl::StrCat(file, ":", r.line, ": ", r.fields.size(), " fields, expected ", expected));
     }
-    for (size_t k = 0; k < schema.columns.size(); ++k) {
-      const Column& c = schema.columns[k];
+    for (size_t k = 0; k < schema->columns.size(); ++k) {
+      const Column& c = schema->columns[k];
       if (c.type == ColumnType::kIgnore) continue;
       std::string v = r.fields[c.csv_index];
       const std::string where =
-          absl::StrCat(o.file, ":", r.line, ":", c.csv_index + 1, " (column '", c.name, "'): ");
+          absl::StrCat(file, ":", r.line, ":", c.csv_index + 1, " (column '", c.name, "'): ");
       if (v.empty()) {
         if (!c.has_default)
           return absl::InvalidArgumentError(where + "empty cell (give the column a default)");
@@ -335,7 +323,7 @@ absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& o,
       if (c.type == ColumnType::kNumeric) {
         absl::StatusOr<double> d = ParseNumber(v);
         if (!d.ok()) return absl::InvalidArgumentError(where + std::string(d.status().message()));
-        stats[k].Add(static_cast<double>(static_cast<float>(*d)), 0);
+        (*stats)[k].Add(static_cast<double>(static_cast<float>(*d)), 0);
       } else if (c.fixed_vocabulary) {
         if (std::find(c.vocabulary.begin(), c.vocabulary.end(), v) == c.vocabulary.end()) {
           return absl::InvalidArgumentError(where + "'" + v +
@@ -346,8 +334,8 @@ absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& o,
       }
     }
   }
-  for (size_t k = 0; k < schema.columns.size(); ++k) {
-    Column& c = schema.columns[k];
+  for (size_t k = 0; k < schema->columns.size(); ++k) {
+    Column& c = schema->columns[k];
     if (c.type != ColumnType::kCategorical || c.fixed_vocabulary) continue;
     c.vocabulary.assign(seen[k].begin(), seen[k].end());
     // Values that are all integers (class numbers) sort numerically: "2" before "10".
@@ -367,6 +355,51 @@ absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& o,
                        });
     }
   }
+  return absl::OkStatus();
+}
+
+DatasetManifest CsvManifest(const Schema& schema, const std::vector<ChannelStats>& stats,
+                            const std::vector<FinishedShard>& finished) {
+  DatasetManifest m;
+  m.kind = "csv";
+  for (size_t k = 0; k < schema.columns.size(); ++k) {
+    const Column& c = schema.columns[k];
+    if (c.type == ColumnType::kIgnore) continue;
+    if (c.type == ColumnType::kNumeric) {
+      m.features.push_back({c.name, "float32", {}, "numeric column"});
+      m.statistics[c.name] = stats[k].Summary();
+    } else {
+      m.features.push_back(
+          {c.name, "int64", {}, "categorical column: index into vocabularies." + c.name});
+      m.vocabularies[c.name] = c.vocabulary;
+      m.statistics[c.name] = {{"distinct", c.vocabulary.size()}};
+    }
+    if (c.name == schema.label) {
+      m.label_feature = c.name;
+      m.label_vocabulary = c.vocabulary;  // empty for a numeric label
+    }
+  }
+  for (const FinishedShard& f : finished) m.shards.push_back(f.entry);
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& o,
+                                        const ProgressFn& progress) {
+  KILN_RETURN_IF_ERROR(CheckCsvOptions(o));
+  KILN_ASSIGN_OR_RETURN(std::string schema_text, ReadFileToString(env, o.schema));
+  KILN_ASSIGN_OR_RETURN(Schema schema, ParseSchema(o.schema, schema_text));
+  KILN_ASSIGN_OR_RETURN(uint64_t file_size, env->GetFileSize(o.file));
+  KILN_ASSIGN_OR_RETURN(std::string text, ReadMaybeGzippedFile(o.file, env));
+  const uint32_t file_crc = crc32c::Value(text.data(), text.size());
+  KILN_ASSIGN_OR_RETURN(std::vector<Record> records, SplitCsv(text, schema.delimiter, o.file));
+  text.clear();
+  text.shrink_to_fit();
+  KILN_RETURN_IF_ERROR(BindColumns(&schema, &records, o.file));
+  if (records.empty()) return absl::InvalidArgumentError(o.file + ": no data rows");
+  std::vector<ChannelStats> stats;
+  KILN_RETURN_IF_ERROR(CheckCells(o.file, records, &schema, &stats));
   std::vector<std::map<std::string, int64_t>> ids(schema.columns.size());
   for (size_t k = 0; k < schema.columns.size(); ++k) {
     for (size_t i = 0; i < schema.columns[k].vocabulary.size(); ++i)
@@ -422,26 +455,7 @@ absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& o,
         if (progress) progress({"encode", done, n, "rows"});
       }));
 
-  DatasetManifest m;
-  m.kind = "csv";
-  for (size_t k = 0; k < schema.columns.size(); ++k) {
-    const Column& c = schema.columns[k];
-    if (c.type == ColumnType::kIgnore) continue;
-    if (c.type == ColumnType::kNumeric) {
-      m.features.push_back({c.name, "float32", {}, "numeric column"});
-      m.statistics[c.name] = stats[k].Summary();
-    } else {
-      m.features.push_back(
-          {c.name, "int64", {}, "categorical column: index into vocabularies." + c.name});
-      m.vocabularies[c.name] = c.vocabulary;
-      m.statistics[c.name] = {{"distinct", c.vocabulary.size()}};
-    }
-    if (c.name == schema.label) {
-      m.label_feature = c.name;
-      m.label_vocabulary = c.vocabulary;  // empty for a numeric label
-    }
-  }
-  for (const FinishedShard& f : finished) m.shards.push_back(f.entry);
+  DatasetManifest m = CsvManifest(schema, stats, finished);
   m.source_fingerprint = source_fp;
   m.source_files = 1;
   m.source_bytes = file_size;

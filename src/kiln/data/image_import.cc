@@ -135,6 +135,57 @@ std::string PlanFingerprint(const ImageImportOptions& o, const std::vector<Sourc
   return Hex64(h);
 }
 
+// The manifest, from every shard's state in plan order.
+absl::StatusOr<DatasetManifest> ImageManifest(const ImageImportOptions& o,
+                                              const std::vector<std::string>& labels,
+                                              const std::vector<SourceFile>& files,
+                                              const std::vector<FinishedShard>& finished,
+                                              uint64_t input_bytes) {
+  DatasetManifest m;
+  m.kind = "images";
+  m.features = {{"image", "uint8", {o.height, o.width, o.channels}, "pixels, HWC row-major"},
+                {"label", "int64", {}, "index into label.vocabulary"},
+                {"path", "string", {}, "source file relative to the import folder"}};
+  m.label_feature = "label";
+  m.label_vocabulary = labels;
+  ChannelStats stats(o.channels);
+  nlohmann::json label_counts = nlohmann::json::object();
+  std::map<std::string, uint32_t> crc_of;
+  try {
+    for (const FinishedShard& f : finished) {
+      stats.Merge(ChannelStats::FromPartialJson(f.state.at("stats")));
+      std::vector<int64_t> c = f.state.at("label_counts").get<std::vector<int64_t>>();
+      if (!label_counts.contains(f.entry.split)) {
+        label_counts[f.entry.split] = std::vector<int64_t>(labels.size(), 0);
+      }
+      for (size_t i = 0; i < c.size() && i < labels.size(); ++i) {
+        label_counts[f.entry.split][i] = label_counts[f.entry.split][i].get<int64_t>() + c[i];
+      }
+      for (const auto& [rel, crc] : f.state.at("crc32c").items()) crc_of[rel] = crc.get<uint32_t>();
+      for (const auto& s : f.state.at("skipped")) m.skipped.push_back(s);
+      m.shards.push_back(f.entry);
+    }
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("import state in ", o.out_dir, "/", kImportStateDir,
+                                            " is malformed: ", e.what(), " (delete it and rerun)"));
+  }
+  m.statistics["image"] = stats.Summary();
+  m.statistics["label"] = {{"counts", label_counts}};
+  uint64_t fp = Fnv1a64("images\n");
+  for (const SourceFile& f : files) {
+    fp = Fnv1a64(absl::StrCat(f.rel, "\t", f.size, "\t", Hex32(crc_of[f.rel]), "\n"), fp);
+  }
+  m.source_fingerprint = Hex64(fp);
+  m.source_files = static_cast<int64_t>(files.size());
+  m.source_bytes = input_bytes;
+  m.import_options = {{"source", o.src_dir},        {"size", {o.height, o.width}},
+                      {"channels", o.channels},     {"resize", o.resize},
+                      {"background", o.background}, {"shards", o.shards},
+                      {"held_out", o.held_out},     {"seed", o.seed},
+                      {"on_error", o.on_error}};
+  return m;
+}
+
 }  // namespace
 
 absl::StatusOr<ImportSummary> ImportImages(Env* env, const ImageImportOptions& o,
@@ -220,49 +271,8 @@ absl::StatusOr<ImportSummary> ImportImages(Env* env, const ImageImportOptions& o
         report();
       }));
 
-  // The manifest, from every shard's state in plan order.
-  DatasetManifest m;
-  m.kind = "images";
-  m.features = {{"image", "uint8", {o.height, o.width, o.channels}, "pixels, HWC row-major"},
-                {"label", "int64", {}, "index into label.vocabulary"},
-                {"path", "string", {}, "source file relative to the import folder"}};
-  m.label_feature = "label";
-  m.label_vocabulary = labels;
-  ChannelStats stats(o.channels);
-  nlohmann::json label_counts = nlohmann::json::object();
-  std::map<std::string, uint32_t> crc_of;
-  try {
-    for (const FinishedShard& f : finished) {
-      stats.Merge(ChannelStats::FromPartialJson(f.state.at("stats")));
-      std::vector<int64_t> c = f.state.at("label_counts").get<std::vector<int64_t>>();
-      if (!label_counts.contains(f.entry.split)) {
-        label_counts[f.entry.split] = std::vector<int64_t>(labels.size(), 0);
-      }
-      for (size_t i = 0; i < c.size() && i < labels.size(); ++i) {
-        label_counts[f.entry.split][i] = label_counts[f.entry.split][i].get<int64_t>() + c[i];
-      }
-      for (const auto& [rel, crc] : f.state.at("crc32c").items()) crc_of[rel] = crc.get<uint32_t>();
-      for (const auto& s : f.state.at("skipped")) m.skipped.push_back(s);
-      m.shards.push_back(f.entry);
-    }
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat("import state in ", o.out_dir, "/", kImportStateDir,
-                                            " is malformed: ", e.what(), " (delete it and rerun)"));
-  }
-  m.statistics["image"] = stats.Summary();
-  m.statistics["label"] = {{"counts", label_counts}};
-  uint64_t fp = Fnv1a64("images\n");
-  for (const SourceFile& f : files) {
-    fp = Fnv1a64(absl::StrCat(f.rel, "\t", f.size, "\t", Hex32(crc_of[f.rel]), "\n"), fp);
-  }
-  m.source_fingerprint = Hex64(fp);
-  m.source_files = static_cast<int64_t>(files.size());
-  m.source_bytes = summary.input_bytes;
-  m.import_options = {{"source", o.src_dir},        {"size", {o.height, o.width}},
-                      {"channels", o.channels},     {"resize", o.resize},
-                      {"background", o.background}, {"shards", o.shards},
-                      {"held_out", o.held_out},     {"seed", o.seed},
-                      {"on_error", o.on_error}};
+  KILN_ASSIGN_OR_RETURN(DatasetManifest m,
+                        ImageManifest(o, labels, files, finished, summary.input_bytes));
   KILN_RETURN_IF_ERROR(WriteManifest(env, o.out_dir, m));
   summary.shards = static_cast<int>(m.shards.size());
   summary.splits = m.SplitExamples();

@@ -180,18 +180,14 @@ absl::StatusOr<std::string> Tokenizer(Env* env, const TextImportOptions& o,
   return model;
 }
 
-}  // namespace
-
-absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
-                                         const ProgressFn& progress) {
-  KILN_RETURN_IF_ERROR(CheckTextOptions(o));
-  ImportSummary summary;
-  std::vector<std::string> docs;
+// Reads the corpus into documents; returns the source fingerprint (docs/formats.md).
+absl::StatusOr<uint64_t> ReadDocuments(Env* env, const TextImportOptions& o,
+                                       std::vector<std::string>* docs, uint64_t* input_bytes) {
   uint64_t source_fp = Fnv1a64("text\n");
   for (const std::string& path : o.corpus) {
     KILN_ASSIGN_OR_RETURN(uint64_t size, env->GetFileSize(path));
     KILN_ASSIGN_OR_RETURN(std::string text, ReadMaybeGzippedFile(path, env));
-    summary.input_bytes += size;
+    *input_bytes += size;
     source_fp = Fnv1a64(absl::StrCat(Basename(path), "\t", size, "\t",
                                      Hex32(crc32c::Value(text.data(), text.size())), "\n"),
                         source_fp);
@@ -201,12 +197,101 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
       if (!one.empty()) {
         std::string joined;
         for (std::string& d : one) joined += d;
-        docs.push_back(std::move(joined));
+        docs->push_back(std::move(joined));
       }
     } else {
-      SplitDocuments(text, o.doc_separator, &docs);
+      SplitDocuments(text, o.doc_separator, docs);
     }
   }
+  return source_fp;
+}
+
+// The manifest, from every shard's state in plan order.
+absl::StatusOr<DatasetManifest> TextManifest(const TextImportOptions& o,
+                                             const std::vector<FinishedShard>& finished,
+                                             const internal::SentencePieceEncoder& sp_ref,
+                                             const std::string& source, uint64_t input_bytes,
+                                             int64_t d, int64_t sample_size, uint32_t model_crc,
+                                             int64_t window) {
+  const internal::SentencePieceEncoder* sp = &sp_ref;
+  DatasetManifest m;
+  m.kind = "text";
+  m.features = {{"tokens",
+                 "int64",
+                 {window},
+                 "SentencePiece ids; inputs [0, seq_len), targets [1, seq_len]"}};
+  nlohmann::json per_split = nlohmann::json::object();
+  try {
+    for (const FinishedShard& f : finished) {
+      if (!per_split.contains(f.entry.split)) per_split[f.entry.split] = nlohmann::json::object();
+      nlohmann::json& s = per_split[f.entry.split];
+      for (const char* key : {"documents", "tokens", "dropped_tokens", "unk_tokens"}) {
+        s[key] = s.value(key, int64_t{0}) + f.state.at(key).get<int64_t>();
+      }
+      m.shards.push_back(f.entry);
+    }
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("import state in ", o.out_dir, "/", kImportStateDir,
+                                            " is malformed: ", e.what(), " (delete it and rerun)"));
+  }
+  m.statistics["tokens"] = per_split;
+  m.source_fingerprint = source;
+  m.source_files = static_cast<int64_t>(o.corpus.size());
+  m.source_bytes = input_bytes;
+  m.import_options = {{"corpus", o.corpus},
+                      {"vocab_size", o.vocab_size},
+                      {"seq_len", o.seq_len},
+                      {"sample_lines", o.sample_lines},
+                      {"model_type", o.model_type},
+                      {"character_coverage", o.character_coverage},
+                      {"doc_separator", o.doc_separator},
+                      {"shards", o.shards},
+                      {"held_out", o.held_out},
+                      {"seed", o.seed}};
+  m.extra["tokenizer"] = {{"model", kTokenizerModel},       {"vocab", kTokenizerVocab},
+                          {"type", "sentencepiece"},        {"model_type", o.model_type},
+                          {"vocab_size", sp->vocab_size()}, {"model_crc32c", Hex32(model_crc)},
+                          {"unk_id", sp->unk_id()},         {"bos_id", sp->bos_id()},
+                          {"eos_id", sp->eos_id()},         {"pad_id", sp->pad_id()},
+                          {"sample_lines", sample_size}};
+  m.extra["documents"] = d;
+  m.extra["seq_len"] = o.seq_len;
+  return m;
+}
+
+// Writes the windows of seq_len + 1 tokens starting every seq_len tokens of `stream` (encoded
+// in parallel, in blocks, written in order); returns how many.
+absl::StatusOr<int64_t> PackWindows(const std::vector<int64_t>& stream, int64_t seq_len,
+                                    int threads, ShardWriter& w) {
+  const int64_t tokens = static_cast<int64_t>(stream.size());
+  const int64_t window = seq_len + 1;
+  const int64_t records = tokens >= window ? (tokens - 1) / seq_len : 0;
+  const int64_t rblock = 4096;
+  std::vector<std::string> payloads(std::min(rblock, records));
+  for (int64_t b = 0; b < records; b += rblock) {
+    const int64_t n = std::min(rblock, records - b);
+    ParallelFor(threads, n, [&](int64_t i) {
+      const int64_t start = (b + i) * seq_len;
+      Example ex;
+      ex.features["tokens"] = Feature::Int64s(
+          std::vector<int64_t>(stream.begin() + start, stream.begin() + start + window));
+      payloads[i].clear();
+      EncodeExampleTo(ex, &payloads[i]);
+    });
+    for (int64_t i = 0; i < n; ++i) KILN_RETURN_IF_ERROR(w.Write(payloads[i]));
+  }
+  return records;
+}
+
+}  // namespace
+
+absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
+                                         const ProgressFn& progress) {
+  KILN_RETURN_IF_ERROR(CheckTextOptions(o));
+  ImportSummary summary;
+  std::vector<std::string> docs;
+  KILN_ASSIGN_OR_RETURN(const uint64_t source_fp,
+                        ReadDocuments(env, o, &docs, &summary.input_bytes));
   if (docs.empty())
     return absl::InvalidArgumentError("the corpus holds no text (no non-empty documents)");
   const std::string source = Hex64(source_fp);
@@ -267,22 +352,7 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
       stream.push_back(kEosId);
     }
     const int64_t tokens = static_cast<int64_t>(stream.size());
-    const int64_t records = tokens >= window ? (tokens - 1) / o.seq_len : 0;
-    // Records are encoded in parallel, in blocks, and written in order.
-    const int64_t rblock = 4096;
-    std::vector<std::string> payloads(std::min(rblock, records));
-    for (int64_t b = 0; b < records; b += rblock) {
-      const int64_t n = std::min(rblock, records - b);
-      ParallelFor(threads, n, [&](int64_t i) {
-        const int64_t start = (b + i) * o.seq_len;
-        Example ex;
-        ex.features["tokens"] = Feature::Int64s(
-            std::vector<int64_t>(stream.begin() + start, stream.begin() + start + window));
-        payloads[i].clear();
-        EncodeExampleTo(ex, &payloads[i]);
-      });
-      for (int64_t i = 0; i < n; ++i) KILN_RETURN_IF_ERROR(w.Write(payloads[i]));
-    }
+    KILN_ASSIGN_OR_RETURN(const int64_t records, PackWindows(stream, o.seq_len, threads, w));
     const int64_t used = records > 0 ? records * o.seq_len + 1 : 0;
     *state = {{"documents", g},
               {"tokens", tokens},
@@ -298,53 +368,16 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
       }));
 
   lap("tokenize and write");
-  DatasetManifest m;
-  m.kind = "text";
-  m.features = {{"tokens",
-                 "int64",
-                 {window},
-                 "SentencePiece ids; inputs [0, seq_len), targets [1, seq_len]"}};
-  nlohmann::json per_split = nlohmann::json::object();
-  try {
-    for (const FinishedShard& f : finished) {
-      if (!per_split.contains(f.entry.split)) per_split[f.entry.split] = nlohmann::json::object();
-      nlohmann::json& s = per_split[f.entry.split];
-      for (const char* key : {"documents", "tokens", "dropped_tokens", "unk_tokens"}) {
-        s[key] = s.value(key, int64_t{0}) + f.state.at(key).get<int64_t>();
-      }
-      m.shards.push_back(f.entry);
-    }
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat("import state in ", o.out_dir, "/", kImportStateDir,
-                                            " is malformed: ", e.what(), " (delete it and rerun)"));
-  }
-  m.statistics["tokens"] = per_split;
-  m.source_fingerprint = source;
-  m.source_files = static_cast<int64_t>(o.corpus.size());
-  m.source_bytes = summary.input_bytes;
-  m.import_options = {{"corpus", o.corpus},
-                      {"vocab_size", o.vocab_size},
-                      {"seq_len", o.seq_len},
-                      {"sample_lines", o.sample_lines},
-                      {"model_type", o.model_type},
-                      {"character_coverage", o.character_coverage},
-                      {"doc_separator", o.doc_separator},
-                      {"shards", o.shards},
-                      {"held_out", o.held_out},
-                      {"seed", o.seed}};
-  m.extra["tokenizer"] = {{"model", kTokenizerModel},       {"vocab", kTokenizerVocab},
-                          {"type", "sentencepiece"},        {"model_type", o.model_type},
-                          {"vocab_size", sp->vocab_size()}, {"model_crc32c", Hex32(model_crc)},
-                          {"unk_id", sp->unk_id()},         {"bos_id", sp->bos_id()},
-                          {"eos_id", sp->eos_id()},         {"pad_id", sp->pad_id()},
-                          {"sample_lines", sample_size}};
-  m.extra["documents"] = d;
-  m.extra["seq_len"] = o.seq_len;
+  KILN_ASSIGN_OR_RETURN(DatasetManifest m,
+                        TextManifest(o, finished, *sp, source, summary.input_bytes, d, sample_size,
+                                     model_crc, window));
   KILN_RETURN_IF_ERROR(WriteManifest(env, o.out_dir, m));
   summary.shards = static_cast<int>(m.shards.size());
   summary.splits = m.SplitExamples();
   for (const auto& [split, k] : summary.splits) summary.examples += k;
-  for (const auto& [split, s] : per_split.items()) summary.units += s.value("tokens", int64_t{0});
+  for (const auto& [split, st] : m.statistics["tokens"].items()) {
+    summary.units += st.value("tokens", int64_t{0});
+  }
   return summary;
 }
 
