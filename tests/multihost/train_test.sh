@@ -16,6 +16,10 @@
 # by timeout(1) and mpirun's --job-timeout; everything started inside the namespaces is killed
 # by PID (lab_down) on every exit path.
 set -u
+# One lab at a time on this machine (the subnet, bridge address and Slurm ports are fixed): a
+# second run waits for the first (several build folders' test suites may run at once).
+exec 9>/tmp/kiln-multihost.lock
+flock -w 600 9 || { echo "multihost: another multihost test held the lock for 600 s"; exit 1; }
 kiln=$1 config=$2 out=$3 steps=$4 limit=$5
 here=$(cd "$(dirname "$0")" && pwd)
 command -v mpirun >/dev/null 2>&1 || { echo "multihost: mpirun not found: skipped"; exit 77; }

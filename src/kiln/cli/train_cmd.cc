@@ -412,8 +412,22 @@ TrainCommands::TrainCommands(CLI::App& app) {
                    "(0: none)")
       ->check(IntAtLeast(0))
       ->needs(workers);
-  train_->add_flag("--dry-run", dry_run_, "With --workers: print the mpirun command and exit 0")
+  train_
+      ->add_flag("--dry-run", dry_run_,
+                 "With --workers: print the mpirun (or srun) command and exit 0")
       ->needs(workers);
+  CLI::Option* slurm =
+      train_
+          ->add_flag("--slurm", slurm_,
+                     "With --workers: start the ranks with Slurm's srun -n N --mpi=pmix -K "
+                     "(inside an sbatch/salloc allocation, or asking Slurm for one) instead of "
+                     "mpirun")
+          ->needs(workers);
+  train_
+      ->add_option("--slurm-arg", slurm_args_,
+                   "With --slurm: one more srun argument, e.g. --slurm-arg=--partition=gpu "
+                   "(repeatable)")
+      ->needs(slurm);
   train_
       ->add_option("--collective-timeout", collective_timeout_s_,
                    "In a multi-rank job: a collective that has not completed after S seconds "
@@ -467,7 +481,9 @@ int TrainCommands::Launch(const std::vector<std::string>& args, std::ostream& ou
   if (lo.binary.empty()) lo.binary = args.empty() ? "kiln" : args[0];
   lo.args.assign(args.begin() + (args.empty() ? 0 : 1), args.end());
   lo.env = ReadEnvironment();
-  absl::StatusOr<std::vector<std::string>> argv = dist::BuildMpirunCommand(lo);
+  lo.slurm_args = slurm_args_;
+  absl::StatusOr<std::vector<std::string>> argv =
+      slurm_ ? dist::BuildSrunCommand(lo) : dist::BuildMpirunCommand(lo);
   if (!argv.ok()) return Fail(err, "train", argv.status());
   if (dry_run_) {
     out << dist::ShellJoin(*argv) << "\n";
@@ -477,8 +493,8 @@ int TrainCommands::Launch(const std::vector<std::string>& args, std::ostream& ou
   const int rc = RunChild(*argv, &error);
   if (rc < 0) return Fail(err, "train", absl::FailedPreconditionError(error));
   if (rc != 0 && rc != train::kExitPreempted) {
-    err << "kiln train: the " << workers_ << "-worker job failed (mpirun exit status " << rc
-        << ")\n";
+    err << "kiln train: the " << workers_ << "-worker job failed (" << (slurm_ ? "srun" : "mpirun")
+        << " exit status " << rc << ")\n";
   }
   // Supervised (--max-restarts): a rank killed by a signal makes mpirun exit 128 + signal; die of
   // that signal too, so that the supervisor restarts the job from the latest checkpoint.

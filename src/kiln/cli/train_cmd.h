@@ -55,6 +55,8 @@ class TrainCommands {
   std::string hostfile_;
   int64_t job_timeout_s_ = 0;
   bool dry_run_ = false;
+  bool slurm_ = false;
+  std::vector<std::string> slurm_args_;
   double collective_timeout_s_ = 60;
 
   std::string checkpoint_;  // eval / export: OUTDIR or OUTDIR/checkpoints/step_N

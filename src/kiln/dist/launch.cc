@@ -18,11 +18,9 @@ struct LaunchFlag {
   absl::string_view name;
   bool has_value;
 };
-constexpr LaunchFlag kLaunchFlags[] = {{"--workers", true},
-                                       {"--hostfile", true},
-                                       {"--job-timeout", true},
-                                       {"--dry-run", false},
-                                       {"--max-restarts", true}};
+constexpr LaunchFlag kLaunchFlags[] = {
+    {"--workers", true},      {"--hostfile", true}, {"--job-timeout", true}, {"--dry-run", false},
+    {"--max-restarts", true}, {"--slurm", false},   {"--slurm-arg", true}};
 
 // The value of `name` in env, parsed as a non-negative integer; nullopt when unset.
 absl::StatusOr<std::optional<int>> ReadInt(const Environment& env, const std::string& name) {
@@ -89,6 +87,34 @@ absl::StatusOr<std::vector<std::string>> BuildMpirunCommand(const LaunchOptions&
                 {"-x", absl::StrCat("OMP_NUM_THREADS=", std::max(1, o.cores / o.workers))});
   }
   if (o.root) argv.push_back("--allow-run-as-root");
+  argv.push_back(o.binary);
+  for (std::string& a : StripLaunchFlags(o.args)) argv.push_back(std::move(a));
+  return argv;
+}
+
+absl::StatusOr<std::vector<std::string>> BuildSrunCommand(const LaunchOptions& o) {
+  if (o.workers < 1)
+    return absl::InvalidArgumentError(absl::StrCat("--workers must be >= 1, got ", o.workers));
+  if (o.job_timeout_s < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--job-timeout must be >= 0 seconds, got ", o.job_timeout_s));
+  }
+  if (!o.hostfile.empty()) {
+    return absl::InvalidArgumentError(
+        "--hostfile does not go with --slurm: Slurm places the ranks (pass --slurm-arg=--nodes=N "
+        "or a partition instead)");
+  }
+  if (o.binary.empty()) return absl::InvalidArgumentError("launch: no worker binary");
+  std::vector<std::string> argv = {o.srun, "-n", std::to_string(o.workers), "--mpi=pmix", "-K"};
+  // Slurm's --time is in minutes, rounded up.
+  if (o.job_timeout_s > 0) argv.push_back(absl::StrCat("--time=", (o.job_timeout_s + 59) / 60));
+  std::string exports = "--export=ALL,GLIBC_TUNABLES=glibc.malloc.mmap_max=0";
+  if (o.env.count("OMP_NUM_THREADS") == 0) {
+    // The job's cores per rank when Slurm is asked for them, else this host's share.
+    exports += absl::StrCat(",OMP_NUM_THREADS=", std::max(1, o.cores / o.workers));
+  }
+  argv.push_back(exports);
+  for (const std::string& a : o.slurm_args) argv.push_back(a);
   argv.push_back(o.binary);
   for (std::string& a : StripLaunchFlags(o.args)) argv.push_back(std::move(a));
   return argv;

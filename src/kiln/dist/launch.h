@@ -43,7 +43,9 @@ struct LaunchOptions {
   int cores = 1;              // of this host (std::thread::hardware_concurrency)
   bool root = false;          // running as root: mpirun refuses unless --allow-run-as-root
   std::string mpirun = "mpirun";
-  std::string binary;  // the worker binary (absolute path of this kiln)
+  std::string srun = "srun";
+  std::vector<std::string> slurm_args;  // passed to srun before the binary (--slurm-arg)
+  std::string binary;                   // the worker binary (absolute path of this kiln)
   // This process's arguments after argv[0] (e.g. {"train", "cfg.yaml", "--workers", "2"}); the
   // launch flags are removed from them (StripLaunchFlags).
   std::vector<std::string> args;
@@ -54,8 +56,19 @@ struct LaunchOptions {
 // negative timeout or an empty binary.
 absl::StatusOr<std::vector<std::string>> BuildMpirunCommand(const LaunchOptions& options);
 
+// The srun argv for `kiln train --slurm` (argv[0] = options.srun): `srun -n N --mpi=pmix -K`
+// (PMIx: Debian's OpenMPI has no other Slurm PMI; -K: a rank that fails ends the step at once,
+// where plain srun would leave the others blocked in a collective), --time from the job timeout
+// (minutes, rounded up), --export=ALL plus the malloc tunable and, unless the caller set it,
+// OMP_NUM_THREADS = max(1, cores / N), then options.slurm_args, the binary and the arguments
+// minus the launch flags. Inside an allocation (sbatch, salloc) srun starts a job step in it;
+// outside one it asks Slurm for one. InvalidArgument for workers < 1, a negative timeout, a
+// hostfile (Slurm places ranks) or an empty binary.
+absl::StatusOr<std::vector<std::string>> BuildSrunCommand(const LaunchOptions& options);
+
 // `args` without --workers N / --workers=N, --hostfile F / --hostfile=F, --job-timeout S /
-// --job-timeout=S, --max-restarts N / --max-restarts=N and --dry-run.
+// --job-timeout=S, --max-restarts N / --max-restarts=N, --dry-run, --slurm and --slurm-arg A /
+// --slurm-arg=A.
 std::vector<std::string> StripLaunchFlags(const std::vector<std::string>& args);
 
 // The command line as a shell would take it: words with characters outside [A-Za-z0-9_./=:,+-@%]

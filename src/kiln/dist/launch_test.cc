@@ -76,6 +76,26 @@ TEST(LaunchTest, RejectsBadOptions) {
   EXPECT_FALSE(BuildMpirunCommand(o).ok());
 }
 
+TEST(LaunchTest, BuildsTheSrunCommand) {
+  LaunchOptions o = Base();
+  o.job_timeout_s = 61;
+  o.slurm_args = {"--partition=debug"};
+  absl::StatusOr<std::vector<std::string>> argv = BuildSrunCommand(o);
+  ASSERT_TRUE(argv.ok()) << argv.status();
+  const std::string line = ShellJoin(*argv);
+  EXPECT_THAT(line,
+              HasSubstr("srun -n 2 --mpi=pmix -K --time=2 "
+                        "--export=ALL,GLIBC_TUNABLES=glibc.malloc.mmap_max=0,OMP_NUM_THREADS=1 "
+                        "--partition=debug /opt/kiln train cfg.yaml --set steps=5"));
+  EXPECT_THAT(line, ::testing::Not(HasSubstr("--workers")));
+  o.args = {"train", "cfg.yaml", "--workers", "2", "--slurm", "--slurm-arg", "-N2"};
+  EXPECT_THAT(ShellJoin(*BuildSrunCommand(o)), ::testing::EndsWith("/opt/kiln train cfg.yaml"));
+  o.env["OMP_NUM_THREADS"] = "4";  // the caller's value travels in ALL
+  EXPECT_THAT(ShellJoin(*BuildSrunCommand(o)), ::testing::Not(HasSubstr("OMP_NUM_THREADS=")));
+  o.hostfile = "hosts";
+  EXPECT_THAT(std::string(BuildSrunCommand(o).status().message()), HasSubstr("--hostfile"));
+}
+
 TEST(LaunchTest, ShellJoinQuotes) {
   EXPECT_EQ(ShellJoin({"a", "b c", "it's", "x=1", ""}), "a 'b c' 'it'\\''s' x=1 ''");
 }
