@@ -1,6 +1,7 @@
 #include "kiln/data/shard_io.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <random>
 #include <regex>
@@ -57,8 +58,8 @@ absl::Status ShardWriter::Write(std::string_view payload) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ShardEntry> ShardWriter::Finish() {
-  KILN_RETURN_IF_ERROR(out_->Sync());
+absl::StatusOr<ShardEntry> ShardWriter::Finish(bool sync) {
+  if (sync) KILN_RETURN_IF_ERROR(out_->Sync());
   KILN_RETURN_IF_ERROR(out_->Close());
   // No SyncDir per shard: WriteManifest's SyncDir at the end makes every rename durable, and
   // before that a lost rename only means the shard is rewritten on resume.
@@ -151,7 +152,8 @@ absl::StatusOr<std::vector<FinishedShard>> WriteShards(Env* env, const std::stri
                                                        const std::string& plan,
                                                        const std::vector<PlannedShard>& shards,
                                                        const ProduceShardFn& produce, int* kept,
-                                                       const std::function<void(size_t)>& on_kept) {
+                                                       const std::function<void(size_t)>& on_kept,
+                                                       double* sync_seconds) {
   KILN_RETURN_IF_ERROR(env->CreateDir(dir));
   const std::string manifest = JoinPath(dir, kManifestName);
   if (env->FileExists(manifest)) KILN_RETURN_IF_ERROR(env->DeleteFile(manifest));
@@ -160,6 +162,7 @@ absl::StatusOr<std::vector<FinishedShard>> WriteShards(Env* env, const std::stri
   KILN_RETURN_IF_ERROR(RemoveStaleShards(env, dir, names));
   std::vector<FinishedShard> out;
   int n_kept = 0;
+  std::vector<std::string> written;
   for (size_t i = 0; i < shards.size(); ++i) {
     KILN_ASSIGN_OR_RETURN(std::optional<FinishedShard> done,
                           LoadShardState(env, dir, shards[i].file, plan));
@@ -173,12 +176,27 @@ absl::StatusOr<std::vector<FinishedShard>> WriteShards(Env* env, const std::stri
                           ShardWriter::Create(env, dir, shards[i].file));
     FinishedShard f;
     KILN_RETURN_IF_ERROR(produce(i, *w, &f.state));
-    KILN_ASSIGN_OR_RETURN(f.entry, w->Finish());
+    KILN_ASSIGN_OR_RETURN(f.entry, w->Finish(/*sync=*/false));
+    written.push_back(JoinPath(dir, shards[i].file));
     f.entry.split = shards[i].split;
     KILN_RETURN_IF_ERROR(SaveShardState(env, dir, f.entry, plan, f.state));
     out.push_back(std::move(f));
   }
   if (kept != nullptr) *kept = n_kept;
+  // fsync on a new descriptor flushes the file's data written through the closed one.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<absl::Status> synced(written.size());
+  ParallelFor(std::min<int>(8, static_cast<int>(written.size())),
+              static_cast<int64_t>(written.size()), [&](int64_t i) {
+                absl::StatusOr<std::unique_ptr<WritableFile>> f =
+                    env->NewAppendableFile(written[i]);
+                synced[i] = f.ok() ? (*f)->Sync() : f.status();
+                if (f.ok() && synced[i].ok()) synced[i] = (*f)->Close();
+              });
+  for (const absl::Status& st : synced) KILN_RETURN_IF_ERROR(st);
+  if (sync_seconds != nullptr) {
+    *sync_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   return out;
 }
 

@@ -14,9 +14,10 @@
 //   "/train-00000-of-00002.tfrecord")); Example ex; while (true) { KILN_ASSIGN_OR_RETURN(bool got,
 //   r->Next(&ex)); if (!got) break; ... }
 //
-// A shard is written to ".NAME.partial" and renamed to NAME only after it is complete and
-// fsynced, so a kill leaves either no NAME or a whole one. Its state goes to
-// ".kiln-import/NAME.json" after the rename.
+// A shard is written to ".NAME.partial" and renamed to NAME only once it is complete, so a kill
+// leaves either no NAME or a whole one (WriteShards fsyncs the shards together at the end, before
+// the manifest; a power loss before that is caught by the CRC check on resume). Its state goes
+// to ".kiln-import/NAME.json" after the rename.
 #ifndef KILN_DATA_SHARD_IO_H_
 #define KILN_DATA_SHARD_IO_H_
 
@@ -46,8 +47,8 @@ class ShardWriter {
                                                              const std::string& file);
   // Appends one framed record.
   absl::Status Write(std::string_view payload);
-  // fsyncs, closes and renames the file into place; the entry has no split set.
-  absl::StatusOr<ShardEntry> Finish();
+  // fsyncs (unless !sync), closes and renames the file into place; the entry has no split set.
+  absl::StatusOr<ShardEntry> Finish(bool sync = true);
   int64_t examples() const { return examples_; }
 
  private:
@@ -84,7 +85,9 @@ absl::Status RemoveStaleShards(Env* env, const std::string& dir,
 // it is; every other one is written by produce(index, writer, &state) and then finished and its
 // state saved. Before that, DIR is created, an old dataset.json removed (the manifest is written
 // last, so its presence means a complete import) and RemoveStaleShards run. `kept` (optional)
-// receives how many shards were kept; on_kept(index) is called for each.
+// receives how many shards were kept; on_kept(index) is called for each. The shards written are
+// fsynced together at the end, in parallel (a crash before that only means rewrites on resume:
+// kept shards are re-verified); `sync_seconds` (optional) receives how long that took.
 struct PlannedShard {
   std::string file;
   std::string split;
@@ -94,7 +97,7 @@ using ProduceShardFn =
 absl::StatusOr<std::vector<FinishedShard>> WriteShards(
     Env* env, const std::string& dir, const std::string& plan,
     const std::vector<PlannedShard>& shards, const ProduceShardFn& produce, int* kept = nullptr,
-    const std::function<void(size_t)>& on_kept = nullptr);
+    const std::function<void(size_t)>& on_kept = nullptr, double* sync_seconds = nullptr);
 
 // How many shards a split of `examples` examples gets: the train split `requested` (at most
 // one per example), the held-out split ceil(requested * fraction) (at least 1), none if empty.

@@ -360,14 +360,19 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
               {"unk_tokens", unk}};
     return absl::OkStatus();
   };
-  KILN_ASSIGN_OR_RETURN(
-      std::vector<FinishedShard> finished,
-      WriteShards(env, o.out_dir, plan_fp, plan, produce, &summary.shards_kept, [&](size_t i) {
-        docs_done += static_cast<int64_t>(shard_docs[i].size());
-        if (progress) progress({"tokenize", docs_done, d, "documents"});
-      }));
+  double sync_seconds = 0;
+  KILN_ASSIGN_OR_RETURN(std::vector<FinishedShard> finished,
+                        WriteShards(
+                            env, o.out_dir, plan_fp, plan, produce, &summary.shards_kept,
+                            [&](size_t i) {
+                              docs_done += static_cast<int64_t>(shard_docs[i].size());
+                              if (progress) progress({"tokenize", docs_done, d, "documents"});
+                            },
+                            &sync_seconds));
 
   lap("tokenize and write");
+  summary.phase_seconds.back().second -= sync_seconds;
+  summary.phase_seconds.emplace_back("fsync shards", sync_seconds);
   KILN_ASSIGN_OR_RETURN(DatasetManifest m,
                         TextManifest(o, finished, *sp, source, summary.input_bytes, d, sample_size,
                                      model_crc, window));
