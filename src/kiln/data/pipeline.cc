@@ -19,6 +19,7 @@
 #include "kiln/base/status.h"
 #include "kiln/data/digits.h"
 #include "kiln/data/record_io.h"
+#include "kiln/data/record_source.h"
 #include "kiln/tensor/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -86,6 +87,9 @@ class Source {
   virtual const std::vector<int64_t>& file_starts() const { return no_starts_; }
   // Where example i's record is, for the state JSON ("" / 0 for in-memory sources).
   virtual std::pair<std::string, uint64_t> Location(int64_t) const { return {"", 0}; }
+  // Sources that come split (dataset: imports): the number of leading examples in "train"; the
+  // rest are "held_out". -1: the pipeline splits by HeldOutHash.
+  virtual int64_t presplit_train() const { return -1; }
 
  protected:
   int64_t size_ = 0;
@@ -347,6 +351,129 @@ absl::StatusOr<std::unique_ptr<Source>> MakeTextSource(const std::string& path, 
                            absl::StrCat("text|", bytes.size(), "|", Hex64(Fnv1a(bytes))));
 }
 
+// "dataset:DIR": a folder `kiln data import` wrote (record_source.h). Its train split's examples
+// come first, then its held_out split's (presplit_train: the pipeline keeps the import's split).
+// x and y by the manifest's kind:
+//   images, dicom  x = f32 [C*H*W]: the "image" feature's HWC bytes transposed to CHW (the layout
+//                  the cnn and vit models read) and normalized per channel with the manifest's
+//                  statistics, (v - mean[c]) / std[c] (std 0 -> 1); y = s32 label.
+//   csv            x = f32 [F]: every float32 feature but the label, in manifest order, each
+//                  normalized with its manifest statistics, (v - mean) / std (std 0 -> 1);
+//                  y = s32 label.
+//   text           x = s32 [L], y = s32 [L]: a record's L + 1 "tokens", shifted by one.
+class DatasetSource final : public Source {
+ public:
+  static absl::StatusOr<std::unique_ptr<Source>> Make(Env* env, const std::string& dir) {
+    auto s = std::unique_ptr<DatasetSource>(new DatasetSource());
+    s->dir_ = dir;
+    KILN_ASSIGN_OR_RETURN(s->train_, ExampleDataset::Open(env, dir, "train"));
+    absl::StatusOr<std::unique_ptr<ExampleDataset>> held =
+        ExampleDataset::Open(env, dir, "held_out");
+    if (held.ok()) s->held_ = *std::move(held);
+    const DatasetManifest& m = s->train_->manifest();
+    s->kind_ = m.kind;
+    s->n_train_ = s->train_->size();
+    s->size_ = s->n_train_ + (s->held_ ? s->held_->size() : 0);
+    if (m.kind == "images" || m.kind == "dicom") {
+      const FeatureSchema* f = m.FindFeature("image");
+      if (f == nullptr || f->shape.size() != 3)
+        return absl::DataLossError(dir + "/dataset.json: no [H, W, C] \"image\" feature");
+      s->hwc_ = f->shape;
+      const int64_t c = f->shape[2];
+      s->mean_.assign(c, 0.0);
+      s->inv_std_.assign(c, 1.0);
+      const nlohmann::json& st = m.statistics.value("image", nlohmann::json::object());
+      if (st.contains("mean") && st.contains("std") &&
+          st["mean"].size() == static_cast<size_t>(c)) {
+        for (int64_t k = 0; k < c; ++k) {
+          s->mean_[k] = st["mean"][k].get<double>();
+          const double sd = st["std"][k].get<double>();
+          s->inv_std_[k] = sd > 0 ? 1.0 / sd : 1.0;
+        }
+      }
+      s->x_spec_ = {DType::kF32, Shape{f->shape[0] * f->shape[1] * c}};
+      s->y_spec_ = {DType::kS32, Shape{}};
+    } else if (m.kind == "csv") {
+      for (const FeatureSchema& f : m.features) {
+        if (f.name == m.label_feature || f.dtype != "float32" || !f.shape.empty()) continue;
+        s->columns_.push_back(f.name);
+        const nlohmann::json& st = m.statistics.value(f.name, nlohmann::json::object());
+        double mean = 0, sd = 0;
+        if (st.contains("mean") && st.contains("std") && !st["mean"].empty()) {
+          mean = st["mean"][0].get<double>();
+          sd = st["std"][0].get<double>();
+        }
+        s->mean_.push_back(mean);
+        s->inv_std_.push_back(sd > 0 ? 1.0 / sd : 1.0);
+      }
+      if (s->columns_.empty())
+        return absl::DataLossError(dir + "/dataset.json: no float32 feature to train on");
+      s->x_spec_ = {DType::kF32, Shape{static_cast<int64_t>(s->columns_.size())}};
+      s->y_spec_ = {DType::kS32, Shape{}};
+    } else if (m.kind == "text") {
+      const FeatureSchema* f = m.FindFeature("tokens");
+      if (f == nullptr || f->shape.size() != 1 || f->shape[0] < 2)
+        return absl::DataLossError(dir + "/dataset.json: no [L + 1] \"tokens\" feature");
+      s->x_spec_ = {DType::kS32, Shape{f->shape[0] - 1}};
+      s->y_spec_ = {DType::kS32, Shape{f->shape[0] - 1}};
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset:", dir, ": a dataset of kind '", m.kind, "' cannot be trained on"));
+    }
+    if (m.kind != "text" && m.label_feature.empty())
+      return absl::InvalidArgumentError(absl::StrCat("dataset:", dir, " has no label feature"));
+    return std::unique_ptr<Source>(std::move(s));
+  }
+
+  int64_t presplit_train() const override { return n_train_; }
+
+  absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst) override {
+    const ExampleDataset& ds = i < n_train_ ? *train_ : *held_;
+    KILN_ASSIGN_OR_RETURN(ExampleBatch b, ds.ReadBatch({i < n_train_ ? i : i - n_train_}));
+    float* x = reinterpret_cast<float*>(x_dst);
+    int32_t* y = reinterpret_cast<int32_t*>(y_dst);
+    const DatasetManifest& m = train_->manifest();
+    if (kind_ == "text") {
+      const Tensor& t = b.tensors.at("tokens");
+      const int64_t* v = t.data<int64_t>();
+      const int64_t l = y_spec_.shape.num_elements();
+      for (int64_t k = 0; k < l; ++k) {
+        reinterpret_cast<int32_t*>(x_dst)[k] = static_cast<int32_t>(v[k]);
+        y[k] = static_cast<int32_t>(v[k + 1]);
+      }
+      return absl::OkStatus();
+    }
+    *y = static_cast<int32_t>(b.tensors.at(m.label_feature).data<int64_t>()[0]);
+    if (!columns_.empty()) {
+      for (size_t k = 0; k < columns_.size(); ++k) {
+        const double v = b.tensors.at(columns_[k]).data<float>()[0];
+        x[k] = static_cast<float>((v - mean_[k]) * inv_std_[k]);
+      }
+      return absl::OkStatus();
+    }
+    const uint8_t* px = b.tensors.at("image").data<uint8_t>();
+    const int64_t h = hwc_[0], w = hwc_[1], c = hwc_[2];
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < h * w; ++p)
+        x[ch * h * w + p] = static_cast<float>((px[p * c + ch] - mean_[ch]) * inv_std_[ch]);
+    return absl::OkStatus();
+  }
+
+  std::string FingerprintMaterial() const override {
+    return absl::StrCat("dataset|", train_->manifest().source_fingerprint, "|", size_, "|",
+                        x_spec_.ToString(), "|", y_spec_.ToString());
+  }
+
+ private:
+  DatasetSource() = default;
+  std::string dir_, kind_;
+  std::unique_ptr<ExampleDataset> train_, held_;
+  int64_t n_train_ = 0;
+  std::vector<int64_t> hwc_;
+  std::vector<double> mean_, inv_std_;
+  std::vector<std::string> columns_;
+};
+
 absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& source,
                                                           int64_t seq_len, Env* env) {
   const size_t colon = source.find(':');
@@ -356,7 +483,7 @@ absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& sou
     return absl::InvalidArgumentError(
         absl::StrCat("data source \"", source,
                      "\": expected \"safetensors:PATH\", \"records:GLOB_OR_DIR\", "
-                     "\"digits:PATH\", \"csv:PATH\" or \"text:PATH\""));
+                     "\"dataset:DIR\", \"digits:PATH\", \"csv:PATH\" or \"text:PATH\""));
   if (kind == "safetensors") {
     KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
     KILN_ASSIGN_OR_RETURN(auto tensors, ParseSafetensors(bytes, nullptr, path));
@@ -375,10 +502,11 @@ absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& sou
     return ArraySource::Make(d.features, d.labels, path, kind == "csv" ? "csv" : "");
   }
   if (kind == "records") return RecordSource::Make(env, path);
+  if (kind == "dataset") return DatasetSource::Make(env, path);
   if (kind == "text") return MakeTextSource(path, seq_len, env);
   return absl::InvalidArgumentError(
       absl::StrCat("data source \"", source, "\": unknown kind \"", kind,
-                   "\" (allowed: safetensors, records, digits, csv, text)"));
+                   "\" (allowed: safetensors, records, dataset, digits, csv, text)"));
 }
 
 }  // namespace
@@ -625,12 +753,18 @@ absl::Status CheckConfig(const PipelineConfig& config) {
 
 // The global indices of the examples of this host's share of config.split, in source order (csv:
 // sources: in the order of their permuted split, data::SplitExampleIndices).
-absl::StatusOr<std::vector<int64_t>> SelectExamples(const PipelineConfig& config, int64_t n) {
+absl::StatusOr<std::vector<int64_t>> SelectExamples(const PipelineConfig& config,
+                                                    const Source& source) {
+  const int64_t n = source.size();
   const bool want_held_out = config.split == "held_out";
   std::vector<int64_t> ids;
   auto keep = [&](int64_t i) {
     if (i % config.num_shards == config.shard_index) ids.push_back(i);
   };
+  if (const int64_t n_train = source.presplit_train(); n_train >= 0) {  // the import's split
+    for (int64_t i = want_held_out ? n_train : 0; i < (want_held_out ? n : n_train); ++i) keep(i);
+    return ids;
+  }
   if (IsCsv(config)) {
     KILN_ASSIGN_OR_RETURN(SplitIndices split,
                           SplitExampleIndices(n, config.held_out_fraction, config.split_seed));
@@ -654,7 +788,7 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const Pipel
   impl->env = env;
   KILN_ASSIGN_OR_RETURN(impl->source, MakeExampleSource(config.source, config.seq_len, env));
   const Source& src = *impl->source;
-  KILN_ASSIGN_OR_RETURN(impl->ids, SelectExamples(config, src.size()));
+  KILN_ASSIGN_OR_RETURN(impl->ids, SelectExamples(config, src));
   const int64_t m = impl->M();
   const std::string what = absl::StrCat(config.source, " (split ", config.split, ", shard ",
                                         config.shard_index, " of ", config.num_shards, ")");

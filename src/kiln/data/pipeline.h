@@ -26,6 +26,12 @@
 //                       "x" and "y" WITHOUT the example dimension (docs/formats.md "Dataset
 //                       records and iterator state"). All records must have the same dtypes and
 //                       shapes as the first one.
+//   "dataset:DIR"       a folder `kiln data import` wrote (record_source.h; docs/data.md "Training
+//                       on an imported dataset"): its train split's examples, then its held_out
+//                       split's, and the pipeline keeps that split (held_out_fraction does not
+//                       apply). Images/DICOM: x f32 [C*H*W] (CHW, normalized per channel by the
+//                       manifest's statistics); CSV: x f32 [F] (float columns z-scored); y s32
+//                       the label. Text: x, y s32 [L] from each record's L + 1 tokens.
 //   "digits:PATH"       the digits CSV (digits.h): x f32 [N, 64], y s32 [N].
 //   "csv:PATH"          the same file, split and batched as a trainer's plain CSV path always was
 //                       (source.h): the held-out split is data::SplitDataset's (the first
@@ -101,7 +107,8 @@
 namespace kiln::data {
 
 struct PipelineConfig {
-  // "safetensors:PATH", "records:GLOB_OR_DIR", "digits:PATH", "csv:PATH" or "text:PATH" (see
+  // "safetensors:PATH", "records:GLOB_OR_DIR", "dataset:DIR", "digits:PATH", "csv:PATH" or
+  // "text:PATH" (see
   // the top of this file).
   std::string source;
   int64_t seq_len = 0;  // text: sources only: tokens per example window (required, >= 1)

@@ -1,14 +1,18 @@
 #include "kiln/data/pipeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/base/mem_env.h"
+#include "kiln/data/csv_import.h"
+#include "kiln/data/import_util.h"
 #include "kiln/data/record_io.h"
 #include "kiln/tensor/safetensors.h"
 
@@ -583,6 +587,66 @@ TEST_F(PipelineTest, TextSourceErrors) {
   c = Config("text:/d/missing.txt", 1);
   c.seq_len = 8;
   EXPECT_EQ(InputPipeline::Create(c, env_.get()).status().code(), absl::StatusCode::kNotFound);
+}
+
+// dataset: sources read what `kiln data import` wrote, keeping its split: a CSV import's float
+// columns become x, its label y, and the held-out split is the import's.
+TEST(DatasetSourceTest, ReadsAnImportedCsvWithItsSplit) {
+  MemEnv env;
+  std::string csv;
+  for (int r = 0; r < 40; ++r)
+    absl::StrAppend(&csv, r, ",", 100 + r, ",", r % 3 == 0 ? "b" : "a", "\n");
+  ASSERT_TRUE(env.CreateDir("/in").ok());
+  ASSERT_TRUE(WriteStringToFile(&env, csv, "/in/rows.csv").ok());
+  ASSERT_TRUE(WriteStringToFile(&env,
+                                "header: false\nlabel: y\ncolumns:\n  - {name: u, type: numeric}\n"
+                                "  - {name: v, type: numeric}\n  - {name: y, type: categorical}\n",
+                                "/in/schema.yaml")
+                  .ok());
+  CsvImportOptions o;
+  o.file = "/in/rows.csv";
+  o.schema = "/in/schema.yaml";
+  o.out_dir = "/ds";
+  o.shards = 2;
+  o.held_out = 0.25;
+  o.threads = 1;
+  absl::StatusOr<ImportSummary> s = ImportCsv(&env, o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::set<float> seen;
+  const double mean_u = 19.5;  // of 0..39 (population std, as the import's statistics)
+  double std_u = 0;
+  for (int r = 0; r < 40; ++r) std_u += (r - mean_u) * (r - mean_u) / 40;
+  std_u = std::sqrt(std_u);
+  for (const char* split : {"train", "held_out"}) {
+    PipelineConfig c;
+    c.source = "dataset:/ds";
+    c.batch_size = 5;
+    c.shuffle = false;
+    c.prefetch = 0;
+    c.split = split;
+    auto p = InputPipeline::Create(c, &env);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ((*p)->examples_per_epoch(), std::string(split) == "train" ? 30 : 10);
+    EXPECT_EQ((*p)->feature_type().ToString(), "f32[5,2]");
+    EXPECT_EQ((*p)->label_type().ToString(), "s32[5]");
+    Tensor x(DType::kF32, Shape{5, 2}), y(DType::kS32, Shape{5});
+    for (int64_t b = 0; b < (*p)->batches_per_epoch(); ++b) {
+      ASSERT_TRUE((*p)->Next(x, y).ok());
+      for (int i = 0; i < 5; ++i) {
+        // Columns are z-scored with the import's statistics: u and v = u + 100 have the same
+        // std and means 100 apart, so they normalize alike; undo it for the row number.
+        const float zu = x.data<float>()[2 * i], zv = x.data<float>()[2 * i + 1];
+        EXPECT_NEAR(zu, zv, 1e-5);
+        const float u = std::round(zu * std_u + mean_u);
+        EXPECT_EQ(y.data<int32_t>()[i], static_cast<int>(u) % 3 == 0 ? 1 : 0) << "row " << u;
+        EXPECT_TRUE(seen.insert(u).second) << "row " << u << " in both splits";
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), 40u);
+  PipelineConfig bad;
+  bad.source = "dataset:/nowhere";
+  EXPECT_FALSE(InputPipeline::Create(bad, &env).ok());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
+#include "kiln/data/dataset_manifest.h"
 #include "kiln/data/pipeline.h"
 
 namespace kiln::data {
@@ -189,6 +190,14 @@ absl::StatusOr<TrainSource> OpenPipeline(const SourceConfig& c, bool with_train,
   d.shape.num_classes = c.num_classes;
   if (lm) {
     d.shape.num_classes = c.vocab_size;
+  } else if (d.shape.num_classes == 0 && c.source.rfind("dataset:", 0) == 0) {
+    // An imported dataset names its classes.
+    KILN_ASSIGN_OR_RETURN(DatasetManifest m, ReadManifest(env, c.source.substr(8)));
+    d.shape.num_classes = static_cast<int64_t>(m.label_vocabulary.size());
+    if (d.shape.num_classes == 0) {
+      return absl::InvalidArgumentError("data.num_classes: " + c.source +
+                                        " has no label vocabulary: set data.num_classes");
+    }
   } else if (d.shape.num_classes == 0) {
     if (c.source.rfind("digits:", 0) != 0) {
       return absl::InvalidArgumentError(
@@ -204,7 +213,8 @@ absl::StatusOr<TrainSource> OpenPipeline(const SourceConfig& c, bool with_train,
 
 bool IsPlainCsvPath(const std::string& s) {
   return !(s.rfind("digits:", 0) == 0 || s.rfind("records:", 0) == 0 ||
-           s.rfind("safetensors:", 0) == 0 || s.rfind("text:", 0) == 0);
+           s.rfind("dataset:", 0) == 0 || s.rfind("safetensors:", 0) == 0 ||
+           s.rfind("text:", 0) == 0);
 }
 
 absl::StatusOr<TrainSource> MakeSource(const SourceConfig& config, bool with_train, Env* env) {

@@ -500,7 +500,7 @@ absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
   namespace fs = std::filesystem;
   std::error_code ec;
   std::string prefix, file = c->data.source;
-  for (const char* p : {"digits:", "safetensors:", "records:", "text:"}) {
+  for (const char* p : {"digits:", "safetensors:", "records:", "dataset:", "text:"}) {
     if (file.rfind(p, 0) == 0) {
       prefix = p;
       file = file.substr(prefix.size());
