@@ -108,8 +108,7 @@ namespace kiln::data {
 
 struct PipelineConfig {
   // "safetensors:PATH", "records:GLOB_OR_DIR", "dataset:DIR", "digits:PATH", "csv:PATH" or
-  // "text:PATH" (see
-  // the top of this file).
+  // "text:PATH" (see the top of this file).
   std::string source;
   int64_t seq_len = 0;  // text: sources only: tokens per example window (required, >= 1)
   int64_t batch_size = 32;
