@@ -297,6 +297,8 @@ DataCommands::DataCommands(CLI::App& app) {
       ->capture_default_str();
   text_->add_flag("--quiet", quiet_, "No progress output");
 
+  AddDicom(import);
+
   inspect_ =
       data_->add_subcommand("inspect", "Verify a dataset's shards and print its manifest summary");
   inspect_->add_option("dir", inspect_dir_, "Dataset folder (holding dataset.json)")->required();
@@ -341,6 +343,7 @@ int DataCommands::Run(std::ostream& out, std::ostream& err) {
     PrintSummary(out, text_opts_.out_dir, *r, seconds(), "tokens");
     return 0;
   }
+  if (dicom_ != nullptr && *dicom_) return RunDicom(out, err, progress, tty);
   if (*inspect_) {
     absl::Status s = InspectDataset(inspect_dir_, !inspect_no_verify_, out);
     if (!s.ok()) {
@@ -351,5 +354,74 @@ int DataCommands::Run(std::ostream& out, std::ostream& err) {
   }
   return -1;
 }
+
+#ifdef KILN_HAVE_GDCM
+void DataCommands::AddDicom(CLI::App* import) {
+  dicom_ = import->add_subcommand(
+      "dicom", "DICOM files (GDCM: every transfer syntax it decodes) to fixed-size 8-bit pixels");
+  dicom_->add_option("src", dicom_opts_.src_dir, "Folder of DICOM files (any layout)")->required();
+  dicom_->add_option("--out", dicom_opts_.out_dir, "Dataset folder to write")->required();
+  dicom_->add_option("--size", dicom_size_, "Output HxW in pixels (e.g. 128x128)")->required();
+  dicom_->add_option("--channels", dicom_opts_.channels, "1 (gray) or 3 (RGB)")
+      ->capture_default_str();
+  dicom_->add_option("--resize", dicom_opts_.resize, "crop or fit (as for images)")
+      ->capture_default_str();
+  dicom_
+      ->add_option("--label-tag", dicom_opts_.label_tag,
+                   "Header tag GGGG,EEEE whose value is the label (default: Modality)")
+      ->capture_default_str();
+  dicom_->add_option("--labels", dicom_opts_.labels_csv,
+                     "CSV of 'relative path,label' lines instead of a tag (unnamed files ignored)");
+  dicom_->add_option("--window", window_,
+                     "C,W: the window applied to modality values (default: the file's, else "
+                     "each frame's own range)");
+  dicom_->add_option("--frames", dicom_opts_.frames, "first, or all (one example per frame)")
+      ->capture_default_str();
+  dicom_->add_option("--shards", dicom_opts_.shards, "Shards of the train split")
+      ->capture_default_str();
+  dicom_->add_option("--held-out", dicom_opts_.held_out, "Fraction of the examples in held_out")
+      ->capture_default_str();
+  dicom_->add_option("--seed", dicom_opts_.seed, "Seed of the split permutation")
+      ->capture_default_str();
+  dicom_->add_option("--threads", dicom_opts_.threads, "Decoding threads (0: all cores)")
+      ->capture_default_str();
+  dicom_
+      ->add_option("--on-error", dicom_opts_.on_error,
+                   "fail: stop at the first file GDCM cannot read; skip: list it and go on")
+      ->capture_default_str();
+  dicom_->add_flag("--quiet", quiet_, "No progress output");
+}
+
+int DataCommands::RunDicom(std::ostream& out, std::ostream& err, const data::ProgressFn& progress,
+                           bool tty) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = ParseSize(dicom_size_, &dicom_opts_.height, &dicom_opts_.width);
+  if (s.ok() && !window_.empty()) {
+    std::vector<std::string> cw = absl::StrSplit(window_, ',');
+    double c = 0, w = 0;
+    if (cw.size() != 2 || !absl::SimpleAtod(cw[0], &c) || !absl::SimpleAtod(cw[1], &w)) {
+      s = absl::InvalidArgumentError("--window must be C,W (e.g. 40,400), not '" + window_ + "'");
+    } else {
+      dicom_opts_.window_center = c;
+      dicom_opts_.window_width = w;
+    }
+  }
+  absl::StatusOr<data::ImportSummary> r =
+      s.ok() ? data::ImportDicom(Env::Default(), dicom_opts_, progress) : s;
+  if (!r.ok()) {
+    err << (tty ? "\n" : "") << "kiln data import dicom: " << r.status().message() << "\n";
+    return 1;
+  }
+  PrintSummary(out, dicom_opts_.out_dir, *r,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               "images");
+  return 0;
+}
+#else
+void DataCommands::AddDicom(CLI::App*) {}
+int DataCommands::RunDicom(std::ostream&, std::ostream&, const data::ProgressFn&, bool) {
+  return -1;
+}
+#endif
 
 }  // namespace kiln::cli

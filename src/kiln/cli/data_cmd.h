@@ -1,5 +1,6 @@
-// `kiln data import images|csv|text ...` and `kiln data inspect DIR` (docs/data.md): converters
-// from user data to record shards plus dataset.json (src/kiln/data/), with a progress bar.
+// `kiln data import images|csv|text|dicom ...` and `kiln data inspect DIR` (docs/data.md):
+// converters from user data to record shards plus dataset.json (src/kiln/data/), with a progress
+// bar.
 //
 // app.cc registers them like the other commands:
 //
@@ -15,6 +16,9 @@
 
 #include "CLI/CLI.hpp"
 #include "kiln/data/csv_import.h"
+#ifdef KILN_HAVE_GDCM
+#include "kiln/data/dicom/dicom_import.h"
+#endif
 #include "kiln/data/image_import.h"
 #include "kiln/data/text_import.h"
 
@@ -33,11 +37,18 @@ class DataCommands {
   CLI::App* images_ = nullptr;
   CLI::App* csv_ = nullptr;
   CLI::App* text_ = nullptr;
+  CLI::App* dicom_ = nullptr;  // null in a kiln built without GDCM
   CLI::App* inspect_ = nullptr;
   data::ImageImportOptions image_opts_;
   std::string size_;
   data::CsvImportOptions csv_opts_;
   data::TextImportOptions text_opts_;
+#ifdef KILN_HAVE_GDCM
+  data::DicomImportOptions dicom_opts_;
+  std::string dicom_size_, window_;
+#endif
+  void AddDicom(CLI::App* import);
+  int RunDicom(std::ostream& out, std::ostream& err, const data::ProgressFn& progress, bool tty);
   std::string inspect_dir_;
   bool inspect_no_verify_ = false;
   bool quiet_ = false;
