@@ -44,6 +44,8 @@ TEST_PKGS=(
   clang-format           # make format-check, run by CI
   slurmctld slurmd slurm-client munge  # the Slurm test starts a private one-node cluster
   prometheus             # a real Prometheus scrapes kiln serve in serve_prometheus
+  curl                   # the kiln serve process tests talk HTTP with it
+  iproute2               # ip netns: the multi-host tests' namespace hosts
   python3-pydicom        # real DICOM files in many transfer syntaxes for dicom_import_test
 )
 

@@ -18,6 +18,10 @@ for b in munged mungekey slurmctld slurmd srun scontrol sinfo; do
   command -v "$b" >/dev/null 2>&1 || { echo "slurm: $b not found: skipped"; exit 77; }
 done
 [ "$(id -u)" -eq 0 ] || { echo "slurm: needs root: skipped"; exit 77; }
+# slurmd 22.05 sets up its cgroup plugin whatever the config says (multihost.md §4): a chroot
+# or container without /sys/fs/cgroup cannot run it.
+mountpoint -q /sys/fs/cgroup 2>/dev/null ||
+  { echo "slurm: no cgroup file system at /sys/fs/cgroup (slurmd needs one): skipped"; exit 77; }
 fail() {
   echo "slurm: FAILED: $*"
   exit 1
