@@ -18,6 +18,7 @@
 #include "kiln/data/example_proto.h"
 #include "kiln/data/image_codec.h"
 #include "kiln/data/image_transform.h"
+#include "kiln/data/labeled_import.h"
 #include "kiln/data/shard_io.h"
 
 namespace kiln::data {
@@ -87,16 +88,8 @@ absl::Status CheckOptions(const ImageImportOptions& o) {
   return absl::OkStatus();
 }
 
-// One decoded file: its record (empty on error), its CRC, its pixel statistics.
-struct Decoded {
-  std::string payload;
-  std::string error;
-  uint32_t crc = 0;
-  ChannelStats stats;
-};
-
-Decoded DecodeOne(Env* env, const ImageImportOptions& o, const SourceFile& f) {
-  Decoded d;
+LabeledDecode DecodeOne(Env* env, const ImageImportOptions& o, const SourceFile& f) {
+  LabeledDecode d;
   d.stats = ChannelStats(o.channels);
   absl::StatusOr<std::string> bytes = ReadFileToString(env, JoinPath(o.src_dir, f.rel));
   if (!bytes.ok()) {
@@ -135,12 +128,10 @@ std::string PlanFingerprint(const ImageImportOptions& o, const std::vector<Sourc
   return Hex64(h);
 }
 
-// The manifest, from every shard's state in plan order.
-absl::StatusOr<DatasetManifest> ImageManifest(const ImageImportOptions& o,
-                                              const std::vector<std::string>& labels,
-                                              const std::vector<SourceFile>& files,
-                                              const std::vector<FinishedShard>& finished,
-                                              uint64_t input_bytes) {
+// The manifest: what the shards hold, where they came from, how they were made.
+DatasetManifest ImageManifest(const ImageImportOptions& o, const std::vector<std::string>& labels,
+                              const std::vector<SourceFile>& files, const LabeledShards& written,
+                              uint64_t input_bytes) {
   DatasetManifest m;
   m.kind = "images";
   m.features = {{"image", "uint8", {o.height, o.width, o.channels}, "pixels, HWC row-major"},
@@ -148,32 +139,13 @@ absl::StatusOr<DatasetManifest> ImageManifest(const ImageImportOptions& o,
                 {"path", "string", {}, "source file relative to the import folder"}};
   m.label_feature = "label";
   m.label_vocabulary = labels;
-  ChannelStats stats(o.channels);
-  nlohmann::json label_counts = nlohmann::json::object();
-  std::map<std::string, uint32_t> crc_of;
-  try {
-    for (const FinishedShard& f : finished) {
-      stats.Merge(ChannelStats::FromPartialJson(f.state.at("stats")));
-      std::vector<int64_t> c = f.state.at("label_counts").get<std::vector<int64_t>>();
-      if (!label_counts.contains(f.entry.split)) {
-        label_counts[f.entry.split] = std::vector<int64_t>(labels.size(), 0);
-      }
-      for (size_t i = 0; i < c.size() && i < labels.size(); ++i) {
-        label_counts[f.entry.split][i] = label_counts[f.entry.split][i].get<int64_t>() + c[i];
-      }
-      for (const auto& [rel, crc] : f.state.at("crc32c").items()) crc_of[rel] = crc.get<uint32_t>();
-      for (const auto& s : f.state.at("skipped")) m.skipped.push_back(s);
-      m.shards.push_back(f.entry);
-    }
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat("import state in ", o.out_dir, "/", kImportStateDir,
-                                            " is malformed: ", e.what(), " (delete it and rerun)"));
-  }
-  m.statistics["image"] = stats.Summary();
-  m.statistics["label"] = {{"counts", label_counts}};
+  written.FillManifest(&m);
   uint64_t fp = Fnv1a64("images\n");
   for (const SourceFile& f : files) {
-    fp = Fnv1a64(absl::StrCat(f.rel, "\t", f.size, "\t", Hex32(crc_of[f.rel]), "\n"), fp);
+    auto crc = written.crc_of.find(f.rel);
+    fp = Fnv1a64(absl::StrCat(f.rel, "\t", f.size, "\t",
+                              Hex32(crc == written.crc_of.end() ? 0 : crc->second), "\n"),
+                 fp);
   }
   m.source_fingerprint = Hex64(fp);
   m.source_files = static_cast<int64_t>(files.size());
@@ -216,69 +188,25 @@ absl::StatusOr<ImportSummary> ImportImages(Env* env, const ImageImportOptions& o
             [](const SourceFile& a, const SourceFile& b) { return a.rel < b.rel; });
   for (const SourceFile& f : files) summary.input_bytes += f.size;
 
-  const ShardPlan split =
-      PlanSplits(static_cast<int64_t>(files.size()), o.held_out, o.shards, o.seed);
-  const std::vector<PlannedShard>& plan = split.shards;
-  const std::vector<std::vector<int64_t>>& shard_items = split.items;
-  const std::string plan_fp = PlanFingerprint(o, files, labels);
-  const int threads = ResolveThreads(o.threads);
-
-  int64_t done = 0;
-  const int64_t total = static_cast<int64_t>(files.size());
-  auto report = [&] {
-    if (progress) progress({"decode", done, total, "images"});
-  };
-  auto produce = [&](size_t index, ShardWriter& w, nlohmann::json* state) -> absl::Status {
-    const std::vector<int64_t>& items = shard_items[index];
-    ChannelStats stats(o.channels);
-    std::vector<int64_t> label_counts(labels.size(), 0);
-    nlohmann::json crcs = nlohmann::json::object(), skipped = nlohmann::json::array();
-    const int64_t block = 32 * threads;
-    for (int64_t b = 0; b < static_cast<int64_t>(items.size()); b += block) {
-      const int64_t n = std::min<int64_t>(block, items.size() - b);
-      std::vector<Decoded> out(n);
-      ParallelFor(threads, n, [&](int64_t i) { out[i] = DecodeOne(env, o, files[items[b + i]]); });
-      for (int64_t i = 0; i < n; ++i) {
-        const SourceFile& f = files[items[b + i]];
-        crcs[f.rel] = out[i].crc;
-        if (!out[i].error.empty()) {
-          if (o.on_error == "fail") {
-            return absl::InvalidArgumentError(
-                absl::StrCat(out[i].error, " (--on-error skip skips such files)"));
-          }
-          KILN_LOG(WARNING) << "skipping " << out[i].error;
-          skipped.push_back({{"file", f.rel}, {"error", out[i].error}});
-          continue;
-        }
-        KILN_RETURN_IF_ERROR(w.Write(out[i].payload));
-        stats.Merge(out[i].stats);
-        ++label_counts[f.label];
-      }
-      done += n;
-      report();
-    }
-    (*state)["stats"] = stats.ToPartialJson();
-    (*state)["label_counts"] = label_counts;
-    (*state)["crc32c"] = crcs;
-    (*state)["skipped"] = skipped;
-    return absl::OkStatus();
-  };
-  report();
-  KILN_ASSIGN_OR_RETURN(
-      std::vector<FinishedShard> finished,
-      WriteShards(env, o.out_dir, plan_fp, plan, produce, &summary.shards_kept, [&](size_t i) {
-        done += static_cast<int64_t>(shard_items[i].size());
-        report();
-      }));
-
-  KILN_ASSIGN_OR_RETURN(DatasetManifest m,
-                        ImageManifest(o, labels, files, finished, summary.input_bytes));
+  LabeledImport li;
+  li.out_dir = o.out_dir;
+  li.items = static_cast<int64_t>(files.size());
+  li.num_labels = labels.size();
+  li.channels = o.channels;
+  li.shards = o.shards;
+  li.held_out = o.held_out;
+  li.seed = o.seed;
+  li.threads = ResolveThreads(o.threads);
+  li.on_error = o.on_error;
+  li.plan_fingerprint = PlanFingerprint(o, files, labels);
+  li.key = [&](int64_t i) { return files[i].rel; };
+  li.label = [&](int64_t i) { return files[i].label; };
+  li.decode = [&](int64_t i) { return DecodeOne(env, o, files[i]); };
+  KILN_ASSIGN_OR_RETURN(LabeledShards written, WriteLabeledShards(env, li, progress));
+  summary.shards_kept = written.kept;
+  const DatasetManifest m = ImageManifest(o, labels, files, written, summary.input_bytes);
   KILN_RETURN_IF_ERROR(WriteManifest(env, o.out_dir, m));
-  summary.shards = static_cast<int>(m.shards.size());
-  summary.splits = m.SplitExamples();
-  for (const auto& [split, n] : summary.splits) summary.examples += n;
-  summary.skipped = static_cast<int64_t>(m.skipped.size());
-  summary.units = summary.examples;
+  SummarizeManifest(m, &summary);
   return summary;
 }
 

@@ -31,6 +31,7 @@
 #include "kiln/data/example_proto.h"
 #include "kiln/data/image_codec.h"
 #include "kiln/data/image_transform.h"
+#include "kiln/data/labeled_import.h"
 #include "kiln/data/shard_io.h"
 
 namespace kiln::data {
@@ -267,14 +268,8 @@ absl::StatusOr<Frame> DecodeFrame(const std::string& bytes, const std::string& r
   return f;
 }
 
-struct Decoded {
-  std::string payload, error;
-  uint32_t crc = 0;
-  ChannelStats stats;
-};
-
-Decoded DecodeOne(Env* env, const DicomImportOptions& o, const Item& item) {
-  Decoded d;
+LabeledDecode DecodeOne(Env* env, const DicomImportOptions& o, const Item& item) {
+  LabeledDecode d;
   d.stats = ChannelStats(o.channels);
   absl::StatusOr<std::string> bytes = ReadFileToString(env, JoinPath(o.src_dir, item.rel));
   if (!bytes.ok()) {
@@ -403,69 +398,26 @@ absl::StatusOr<ImportSummary> ImportDicom(Env* env, const DicomImportOptions& o,
   nlohmann::json plan_skipped = nlohmann::json::array();
   KILN_RETURN_IF_ERROR(PlanItems(env, o, threads, &items, &labels, &plan_skipped, &summary));
 
-  std::mt19937_64 rng(o.seed);
-  const std::vector<int64_t> perm = Permutation(static_cast<int64_t>(items.size()), rng);
-  const int64_t n_held = std::llround(o.held_out * static_cast<double>(items.size()));
-  std::map<std::string, std::vector<int64_t>> split_items;
-  split_items["held_out"].assign(perm.begin(), perm.begin() + n_held);
-  split_items["train"].assign(perm.begin() + n_held, perm.end());
-  std::vector<PlannedShard> plan;
-  std::vector<std::vector<int64_t>> shard_items;
-  for (const char* split : {"train", "held_out"}) {
-    const std::vector<int64_t>& in = split_items[split];
-    const int64_t m = static_cast<int64_t>(in.size());
-    const int count = ShardCount(m, o.shards, o.held_out, std::string(split) == "train");
-    for (int k = 0; k < count; ++k) {
-      plan.push_back({ShardFileName(split, k, count), split});
-      shard_items.emplace_back(in.begin() + k * m / count, in.begin() + (k + 1) * m / count);
-    }
-  }
-  const std::string plan_fp = PlanFingerprint(o, items, labels);
-  int64_t done = 0;
-  const int64_t total = static_cast<int64_t>(items.size());
-  auto report = [&] {
-    if (progress) progress({"decode", done, total, "images"});
+  LabeledImport li;
+  li.out_dir = o.out_dir;
+  li.items = static_cast<int64_t>(items.size());
+  li.num_labels = labels.size();
+  li.channels = o.channels;
+  li.shards = o.shards;
+  li.held_out = o.held_out;
+  li.seed = o.seed;
+  li.threads = threads;
+  li.on_error = o.on_error;
+  li.block_per_thread = 16;
+  li.plan_fingerprint = PlanFingerprint(o, items, labels);
+  li.key = [&](int64_t i) { return items[i].rel; };
+  li.label = [&](int64_t i) { return items[i].label; };
+  li.decode = [&](int64_t i) { return DecodeOne(env, o, items[i]); };
+  li.skip_entry = [&](int64_t i, const std::string& error) {
+    return nlohmann::json{{"file", items[i].rel}, {"frame", items[i].frame}, {"error", error}};
   };
-  auto produce = [&](size_t index, ShardWriter& w, nlohmann::json* state) -> absl::Status {
-    const std::vector<int64_t>& mine = shard_items[index];
-    ChannelStats stats(o.channels);
-    std::vector<int64_t> label_counts(labels.size(), 0);
-    nlohmann::json crcs = nlohmann::json::object(), skipped = nlohmann::json::array();
-    const int64_t block = 16 * threads;
-    for (int64_t b = 0; b < static_cast<int64_t>(mine.size()); b += block) {
-      const int64_t n = std::min<int64_t>(block, mine.size() - b);
-      std::vector<Decoded> out(n);
-      ParallelFor(threads, n, [&](int64_t i) { out[i] = DecodeOne(env, o, items[mine[b + i]]); });
-      for (int64_t i = 0; i < n; ++i) {
-        const Item& it = items[mine[b + i]];
-        crcs[it.rel] = out[i].crc;
-        if (!out[i].error.empty()) {
-          if (o.on_error == "fail")
-            return absl::InvalidArgumentError(out[i].error + " (--on-error skip skips such files)");
-          KILN_LOG(WARNING) << "skipping " << out[i].error;
-          skipped.push_back({{"file", it.rel}, {"frame", it.frame}, {"error", out[i].error}});
-          continue;
-        }
-        KILN_RETURN_IF_ERROR(w.Write(out[i].payload));
-        stats.Merge(out[i].stats);
-        ++label_counts[it.label];
-      }
-      done += n;
-      report();
-    }
-    (*state)["stats"] = stats.ToPartialJson();
-    (*state)["label_counts"] = label_counts;
-    (*state)["crc32c"] = crcs;
-    (*state)["skipped"] = skipped;
-    return absl::OkStatus();
-  };
-  report();
-  KILN_ASSIGN_OR_RETURN(
-      std::vector<FinishedShard> finished,
-      WriteShards(env, o.out_dir, plan_fp, plan, produce, &summary.shards_kept, [&](size_t i) {
-        done += static_cast<int64_t>(shard_items[i].size());
-        report();
-      }));
+  KILN_ASSIGN_OR_RETURN(LabeledShards written, WriteLabeledShards(env, li, progress));
+  summary.shards_kept = written.kept;
 
   DatasetManifest m;
   m.kind = "dicom";
@@ -478,32 +430,15 @@ absl::StatusOr<ImportSummary> ImportDicom(Env* env, const DicomImportOptions& o,
   m.label_feature = "label";
   m.label_vocabulary = labels;
   m.skipped = plan_skipped;
-  ChannelStats stats(o.channels);
-  nlohmann::json label_counts = nlohmann::json::object();
-  std::map<std::string, uint32_t> crc_of;
-  try {
-    for (const FinishedShard& f : finished) {
-      stats.Merge(ChannelStats::FromPartialJson(f.state.at("stats")));
-      std::vector<int64_t> c = f.state.at("label_counts").get<std::vector<int64_t>>();
-      if (!label_counts.contains(f.entry.split))
-        label_counts[f.entry.split] = std::vector<int64_t>(labels.size(), 0);
-      for (size_t i = 0; i < c.size() && i < labels.size(); ++i)
-        label_counts[f.entry.split][i] = label_counts[f.entry.split][i].get<int64_t>() + c[i];
-      for (const auto& [rel, crc] : f.state.at("crc32c").items()) crc_of[rel] = crc.get<uint32_t>();
-      for (const auto& s : f.state.at("skipped")) m.skipped.push_back(s);
-      m.shards.push_back(f.entry);
-    }
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat("import state in ", o.out_dir, "/", kImportStateDir,
-                                            " is malformed: ", e.what(), " (delete it and rerun)"));
-  }
-  m.statistics["image"] = stats.Summary();
-  m.statistics["label"] = {{"counts", label_counts}};
+  written.FillManifest(&m);
   uint64_t fp = Fnv1a64("dicom\n");
   std::set<std::string> seen;
   for (const Item& it : items) {
     if (!seen.insert(it.rel).second) continue;
-    fp = Fnv1a64(absl::StrCat(it.rel, "\t", it.size, "\t", Hex32(crc_of[it.rel]), "\n"), fp);
+    auto crc = written.crc_of.find(it.rel);
+    fp = Fnv1a64(absl::StrCat(it.rel, "\t", it.size, "\t",
+                              Hex32(crc == written.crc_of.end() ? 0 : crc->second), "\n"),
+                 fp);
   }
   m.source_fingerprint = Hex64(fp);
   m.source_files = static_cast<int64_t>(seen.size());
@@ -517,11 +452,7 @@ absl::StatusOr<ImportSummary> ImportDicom(Env* env, const DicomImportOptions& o,
                       {"shards", o.shards},       {"held_out", o.held_out},
                       {"seed", o.seed},           {"on_error", o.on_error}};
   KILN_RETURN_IF_ERROR(WriteManifest(env, o.out_dir, m));
-  summary.shards = static_cast<int>(m.shards.size());
-  summary.splits = m.SplitExamples();
-  for (const auto& [split, n] : summary.splits) summary.examples += n;
-  summary.skipped = static_cast<int64_t>(m.skipped.size());
-  summary.units = summary.examples;
+  SummarizeManifest(m, &summary);
   return summary;
 }
 
