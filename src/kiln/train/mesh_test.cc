@@ -108,6 +108,7 @@ TEST(MeshTest, EachRankReadsItsShareOfTheOneProcessBatches) {
 struct RankRun {
   absl::StatusOr<TrainResult> result = absl::UnknownError("not run");
   int64_t start_step = -1;
+  uint64_t rng_seed = 0;  // the train step's dropout seed
 };
 
 // `d` Trainers on threads, rank r on communicator r, all with OUTDIR `out`.
@@ -128,6 +129,7 @@ std::vector<RankRun> RunRanks(int d, const TrainConfig& c) {
         return;
       }
       runs[r].start_step = (*t)->start_step();
+      runs[r].rng_seed = (*t)->train_step().options().rng_seed;
       runs[r].result = (*t)->Run();
     });
   }
@@ -173,6 +175,18 @@ TEST(DataParallelTrainerTest, TwoRanksTrackOneProcessAndOnlyRankZeroWrites) {
   EXPECT_EQ(more[1].start_step, 20);
   ASSERT_EQ(more[0].result->losses.size(), 10u);
   EXPECT_EQ(more[0].result->losses, more[1].result->losses);
+}
+
+// Dropout: every data rank has its own seed (the same one would draw rank 0's masks again on
+// every rank's share); rank 0 keeps the config's, as a one-process run does.
+TEST(DataParallelTrainerTest, EachDataRankDrawsItsOwnDropoutMasks) {
+  const std::string root = kiln::test_support::MakeTempDir("kiln_mesh_seed_test");
+  TrainConfig c = Config(root + "/two", 2);
+  std::vector<RankRun> runs = RunRanks(2, c);
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(runs[r].result.ok()) << r << ": " << runs[r].result.status();
+  EXPECT_EQ(runs[0].rng_seed, c.seed);
+  EXPECT_NE(runs[1].rng_seed, runs[0].rng_seed);
 }
 
 TEST(DataParallelTrainerTest, MeshErrorsAreClear) {

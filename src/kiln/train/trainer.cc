@@ -187,7 +187,9 @@ absl::Status Trainer::Compile() {
     step_opts.collectives = collectives_.get();
   }
   step_opts.optimizer = BuildOptimizerConfig(c);
-  step_opts.rng_seed = c.seed;
+  // Each data rank draws its own dropout masks over its share (one seed would repeat rank 0's
+  // pattern on every share); rank 0 keeps the config's seed, so a one-rank run is unchanged.
+  step_opts.rng_seed = c.seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(coords_.data);
   KILN_ASSIGN_OR_RETURN(step_opts.precision, compiler::ParsePrecisionPolicy(c.precision));
   // Compile events land in the trace of a profiled run (the profiler is off otherwise).
   if (options_.profile_steps.has_value()) profiler_.set_enabled(true);
