@@ -32,15 +32,19 @@ export SLURM_CONF="$lab/slurm/slurm.conf"
 stop() {
   scontrol shutdown >/dev/null 2>&1
   sleep 1
-  for f in "$lab"/slurm/run/*.pid "$lab"/munge/munged.pid; do
+  for f in "$lab"/slurm/run/*.pid "${munge:-/nonexistent}"/munged.pid; do
     [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null
   done
+  [ -n "${munge:-}" ] && rm -rf "$munge"
   return 0
 }
 trap stop EXIT
 trap 'exit 1' INT TERM
-mkdir -p "$lab/munge" "$lab/slurm/state" "$lab/slurm/log" "$lab/slurm/run" \
-  "$lab/slurm/spool/localhost" && chmod 755 "$lab/munge" || exit 1
+# munged refuses a socket whose every parent folder is not searchable by all: a build folder
+# under a 0700 one (/root, a mktemp -d clone) is not, so munge lives in its own folder in /tmp.
+munge=$(mktemp -d /tmp/kiln-munge.XXXXXX) && chmod 755 "$munge" || exit 1
+mkdir -p "$lab/slurm/state" "$lab/slurm/log" "$lab/slurm/run" "$lab/slurm/spool/localhost" ||
+  exit 1
 # The node line repeats this machine's topology (slurmd refuses a node that differs from it).
 topo=$(slurmd -C 2>/dev/null | sed -n 's/^NodeName=[^ ]* \(CPUs=[0-9]* Boards=[0-9]* SocketsPerBoard=[0-9]* CoresPerSocket=[0-9]* ThreadsPerCore=[0-9]*\).*/\1/p')
 [ -n "$topo" ] || fail "slurmd -C printed no topology"
@@ -53,7 +57,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$lab/munge/munge.socket
+AuthInfo=socket=$munge/munge.socket
 StateSaveLocation=$lab/slurm/state
 SlurmdSpoolDir=$lab/slurm/spool/%n
 SlurmctldPidFile=$lab/slurm/run/slurmctld.pid
@@ -76,10 +80,10 @@ KillOnBadExit=1
 NodeName=localhost $topo State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
-mungekey -c -k "$lab/munge/munge.key" >/dev/null 2>&1 || fail "mungekey"
-munged --key-file="$lab/munge/munge.key" --socket="$lab/munge/munge.socket" \
-  --pid-file="$lab/munge/munged.pid" --log-file="$lab/munge/munged.log" \
-  --seed-file="$lab/munge/munged.seed" 9>&- || fail "munged did not start"
+mungekey -c -k "$munge/munge.key" >/dev/null 2>&1 || fail "mungekey"
+munged --key-file="$munge/munge.key" --socket="$munge/munge.socket" \
+  --pid-file="$munge/munged.pid" --log-file="$munge/munged.log" \
+  --seed-file="$munge/munged.seed" 9>&- || fail "munged did not start"
 slurmctld 9>&- || fail "slurmctld did not start (log: $lab/slurm/log/slurmctld.log)"
 slurmd -N localhost 9>&- || fail "slurmd did not start (log: $lab/slurm/log/slurmd-localhost.log)"
 i=0
