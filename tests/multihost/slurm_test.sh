@@ -1,6 +1,6 @@
 #!/bin/sh
 # `kiln train` started by Slurm's srun (no mpirun): a private one-node Slurm cluster (munged,
-# slurmctld, slurmd on private ports, every file under OUTDIR; ../shared/reference/multihost.md
+# slurmctld, slurmd on private ports, every file under OUTDIR but munge's (/tmp/kiln-munge.*); multihost.md
 # §3) runs `srun -n 2 --mpi=pmix -K kiln train CONFIG`; each rank finds its rank from the PMIx /
 # Slurm environment, the two train data-parallel, and the losses must track a one-process run
 # within 1e-4 relative; then `kiln train --workers 2 --slurm` builds that srun line itself and
