@@ -19,6 +19,7 @@
 #include "kiln/base/env.h"
 #include "kiln/base/status.h"
 #include "kiln/cli/backends.h"
+#include "kiln/cli/internal/csv_fields.h"
 #include "kiln/compiler/artifact.h"
 #include "kiln/data/digits.h"
 #include "kiln/tensor/safetensors.h"
@@ -144,30 +145,9 @@ absl::StatusOr<std::map<std::string, Tensor>> ReadTensorInput(const std::string&
   return out;
 }
 
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
-    s.remove_suffix(1);
-  return s;
-}
-
-std::vector<std::string_view> SplitFields(std::string_view line) {
-  std::vector<std::string_view> fields;
-  size_t start = 0;
-  for (size_t i = 0; i <= line.size(); ++i) {
-    if (i == line.size() || line[i] == ',') {
-      fields.push_back(Trim(line.substr(start, i - start)));
-      start = i + 1;
-    }
-  }
-  return fields;
-}
-
-bool ParseDouble(std::string_view s, double* v) {
-  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
-  auto r = std::from_chars(s.data(), s.data() + s.size(), *v);
-  return !s.empty() && r.ec == std::errc() && r.ptr == s.data() + s.size();
-}
+using internal::ParseDouble;
+using internal::SplitFields;
+using internal::Trim;
 
 bool ParseInt(std::string_view s, int64_t* v) {
   if (!s.empty() && s.front() == '+') s.remove_prefix(1);

@@ -21,6 +21,7 @@
 #include "kiln/base/env.h"
 #include "kiln/base/status.h"
 #include "kiln/cli/backends.h"
+#include "kiln/cli/internal/csv_fields.h"
 #include "kiln/cli/quantize_rewrite.h"
 #include "kiln/compiler/artifact.h"
 #include "kiln/data/digits.h"
@@ -39,30 +40,9 @@ struct Examples {
   int64_t n = 0;
 };
 
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
-    s.remove_suffix(1);
-  return s;
-}
-
-std::vector<std::string_view> SplitFields(std::string_view line) {
-  std::vector<std::string_view> fields;
-  size_t start = 0;
-  for (size_t i = 0; i <= line.size(); ++i) {
-    if (i == line.size() || line[i] == ',') {
-      fields.push_back(Trim(line.substr(start, i - start)));
-      start = i + 1;
-    }
-  }
-  return fields;
-}
-
-bool ParseDouble(std::string_view s, double* v) {
-  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
-  auto r = std::from_chars(s.data(), s.data() + s.size(), *v);
-  return !s.empty() && r.ec == std::errc() && r.ptr == s.data() + s.size();
-}
+using internal::ParseDouble;
+using internal::SplitFields;
+using internal::Trim;
 
 Shape WithLeading(int64_t n, const Shape& s) {
   std::vector<int64_t> dims = {n};
