@@ -44,6 +44,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// `text` as a YAML double-quoted scalar, so a --set value that is a path stays a string whatever
+// characters it holds (a leading '*', ': ', '#', ...).
+std::string YamlQuoted(const std::string& text) {
+  std::string out = "\"";
+  for (char ch : text) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
 // The process environment, read once (libraries take it as a map).
 dist::Environment ReadEnvironment() {
   dist::Environment env;
@@ -387,6 +398,9 @@ TrainCommands::TrainCommands(CLI::App& app) {
   train_->add_option("--profile-steps", profile_steps_,
                      "Profile steps A..B-1 (A:B): OUTDIR/trace.json and a time breakdown");
   train_->add_option("--output-dir", output_dir_, "Output directory (overrides output_dir)");
+  train_->add_option("--init-from", init_from_,
+                     "Warm start: parameters from a run directory (its latest checkpoint) or "
+                     "its checkpoints/step_N (= --set init_from.checkpoint=DIR)");
   train_->add_option("--backend", backend_, "Backend: cpu (oneDNN) or reference")
       ->check(CLI::IsMember(BackendNames()))
       ->capture_default_str();
@@ -559,6 +573,7 @@ int TrainCommands::RunRank(const std::vector<std::string>& args, dist::Communica
                       : absl::StrCat("train (rank ", comm->rank(), " of ", comm->size(), ")");
   std::vector<std::string> sets = sets_;
   if (!output_dir_.empty()) sets.push_back("output_dir=" + output_dir_);
+  if (!init_from_.empty()) sets.push_back("init_from.checkpoint=" + YamlQuoted(init_from_));
   std::vector<std::string> config_notes;
   absl::StatusOr<train::TrainConfig> config =
       train::LoadTrainConfig(config_path_, sets, &config_notes);

@@ -47,6 +47,7 @@ class TrainCommands {
   int max_restarts_ = 0;
   std::string profile_steps_;
   std::string output_dir_;
+  std::string init_from_;  // --init-from DIR: init_from.checkpoint
   std::string backend_ = "cpu";
   bool no_resume_ = false;
   bool replace_ = false;

@@ -105,6 +105,10 @@ class Section {
       return "a number";
     else if constexpr (std::is_same_v<T, std::string>)
       return "a string";
+    else if constexpr (std::is_same_v<T, std::vector<std::string>>)
+      return "a list of strings";
+    else if constexpr (std::is_same_v<T, std::map<std::string, std::string>>)
+      return "a mapping of strings to strings";
     else
       return "a list of numbers";
   }
@@ -150,6 +154,16 @@ absl::Status ApplyOverride(YAML::Node& root, const std::string& text) {
   }
   chain.back()[parts.back()] = parsed;
   return absl::OkStatus();
+}
+
+// The init_from section (init_from.h).
+absl::Status InitFromFromYaml(Section& top, InitFromConfig* c) {
+  Section s(top.Child("init_from"), "init_from");
+  KILN_RETURN_IF_ERROR(s.Get("checkpoint", &c->checkpoint));
+  KILN_RETURN_IF_ERROR(s.Get("include", &c->include));
+  KILN_RETURN_IF_ERROR(s.Get("exclude", &c->exclude));
+  KILN_RETURN_IF_ERROR(s.Get("rename", &c->rename));
+  return s.CheckMapAndUnknown();
 }
 
 absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
@@ -227,6 +241,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
   KILN_RETURN_IF_ERROR(top.Get("seed", &c->seed));
   KILN_RETURN_IF_ERROR(top.Get("nonfinite_patience", &c->nonfinite_patience));
   KILN_RETURN_IF_ERROR(top.Get("memory_limit_mib", &c->memory_limit_mib));
+  KILN_RETURN_IF_ERROR(InitFromFromYaml(top, &c->init_from));
   return top.CheckMapAndUnknown();
 }
 
@@ -247,7 +262,31 @@ absl::Status NonNegative(const std::string& key, double v) {
 
 }  // namespace
 
+namespace {
+
+absl::Status ValidateInitFrom(const InitFromConfig& f) {
+  if (f.checkpoint.empty()) return absl::OkStatus();
+  if (f.include.empty()) {
+    return KeyError("init_from.include", "needs at least one pattern (\"*\": every parameter)");
+  }
+  for (const auto* list : {&f.include, &f.exclude}) {
+    for (const std::string& p : *list) {
+      if (p.empty()) {
+        return KeyError(list == &f.include ? "init_from.include" : "init_from.exclude",
+                        "an empty pattern matches nothing");
+      }
+    }
+  }
+  for (const auto& [from, to] : f.rename) {
+    if (from.empty() && to.empty()) return KeyError("init_from.rename", "an empty entry");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateTrainConfig(const TrainConfig& c) {
+  KILN_RETURN_IF_ERROR(ValidateInitFrom(c.init_from));
   const ModelConfig& m = c.model;
   const bool text = c.data.source.rfind("text:", 0) == 0;
   if (m.kind == "gpt") {
@@ -499,6 +538,11 @@ absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
   if (!c.ok()) return c.status();
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (!c->init_from.checkpoint.empty() && fs::path(c->init_from.checkpoint).is_relative()) {
+    // Absolute in the resolved config (config.yaml), like data.source.
+    fs::path abs = fs::absolute(c->init_from.checkpoint, ec);
+    if (!ec) c->init_from.checkpoint = abs.lexically_normal().string();
+  }
   std::string prefix, file = c->data.source;
   for (const char* p : {"digits:", "safetensors:", "records:", "dataset:", "text:"}) {
     if (file.rfind(p, 0) == 0) {
@@ -517,6 +561,28 @@ absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
 }
 
 namespace {
+
+// Hashed only when set: a run without init_from keeps the hash it had before the key existed.
+void EmitInitFrom(YAML::Emitter& e, const InitFromConfig& f, bool hash_form) {
+  if (hash_form && f.checkpoint.empty()) return;
+  auto strings = [&](const std::vector<std::string>& v) {
+    e << YAML::Flow << YAML::BeginSeq;
+    for (const std::string& x : v) e << YAML::DoubleQuoted << x;
+    e << YAML::EndSeq;
+  };
+  e << YAML::Key << "init_from" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "checkpoint" << YAML::Value << f.checkpoint;
+  e << YAML::Key << "include" << YAML::Value;
+  strings(f.include);
+  e << YAML::Key << "exclude" << YAML::Value;
+  strings(f.exclude);
+  e << YAML::Key << "rename" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  for (const auto& [from, to] : f.rename) {
+    e << YAML::Key << YAML::DoubleQuoted << from << YAML::Value << YAML::DoubleQuoted << to;
+  }
+  e << YAML::EndMap;
+  e << YAML::EndMap;
+}
 
 // hash_form: the text ConfigHash hashes, without the keys added after a run's format was fixed
 // (see config.h), so adding a key never changes an existing run's hash.
@@ -606,6 +672,7 @@ std::string EmitYaml(const TrainConfig& c, bool hash_form) {
     e << YAML::Key << "model" << YAML::Value << c.mesh.model;
     e << YAML::EndMap;
   }
+  EmitInitFrom(e, c.init_from, hash_form);
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }

@@ -15,6 +15,7 @@
 #define KILN_TRAIN_CONFIG_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,15 @@ struct MeshConfig {
   int64_t model = 1;
 };
 
+// Warm start from another run's checkpoint (init_from.h; docs/train.md "init_from"): parameters
+// only, before step 1 of a fresh run; a run that resumes from its own checkpoint ignores it.
+struct InitFromConfig {
+  std::string checkpoint;                    // a run directory or its checkpoints/step_<N>; "": off
+  std::vector<std::string> include = {"*"};  // fnmatch patterns over the model's parameter names
+  std::vector<std::string> exclude;          // left at their fresh initialization
+  std::map<std::string, std::string> rename;  // checkpoint-name prefix -> model-name prefix
+};
+
 struct TrainConfig {
   ModelConfig model;
   DataConfig data;
@@ -110,6 +120,8 @@ struct TrainConfig {
   int64_t memory_limit_mib = 0;
   // Not part of the config hash: the same config trains the same examples on any mesh.
   MeshConfig mesh;
+  // In the config hash only when checkpoint is set (older runs keep their hash).
+  InitFromConfig init_from;
 };
 
 // Parses YAML text; `source` names it in errors. `overrides` are "dotted.key=value" strings, the

@@ -14,6 +14,7 @@
 #include "kiln/nn/optim.h"
 #include "kiln/nn/params.h"
 #include "kiln/train/divergence.h"
+#include "kiln/train/init_from.h"
 #include "kiln/train/profile_analysis.h"
 
 namespace kiln::train {
@@ -115,6 +116,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   if (t->chief()) {
     KILN_RETURN_IF_ERROR(t->OpenCheckpoints(move_aside));
     if (t->options_.resume) KILN_RETURN_IF_ERROR(t->Resume());
+    KILN_RETURN_IF_ERROR(t->InitFrom());
   }
   KILN_RETURN_IF_ERROR(t->OpenMetrics());
   // A run killed after its final checkpoint but before its final evaluation and metrics were
@@ -275,6 +277,31 @@ absl::Status Trainer::Resume() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::InitFrom() {
+  const InitFromConfig& f = config_.init_from;
+  if (!restored_from_.empty()) {
+    nlohmann::json previous = ReadRunJson(config_.output_dir, run_dir_->env());
+    if (previous.is_object() && previous.contains("init_from")) {
+      init_from_info_ = previous["init_from"];
+    }
+    if (!f.checkpoint.empty()) {
+      notes_.push_back(absl::StrCat("init_from: ignored (", f.checkpoint,
+                                    "): this run resumes from its own checkpoint ",
+                                    restored_from_));
+    }
+    return absl::OkStatus();
+  }
+  if (f.checkpoint.empty()) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(InitFromResult r, LoadInitFrom(f, step_->params(), run_dir_->env()));
+  for (const std::string& n : r.notes) notes_.push_back(n);
+  // Parameters only: the optimizer state stays zero and the run starts at step 0.
+  KILN_RETURN_IF_ERROR(Annotate(step_->Restore(r.params, step_->optimizer_state(), 0),
+                                absl::StrCat("init_from ", r.checkpoint)));
+  notes_.push_back(r.Summary());
+  init_from_info_ = r.ToJson();
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::OpenMetrics() {
   std::vector<std::unique_ptr<MetricsSink>> sinks;
   if (!chief()) {  // rank 0 writes the run's metrics
@@ -316,6 +343,7 @@ absl::Status Trainer::WriteRunInfo() {
         {{{"rank", 0}, {"host", options_.host}, {"pid", info["pid"]}, {"data", 0}, {"model", 0}}});
   }
   if (completed_step_ >= 0) info["completed_step"] = completed_step_;
+  if (!init_from_info_.is_null()) info["init_from"] = init_from_info_;
   return run_dir_->WriteRunJson(info);
 }
 

@@ -153,6 +153,9 @@ class Trainer {
   absl::Status Compile();
   absl::Status OpenCheckpoints(bool move_aside);
   absl::Status Resume();
+  // init_from (init_from.h): a fresh run's parameters from another run's checkpoint; a resumed
+  // run ignores it and keeps the record of its first start.
+  absl::Status InitFrom();
   absl::Status OpenMetrics();
   absl::Status WriteRunInfo();
   // Multi-process (trainer_dist.cc): the mesh and this rank's place in it; what rank 0 resumed
@@ -207,6 +210,7 @@ class Trainer {
   Tensor x_local_, x_local_flat_, y_local_;
   std::unique_ptr<dist::CommunicatorCollectives> collectives_;
   nlohmann::json ranks_info_;
+  nlohmann::json init_from_info_;  // run.json's "init_from" (null: none)
   std::atomic<bool> stop_{false};
   int64_t start_step_ = 0;
   // The step a finished run completed (final checkpoint, evaluation and metrics all written), from
