@@ -9,6 +9,8 @@
 //   xent_grad    p * scale - onehot over [4,128,50257] with [4,128] and [50257] broadcasts
 //   sumsq        sum(g * g) over [50257,768] into one value: the clipping norm of the embedding
 //   xent         cross_entropy over [4,128,50257] logits (log-sum-exp per row minus the label's)
+//   gelu         GELU (tanh form) over the MLP's [4,128,3072] activations
+//   gelu_grad    its backward as autodiff writes it, with the bias gradient's column sum
 // Prints per kernel the median time, GB/s of the bytes it reads and writes, and that as a share of
 // memcpy (median of the measurements taken between kernels).
 //
@@ -119,6 +121,32 @@ ir::Graph XentGrad(int64_t b0, int64_t b1, int64_t v) {
   return b.Build().value();
 }
 
+// The MLP's activation, GELU (tanh form), forward over [4,128,3072]: one read, one write.
+ir::Graph Gelu(int64_t b0, int64_t b1, int64_t d) {
+  ir::Builder b("gelu");
+  Value x = b.Parameter("x", DType::kF32, {b0, b1, d});
+  b.Output("y", ir::Gelu(x, /*tanh=*/true));
+  return b.Build().value();
+}
+
+// GELU's backward as autodiff writes it (the derivative of 0.5 x (1 + tanh(k (x + c x^3))) times
+// the incoming gradient), with the bias gradient's column sum beside it: x and dy in, dx and the
+// [d] sum out.
+ir::Graph GeluGrad(int64_t b0, int64_t b1, int64_t d) {
+  ir::Builder b("gelu_grad");
+  Value x = b.Parameter("x", DType::kF32, {b0, b1, d});
+  Value dy = b.Parameter("dy", DType::kF32, {b0, b1, d});
+  const double k = 0.7978845608028654, c = 0.044715;
+  Value x2 = x * x;
+  Value t = ir::Tanh((x + x2 * x * c) * k);
+  Value dinner = (x2 * (3 * c) + 1.0) * k;
+  Value dgelu = (t + 1.0) * 0.5 + x * 0.5 * (1.0 - t * t) * dinner;
+  Value dx = dy * dgelu;
+  b.Output("dx", dx);
+  b.Output("dbias", ir::ReduceSum(dx, {0, 1}));
+  return b.Build().value();
+}
+
 struct Timing {
   double seconds, bytes;
   std::string thunk;
@@ -188,6 +216,8 @@ int main(int argc, char** argv) {
   cases.push_back({"xent_grad", XentGrad(4, 128, 50257), {}});
   cases.push_back({"sumsq", SumSquares(50257, 768), {}});
   cases.push_back({"xent", Xent(4, 128, 50257), {}});
+  cases.push_back({"gelu", Gelu(4, 128, 3072), {}});
+  cases.push_back({"gelu_grad", GeluGrad(4, 128, 3072), {}});
   std::vector<double> memcpy_bw;
   memcpy_bw.push_back(MemcpyBytesPerSecond(threads, 5));
   std::vector<std::pair<std::string, Timing>> results;

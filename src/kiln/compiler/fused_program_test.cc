@@ -77,7 +77,7 @@ TEST(FusedProgram, HasOneGroupOfEveryKind) {
   std::sort(groups.begin(), groups.end());
   EXPECT_EQ(groups, (std::vector<std::string>{"conv_epilogue: conv2d tanh", "loop: neg",
                                               "matmul_epilogue: dot_general add relu",
-                                              "reduction: mul reduce_sum"}))
+                                              "reduction: exp mul reduce_sum"}))
       << ir::PrintGraph(g);
 }
 

@@ -41,7 +41,7 @@ TEST(Fusion, LeavesTranscendentalsContractionsAndIntegersAlone) {
     graph @g {
       %x = parameter() {index=0, name="x"} : f32[2,2]
       %i = parameter() {index=1, name="i"} : s32[2]
-      %e = exp(%x)
+      %e = log(%x)
       %a = add(%e, %x)
       %d = dot_general(%a, %a) {lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
       %r = relu(%d)
@@ -52,7 +52,7 @@ TEST(Fusion, LeavesTranscendentalsContractionsAndIntegersAlone) {
     graph @g {
       %0 = parameter() {index=0, name="x"} : f32[2,2]
       %1 = parameter() {index=1, name="i"} : s32[2]
-      %2 = exp(%0)
+      %2 = log(%0)
       %3 = add(%2, %0) {fusion=0}
       %4 = dot_general(%3, %3) {lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]}
       %5 = relu(%4) {fusion=1}
@@ -61,7 +61,7 @@ TEST(Fusion, LeavesTranscendentalsContractionsAndIntegersAlone) {
     })");
 }
 
-// An outside node between two elementwise ops (a -> exp -> b, with a -> b as well) would have to
+// An outside node between two elementwise ops (a -> log -> b, with a -> b as well) would have to
 // run both before and after the group: the merge is refused and the two stay separate.
 TEST(Fusion, RefusesMergesThatWouldCreateACycle) {
   FusionPass fusion;
@@ -69,7 +69,7 @@ TEST(Fusion, RefusesMergesThatWouldCreateACycle) {
     graph @g {
       %x = parameter() {index=0, name="x"} : f32[8]
       %a = neg(%x)
-      %e = exp(%a)
+      %e = log(%a)
       %b = add(%a, %e)
       return b=%b
     })",
@@ -77,7 +77,7 @@ TEST(Fusion, RefusesMergesThatWouldCreateACycle) {
     graph @g {
       %0 = parameter() {index=0, name="x"} : f32[8]
       %1 = neg(%0) {fusion=0}
-      %2 = exp(%1)
+      %2 = log(%1)
       %3 = add(%1, %2) {fusion=1}
       return b=%3
     })");
@@ -92,7 +92,7 @@ TEST(Fusion, MultiOutputGroupsReorderOutsideConsumers) {
       %x = parameter() {index=0, name="x"} : f32[8]
       %y = parameter() {index=1, name="y"} : f32[8]
       %a = mul(%x, %y)
-      %e = exp(%a)
+      %e = log(%a)
       %b = sub(%a, %y)
       return e=%e, b=%b
     })",
@@ -102,7 +102,7 @@ TEST(Fusion, MultiOutputGroupsReorderOutsideConsumers) {
       %1 = parameter() {index=1, name="y"} : f32[8]
       %2 = mul(%0, %1) {fusion=0}
       %3 = sub(%2, %1) {fusion=0}
-      %4 = exp(%2)
+      %4 = log(%2)
       return e=%4, b=%3
     })");
 }
@@ -185,13 +185,13 @@ TEST(Fusion, IdempotentAndUnchangedWithoutFusibleOps) {
     graph @g {
       %0 = parameter() {index=0, name="x"} : f32[4]
       %1 = neg(%0) {fusion=0}
-      %2 = exp(%1)
+      %2 = log(%1)
       return y=%2
     })");
   ExpectUnchanged(fusion, R"(
     graph @g {
       %0 = parameter() {index=0, name="x"} : f32[4]
-      %1 = exp(%0)
+      %1 = log(%0)
       return y=%1
     })");
 }

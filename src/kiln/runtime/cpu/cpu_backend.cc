@@ -41,7 +41,10 @@ LowerResult OneDnnOrLoop(const ir::Node& n, LowerContext& lc,
 LowerResult LowerNode(const ir::Node& n, LowerContext& lc) {
   using F = ir::KernelFamily;
   const ir::OpInfo& t = ir::OpTraits(n.opcode());
-  const bool onednn = t.alg != ir::EltwiseAlg::kNone;
+  // exp and tanh run Kiln's vector kernels (vector_math.cc) whether fused or not, so that a value
+  // computes the same bits either way; oneDNN's versions round differently.
+  const bool shared_kernel = n.opcode() == Opcode::kExp || n.opcode() == Opcode::kTanh;
+  const bool onednn = t.alg != ir::EltwiseAlg::kNone && !shared_kernel;
   switch (t.family) {
     case F::kDot:
       return LowerDotGeneral(n, lc);

@@ -2,6 +2,7 @@
 // runs, the only implementation for the rest), compare, select, logical ops and convert. Floats
 // narrower than f32 load to f32, compute, and round to nearest even on store; integers compute in
 // their own type with wrap-around (via unsigned arithmetic, never undefined behaviour).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -22,6 +23,34 @@ std::unique_ptr<Thunk> UnaryThunk(const ir::Node& n, F f) {
     S* y = static_cast<S*>(ctx.buffers[out]);
     ParallelFor(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) y[i] = Elem<S>::Store(f(Elem<S>::Load(x[i])));
+    });
+  });
+}
+
+// y = kernel(x) through one of the shared f32 vector kernels (ExpF32, TanhF32, GeluTanhF32: the
+// fused loops call the same ones, so fused and unfused results agree bit for bit). Narrower
+// floats convert through a block of f32 and round on store, as everywhere.
+template <typename S>
+std::unique_ptr<Thunk> VectorUnaryThunk(const ir::Node& n,
+                                        void (*kernel)(const float*, float*, int64_t)) {
+  int in = n.operand(0), out = n.id();
+  int64_t count = n.type().shape.num_elements();
+  return MakeFnThunk(n, "loop", [=](RunContext& ctx) {
+    const S* x = static_cast<const S*>(ctx.buffers[in]);
+    S* y = static_cast<S*>(ctx.buffers[out]);
+    ParallelFor(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
+      if constexpr (std::is_same_v<S, float>) {
+        kernel(x + b, y + b, e - b);
+      } else {
+        constexpr int64_t kChunk = 256;
+        float buf[kChunk];
+        for (int64_t i = b; i < e; i += kChunk) {
+          const int64_t m = std::min(kChunk, e - i);
+          for (int64_t j = 0; j < m; ++j) buf[j] = Elem<S>::Load(x[i + j]);
+          kernel(buf, buf, m);
+          for (int64_t j = 0; j < m; ++j) y[i + j] = Elem<S>::Store(buf[j]);
+        }
+      }
     });
   });
 }
@@ -49,6 +78,14 @@ C Sigmoid(C x) {
 template <typename S>
 LowerResult UnaryFloat(const ir::Node& n) {
   using C = typename Elem<S>::C;
+  // f32 and narrower: exp, tanh and GELU (tanh form) run the shared vector kernels; f64 keeps libm.
+  if constexpr (std::is_same_v<C, float>) {
+    const bool gelu_tanh = n.opcode() == Opcode::kGelu && n.has_attr("approximate") &&
+                           n.attr_str("approximate") == "tanh";
+    if (n.opcode() == Opcode::kExp) return VectorUnaryThunk<S>(n, ExpF32);
+    if (n.opcode() == Opcode::kTanh) return VectorUnaryThunk<S>(n, TanhF32);
+    if (gelu_tanh) return VectorUnaryThunk<S>(n, GeluTanhF32);
+  }
   switch (n.opcode()) {
     case Opcode::kAbs:
       return UnaryThunk<S>(n, [](C x) { return std::abs(x); });

@@ -61,6 +61,8 @@ enum class FOp : uint8_t {
   kRelu,
   kSqrt,
   kRsqrt,
+  kExp,
+  kTanh,
   kSign,
   kEq,
   kNe,
@@ -303,6 +305,12 @@ KILN_BLOCK_INLINE void RunCode(const Instr* code, int num_instrs, float* const* 
         break;
       case FOp::kRsqrt:
         for (int64_t j = 0; j < n; ++j) d[j] = 1.0f / std::sqrt(a[j]);
+        break;
+      case FOp::kExp:
+        ExpF32(a, d, n);
+        break;
+      case FOp::kTanh:
+        TanhF32(a, d, n);
         break;
       case FOp::kSign:
         for (int64_t j = 0; j < n; ++j) d[j] = a[j] > 0.0f ? 1.0f : (a[j] < 0.0f ? -1.0f : 0.0f);
@@ -565,6 +573,10 @@ constexpr LoopOp LoopOpFor(Opcode op) {
       return {true, FOp::kSqrt};
     case Opcode::kRsqrt:
       return {true, FOp::kRsqrt};
+    case Opcode::kExp:
+      return {true, FOp::kExp};
+    case Opcode::kTanh:
+      return {true, FOp::kTanh};
     case Opcode::kSign:
       return {true, FOp::kSign};
     case Opcode::kSelect:

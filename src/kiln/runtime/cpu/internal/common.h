@@ -112,6 +112,31 @@ inline float FastExp(float x) {
   return x > 88.72f ? std::numeric_limits<float>::infinity() : result;
 }
 
+// tanh(x) for f32 in a form the compiler vectorizes: for |x| < 0.625 Cephes' odd polynomial
+// x + x^3 P(x^2), beyond it 1 - 2 / (exp(2|x|) + 1) with FastExp and the sign restored; within a
+// few ulp of tanhf, +-1 for large |x|, NaN stays NaN.
+inline float FastTanh(float x) {
+  const float ax = std::fabs(x);
+  const float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = x + x * z * p;
+  const float big = std::copysign(1.f - 2.f / (FastExp(2.f * ax) + 1.f), x);
+  return ax < 0.625f ? small : big;
+}
+
+// exp, tanh and tanh-approximated GELU over f32 arrays (y may equal x), vectorized for the
+// machine's ISA (runtime dispatch, vector_math.cc). The one implementation of these ops on the
+// cpu backend: the fused loops and the per-op loops both call them, so they agree bit for bit.
+// ExpF32 covers the whole f32 range: exp(x) for x up to 88.72 (the scale applied in two factors),
+// +inf beyond, 0 below -87.3 (where expf is denormal).
+void ExpF32(const float* x, float* y, int64_t n);
+void TanhF32(const float* x, float* y, int64_t n);
+void GeluTanhF32(const float* x, float* y, int64_t n);
+
 // Softmax of one row in place (with a scale applied first): max, exp(x - max) with FastExp, and
 // a sum with 8 partial accumulators, all vectorized (runtime ISA dispatch; attention.cc).
 void SoftmaxRowF32(float* row, int64_t n, float scale);
