@@ -625,6 +625,44 @@ TEST(Grad, TwoLayerMlp) {
   }
 }
 
+// f32 logits take the fused form of the cross-entropy gradient, exp(x - lse) - onehot with lse
+// recovered from the loss: it must equal softmax - onehot (computed here in f64) to f32
+// accuracy, and an ignored row whose logits spread far past exp's range must come out exactly
+// zero, not NaN or inf.
+TEST(Grad, CrossEntropyF32GradientFromTheLoss) {
+  Builder b("xent");
+  Value logits = b.Parameter("logits", DType::kF32, {3, 6});
+  Value labels = ConstS32(b, {3}, {2, -1, 5});
+  b.Output("loss", ir::ReduceSum(ir::SparseCrossEntropy(logits, labels), {0}));
+  absl::StatusOr<ir::Graph> f = b.Build();
+  ASSERT_TRUE(f.ok()) << f.status();
+  absl::StatusOr<ir::Graph> g = Grad(*f, {"logits"}, "loss");
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::vector<float> x = {0.5f,  -1.f, 2.f,  0.f, 3.f,  -2.f,  // label 2
+                                -90.f, 95.f, 0.f,  1.f, -3.f, 50.f,  // ignored, spread 185
+                                7.f,   6.5f, -4.f, 2.f, 0.f,  8.f};  // label 5
+  auto exe = runtime::MakeReferenceBackend()->Compile(*g);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  auto out = (*exe)->Run({Tensor::FromVector<float>(Shape{3, 6}, x)});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const Tensor& dx = (*out)[1];
+  const int label[] = {2, -1, 5};
+  for (int r = 0; r < 3; ++r) {
+    double m = -1e300, sum = 0;
+    for (int j = 0; j < 6; ++j) m = std::max(m, double(x[r * 6 + j]));
+    for (int j = 0; j < 6; ++j) sum += std::exp(x[r * 6 + j] - m);
+    for (int j = 0; j < 6; ++j) {
+      const double want =
+          label[r] < 0 ? 0.0 : std::exp(x[r * 6 + j] - m) / sum - (j == label[r] ? 1.0 : 0.0);
+      if (label[r] < 0) {
+        EXPECT_EQ(dx.GetDouble(r * 6 + j), 0.0) << "row " << r << " col " << j;
+      } else {
+        EXPECT_NEAR(dx.GetDouble(r * 6 + j), want, 2e-6) << "row " << r << " col " << j;
+      }
+    }
+  }
+}
+
 TEST(Grad, AccumulatesOverMultipleUses) {
   Builder b("f");
   Value x = b.Parameter("x", kF64, {3});
