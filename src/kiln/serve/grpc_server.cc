@@ -1,0 +1,205 @@
+#include "kiln/serve/grpc_server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kiln/serve/clock.h"
+#include "kiln/serve/grpc_convert.h"
+#include "kiln/serve/proto/inference.grpc.pb.h"
+
+namespace kiln::serve {
+namespace {
+
+// absl's status codes are gRPC's, number for number.
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+const char* CodeName(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    default:
+      return "UNKNOWN";
+  }
+}
+
+void FillTensorMetadata(const compiler::TensorSpec& s,
+                        inference::ModelMetadataResponse::TensorMetadata* t) {
+  t->set_name(s.name);
+  t->set_datatype(OipDatatype(s.dtype));
+  t->add_shape(-1);  // the batch dimension is variable
+  for (int i = 1; i < s.shape.rank(); ++i) t->add_shape(s.shape.dim(i));
+}
+
+}  // namespace
+
+class GrpcServer::Service final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  explicit Service(InferenceServer* server) : server_(server) {}
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
+                                       const inference::ServerLiveRequest*,
+                                       inference::ServerLiveResponse* resp) override {
+    resp->set_live(true);
+    return Reply(ctx, "ServerLive", grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* ctx,
+                                        const inference::ServerReadyRequest*,
+                                        inference::ServerReadyResponse* resp) override {
+    resp->set_ready(server_->ready());
+    return Reply(ctx, "ServerReady", grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* ctx,
+                                       const inference::ModelReadyRequest* req,
+                                       inference::ModelReadyResponse* resp) override {
+    auto model = server_->FindModel(req->name(), req->version());
+    if (!model.ok()) return Reply(ctx, "ModelReady", ToGrpc(model.status()));
+    resp->set_ready(true);  // a registered version has compiled and warmed up
+    return Reply(ctx, "ModelReady", grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* ctx,
+                                           const inference::ServerMetadataRequest*,
+                                           inference::ServerMetadataResponse* resp) override {
+    resp->set_name("kiln");
+    resp->set_version(server_->options().server_version);
+    for (const std::string& e : server_->Extensions()) resp->add_extensions(e);
+    return Reply(ctx, "ServerMetadata", grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* ctx,
+                                          const inference::ModelMetadataRequest* req,
+                                          inference::ModelMetadataResponse* resp) override {
+    auto model = server_->FindModel(req->name(), req->version());
+    if (!model.ok()) return Reply(ctx, "ModelMetadata", ToGrpc(model.status()));
+    const ServedModel& m = **model;
+    resp->set_name(m.name());
+    for (const std::string& v : server_->registry().Versions(m.name())) resp->add_versions(v);
+    resp->set_platform("kiln");
+    for (const auto& s : m.inputs()) FillTensorMetadata(s, resp->add_inputs());
+    for (const auto& s : m.outputs()) FillTensorMetadata(s, resp->add_outputs());
+    return Reply(ctx, "ModelMetadata", grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
+                                       const inference::ModelInferRequest* req,
+                                       inference::ModelInferResponse* resp) override {
+    const int64_t start_us = RealClock::Get()->NowMicros();
+    auto found = server_->FindModel(req->model_name(), req->model_version());
+    if (!found.ok()) return Reply(ctx, "ModelInfer", ToGrpc(found.status()));
+    std::shared_ptr<ServedModel> model = std::move(*found);
+    ModelMetrics* metrics = server_->registry().MetricsFor(model->name(), model->version());
+    metrics->bytes_in += req->ByteSizeLong();
+    bool raw = false;
+    absl::StatusOr<InferBody> body =
+        InferBodyFromProto(*req, server_->options().max_input_elements, &raw);
+    if (!body.ok()) {
+      metrics->Count(Outcome::kBadRequest);
+      metrics->total.Observe((RealClock::Get()->NowMicros() - start_us) * 1e-6);
+      return Reply(ctx, "ModelInfer", ToGrpc(body.status()));
+    }
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    std::string name = model->name(), version = model->version(), id = req->id();
+    server_->SubmitInfer(
+        std::move(model), std::move(*body), metrics,
+        [this, reactor, resp, metrics, start_us, raw, name = std::move(name),
+         version = std::move(version), id = std::move(id)](InferDone d) {
+          if (d.status.ok()) {
+            FillInferResponse(name, version, id, d.outputs, raw, resp);
+            metrics->bytes_out += resp->ByteSizeLong();
+          }
+          metrics->total.Observe((RealClock::Get()->NowMicros() - start_us) * 1e-6);
+          grpc::Status s = ToGrpc(d.status);
+          Count("ModelInfer", s);
+          reactor->Finish(std::move(s));
+        });
+    return reactor;
+  }
+
+ private:
+  void Count(const char* method, const grpc::Status& s) {
+    server_->metrics().CountGrpc(method, CodeName(s.error_code()));
+  }
+  grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const char* method,
+                                  grpc::Status s) {
+    Count(method, s);
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    r->Finish(std::move(s));
+    return r;
+  }
+
+  InferenceServer* const server_;
+};
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(InferenceServer* server,
+                                                              const GrpcServerOptions& options) {
+  if (options.port < 0 || options.port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("gRPC port ", options.port, " is outside 0..65535"));
+  if (options.max_message_bytes < 1 || options.max_message_bytes > INT32_MAX)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gRPC max message size ", options.max_message_bytes, " is outside 1..2147483647 bytes"));
+  std::unique_ptr<GrpcServer> g(new GrpcServer());
+  g->inference_ = server;
+  g->service_ = std::make_unique<Service>(server);
+  const std::string host =
+      options.host.find(':') != std::string::npos ? "[" + options.host + "]" : options.host;
+  const std::string address = absl::StrCat(host, ":", options.port);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int selected = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected);
+  builder.RegisterService(g->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(-1);
+  // One port per process: a second server on the same port must fail, not share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  g->server_ = builder.BuildAndStart();
+  if (g->server_ == nullptr || selected == 0)
+    return absl::UnavailableError(
+        absl::StrCat("gRPC: cannot listen on ", address, " (address in use or not local?)"));
+  g->port_ = selected;
+  server->metrics().EnableGrpc();
+  server->AddFrontend(g.get());
+  return g;
+}
+
+GrpcServer::~GrpcServer() {
+  if (inference_ != nullptr) inference_->RemoveFrontend(this);
+  Drain(0);
+}
+
+void GrpcServer::Drain(int64_t drain_ms) {
+  std::lock_guard<std::mutex> lock(drain_mu_);
+  if (drained_ || server_ == nullptr) return;
+  drained_ = true;
+  if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(drain_ms));
+  server_->Wait();
+}
+
+}  // namespace kiln::serve
