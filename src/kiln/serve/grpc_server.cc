@@ -109,44 +109,65 @@ class GrpcServer::Service final : public inference::GRPCInferenceService::Callba
                                        const inference::ModelInferRequest* req,
                                        inference::ModelInferResponse* resp) override {
     const int64_t start_us = RealClock::Get()->NowMicros();
+    InferenceServer::LogEntry log;
+    log.model = req->model_name();
+    log.version = req->model_version();
+    log.id = req->id();
+    log.bytes_in = static_cast<int64_t>(req->ByteSizeLong());
     auto found = server_->FindModel(req->model_name(), req->model_version());
-    if (!found.ok()) return Reply(ctx, "ModelInfer", ToGrpc(found.status()));
+    if (!found.ok()) return Reply(ctx, "ModelInfer", ToGrpc(found.status()), start_us, log);
     std::shared_ptr<ServedModel> model = std::move(*found);
+    log.model = model->name();
+    log.version = model->version();
     ModelMetrics* metrics = server_->registry().MetricsFor(model->name(), model->version());
-    metrics->bytes_in += req->ByteSizeLong();
+    metrics->bytes_in += log.bytes_in;
     bool raw = false;
     absl::StatusOr<InferBody> body =
         InferBodyFromProto(*req, server_->options().max_input_elements, &raw);
     if (!body.ok()) {
       metrics->Count(Outcome::kBadRequest);
       metrics->total.Observe((RealClock::Get()->NowMicros() - start_us) * 1e-6);
-      return Reply(ctx, "ModelInfer", ToGrpc(body.status()));
+      return Reply(ctx, "ModelInfer", ToGrpc(body.status()), start_us, log);
     }
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    std::string name = model->name(), version = model->version(), id = req->id();
+    log.remote = ctx->peer();
     server_->SubmitInfer(
         std::move(model), std::move(*body), metrics,
-        [this, reactor, resp, metrics, start_us, raw, name = std::move(name),
-         version = std::move(version), id = std::move(id)](InferDone d) {
+        [this, reactor, resp, metrics, start_us, raw, log = std::move(log)](InferDone d) mutable {
           if (d.status.ok()) {
-            FillInferResponse(name, version, id, d.outputs, raw, resp);
-            metrics->bytes_out += resp->ByteSizeLong();
+            FillInferResponse(log.model, log.version, log.id, d.outputs, raw, resp);
+            log.bytes_out = static_cast<int64_t>(resp->ByteSizeLong());
+            metrics->bytes_out += log.bytes_out;
           }
           metrics->total.Observe((RealClock::Get()->NowMicros() - start_us) * 1e-6);
+          log.queue_us = d.queue_us;
+          log.compute_us = d.compute_us;
+          log.batch_rows = d.batch_rows;
           grpc::Status s = ToGrpc(d.status);
-          Count("ModelInfer", s);
+          Finished(nullptr, "ModelInfer", s, start_us, std::move(log));
           reactor->Finish(std::move(s));
         });
     return reactor;
   }
 
  private:
-  void Count(const char* method, const grpc::Status& s) {
+  // Counts the call and writes its access-log line (remote from `ctx` unless already set).
+  void Finished(grpc::CallbackServerContext* ctx, const char* method, const grpc::Status& s,
+                int64_t start_us, InferenceServer::LogEntry log) {
     server_->metrics().CountGrpc(method, CodeName(s.error_code()));
+    if (server_->options().access_log == nullptr) return;
+    if (ctx != nullptr) log.remote = ctx->peer();
+    log.method = "gRPC";
+    log.path = absl::StrCat("/inference.GRPCInferenceService/", method);
+    log.status = absl::StrCat("\"", CodeName(s.error_code()), "\"");
+    log.total_us = RealClock::Get()->NowMicros() - start_us;
+    server_->LogAccess(log);
   }
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const char* method,
-                                  grpc::Status s) {
-    Count(method, s);
+                                  grpc::Status s, int64_t start_us = -1,
+                                  InferenceServer::LogEntry log = {}) {
+    if (start_us < 0) start_us = RealClock::Get()->NowMicros();
+    Finished(ctx, method, s, start_us, std::move(log));
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
     r->Finish(std::move(s));
     return r;

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -39,6 +40,7 @@ class GrpcServerTest : public ::testing::Test {
     ServerOptions o;
     o.server_version = "test";
     o.max_input_elements = 1 << 20;
+    o.access_log = &log_;
     server_ = std::make_unique<InferenceServer>(o);
     BatchingConfig c;
     c.max_batch_size = 8;
@@ -105,6 +107,7 @@ class GrpcServerTest : public ::testing::Test {
 
   std::string dir_;
   std::unique_ptr<runtime::Backend> backend_;
+  std::ostringstream log_;
   std::unique_ptr<InferenceServer> server_;
   std::unique_ptr<GrpcServer> grpc_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -250,6 +253,22 @@ TEST_F(GrpcServerTest, InferTypedAndRawEqualRest) {
   EXPECT_EQ(resp.outputs(0).name(), "prediction");
   ASSERT_EQ(resp.raw_output_contents_size(), 1);
   EXPECT_EQ(resp.raw_output_contents(0).size(), 8u);
+  // The access log has the gRPC calls beside the REST one.
+  server_->Shutdown(5000);
+  const std::string log = log_.str();
+  EXPECT_NE(log.find("\"method\":\"POST\",\"path\":\"/v2/models/mlp/infer\",\"status\":200"),
+            std::string::npos)
+      << log;
+  const std::string infer =
+      "\"method\":\"gRPC\",\"path\":\"/inference.GRPCInferenceService/ModelInfer\","
+      "\"status\":\"OK\"";
+  size_t at = log.find(infer);
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string line = log.substr(at, log.find('\n', at) - at);
+  EXPECT_NE(line.find("\"model\":\"mlp\",\"version\":\"1\",\"id\":\"req-7\",\"queue_us\":"),
+            std::string::npos)
+      << line;
+  EXPECT_NE(log.rfind("\"remote\":\"ipv4:127.0.0.1:", at), std::string::npos) << log;
 }
 
 TEST_F(GrpcServerTest, BadRequestsGetTheRightCodes) {
@@ -346,6 +365,9 @@ TEST_F(GrpcServerTest, BadRequestsGetTheRightCodes) {
             std::string::npos)
       << m;
   EXPECT_NE(m.find("kiln_grpc_requests_total{method=\"ModelInfer\",code=\"NOT_FOUND\"} 2"),
+            std::string::npos);
+  EXPECT_NE(log_.str().find("\"path\":\"/inference.GRPCInferenceService/ModelInfer\",\"status\":"
+                            "\"INVALID_ARGUMENT\""),
             std::string::npos);
 }
 

@@ -158,28 +158,44 @@ void InferenceServer::Finish(Call& call, HttpResponse response, HttpReplier& rep
     call.metrics->bytes_in += call.bytes_in;
     call.metrics->bytes_out += response.body.size();
   }
-  if (options_.access_log != nullptr && options_.access_log_sample > 0) {
-    const uint64_t k = log_counter_++;
-    const double r = options_.access_log_sample;
-    if (r >= 1 || std::floor((k + 1) * r) > std::floor(k * r)) {
-      std::string line =
-          absl::StrCat("{\"time\":\"", UtcNow(), "\",\"remote\":", Quoted(call.remote),
-                       ",\"method\":", Quoted(call.method), ",\"path\":", Quoted(call.path),
-                       ",\"status\":", response.status, ",\"bytes_in\":", call.bytes_in,
-                       ",\"bytes_out\":", response.body.size(), ",\"total_us\":", total_us);
-      if (!call.model.empty())
-        absl::StrAppend(&line, ",\"model\":", Quoted(call.model),
-                        ",\"version\":", Quoted(call.version));
-      if (!call.id.empty()) absl::StrAppend(&line, ",\"id\":", Quoted(call.id));
-      if (call.queue_us >= 0)
-        absl::StrAppend(&line, ",\"queue_us\":", call.queue_us, ",\"compute_us\":", call.compute_us,
-                        ",\"batch\":", call.batch_rows);
-      line += "}\n";
-      std::lock_guard<std::mutex> lock(log_mu_);
-      *options_.access_log << line << std::flush;
-    }
+  if (options_.access_log != nullptr) {
+    LogEntry e;
+    e.remote = call.remote;
+    e.method = call.method;
+    e.path = call.path;
+    e.model = call.model;
+    e.version = call.version;
+    e.id = call.id;
+    e.status = std::to_string(response.status);
+    e.bytes_in = call.bytes_in;
+    e.bytes_out = static_cast<int64_t>(response.body.size());
+    e.total_us = total_us;
+    e.queue_us = call.queue_us;
+    e.compute_us = call.compute_us;
+    e.batch_rows = call.batch_rows;
+    LogAccess(e);
   }
   reply(std::move(response));
+}
+
+void InferenceServer::LogAccess(const LogEntry& e) {
+  if (options_.access_log == nullptr || options_.access_log_sample <= 0) return;
+  const uint64_t k = log_counter_++;
+  const double r = options_.access_log_sample;
+  if (r < 1 && std::floor((k + 1) * r) <= std::floor(k * r)) return;
+  std::string line = absl::StrCat("{\"time\":\"", UtcNow(), "\",\"remote\":", Quoted(e.remote),
+                                  ",\"method\":", Quoted(e.method), ",\"path\":", Quoted(e.path),
+                                  ",\"status\":", e.status, ",\"bytes_in\":", e.bytes_in,
+                                  ",\"bytes_out\":", e.bytes_out, ",\"total_us\":", e.total_us);
+  if (!e.model.empty())
+    absl::StrAppend(&line, ",\"model\":", Quoted(e.model), ",\"version\":", Quoted(e.version));
+  if (!e.id.empty()) absl::StrAppend(&line, ",\"id\":", Quoted(e.id));
+  if (e.queue_us >= 0)
+    absl::StrAppend(&line, ",\"queue_us\":", e.queue_us, ",\"compute_us\":", e.compute_us,
+                    ",\"batch\":", e.batch_rows);
+  line += "}\n";
+  std::lock_guard<std::mutex> lock(log_mu_);
+  *options_.access_log << line << std::flush;
 }
 
 void InferenceServer::Handle(HttpRequest req, HttpReplier reply) {

@@ -107,6 +107,16 @@ class InferenceServer {
   // then every model finishes its queue and stops. Idempotent.
   void Shutdown(int64_t drain_ms);
 
+  // One access-log line (JSON; sampled by access_log_sample with every other request). HTTP
+  // writes its status code as `status`; gRPC the code's name, quoted ("\"OK\"").
+  struct LogEntry {
+    std::string remote, method, path, model, version, id;
+    std::string status;  // a JSON value, written as given
+    int64_t bytes_in = 0, bytes_out = 0, total_us = 0;
+    int64_t queue_us = -1, compute_us = -1, batch_rows = 0;  // queue_us < 0: not written
+  };
+  void LogAccess(const LogEntry& e);
+
   // How a model's status maps to metrics and to HTTP (400, 503 + Retry-After, 500).
   static Outcome OutcomeFor(const absl::Status& s);
   static HttpResponse ErrorResponse(const absl::Status& s);
