@@ -67,6 +67,7 @@ absl::Status FillTyped(const InferTensorContents& c, const std::string& at, Tens
     return Bad(absl::StrCat(at, ".", field),
                absl::StrCat(given, " values, but shape ", t.shape().ToString(), " needs ", n));
   }
+  if (n == 0) return absl::OkStatus();
   auto store_int = [&](int64_t i, int64_t v) -> absl::Status {
     auto [lo, hi] = IntegerRange(dt);
     if (v < lo || v > hi) {
