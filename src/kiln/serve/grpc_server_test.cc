@@ -4,6 +4,7 @@
 // REST requests batched together in one batch, metrics, and a drain that answers a queued call.
 #include "kiln/serve/grpc_server.h"
 
+#include <google/protobuf/stubs/logging.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -540,6 +541,50 @@ TEST_F(GrpcServerTest, SecondServerOnTheSamePortFails) {
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.status().message().find(absl::StrCat("127.0.0.1:", g.port)), std::string::npos)
       << again.status();
+}
+
+// Random and mutated bytes that parse as a ModelInferRequest: the conversion answers OK,
+// InvalidArgument or ResourceExhausted, and never crashes (run once under ASan, docs/serving.md).
+TEST(GrpcConvertTest, MutatedMessagesAreRejectedCleanly) {
+  inference::ModelInferRequest base = Request("mlp", kRows, false);
+  inference::ModelInferRequest raw = Request("mlp", kRows, true);
+  (*raw.mutable_parameters())["priority"].set_int64_param(1);
+  raw.add_outputs()->set_name("logits");
+  const std::string seeds[] = {base.SerializeAsString(), raw.SerializeAsString()};
+  std::mt19937 rng(7);
+  int parsed = 0, accepted = 0;
+  google::protobuf::LogSilencer quiet;  // protobuf logs every string field that is not UTF-8
+  for (int i = 0; i < 20000; ++i) {
+    std::string bytes = seeds[i % 2];
+    const int edits = 1 + rng() % 4;
+    for (int e = 0; e < edits && !bytes.empty(); ++e) {
+      const size_t at = rng() % bytes.size();
+      switch (rng() % 3) {
+        case 0:
+          bytes[at] = static_cast<char>(rng());
+          break;
+        case 1:
+          bytes.erase(at, 1 + rng() % 8);
+          break;
+        default:
+          bytes.insert(at, 1, static_cast<char>(rng()));
+      }
+    }
+    inference::ModelInferRequest req;
+    if (!req.ParseFromString(bytes)) continue;
+    ++parsed;
+    bool raw_out = false;
+    absl::StatusOr<InferBody> body = InferBodyFromProto(req, 1 << 16, &raw_out);
+    if (body.ok()) {
+      ++accepted;
+      continue;
+    }
+    ASSERT_TRUE(body.status().code() == absl::StatusCode::kInvalidArgument ||
+                body.status().code() == absl::StatusCode::kResourceExhausted)
+        << body.status();
+  }
+  EXPECT_GT(parsed, 1000);  // about 8% of the mutations still parse
+  EXPECT_GT(accepted, 0);
 }
 
 // The conversions alone, on every datatype (the served test model only takes FP32).
