@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <chrono>
 #include <utility>
@@ -45,6 +46,27 @@ const char* CodeName(grpc::StatusCode c) {
   }
 }
 
+// The methods whose requests carry strings take raw bytes and parse them here: a message that
+// does not parse (malformed, a string that is not UTF-8) is the client's error,
+// INVALID_ARGUMENT, where gRPC's own deserializer would answer INTERNAL.
+template <typename Message>
+absl::Status ParseRequest(const grpc::ByteBuffer* bytes, Message* msg) {
+  grpc::ByteBuffer copy(*bytes);  // shares the slices; the reader needs a mutable buffer
+  grpc::ProtoBufferReader reader(&copy);
+  if (!reader.status().ok() || !msg->ParseFromZeroCopyStream(&reader)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request: not a valid ", msg->GetTypeName(),
+                     " (malformed protobuf, or a string field that is not UTF-8)"));
+  }
+  return absl::OkStatus();
+}
+
+void Serialize(const google::protobuf::MessageLite& msg, grpc::ByteBuffer* out) {
+  std::string bytes = msg.SerializeAsString();
+  grpc::Slice slice(std::move(bytes));
+  *out = grpc::ByteBuffer(&slice, 1);
+}
+
 void FillTensorMetadata(const compiler::TensorSpec& s,
                         inference::ModelMetadataResponse::TensorMetadata* t) {
   t->set_name(s.name);
@@ -55,7 +77,12 @@ void FillTensorMetadata(const compiler::TensorSpec& s,
 
 }  // namespace
 
-class GrpcServer::Service final : public inference::GRPCInferenceService::CallbackService {
+using RawService = inference::GRPCInferenceService::WithRawCallbackMethod_ModelReady<
+    inference::GRPCInferenceService::WithRawCallbackMethod_ModelMetadata<
+        inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+            inference::GRPCInferenceService::CallbackService>>>;
+
+class GrpcServer::Service final : public RawService {
  public:
   explicit Service(InferenceServer* server) : server_(server) {}
 
@@ -74,11 +101,16 @@ class GrpcServer::Service final : public inference::GRPCInferenceService::Callba
   }
 
   grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* ctx,
-                                       const inference::ModelReadyRequest* req,
-                                       inference::ModelReadyResponse* resp) override {
-    auto model = server_->FindModel(req->name(), req->version());
+                                       const grpc::ByteBuffer* bytes,
+                                       grpc::ByteBuffer* out) override {
+    inference::ModelReadyRequest req;
+    if (absl::Status p = ParseRequest(bytes, &req); !p.ok())
+      return Reply(ctx, "ModelReady", ToGrpc(p));
+    auto model = server_->FindModel(req.name(), req.version());
     if (!model.ok()) return Reply(ctx, "ModelReady", ToGrpc(model.status()));
-    resp->set_ready(true);  // a registered version has compiled and warmed up
+    inference::ModelReadyResponse resp;
+    resp.set_ready(true);  // a registered version has compiled and warmed up
+    Serialize(resp, out);
     return Reply(ctx, "ModelReady", grpc::Status::OK);
   }
 
@@ -92,23 +124,32 @@ class GrpcServer::Service final : public inference::GRPCInferenceService::Callba
   }
 
   grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* ctx,
-                                          const inference::ModelMetadataRequest* req,
-                                          inference::ModelMetadataResponse* resp) override {
-    auto model = server_->FindModel(req->name(), req->version());
+                                          const grpc::ByteBuffer* bytes,
+                                          grpc::ByteBuffer* out) override {
+    inference::ModelMetadataRequest req;
+    if (absl::Status p = ParseRequest(bytes, &req); !p.ok())
+      return Reply(ctx, "ModelMetadata", ToGrpc(p));
+    auto model = server_->FindModel(req.name(), req.version());
     if (!model.ok()) return Reply(ctx, "ModelMetadata", ToGrpc(model.status()));
     const ServedModel& m = **model;
-    resp->set_name(m.name());
-    for (const std::string& v : server_->registry().Versions(m.name())) resp->add_versions(v);
-    resp->set_platform("kiln");
-    for (const auto& s : m.inputs()) FillTensorMetadata(s, resp->add_inputs());
-    for (const auto& s : m.outputs()) FillTensorMetadata(s, resp->add_outputs());
+    inference::ModelMetadataResponse resp;
+    resp.set_name(m.name());
+    for (const std::string& v : server_->registry().Versions(m.name())) resp.add_versions(v);
+    resp.set_platform("kiln");
+    for (const auto& s : m.inputs()) FillTensorMetadata(s, resp.add_inputs());
+    for (const auto& s : m.outputs()) FillTensorMetadata(s, resp.add_outputs());
+    Serialize(resp, out);
     return Reply(ctx, "ModelMetadata", grpc::Status::OK);
   }
 
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
-                                       const inference::ModelInferRequest* req,
-                                       inference::ModelInferResponse* resp) override {
+                                       const grpc::ByteBuffer* bytes,
+                                       grpc::ByteBuffer* out) override {
     const int64_t start_us = RealClock::Get()->NowMicros();
+    auto request = std::make_unique<inference::ModelInferRequest>();
+    if (absl::Status p = ParseRequest(bytes, request.get()); !p.ok())
+      return Reply(ctx, "ModelInfer", ToGrpc(p), start_us);
+    const inference::ModelInferRequest* req = request.get();
     InferenceServer::LogEntry log;
     log.model = req->model_name();
     log.version = req->model_version();
@@ -133,11 +174,13 @@ class GrpcServer::Service final : public inference::GRPCInferenceService::Callba
     log.remote = ctx->peer();
     server_->SubmitInfer(
         std::move(model), std::move(*body), metrics,
-        [this, reactor, resp, metrics, start_us, raw, log = std::move(log)](InferDone d) mutable {
+        [this, reactor, out, metrics, start_us, raw, log = std::move(log)](InferDone d) mutable {
           if (d.status.ok()) {
-            FillInferResponse(log.model, log.version, log.id, d.outputs, raw, resp);
-            log.bytes_out = static_cast<int64_t>(resp->ByteSizeLong());
+            inference::ModelInferResponse resp;
+            FillInferResponse(log.model, log.version, log.id, d.outputs, raw, &resp);
+            log.bytes_out = static_cast<int64_t>(resp.ByteSizeLong());
             metrics->bytes_out += log.bytes_out;
+            Serialize(resp, out);
           }
           metrics->total.Observe((RealClock::Get()->NowMicros() - start_us) * 1e-6);
           log.queue_us = d.queue_us;

@@ -5,6 +5,7 @@
 #include "kiln/serve/grpc_server.h"
 
 #include <google/protobuf/stubs/logging.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -370,6 +371,43 @@ TEST_F(GrpcServerTest, BadRequestsGetTheRightCodes) {
   EXPECT_NE(log_.str().find("\"path\":\"/inference.GRPCInferenceService/ModelInfer\",\"status\":"
                             "\"INVALID_ARGUMENT\""),
             std::string::npos);
+}
+
+// Bytes that are no message of the .proto: the client's error, not the server's.
+TEST_F(GrpcServerTest, UnparsableMessagesAreInvalidArgument) {
+  grpc::GenericStub generic(channel_);
+  struct Case {
+    const char* method;
+    std::string bytes;
+  };
+  const std::vector<Case> cases = {
+      {"ModelInfer", std::string("\x0a\x02\xff\xfe", 4)},  // model_name, not UTF-8
+      {"ModelInfer", std::string("\x2a\x7f\x01", 3)},      // inputs: 127 bytes, 1 there
+      {"ModelReady", std::string("\x0a\x01\x80", 3)},
+      {"ModelMetadata", std::string("\xff\xff\xff", 3)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.method);
+    grpc::Slice slice(c.bytes);
+    grpc::ByteBuffer req(&slice, 1), resp;
+    auto ctx = Context();
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    generic.UnaryCall(ctx.get(), absl::StrCat("/inference.GRPCInferenceService/", c.method), {},
+                      &req, &resp, [&](grpc::Status s) {
+                        std::lock_guard<std::mutex> lock(mu);
+                        status = s;
+                        done = true;
+                        cv.notify_all();
+                      });
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return done; }));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_NE(status.error_message().find("request: not a valid inference."), std::string::npos)
+        << status.error_message();
+  }
 }
 
 TEST_F(GrpcServerTest, MangledRequestsNeverInternal) {
