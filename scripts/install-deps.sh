@@ -24,10 +24,13 @@ BUILD_PKGS=(
   libopenmpi-dev openmpi-bin  # kiln::dist_mpi, the OpenMPI Communicator, and mpirun for its tests
 )
 
-# kiln serve: the HTTP server on Boost.Beast/Asio, header-only here, and simdjson for request bodies.
+# kiln serve: the HTTP server on Boost.Beast/Asio, header-only here, simdjson for request bodies,
+# and gRPC with its protobuf code generators for the gRPC service.
 SERVE_PKGS=(
   libboost-dev
   libsimdjson-dev
+  libgrpc++-dev libprotobuf-dev  # kiln serve --grpc-port: the gRPC service, kiln::serve_grpc
+  protobuf-compiler protobuf-compiler-grpc  # protoc and grpc_cpp_plugin generate its C++ at build time
 )
 
 # kiln data import: JPEG and PNG decoding, SentencePiece tokenizers for text corpora.
@@ -47,6 +50,7 @@ TEST_PKGS=(
   curl                   # the kiln serve process tests talk HTTP with it
   iproute2               # ip netns: the multi-host tests' namespace hosts
   python3-pydicom        # real DICOM files in many transfer syntaxes for dicom_import_test
+  python3-grpcio python3-protobuf  # serve_grpc_python: a Python gRPC client talks to kiln serve
 )
 
 # make bench: an optimized BLAS for the peer (without OpenBLAS, torch's f32 matmuls go through the

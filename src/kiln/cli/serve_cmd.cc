@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -15,6 +17,9 @@
 #include "kiln/cli/backends.h"
 #include "kiln/serve/repository.h"
 #include "kiln/serve/server.h"
+#ifdef KILN_HAVE_GRPC
+#include "kiln/serve/grpc_server.h"
+#endif
 
 namespace kiln::cli {
 namespace {
@@ -50,6 +55,15 @@ absl::Status CheckFlags(const ServeOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--access-log-sample ", o.access_log_sample, " is outside [0, 1]"));
   if (o.max_connections < 1) return absl::InvalidArgumentError("--max-connections must be >= 1");
+  if (o.grpc_port < -1 || o.grpc_port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc-port ", o.grpc_port, " is outside -1..65535 (-1: off)"));
+#ifndef KILN_HAVE_GRPC
+  if (o.grpc_port >= 0)
+    return absl::FailedPreconditionError(
+        "--grpc-port: this kiln was built without gRPC (install libgrpc++-dev, libprotobuf-dev, "
+        "protobuf-compiler and protobuf-compiler-grpc, then reconfigure and rebuild)");
+#endif
   absl::Status s = Batching(o).Validate();
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("batching flags: ", s.message()));
   return absl::OkStatus();
@@ -112,6 +126,23 @@ absl::Status RunServe(const ServeOptions& o, std::ostream& out) {
   }
   KILN_RETURN_IF_ERROR(server.Start());
   out << "kiln serve: listening on http://" << o.host << ":" << server.port() << "\n";
+#ifdef KILN_HAVE_GRPC
+  std::unique_ptr<serve::GrpcServer> grpc;  // drained by server.Shutdown with REST
+  if (o.grpc_port >= 0) {
+    serve::GrpcServerOptions g;
+    g.host = o.host;
+    g.port = o.grpc_port;
+    g.max_message_bytes = std::min<int64_t>(o.max_body_mib << 20, INT32_MAX);  // gRPC's int
+    absl::StatusOr<std::unique_ptr<serve::GrpcServer>> started =
+        serve::GrpcServer::Start(&server, g);
+    if (!started.ok()) {
+      server.Shutdown(0);
+      return started.status();
+    }
+    grpc = std::move(*started);
+    out << "kiln serve: gRPC listening on " << o.host << ":" << grpc->port() << "\n";
+  }
+#endif
   for (const auto& m : server.registry().All()) {
     out << "kiln serve: model " << m->name() << " version " << m->version() << " from " << m->dir()
         << " (batch sizes " << absl::StrJoin(m->compiled_sizes(), ",") << ", "
@@ -131,7 +162,9 @@ absl::Status RunServe(const ServeOptions& o, std::ostream& out) {
 
 ServeCommand::ServeCommand(CLI::App& app) {
   cmd_ = app.add_subcommand(
-      "serve", "Serve `kiln export` artifacts over the Open Inference Protocol (KServe v2 REST)");
+      "serve",
+      "Serve `kiln export` artifacts over the Open Inference Protocol (KServe v2 REST, and "
+      "gRPC with --grpc-port)");
   ServeOptions& o = options_;
   cmd_->add_option("--model", o.model, "Serve one artifact directory (version 1)");
   cmd_->add_option("--name", o.name, "Model name for --model (default: the directory's name)");
@@ -171,6 +204,10 @@ ServeCommand::ServeCommand(CLI::App& app) {
                    "Close a connection whose request takes longer than this to arrive")
       ->capture_default_str();
   cmd_->add_option("--max-connections", o.max_connections, "Open connections at most")
+      ->capture_default_str();
+  cmd_->add_option("--grpc-port", o.grpc_port,
+                   "Also serve gRPC (inference.GRPCInferenceService) on this port: -1 off, 0 pick "
+                   "one (printed); messages up to --max-body-mib")
       ->capture_default_str();
   cmd_->add_option("--drain-timeout-s", o.drain_timeout_s,
                    "On SIGTERM/SIGINT, wait at most this long for in-flight requests")

@@ -2,6 +2,7 @@
 //
 //   kiln serve --model /tmp/mlp --port 8000 --max-batch 8 --preferred-batch 4,8
 //   kiln serve --model-repository /srv/models --port 0      # prints the port it bound
+//   kiln serve --model /tmp/mlp --grpc-port 8001            # gRPC beside REST
 //
 // Startup prints the address and every model version loaded, then serves until SIGTERM or
 // SIGINT: the listener closes, requests already read are answered, queued batches run, exit 0.
@@ -45,6 +46,8 @@ struct ServeOptions {
   int64_t idle_timeout_s = 60;
   int64_t read_timeout_s = 30;
   int max_connections = 1024;
+  // gRPC (inference.GRPCInferenceService) on its own port: -1 off, 0 the kernel picks one.
+  int grpc_port = -1;
   int64_t drain_timeout_s = 30;
   std::string access_log;  // file, "-" for stdout, empty: none
   double access_log_sample = 1.0;

@@ -101,28 +101,26 @@ absl::StatusOr<std::vector<Requested>> MatchOutputs(const ServedModel& m, const 
   return out;
 }
 
-HttpResponse BuildResponse(const std::string& name, const std::string& version,
-                           const InferBody& meta, const std::vector<Requested>& wanted,
-                           const std::vector<compiler::TensorSpec>& specs,
-                           const std::vector<Tensor>& outputs) {
+HttpResponse BuildResponse(const std::string& name, const std::string& version, bool has_id,
+                           const std::string& id, const std::vector<InferOutput>& outputs) {
   std::string json = "{\"model_name\":";
   AppendJsonString(name, &json);
   json += ",\"model_version\":";
   AppendJsonString(version, &json);
-  if (meta.has_id) {
+  if (has_id) {
     json += ",\"id\":";
-    AppendJsonString(meta.id, &json);
+    AppendJsonString(id, &json);
   }
   json += ",\"outputs\":[";
   std::string binary;
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    const Tensor& t = outputs[wanted[i].output];
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& t = outputs[i].tensor;
     if (i > 0) json += ',';
     json += "{\"name\":";
-    AppendJsonString(specs[wanted[i].output].name, &json);
+    AppendJsonString(outputs[i].name, &json);
     absl::StrAppend(&json, ",\"datatype\":\"", OipDatatype(t.dtype()), "\",\"shape\":[",
                     absl::StrJoin(t.shape().dims(), ","), "]");
-    if (wanted[i].binary) {
+    if (outputs[i].binary) {
       absl::StrAppend(&json, ",\"parameters\":{\"binary_data_size\":", t.byte_size(), "}}");
       binary.append(static_cast<const char*>(t.raw_data()), t.byte_size());
     } else {
@@ -145,6 +143,51 @@ HttpResponse BuildResponse(const std::string& name, const std::string& version,
 }
 
 }  // namespace
+
+void InferenceServer::SubmitInfer(std::shared_ptr<ServedModel> model, InferBody body,
+                                  ModelMetrics* metrics, std::function<void(InferDone)> done) {
+  auto fail = [&](absl::Status s) {
+    metrics->Count(OutcomeFor(s));
+    InferDone d;
+    d.status = std::move(s);
+    done(std::move(d));
+  };
+  auto request = std::make_unique<BatchRequest>();
+  absl::Status s = MatchInputs(*model, body, &request->inputs, &request->rows);
+  if (!s.ok()) return fail(std::move(s));
+  absl::StatusOr<std::vector<Requested>> wanted = MatchOutputs(*model, body);
+  if (!wanted.ok()) return fail(wanted.status());
+  request->priority = body.priority;
+  request->timeout_us = body.timeout_us;
+  // The callback outlives this frame: it owns copies of what it needs (never the model).
+  std::vector<std::string> names;
+  for (const Requested& w : *wanted) names.push_back(model->outputs()[w.output].name);
+  auto ctx = std::make_shared<
+      std::tuple<std::function<void(InferDone)>, std::vector<Requested>, std::vector<std::string>>>(
+      std::move(done), std::move(*wanted), std::move(names));
+  request->done = [metrics, ctx](absl::Status st, std::unique_ptr<BatchRequest> r) {
+    auto& [cb, want, out_names] = *ctx;
+    InferDone d;
+    d.queue_us = r->dispatch_us - r->enqueue_us;
+    d.compute_us = r->complete_us > 0 ? r->complete_us - r->dispatch_us : 0;
+    d.batch_rows = r->batch_rows;
+    metrics->queue.Observe(d.queue_us * 1e-6);
+    metrics->Count(OutcomeFor(st));
+    if (st.ok()) {
+      for (size_t i = 0; i < want.size(); ++i)
+        d.outputs.push_back({out_names[i], r->outputs[want[i].output], want[i].binary});
+    }
+    d.status = std::move(st);
+    cb(std::move(d));
+  };
+  absl::Status q = model->Submit(std::move(request));
+  if (!q.ok()) {
+    metrics->Count(OutcomeFor(q));
+    InferDone d;
+    d.status = std::move(q);
+    std::get<0> (*ctx)(std::move(d));
+  }
+}
 
 void InferenceServer::Infer(std::shared_ptr<ServedModel> model, HttpRequest& req, Call& call,
                             HttpReplier& reply) {
@@ -170,37 +213,19 @@ void InferenceServer::Infer(std::shared_ptr<ServedModel> model, HttpRequest& req
   absl::StatusOr<InferBody> body = ParseInferRequest(json, binary, options_.max_input_elements);
   if (!body.ok()) return bad(body.status());
   call.id = body->id;
-  auto request = std::make_unique<BatchRequest>();
-  absl::Status s = MatchInputs(*model, *body, &request->inputs, &request->rows);
-  if (!s.ok()) return bad(s);
-  absl::StatusOr<std::vector<Requested>> wanted = MatchOutputs(*model, *body);
-  if (!wanted.ok()) return bad(wanted.status());
-  request->priority = body->priority;
-  request->timeout_us = body->timeout_us;
-  body->inputs.clear();
-  // The callback outlives this frame: it owns copies of what it needs (never the model).
-  auto ctx = std::make_shared<std::tuple<Call, HttpReplier, InferBody, std::vector<Requested>,
-                                         std::vector<compiler::TensorSpec>>>(
-      std::move(call), std::move(reply), std::move(*body), std::move(*wanted), model->outputs());
-  request->done = [this, ctx](absl::Status st, std::unique_ptr<BatchRequest> r) {
-    auto& [c, rep, meta, want, specs] = *ctx;
-    c.queue_us = r->dispatch_us - r->enqueue_us;
-    c.compute_us = r->complete_us > 0 ? r->complete_us - r->dispatch_us : 0;
-    c.batch_rows = r->batch_rows;
-    c.metrics->queue.Observe(c.queue_us * 1e-6);
-    if (!st.ok()) {
-      c.metrics->Count(OutcomeFor(st));
-      return Finish(c, ErrorResponse(st), rep);
+  const bool has_id = body->has_id;
+  ModelMetrics* metrics = call.metrics;
+  auto ctx = std::make_shared<std::pair<Call, HttpReplier>>(std::move(call), std::move(reply));
+  SubmitInfer(std::move(model), std::move(*body), metrics, [this, ctx, has_id](InferDone d) {
+    auto& [c, rep] = *ctx;
+    if (d.queue_us >= 0) {
+      c.queue_us = d.queue_us;
+      c.compute_us = d.compute_us;
+      c.batch_rows = d.batch_rows;
     }
-    c.metrics->Count(Outcome::kSuccess);
-    Finish(c, BuildResponse(c.model, c.version, meta, want, specs, r->outputs), rep);
-  };
-  absl::Status q = model->Submit(std::move(request));
-  if (!q.ok()) {
-    auto& [c, rep, meta, want, specs] = *ctx;
-    c.metrics->Count(OutcomeFor(q));
-    Finish(c, ErrorResponse(q), rep);
-  }
+    if (!d.status.ok()) return Finish(c, ErrorResponse(d.status), rep);
+    Finish(c, BuildResponse(c.model, c.version, has_id, c.id, d.outputs), rep);
+  });
 }
 
 }  // namespace kiln::serve

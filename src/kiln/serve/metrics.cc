@@ -88,6 +88,16 @@ void ServerMetrics::CountHttp(int code) {
   http_[code]++;
 }
 
+void ServerMetrics::EnableGrpc() {
+  std::lock_guard<std::mutex> lock(mu_);
+  grpc_ = true;
+}
+
+void ServerMetrics::CountGrpc(const std::string& method, const std::string& code) {
+  std::lock_guard<std::mutex> lock(mu_);
+  grpc_calls_[{method, code}]++;
+}
+
 std::string ServerMetrics::Render() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
@@ -134,6 +144,12 @@ std::string ServerMetrics::Render() const {
   Header(&out, "kiln_http_requests_total", "counter", "HTTP requests by status code.");
   for (const auto& [code, n] : http_)
     absl::StrAppend(&out, "kiln_http_requests_total{code=\"", code, "\"} ", n, "\n");
+  if (grpc_) {
+    Header(&out, "kiln_grpc_requests_total", "counter", "gRPC requests by method and status code.");
+    for (const auto& [k, n] : grpc_calls_)
+      absl::StrAppend(&out, "kiln_grpc_requests_total{method=\"", LabelValue(k.first), "\",code=\"",
+                      LabelValue(k.second), "\"} ", n, "\n");
+  }
   return out;
 }
 

@@ -9,7 +9,8 @@
 //   kiln_inference_request_duration_seconds  histogram: body read -> response ready
 //   kiln_inference_batch_size                histogram: rows per batch (before padding)
 //   kiln_inference_request_bytes_total, kiln_inference_response_bytes_total  counters
-// and kiln_http_requests_total{code} over every endpoint.
+// and kiln_http_requests_total{code} over every endpoint; with the gRPC service on,
+// kiln_grpc_requests_total{method,code} over every RPC (code: OK, INVALID_ARGUMENT, ...).
 //
 //   ModelMetrics* m = metrics.ForModel("mlp", "1");
 //   m->Count(Outcome::kSuccess);  m->queue.Observe(0.0004);
@@ -64,12 +65,17 @@ class ServerMetrics {
   ModelMetrics* ForModel(const std::string& model, const std::string& version);
   void SetQueueDepth(ModelMetrics* m, std::function<int64_t()> f);
   void CountHttp(int code);
+  // From now on /metrics has kiln_grpc_requests_total (the gRPC service is on).
+  void EnableGrpc();
+  void CountGrpc(const std::string& method, const std::string& code);
   std::string Render() const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, std::string>, std::unique_ptr<ModelMetrics>> models_;
   std::map<int, uint64_t> http_;
+  bool grpc_ = false;
+  std::map<std::pair<std::string, std::string>, uint64_t> grpc_calls_;  // (method, code)
 };
 
 }  // namespace kiln::serve

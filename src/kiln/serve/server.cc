@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -107,13 +108,44 @@ absl::Status InferenceServer::Start() {
   return absl::OkStatus();
 }
 
+void InferenceServer::AddFrontend(Frontend* f) {
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  frontends_.push_back(f);
+}
+
+void InferenceServer::RemoveFrontend(Frontend* f) {
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  std::erase(frontends_, f);
+}
+
+std::vector<std::string> InferenceServer::Extensions() const {
+  std::vector<std::string> e = {"binary_tensor_data", "schedule_policy"};
+  if (repository_ != nullptr) e.push_back("model_repository");
+  return e;
+}
+
+absl::StatusOr<std::shared_ptr<ServedModel>> InferenceServer::FindModel(
+    const std::string& name, const std::string& version) const {
+  std::shared_ptr<ServedModel> model = registry_.Find(name, version);
+  if (model != nullptr) return model;
+  std::vector<std::string> versions = registry_.Versions(name);
+  if (versions.empty()) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+  return absl::NotFoundError(absl::StrCat("model '", name, "' has no version '", version,
+                                          "' (versions: ", absl::StrJoin(versions, ", "), ")"));
+}
+
 void InferenceServer::Shutdown(int64_t drain_ms) {
   std::lock_guard<std::mutex> lock(shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
   ready_ = false;
   for (auto& m : registry_.All()) m->Flush();  // queued requests stop waiting for batches
-  if (http_) http_->Shutdown(drain_ms);        // answers what was read (models still run)
+  // Every front end answers what it took in (models still run), all at once.
+  std::vector<std::thread> drains;
+  for (Frontend* f : frontends_) drains.emplace_back([f, drain_ms] { f->Drain(drain_ms); });
+  if (http_) http_->Shutdown(drain_ms);
+  for (auto& t : drains) t.join();
+  frontends_.clear();
   for (auto& m : registry_.All()) m->Stop();
   http_.reset();
 }
@@ -126,28 +158,44 @@ void InferenceServer::Finish(Call& call, HttpResponse response, HttpReplier& rep
     call.metrics->bytes_in += call.bytes_in;
     call.metrics->bytes_out += response.body.size();
   }
-  if (options_.access_log != nullptr && options_.access_log_sample > 0) {
-    const uint64_t k = log_counter_++;
-    const double r = options_.access_log_sample;
-    if (r >= 1 || std::floor((k + 1) * r) > std::floor(k * r)) {
-      std::string line =
-          absl::StrCat("{\"time\":\"", UtcNow(), "\",\"remote\":", Quoted(call.remote),
-                       ",\"method\":", Quoted(call.method), ",\"path\":", Quoted(call.path),
-                       ",\"status\":", response.status, ",\"bytes_in\":", call.bytes_in,
-                       ",\"bytes_out\":", response.body.size(), ",\"total_us\":", total_us);
-      if (!call.model.empty())
-        absl::StrAppend(&line, ",\"model\":", Quoted(call.model),
-                        ",\"version\":", Quoted(call.version));
-      if (!call.id.empty()) absl::StrAppend(&line, ",\"id\":", Quoted(call.id));
-      if (call.queue_us >= 0)
-        absl::StrAppend(&line, ",\"queue_us\":", call.queue_us, ",\"compute_us\":", call.compute_us,
-                        ",\"batch\":", call.batch_rows);
-      line += "}\n";
-      std::lock_guard<std::mutex> lock(log_mu_);
-      *options_.access_log << line << std::flush;
-    }
+  if (options_.access_log != nullptr) {
+    LogEntry e;
+    e.remote = call.remote;
+    e.method = call.method;
+    e.path = call.path;
+    e.model = call.model;
+    e.version = call.version;
+    e.id = call.id;
+    e.status = std::to_string(response.status);
+    e.bytes_in = call.bytes_in;
+    e.bytes_out = static_cast<int64_t>(response.body.size());
+    e.total_us = total_us;
+    e.queue_us = call.queue_us;
+    e.compute_us = call.compute_us;
+    e.batch_rows = call.batch_rows;
+    LogAccess(e);
   }
   reply(std::move(response));
+}
+
+void InferenceServer::LogAccess(const LogEntry& e) {
+  if (options_.access_log == nullptr || options_.access_log_sample <= 0) return;
+  const uint64_t k = log_counter_++;
+  const double r = options_.access_log_sample;
+  if (r < 1 && std::floor((k + 1) * r) <= std::floor(k * r)) return;
+  std::string line = absl::StrCat("{\"time\":\"", UtcNow(), "\",\"remote\":", Quoted(e.remote),
+                                  ",\"method\":", Quoted(e.method), ",\"path\":", Quoted(e.path),
+                                  ",\"status\":", e.status, ",\"bytes_in\":", e.bytes_in,
+                                  ",\"bytes_out\":", e.bytes_out, ",\"total_us\":", e.total_us);
+  if (!e.model.empty())
+    absl::StrAppend(&line, ",\"model\":", Quoted(e.model), ",\"version\":", Quoted(e.version));
+  if (!e.id.empty()) absl::StrAppend(&line, ",\"id\":", Quoted(e.id));
+  if (e.queue_us >= 0)
+    absl::StrAppend(&line, ",\"queue_us\":", e.queue_us, ",\"compute_us\":", e.compute_us,
+                    ",\"batch\":", e.batch_rows);
+  line += "}\n";
+  std::lock_guard<std::mutex> lock(log_mu_);
+  *options_.access_log << line << std::flush;
 }
 
 void InferenceServer::Handle(HttpRequest req, HttpReplier reply) {
@@ -180,13 +228,15 @@ void InferenceServer::Route(const std::vector<std::string>& p, HttpRequest& req,
     return Finish(call, Error(404, "no such endpoint: " + call.path), reply);
   if (p.size() == 1) {
     if (!get) return method_error("GET");
-    return Finish(
-        call,
-        Json(200, absl::StrCat("{\"name\":\"kiln\",\"version\":", Quoted(options_.server_version),
-                               ",\"extensions\":[\"binary_tensor_data\",\"schedule_"
-                               "policy\"",
-                               repository_ ? ",\"model_repository\"" : "", "]}")),
-        reply);
+    return Finish(call,
+                  Json(200, absl::StrCat("{\"name\":\"kiln\",\"version\":",
+                                         Quoted(options_.server_version), ",\"extensions\":[",
+                                         absl::StrJoin(Extensions(), ",",
+                                                       [](std::string* o, const std::string& e) {
+                                                         o->append(Quoted(e));
+                                                       }),
+                                         "]}")),
+                  reply);
   }
   if (p.size() == 3 && p[1] == "health" && (p[2] == "live" || p[2] == "ready")) {
     if (!get) return method_error("GET");
@@ -209,16 +259,9 @@ void InferenceServer::Route(const std::vector<std::string>& p, HttpRequest& req,
   }
   if (p.size() > at + 1 || (p.size() == at + 1 && p[at] != "ready" && p[at] != "infer"))
     return Finish(call, Error(404, "no such endpoint: " + call.path), reply);
-  std::shared_ptr<ServedModel> model = registry_.Find(call.model, call.version);
-  if (model == nullptr) {
-    std::vector<std::string> versions = registry_.Versions(call.model);
-    if (versions.empty())
-      return Finish(call, Error(404, absl::StrCat("unknown model '", call.model, "'")), reply);
-    return Finish(call,
-                  Error(404, absl::StrCat("model '", call.model, "' has no version '", call.version,
-                                          "' (versions: ", absl::StrJoin(versions, ", "), ")")),
-                  reply);
-  }
+  absl::StatusOr<std::shared_ptr<ServedModel>> found = FindModel(call.model, call.version);
+  if (!found.ok()) return Finish(call, Error(404, std::string(found.status().message())), reply);
+  std::shared_ptr<ServedModel> model = std::move(*found);
   call.version = model->version();
   if (p.size() == at) {
     if (!get) return method_error("GET");

@@ -8,6 +8,10 @@
 //   ...
 //   server.Shutdown(30000);                       // not ready, stop accepting, drain, stop models
 //
+// Other protocol front ends (the gRPC service, grpc_server.h) serve the same registry through
+// SubmitInfer, the inference path the REST handler uses, and register with AddFrontend so that
+// Shutdown drains them too.
+//
 // Status codes: 200; 400 a malformed request (the message names the field); 404 an unknown
 // path, model or version; 405 a wrong method; 413 a body over the limit; 503 (Retry-After) a
 // full queue, a request timeout or a server shutting down. 500 only for a broken invariant.
@@ -16,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <ostream>
@@ -25,6 +30,7 @@
 #include "absl/status/status.h"
 #include "kiln/serve/http_server.h"
 #include "kiln/serve/metrics.h"
+#include "kiln/serve/oip.h"
 #include "kiln/serve/repository.h"
 
 namespace kiln::serve {
@@ -39,6 +45,31 @@ struct ServerOptions {
   std::string server_version = "0.0.0";
 };
 
+// One requested output of an inference, in the order the request asked for them.
+struct InferOutput {
+  std::string name;
+  Tensor tensor;
+  bool binary = false;  // the REST binary extension was asked for it
+};
+
+// What an inference came to: OK with the requested outputs, or why not (InvalidArgument naming
+// the field, Unavailable for a full queue / a queue timeout / shutting down, else Internal).
+struct InferDone {
+  absl::Status status;
+  std::vector<InferOutput> outputs;
+  int64_t queue_us = -1;  // -1: it never reached a batch
+  int64_t compute_us = -1;
+  int64_t batch_rows = 0;
+};
+
+// A protocol front end beside REST (the gRPC service): stops taking requests and answers the
+// ones in flight, for at most `drain_ms`, while the models still run.
+class Frontend {
+ public:
+  virtual ~Frontend() = default;
+  virtual void Drain(int64_t drain_ms) = 0;
+};
+
 class InferenceServer {
  public:
   explicit InferenceServer(ServerOptions options);
@@ -49,11 +80,42 @@ class InferenceServer {
   // Enables /v2/repository/... (must outlive the server).
   void set_repository(ModelRepository* repo) { repository_ = repo; }
 
+  const ServerOptions& options() const { return options_; }
+  // Borrowed (must outlive the server or be removed by Shutdown first): drained by Shutdown
+  // together with the HTTP server, before the models stop.
+  void AddFrontend(Frontend* f);
+  void RemoveFrontend(Frontend* f);
+
   absl::Status Start();
   int port() const { return http_ ? http_->port() : 0; }
+  // True from Start until Shutdown begins.
+  bool ready() const { return ready_.load(); }
+  // The extensions GET /v2 and ServerMetadata list.
+  std::vector<std::string> Extensions() const;
+  // name/version (empty: the highest), or NotFound naming what is missing ("unknown model 'x'",
+  // "model 'x' has no version '9' (versions: 1, 2)").
+  absl::StatusOr<std::shared_ptr<ServedModel>> FindModel(const std::string& name,
+                                                         const std::string& version) const;
+
+  // The protocol-neutral inference path REST and gRPC share: `body`'s inputs matched to the
+  // model's signature and its outputs resolved (InvalidArgument naming the field), the request
+  // queued on the model's batcher. `done` is called exactly once (on a batcher worker, or here
+  // for a request that never queued) after the outcome and queue time are counted in `metrics`.
+  void SubmitInfer(std::shared_ptr<ServedModel> model, InferBody body, ModelMetrics* metrics,
+                   std::function<void(InferDone)> done);
   // Ready turns false, the listener closes, requests read are answered (for up to drain_ms),
   // then every model finishes its queue and stops. Idempotent.
   void Shutdown(int64_t drain_ms);
+
+  // One access-log line (JSON; sampled by access_log_sample with every other request). HTTP
+  // writes its status code as `status`; gRPC the code's name, quoted ("\"OK\"").
+  struct LogEntry {
+    std::string remote, method, path, model, version, id;
+    std::string status;  // a JSON value, written as given
+    int64_t bytes_in = 0, bytes_out = 0, total_us = 0;
+    int64_t queue_us = -1, compute_us = -1, batch_rows = 0;  // queue_us < 0: not written
+  };
+  void LogAccess(const LogEntry& e);
 
   // How a model's status maps to metrics and to HTTP (400, 503 + Retry-After, 500).
   static Outcome OutcomeFor(const absl::Status& s);
@@ -86,6 +148,7 @@ class InferenceServer {
   std::mutex log_mu_;
   std::mutex shutdown_mu_;
   bool shut_down_ = false;
+  std::vector<Frontend*> frontends_;  // under shutdown_mu_
 };
 
 }  // namespace kiln::serve
