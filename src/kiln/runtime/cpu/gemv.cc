@@ -38,20 +38,28 @@ struct Args {
 template <int R, int P>
 inline __attribute__((always_inline)) void Block(const Args& a, int64_t m0, int64_t p0) {
   V16 acc[R][P];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int p = 0; p < P; ++p) acc[r][p] = V16{};
   const float* w[P];
+#pragma GCC unroll 16
   for (int p = 0; p < P; ++p) w[p] = a.pack + (p0 + p) * a.K * kPanel;
   const float* x[R];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) x[r] = a.x + (m0 + r) * a.xs_m;
   for (int64_t k = 0; k < a.K; ++k) {
     V16 wv[P];
+#pragma GCC unroll 16
     for (int p = 0; p < P; ++p) Load(wv[p], w[p] + k * kPanel);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float xv = x[r][k * a.xs_k];
+#pragma GCC unroll 16
       for (int p = 0; p < P; ++p) acc[r][p] += wv[p] * xv;
     }
   }
+#pragma GCC unroll 16
   for (int p = 0; p < P; ++p) {
     const int64_t n0 = (p0 + p) * kPanel;
     const int64_t cols = std::min<int64_t>(kPanel, a.N - n0);
@@ -63,6 +71,7 @@ inline __attribute__((always_inline)) void Block(const Args& a, int64_t m0, int6
         for (int64_t j = 0; j < cols; ++j) b[j] = a.bias[n0 + j];
       }
     }
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       V16 v = acc[r][p] + b;
       if (a.relu) v = v > V16{} ? v : V16{};
