@@ -8,13 +8,17 @@
 #   make bench-dist  all-reduce bandwidth of Kiln's MPI Communicator against raw MPI_Allreduce, 2
 #               ranks, 1-256 MiB, and the data-parallel step time of 2 ranks x 1 thread against
 #               1 rank x 2 threads (GPT and MLP examples): bench/out/dist.json
+#   make bench-serve  kiln serve under load (overhead against a bare Beast server, c=1/8/64,
+#               open-loop Poisson at 50/90/200% of saturation, batching's payoff) and its compute
+#               against ONNX Runtime (npm onnxruntime-node, bench/ort/) and int8 against f32:
+#               bench/out/serve.json (installs the peer packages and bench/ort/node_modules)
 #   make build  configure and build only
 #   make format / make format-check   clang-format the C++ sources / fail if any is not (CI runs it)
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps configure build test demo bench bench-dist clean format format-check
+.PHONY: all deps configure build test demo bench bench-dist bench-serve clean format format-check
 
 all: build
 
@@ -56,6 +60,16 @@ bench-dist: configure
 	  $(BUILD_DIR)/bench/dist_bench --out=bench/out/dist.json
 	@python3 bench/dist_step_bench.py $(BUILD_DIR)/src/kiln/cli/kiln examples/gpt_text.yaml bench/out/dist.json
 	@python3 bench/dist_step_bench.py $(BUILD_DIR)/src/kiln/cli/kiln examples/mlp_digits.yaml bench/out/dist.json --steps 200
+
+# Same threads on both sides (BENCH_THREADS); our process gets the malloc settings DESIGN.md §5
+# asks for; the peer is a node process (bench/ort/peer.js) with its own thread pool.
+bench-serve: configure
+	@bash scripts/install-deps.sh --bench
+	@bash bench/ort/install.sh
+	@cmake --build $(BUILD_DIR) --target serve_bench -j $(JOBS)
+	@mkdir -p bench/out
+	@GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296 \
+	  $(BUILD_DIR)/bench/serve_bench --threads $(BENCH_THREADS) --out bench/out/serve.json
 
 # Every C++ file as .clang-format (Google base) says: `make format` rewrites them, `make format-check`
 # (run by .ci/run) fails naming each file that differs.

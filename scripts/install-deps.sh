@@ -4,7 +4,7 @@
 # is already there. Needs root (or sudo) only when something is missing.
 #
 #   scripts/install-deps.sh           build + test (what `make test` and `make demo` use)
-#   scripts/install-deps.sh --bench   build + test + bench (what `make bench` adds)
+#   scripts/install-deps.sh --bench   build + test + bench (what `make bench` and `make bench-serve` add)
 #
 # Every package a later feature needs goes into the group that uses it: multi-host, serving, ...
 # Keep parentheses out of the arrays, comments included: deps-audit.sh ends an array at the first one.
@@ -57,6 +57,7 @@ TEST_PKGS=(
 # reference BLAS, ~30x slower: an unfair peer).
 BENCH_PKGS=(
   libopenblas0-pthread
+  nodejs                 # make bench-serve: the ONNX Runtime peer, npm onnxruntime-node, runs in node
 )
 
 PKGS=("${BUILD_PKGS[@]}" "${SERVE_PKGS[@]}" "${DATA_PKGS[@]}" "${TEST_PKGS[@]}")

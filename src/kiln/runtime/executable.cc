@@ -141,6 +141,13 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
       return absl::InvalidArgumentError(what() + ": expected " + p.type().ToString() + ", got " +
                                         t->TypeString());
   }
+  for (const auto& [i, value] : bound_) {
+    if (inputs[i]->raw_data() != value.raw_data())
+      return absl::InvalidArgumentError(
+          "input " + std::to_string(i) + " (parameter '" + ParamName(graph_.node(params_[i])) +
+          "') is bound constant (BindConstantParameters): pass the bound tensor, or bind the new "
+          "one");
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const ir::Output& o = graph_.outputs()[i];
     const ir::Type& type = graph_.node(o.node).type();
@@ -226,6 +233,54 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
         graph_.node(o.node).opcode() != ir::Opcode::kConstant)
       ctx_.buffers[o.node] = arena_ptr_[o.node];
   return failed;
+}
+
+absl::Status Executable::BindConstantParameters(const std::map<int, Tensor>& values) {
+  for (const auto& [i, t] : values) {
+    if (i < 0 || i >= static_cast<int>(params_.size()))
+      return absl::InvalidArgumentError("BindConstantParameters: no parameter at position " +
+                                        std::to_string(i) + " (the graph has " +
+                                        std::to_string(params_.size()) + ")");
+    const ir::Node& p = graph_.node(params_[i]);
+    if (t.dtype() != p.type().dtype || t.shape() != p.type().shape)
+      return absl::InvalidArgumentError("BindConstantParameters: parameter '" + ParamName(p) +
+                                        "' is " + p.type().ToString() + ", got " + t.TypeString());
+    const int64_t index = p.attr_int("index");
+    for (const ir::Output& o : graph_.outputs())
+      if (o.in_place_of == index)
+        return absl::InvalidArgumentError("BindConstantParameters: parameter '" + ParamName(p) +
+                                          "' is updated in place by output '" + o.name +
+                                          "', so it cannot be constant");
+  }
+  bound_ = values;
+  ctx_.constant.assign(graph_.num_nodes(), 0);
+  for (const ir::Node& n : graph_.nodes())
+    if (n.opcode() == ir::Opcode::kConstant) ctx_.constant[n.id()] = 1;
+  for (const auto& [i, t] : bound_) {
+    ctx_.constant[params_[i]] = 1;
+    ctx_.buffers[params_[i]] = const_cast<void*>(t.raw_data());  // thunks only read them
+  }
+  // Values hoisted out of the run are computed from constants once: constant too.
+  for (int id : plan_.hoisted) ctx_.constant[id] = 1;
+  // Views of constants are constant (an alias's source is never itself an alias).
+  for (const auto& [node, source] : plan_.aliases) {
+    ctx_.buffers[node] = ctx_.buffers[source];
+    ctx_.constant[node] = ctx_.constant[source];
+  }
+  absl::Status status;
+  for (const std::unique_ptr<Thunk>& t : thunks_) {
+    status = t->PrepareConstants(ctx_);
+    if (!status.ok()) break;
+  }
+  for (int id : params_) ctx_.buffers[id] = nullptr;
+  for (const auto& [node, source] : plan_.aliases) ctx_.buffers[node] = ctx_.buffers[source];
+  if (!status.ok()) {
+    // Leave nothing half-prepared: unbind and let every thunk drop what it derived.
+    bound_.clear();
+    ctx_.constant.clear();
+    for (const std::unique_ptr<Thunk>& t : thunks_) (void)t->PrepareConstants(ctx_);
+  }
+  return status;
 }
 
 }  // namespace kiln::runtime

@@ -47,6 +47,10 @@ struct RunContext {
   Collectives* collectives = nullptr;  // borrowed; null: one replica
   // The first failure of a thunk that can fail (a collective); the run stops after that thunk.
   absl::Status status;
+  // Per node: 1 when its value is fixed for the executable's life (a constant, a parameter bound
+  // by Executable::BindConstantParameters, or a view of either), so a thunk may keep work it
+  // derived from it (pre-packed weights) across runs. Empty until something is bound.
+  std::vector<char> constant;
 };
 
 class Thunk {
@@ -57,6 +61,11 @@ class Thunk {
   virtual void Run(RunContext& ctx) = 0;
   // For profiles and dumps, e.g. "dot_general %12 (onednn matmul)".
   virtual std::string name() const = 0;
+  // Called by Executable::BindConstantParameters with the bound values in ctx.buffers and
+  // ctx.constant set: a thunk may derive state from the buffers of constant nodes now (pre-pack
+  // weights into the layout its kernel streams) and use it on every later run, and must drop such
+  // state for nodes that are no longer constant. Default: nothing to prepare.
+  virtual absl::Status PrepareConstants(const RunContext& ctx) { return absl::OkStatus(); }
 };
 
 // Not thread-safe: one run at a time per Executable (the run state and arena are members).
@@ -91,6 +100,18 @@ class Executable {
                        const std::vector<Tensor*>& outputs);
   // How many outputs the plan computes in place of their parameter (see RunInto).
   int num_in_place_outputs() const;
+
+  // Fixes parameters' values for this executable's life, as a served model's weights are:
+  // `values` maps a position in parameter-index order (as Run's inputs) to its tensor. The
+  // executable keeps the tensors (shared storage: they must not be modified afterwards; bind
+  // again after changing one) and its thunks may pre-pack them now (Thunk::PrepareConstants),
+  // so a later run reads the packed copy. Every later run must pass exactly these tensors (the
+  // same storage) at those positions, or it fails with InvalidArgument naming the parameter; so a
+  // changed weight is never served from an old pack. Calling it again replaces every binding
+  // (an empty map unbinds all) and re-prepares. A parameter that an output is computed in place
+  // of cannot be bound (InvalidArgument): a training step's weights change every run.
+  absl::Status BindConstantParameters(const std::map<int, Tensor>& values);
+  int num_bound_parameters() const { return static_cast<int>(bound_.size()); }
   // Bytes of staging buffers allocated so far (0 until an output had to be staged).
   int64_t staging_bytes_allocated() const { return staging_allocated_; }
 
@@ -119,6 +140,7 @@ class Executable {
   std::vector<std::shared_ptr<uint8_t>> staged_;
   int64_t staging_allocated_ = 0;
   ThunkObserver observer_;
+  std::map<int, Tensor> bound_;  // BindConstantParameters: parameter position -> value
 };
 
 // A backend turns graphs into executables, through the one compile path: Compile runs

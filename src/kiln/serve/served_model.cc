@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -107,17 +108,23 @@ absl::Status ServedModel::Compile(const compiler::Artifact& a, runtime::Backend*
       absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = backend->Compile(program);
       if (!exe.ok()) return Annotate(exe.status(), absl::StrCat("compiling at batch size ", size));
       slot.exe = std::move(*exe);
+      std::map<int, Tensor> weights;
       for (const compiler::InputSpec& in : a.signature.inputs) {
         if (in.weight) {
           auto it = a.weights.find(in.name);
           if (it == a.weights.end())
             return absl::InternalError("artifact has no weight '" + in.name + "'");
+          weights[static_cast<int>(slot.args.size())] = it->second;
           slot.args.push_back(it->second);
         } else {
           slot.input_arg.push_back(static_cast<int>(slot.args.size()));
           slot.args.emplace_back(in.dtype, WithLeading(size, in.shape));
         }
       }
+      // The weights never change while served: bound constant, so the backend packs them once
+      // now into the layouts its kernels stream (runtime/cpu/internal/gemv.h).
+      KILN_RETURN_IF_ERROR(Annotate(slot.exe->BindConstantParameters(weights),
+                                    absl::StrCat("binding the weights at batch size ", size)));
       // Warm-up: the first run allocates the arena and primes the kernels.
       absl::StatusOr<std::vector<Tensor>> r = slot.exe->Run(slot.args);
       if (!r.ok()) return Annotate(r.status(), absl::StrCat("warm-up run at batch size ", size));

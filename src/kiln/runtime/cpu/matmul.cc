@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "kiln/ir/op_traits.h"
 #include "kiln/runtime/cpu/internal/common.h"
+#include "kiln/runtime/cpu/internal/gemv.h"
 
 namespace kiln::runtime::cpu {
 namespace {
@@ -202,9 +203,9 @@ std::unique_ptr<Thunk> SgemmMatmul(const ir::Node& n, const DotPlan& p, const Ep
   });
 }
 
-absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerContext& lc,
-                                                    const DotPlan& p, bool force_copy,
-                                                    const Epilogue& ep = {}) {
+absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmulImpl(const ir::Node& n, LowerContext& lc,
+                                                        const DotPlan& p, bool force_copy,
+                                                        const Epilogue& ep) {
   const ir::Type& lt = lc.operand_type(n, 0);
   const ir::Type& rt = lc.operand_type(n, 1);
   DType odt = n.type().dtype;
@@ -264,7 +265,7 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerCont
       // Narrow floats: compute in f32 instead. Strided operands: copy them to plain layouts.
       if (compute != dnnl::memory::data_type::f32) continue;
       if (!force_copy && (lv.in_place || rv.in_place))
-        return OneDnnMatmul(n, lc, p, /*force_copy=*/true, ep);
+        return OneDnnMatmulImpl(n, lc, p, /*force_copy=*/true, ep);
     }
     b.NameImpl(pd);
     KILN_ASSIGN_OR_RETURN(int dst, b.Output(out_node, PlainDesc(dst_dims, user_dt), dst_md));
@@ -277,6 +278,41 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerCont
     return b.Finish();
   }
   return Unimplemented(n, "oneDNN matmul");
+}
+
+// The oneDNN matmul, wrapped for small f32 batches in the packed-weight kernel (gemv.cc), which
+// takes over when the weight is bound constant; oneDNN runs otherwise.
+absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerContext& lc,
+                                                    const DotPlan& p, bool force_copy,
+                                                    const Epilogue& ep = {}) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Thunk> onednn, OneDnnMatmulImpl(n, lc, p, force_copy, ep));
+  const ir::Type& lt = lc.operand_type(n, 0);
+  const ir::Type& rt = lc.operand_type(n, 1);
+  const bool f32 =
+      lt.dtype == DType::kF32 && rt.dtype == DType::kF32 && n.type().dtype == DType::kF32;
+  const bool act_ok = !ep.has_act || (ep.act == dnnl::algorithm::eltwise_relu && ep.alpha == 0.f);
+  if (!f32 || !act_ok || p.B != 1 || p.M < 1 || p.M > kGemvMaxRows || p.N < 1) return onednn;
+  const std::vector<int64_t>* lg[3] = {&p.lhs.batch, &p.lhs.free, &p.lhs.contract};
+  const std::vector<int64_t>* rg[3] = {&p.rhs.batch, &p.rhs.contract, &p.rhs.free};
+  OperandView lv = MakeView(p.lhs_dims, lt.dtype, lg, /*force_copy=*/false);
+  OperandView rv = MakeView(p.rhs_dims, rt.dtype, rg, /*force_copy=*/false);
+  if (!lv.in_place || !rv.in_place) return onednn;
+  GemvSpec s;
+  s.lhs = n.operand(0);
+  s.rhs = n.operand(1);
+  s.out = ep.out >= 0 ? ep.out : n.id();
+  s.M = p.M;
+  s.K = p.K;
+  s.N = p.N;
+  s.x_row_stride = lv.strides[1];
+  s.x_col_stride = lv.strides[2];
+  s.w_k_stride = rv.strides[1];
+  s.w_n_stride = rv.strides[2];
+  s.bias = ep.bias;
+  s.relu = ep.has_act;
+  s.residual = ep.residual;
+  s.name = ThunkName(n, "packed gemv" + ep.label);
+  return MakeGemvThunk(s, std::move(onednn));
 }
 
 // The loop path: any dtype with arithmetic (floats accumulate in their compute type, integers in

@@ -1,0 +1,457 @@
+#include "bench/serve_compute.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bench/timing.h"
+#include "kiln/cli/quantize_rewrite.h"
+#include "kiln/ir/parser.h"
+#include "kiln/nn/layers.h"
+#include "kiln/nn/params.h"
+#include "kiln/nn/vision.h"
+#include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/tensor/safetensors.h"
+
+namespace kiln::bench {
+namespace {
+
+using nlohmann::json;
+
+// The ONNX Runtime peer: `node peer.js` with JSON lines both ways.
+class OrtPeer {
+ public:
+  static std::unique_ptr<OrtPeer> Start(const ComputeBenchOptions& o, std::string* why) {
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) {
+      *why = "pipe failed";
+      return nullptr;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      *why = "fork failed";
+      return nullptr;
+    }
+    if (pid == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      close(to_child[1]);
+      close(from_child[0]);
+      execlp(o.node.c_str(), o.node.c_str(), o.peer.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    auto p = std::unique_ptr<OrtPeer>(new OrtPeer);
+    p->pid_ = pid;
+    p->in_ = fdopen(to_child[1], "w");
+    p->out_ = fdopen(from_child[0], "r");
+    return p;
+  }
+  ~OrtPeer() {
+    if (in_) {
+      std::fputs("{\"cmd\":\"quit\"}\n", in_);
+      std::fclose(in_);
+    }
+    if (out_) std::fclose(out_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+  // The reply, or {"ok": false, "error": ...} when the peer is gone.
+  json Call(const json& cmd) {
+    std::fputs((cmd.dump() + "\n").c_str(), in_);
+    std::fflush(in_);
+    std::string line;
+    int c;
+    while ((c = std::fgetc(out_)) != EOF && c != '\n') line.push_back(static_cast<char>(c));
+    if (line.empty()) return {{"ok", false}, {"error", "the node peer exited"}};
+    json r = json::parse(line, nullptr, false);
+    if (r.is_discarded()) return {{"ok", false}, {"error", "bad reply: " + line}};
+    return r;
+  }
+
+ private:
+  OrtPeer() = default;
+  pid_t pid_ = -1;
+  FILE* in_ = nullptr;
+  FILE* out_ = nullptr;
+};
+
+Tensor RandomInput(Shape s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  Tensor t(DType::kF32, std::move(s));
+  for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = u(rng);
+  return t;
+}
+
+bool WriteRaw(const std::string& path, const Tensor& t) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(t.raw_data()), t.byte_size());
+  return static_cast<bool>(f);
+}
+
+std::vector<float> ReadRaw(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return {};
+  std::vector<float> v(static_cast<size_t>(f.tellg()) / sizeof(float));
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(v.data()), v.size() * sizeof(float));
+  return v;
+}
+
+// A compiled program with its arguments: weights bound constant (as kiln serve binds them), the
+// runtime input "x" filled.
+struct KilnRun {
+  std::unique_ptr<runtime::Executable> exe;
+  std::vector<Tensor> args, outs;
+  std::vector<const Tensor*> in;
+  std::vector<Tensor*> out;
+
+  // `bind`: the weights bound constant, as kiln serve binds them (pre-packed); false: passed per
+  // run like a training step's (the path every batch took before binding existed).
+  absl::Status Prepare(runtime::Backend& backend, const ir::Graph& g,
+                       const std::map<std::string, Tensor>& weights, const Tensor& x,
+                       bool bind_weights = true) {
+    auto compiled = backend.Compile(g);
+    if (!compiled.ok()) return compiled.status();
+    exe = std::move(*compiled);
+    std::map<int, Tensor> bind;
+    for (int id : exe->graph().parameters()) {
+      const std::string name = exe->graph().node(id).attr_str("name");
+      auto it = weights.find(name);
+      if (it != weights.end()) {
+        bind[static_cast<int>(args.size())] = it->second;
+        args.push_back(it->second);
+      } else if (name == "x") {
+        args.push_back(x);
+      } else {
+        return absl::InvalidArgumentError("no value for parameter '" + name + "'");
+      }
+    }
+    if (!bind_weights) bind.clear();
+    absl::Status s = exe->BindConstantParameters(bind);
+    if (!s.ok()) return s;
+    for (const ir::Output& o : exe->graph().outputs()) {
+      const ir::Type& t = exe->graph().node(o.node).type();
+      outs.emplace_back(t.dtype, t.shape);
+    }
+    for (Tensor& t : args) in.push_back(&t);
+    for (Tensor& t : outs) out.push_back(&t);
+    return exe->RunInto(in, out);  // warm-up
+  }
+
+  // Microseconds per run, for `seconds` (at least 5 runs).
+  std::vector<double> Time(double seconds) {
+    std::vector<double> us;
+    const double end = Seconds() + seconds;
+    while (us.size() < 5 || Seconds() < end) {
+      const double t0 = Seconds();
+      (void)exe->RunInto(in, out);
+      us.push_back((Seconds() - t0) * 1e6);
+    }
+    return us;
+  }
+};
+
+struct ModelCase {
+  std::string name;
+  std::unique_ptr<nn::Model> model;
+  json spec;  // for export_onnx.py
+  int64_t features = 0;
+};
+
+std::vector<ModelCase> Models() {
+  std::vector<ModelCase> m;
+  {
+    nn::MlpOptions o;
+    o.in_features = 1024;
+    o.hidden = {1024, 1024, 1024};
+    o.num_classes = 10;
+    ModelCase c;
+    c.name = "mlp 1024-1024-1024-1024-10";
+    c.model = std::make_unique<nn::MlpClassifier>(o);
+    c.spec = {{"kind", "mlp"}, {"widths", {1024, 1024, 1024, 1024, 10}}};
+    c.features = 1024;
+    m.push_back(std::move(c));
+  }
+  {
+    nn::ResNetOptions o;  // examples/cnn_digits.yaml
+    o.in_channels = 1;
+    o.height = 8;
+    o.width = 8;
+    o.num_classes = 10;
+    o.widths = {16, 32};
+    o.blocks_per_stage = 1;
+    ModelCase c;
+    c.name = "cnn_digits (resnet 1x8x8 16-32)";
+    c.model = std::make_unique<nn::ResNetCnn>(o);
+    c.spec = {{"kind", "cnn"},      {"channels", 1}, {"height", 8},  {"width", 8},
+              {"widths", {16, 32}}, {"blocks", 1},   {"classes", 10}};
+    c.features = 64;
+    m.push_back(std::move(c));
+  }
+  return m;
+}
+
+// The int8 program of `g` by the `kiln quantize` rewrite: every site's activation scale from the
+// min-max of its input over `calib`.
+absl::StatusOr<cli::Int8Program> Quantize(runtime::Backend& backend, const ir::Graph& g,
+                                          const std::map<std::string, Tensor>& weights,
+                                          const Tensor& calib) {
+  std::set<std::string> names;
+  for (const auto& [n, t] : weights) names.insert(n);
+  std::vector<cli::Int8Site> sites = cli::FindInt8Sites(g, names);
+  if (sites.empty()) return absl::FailedPreconditionError("no int8 sites");
+  auto cg = cli::CalibrationProgram(g, sites);
+  if (!cg.ok()) return cg.status();
+  KilnRun c;
+  absl::Status s = c.Prepare(backend, *cg, weights, calib);
+  if (!s.ok()) return s;
+  const size_t first = g.outputs().size();
+  std::vector<float> scales;
+  for (size_t k = 0; k < sites.size(); ++k) {
+    const Tensor& t = c.outs[first + k];
+    double absmax = 0;
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      absmax = std::max(absmax, static_cast<double>(std::fabs(t.data<float>()[i])));
+    scales.push_back(cli::SymmetricScale(absmax));
+  }
+  return cli::RewriteInt8(g, weights, sites, scales);
+}
+
+std::string Fmt(const char* f, double v) {
+  char b[64];
+  snprintf(b, sizeof(b), f, v);
+  return b;
+}
+
+}  // namespace
+
+json RunComputeBench(const ComputeBenchOptions& o) {
+  json rows = json::array();
+  mkdir(o.work_dir.c_str(), 0755);
+  std::string why;
+  std::unique_ptr<OrtPeer> peer = OrtPeer::Start(o, &why);
+  auto backend = runtime::MakeCpuBackend();
+  printf(
+      "\ncompute: Kiln (cpu backend, weights bound constant) vs ONNX Runtime %s, %d threads "
+      "each, %d alternating rounds of %.2f s; median us per forward pass\n",
+      "(onnxruntime-node)", o.threads, o.rounds, o.seconds_per_round);
+  // Each side's per-call floor: y = x + x on 16 floats. The peer's includes node's N-API call and
+  // its promise; Kiln's is Executable::RunInto. Rows also give the ratio with ORT's floor taken
+  // off (ORT's kernels alone, the comparison least favourable to Kiln).
+  double ort_floor = 0;
+  {
+    json floor = {{"model", "floor: y = x + x, 16 floats"}, {"batch", 1}};
+    auto g = ir::ParseGraph(R"(graph @tiny {
+  %0 = parameter() {index=0, name="x"} : f32[1,16]
+  %1 = add(%0, %0) : f32[1,16]
+  return y=%1
+}
+)");
+    KilnRun k;
+    Tensor x = RandomInput(Shape{1, 16}, 3);
+    if (g.ok() && k.Prepare(*backend, *g, {}, x).ok()) floor["kiln_us"] = Median(k.Time(0.3));
+    const std::string onnx = o.work_dir + "/tiny.onnx", in_path = o.work_dir + "/tiny_in.f32";
+    const std::string cmd = "OMP_NUM_THREADS=1 " + o.python + " " + o.exporter +
+                            " '{\"kind\":\"tiny\",\"features\":16}' none 1 " + onnx + " > " +
+                            o.work_dir + "/export.log 2>&1";
+    if (peer && WriteRaw(in_path, x) && std::system(cmd.c_str()) == 0 &&
+        peer->Call({{"cmd", "load"}, {"name", "tiny"}, {"path", onnx}, {"threads", o.threads}})
+            .value("ok", false)) {
+      json r = peer->Call({{"cmd", "run"},
+                           {"name", "tiny"},
+                           {"input", in_path},
+                           {"shape", {1, 16}},
+                           {"iters", 3000}});
+      if (r.value("ok", false)) {
+        std::vector<double> us = r["us"].get<std::vector<double>>();
+        us.erase(us.begin(), us.begin() + 500);  // warm-up
+        ort_floor = Median(us);
+        floor["ort_us"] = ort_floor;
+      }
+    }
+    printf("per-call floor (y = x + x, 16 floats): kiln %.1f us, ort %.1f us\n",
+           floor.value("kiln_us", 0.0), ort_floor);
+    rows.push_back(floor);
+  }
+  printf("%-34s %6s %12s %12s %12s %8s %10s %12s %10s %9s\n", "model", "batch", "kiln f32 us",
+         "unbound us", "ort us", "kiln/ort", "-floor", "kiln int8 us", "int8/f32", "max|diff|");
+  for (ModelCase& mc : Models()) {
+    auto params = nn::InitParams(mc.model->Params(), /*seed=*/0);
+    if (!params.ok()) {
+      rows.push_back({{"model", mc.name}, {"error", std::string(params.status().message())}});
+      continue;
+    }
+    std::map<std::string, Tensor> weights;
+    std::vector<std::pair<std::string, Tensor>> list;
+    for (const std::string& n : params->names()) {
+      weights[n] = *params->Get(n);
+      list.push_back({n, weights[n]});
+    }
+    const std::string tag = mc.spec["kind"].get<std::string>();
+    const std::string st = o.work_dir + "/" + tag + ".safetensors";
+    absl::Status ws = WriteSafetensors(st, list);
+    for (int64_t batch : {int64_t{1}, int64_t{256}}) {
+      json row = {{"model", mc.name}, {"batch", batch}, {"threads", o.threads}};
+      auto g = mc.model->PredictGraph(batch);
+      if (!g.ok()) {
+        row["error"] = std::string(g.status().message());
+        rows.push_back(row);
+        continue;
+      }
+      Tensor x = RandomInput(Shape{batch, mc.features}, 7 + static_cast<uint32_t>(batch));
+      KilnRun f32;
+      absl::Status s = f32.Prepare(*backend, *g, weights, x);
+      if (!s.ok()) {
+        row["error"] = "kiln: " + std::string(s.message());
+        rows.push_back(row);
+        continue;
+      }
+      KilnRun unbound;
+      const bool have_unbound =
+          unbound.Prepare(*backend, *g, weights, x, /*bind_weights=*/false).ok();
+      // int8 through the kiln quantize rewrite (calibrated on 64 random rows).
+      KilnRun int8;
+      bool have_int8 = false;
+      auto q = Quantize(*backend, *g, weights, RandomInput(Shape{batch, mc.features}, 99));
+      if (q.ok()) {
+        s = int8.Prepare(*backend, q->program, q->weights, x);
+        have_int8 = s.ok();
+        if (!s.ok()) row["int8_error"] = std::string(s.message());
+      } else {
+        row["int8_error"] = std::string(q.status().message());
+      }
+      // ORT on the same weights.
+      bool have_ort = false;
+      const std::string onnx = o.work_dir + "/" + tag + "_b" + std::to_string(batch) + ".onnx";
+      const std::string in_path = o.work_dir + "/" + tag + "_in.f32";
+      const std::string out_path = o.work_dir + "/" + tag + "_ort_out.f32";
+      const std::string name = tag + "_b" + std::to_string(batch);
+      if (!peer) {
+        row["ort_skipped"] = why;
+      } else if (!ws.ok()) {
+        row["ort_skipped"] = std::string(ws.message());
+      } else {
+        const std::string cmd = "OMP_NUM_THREADS=1 " + o.python + " " + o.exporter + " '" +
+                                mc.spec.dump() + "' " + st + " " + std::to_string(batch) + " " +
+                                onnx + " > " + o.work_dir + "/export.log 2>&1";
+        if (std::system(cmd.c_str()) != 0) {
+          row["ort_skipped"] = "export_onnx.py failed (see " + o.work_dir + "/export.log)";
+        } else {
+          json r =
+              peer->Call({{"cmd", "load"}, {"name", name}, {"path", onnx}, {"threads", o.threads}});
+          if (!r.value("ok", false)) {
+            row["ort_skipped"] = r.value("error", "load failed");
+          } else {
+            WriteRaw(in_path, x);
+            have_ort = true;
+          }
+        }
+      }
+      std::vector<double> kiln_us, ort_us, int8_us, unbound_us;
+      auto ort_time = [&](int iters) -> std::vector<double> {
+        json r = peer->Call({{"cmd", "run"},
+                             {"name", name},
+                             {"input", in_path},
+                             {"shape", {batch, mc.features}},
+                             {"iters", iters},
+                             {"out", out_path}});
+        if (!r.value("ok", false)) return {};
+        return r["us"].get<std::vector<double>>();
+      };
+      if (have_ort) ort_time(5);  // warm-up
+      for (int round = 0; round < o.rounds; ++round) {
+        std::vector<double> k = f32.Time(o.seconds_per_round);
+        kiln_us.insert(kiln_us.end(), k.begin(), k.end());
+        if (have_ort) {
+          // As many runs as Kiln took in its share of the round, at least 5.
+          const double med = Median(k);
+          const int iters = std::max(5, static_cast<int>(o.seconds_per_round * 1e6 / med));
+          std::vector<double> r = ort_time(iters);
+          if (r.empty()) {
+            row["ort_skipped"] = "run failed";
+            have_ort = false;
+          }
+          ort_us.insert(ort_us.end(), r.begin(), r.end());
+        }
+        if (have_unbound) {
+          std::vector<double> u = unbound.Time(o.seconds_per_round);
+          unbound_us.insert(unbound_us.end(), u.begin(), u.end());
+        }
+        if (have_int8) {
+          std::vector<double> i = int8.Time(o.seconds_per_round);
+          int8_us.insert(int8_us.end(), i.begin(), i.end());
+        }
+      }
+      const double kmed = Median(kiln_us);
+      row["kiln_us"] = kmed;
+      row["kiln_runs"] = kiln_us.size();
+      if (have_unbound) {
+        row["kiln_unbound_us"] = Median(unbound_us);
+        row["ratio_bound_over_unbound"] = kmed / Median(unbound_us);
+      }
+      std::string ort_col = "-", ratio_col = "-", diff_col = "-", int8_col = "-", i8r_col = "-";
+      std::string floor_col = "-";
+      if (have_ort) {
+        const double omed = Median(ort_us);
+        row["ort_us"] = omed;
+        row["ort_runs"] = ort_us.size();
+        row["ratio_kiln_over_ort"] = kmed / omed;
+        // Oracle: the same logits from both.
+        std::vector<float> ort_logits = ReadRaw(out_path);
+        const Tensor& mine = f32.outs[0];
+        double diff = 0, scale = 1e-6;
+        if (static_cast<int64_t>(ort_logits.size()) == mine.num_elements()) {
+          for (int64_t i = 0; i < mine.num_elements(); ++i) {
+            diff = std::max(diff, std::fabs(double(ort_logits[i]) - mine.data<float>()[i]));
+            scale = std::max(scale, std::fabs(double(mine.data<float>()[i])));
+          }
+          row["max_abs_diff_logits"] = diff;
+          row["logits_agree"] = diff <= 1e-4 * scale + 1e-5;
+        } else {
+          row["logits_agree"] = false;
+          row["max_abs_diff_logits"] = nullptr;
+        }
+        ort_col = Fmt("%.1f", omed);
+        ratio_col = Fmt("%.2fx", kmed / omed);
+        if (ort_floor > 0 && omed > ort_floor) {
+          row["ratio_kiln_over_ort_minus_floor"] = kmed / (omed - ort_floor);
+          floor_col = Fmt("%.2fx", kmed / (omed - ort_floor));
+        }
+        diff_col = Fmt("%.1e", diff);
+      }
+      if (have_int8) {
+        const double imed = Median(int8_us);
+        row["kiln_int8_us"] = imed;
+        row["ratio_int8_over_f32"] = imed / kmed;
+        int8_col = Fmt("%.1f", imed);
+        i8r_col = Fmt("%.2fx", imed / kmed);
+      }
+      printf("%-34s %6lld %12.1f %12.1f %12s %8s %10s %12s %10s %9s\n", mc.name.c_str(),
+             static_cast<long long>(batch), kmed, row.value("kiln_unbound_us", 0.0),
+             ort_col.c_str(), ratio_col.c_str(), floor_col.c_str(), int8_col.c_str(),
+             i8r_col.c_str(), diff_col.c_str());
+      if (row.contains("ort_skipped"))
+        printf("  ort skipped: %s\n", row["ort_skipped"].get<std::string>().c_str());
+      fflush(stdout);
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+}  // namespace kiln::bench

@@ -1,0 +1,35 @@
+// The compute half of `make bench-serve` (serve_compute.cc): a served model's forward pass in Kiln
+// (compiled on the cpu backend, weights bound constant as `kiln serve` binds them, so they are
+// pre-packed) against ONNX Runtime on the same weights (exported to ONNX by Debian's python3-torch,
+// run by the npm package onnxruntime-node in a persistent node process, bench/ort/peer.js), and
+// int8 Kiln (the `kiln quantize` rewrite, min-max calibration) against f32 Kiln. Same threads on
+// both sides, alternating rounds, ratios of medians (DESIGN.md §5).
+//
+//   nlohmann::json rows = RunComputeBench({.threads = 2, .rounds = 5});
+#ifndef KILN_BENCH_SERVE_COMPUTE_H_
+#define KILN_BENCH_SERVE_COMPUTE_H_
+
+#include <string>
+
+#include "nlohmann/json.hpp"
+
+namespace kiln::bench {
+
+struct ComputeBenchOptions {
+  int threads = 2;
+  int rounds = 5;                  // alternating Kiln / ORT rounds
+  double seconds_per_round = 0.3;  // per side, per round (at least 5 runs)
+  std::string work_dir = "/tmp/kiln_serve_bench_compute";
+  std::string node = "node";  // runs bench/ort/peer.js
+  std::string peer = "bench/ort/peer.js";
+  std::string exporter = "bench/ort/export_onnx.py";
+  std::string python = "/usr/bin/python3";
+};
+
+// One JSON object per row ({"model", "batch", "kiln_us", "ort_us", "ratio", ...}); rows whose peer
+// could not run carry "ort_skipped": why. Prints a table as it goes.
+nlohmann::json RunComputeBench(const ComputeBenchOptions& options);
+
+}  // namespace kiln::bench
+
+#endif  // KILN_BENCH_SERVE_COMPUTE_H_

@@ -1,0 +1,214 @@
+// The small-batch matmul over pre-packed constant weights (internal/gemv.h says what and why).
+#include "kiln/runtime/cpu/internal/gemv.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "kiln/base/memory.h"
+#include "kiln/runtime/cpu/internal/common.h"
+
+namespace kiln::runtime::cpu {
+namespace {
+
+constexpr int64_t kPanel = 16;  // columns per packed panel: one AVX-512 register of floats
+constexpr int kGroup = 4;       // panels whose accumulators live in registers together
+constexpr int kRows = 4;        // rows per pass over a group of panels
+
+// 16 floats; GCC lowers it to one zmm, two ymm or four xmm registers depending on the clone.
+typedef float V16 __attribute__((vector_size(64)));
+
+// By reference, not by value: a 64-byte vector return would change the baseline clone's ABI.
+inline __attribute__((always_inline)) void Load(V16& v, const float* p) {
+  std::memcpy(&v, p, sizeof(v));
+}
+
+struct Args {
+  const float* x;
+  int64_t xs_m, xs_k;
+  const float* pack;      // [panels][K][16]
+  const float* bias;      // [N] or null
+  const float* residual;  // [M, N] or null
+  float* out;             // [M, N]
+  int64_t M, K, N;
+  bool relu;
+};
+
+// Rows [m0, m0 + R) x panels [p0, p0 + P): accumulate over all of K, then the epilogue and store.
+template <int R, int P>
+inline __attribute__((always_inline)) void Block(const Args& a, int64_t m0, int64_t p0) {
+  V16 acc[R][P];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) acc[r][p] = V16{};
+  const float* w[P];
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p) w[p] = a.pack + (p0 + p) * a.K * kPanel;
+  const float* x[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) x[r] = a.x + (m0 + r) * a.xs_m;
+  for (int64_t k = 0; k < a.K; ++k) {
+    V16 wv[P];
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) Load(wv[p], w[p] + k * kPanel);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float xv = x[r][k * a.xs_k];
+#pragma GCC unroll 16
+      for (int p = 0; p < P; ++p) acc[r][p] += wv[p] * xv;
+    }
+  }
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p) {
+    const int64_t n0 = (p0 + p) * kPanel;
+    const int64_t cols = std::min<int64_t>(kPanel, a.N - n0);
+    V16 b = V16{};
+    if (a.bias != nullptr) {
+      if (cols == kPanel) {
+        Load(b, a.bias + n0);
+      } else {
+        for (int64_t j = 0; j < cols; ++j) b[j] = a.bias[n0 + j];
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      V16 v = acc[r][p] + b;
+      if (a.relu) v = v > V16{} ? v : V16{};
+      float* o = a.out + (m0 + r) * a.N + n0;
+      const float* res = a.residual != nullptr ? a.residual + (m0 + r) * a.N + n0 : nullptr;
+      if (cols == kPanel) {
+        if (res) {
+          V16 rv;
+          Load(rv, res);
+          v += rv;
+        }
+        std::memcpy(o, &v, sizeof(v));
+      } else {
+        for (int64_t j = 0; j < cols; ++j) o[j] = v[j] + (res ? res[j] : 0.f);
+      }
+    }
+  }
+}
+
+template <int P>
+inline __attribute__((always_inline)) void Rows(const Args& a, int64_t p0) {
+  int64_t m = 0;
+  for (; m + kRows <= a.M; m += kRows) Block<kRows, P>(a, m, p0);
+  switch (a.M - m) {
+    case 3:
+      Block<3, P>(a, m, p0);
+      break;
+    case 2:
+      Block<2, P>(a, m, p0);
+      break;
+    case 1:
+      Block<1, P>(a, m, p0);
+      break;
+    default:
+      break;
+  }
+}
+
+// Panels [begin, end): full groups of kGroup, then the rest one group of 1..3.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void RunPanels(
+    const Args& a, int64_t begin, int64_t end) {
+  int64_t p = begin;
+  for (; p + kGroup <= end; p += kGroup) Rows<kGroup>(a, p);
+  switch (end - p) {
+    case 3:
+      Rows<3>(a, p);
+      break;
+    case 2:
+      Rows<2>(a, p);
+      break;
+    case 1:
+      Rows<1>(a, p);
+      break;
+    default:
+      break;
+  }
+}
+
+class GemvThunk : public Thunk {
+ public:
+  GemvThunk(const GemvSpec& spec, std::unique_ptr<Thunk> fallback)
+      : spec_(spec), fallback_(std::move(fallback)) {
+    panels_ = (spec_.N + kPanel - 1) / kPanel;
+  }
+
+  std::string name() const override { return pack_ ? spec_.name : fallback_->name(); }
+
+  absl::Status PrepareConstants(const RunContext& ctx) override {
+    pack_.reset();
+    packed_from_ = nullptr;
+    const int rhs = spec_.rhs;
+    if (rhs >= static_cast<int>(ctx.constant.size()) || !ctx.constant[rhs] ||
+        ctx.buffers[rhs] == nullptr)
+      return absl::OkStatus();  // not constant: the fallback runs
+    const float* w = static_cast<const float*>(ctx.buffers[rhs]);
+    const int64_t K = spec_.K, N = spec_.N, sk = spec_.w_k_stride, sn = spec_.w_n_stride;
+    std::shared_ptr<uint8_t> mem = AllocatePopulated(
+        AlignUp(panels_ * K * kPanel * static_cast<int64_t>(sizeof(float))), kBufferAlignment);
+    float* pack = reinterpret_cast<float*>(mem.get());
+    ParallelFor(panels_, 1, [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        float* dst = pack + p * K * kPanel;
+        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+        for (int64_t k = 0; k < K; ++k) {
+          for (int64_t j = 0; j < cols; ++j) dst[k * kPanel + j] = w[k * sk + (n0 + j) * sn];
+          for (int64_t j = cols; j < kPanel; ++j) dst[k * kPanel + j] = 0.f;
+        }
+      }
+    });
+    pack_ = std::move(mem);
+    packed_from_ = w;
+    return absl::OkStatus();
+  }
+
+  void Run(RunContext& ctx) override {
+    const int rhs = spec_.rhs;
+    if (!pack_ || ctx.buffers[rhs] != packed_from_ ||
+        rhs >= static_cast<int>(ctx.constant.size()) || !ctx.constant[rhs]) {
+      fallback_->Run(ctx);
+      return;
+    }
+    Args a;
+    a.x = static_cast<const float*>(ctx.buffers[spec_.lhs]);
+    a.xs_m = spec_.x_row_stride;
+    a.xs_k = spec_.x_col_stride;
+    a.pack = reinterpret_cast<const float*>(pack_.get());
+    a.bias = spec_.bias >= 0 ? static_cast<const float*>(ctx.buffers[spec_.bias]) : nullptr;
+    a.residual =
+        spec_.residual >= 0 ? static_cast<const float*>(ctx.buffers[spec_.residual]) : nullptr;
+    a.out = static_cast<float*>(ctx.buffers[spec_.out]);
+    a.M = spec_.M;
+    a.K = spec_.K;
+    a.N = spec_.N;
+    a.relu = spec_.relu;
+    // Whole groups per thread; a thread gets at least ~256 KiB of weights, so small layers stay on
+    // the calling thread (an OpenMP region costs more than they do).
+    const int64_t groups = (panels_ + kGroup - 1) / kGroup;
+    const int64_t group_bytes = kGroup * kPanel * a.K * static_cast<int64_t>(sizeof(float));
+    const int64_t grain = std::max<int64_t>(1, (256 << 10) / std::max<int64_t>(group_bytes, 1));
+    const int64_t panels = panels_;
+    ParallelFor(groups, grain, [&](int64_t b, int64_t e) {
+      RunPanels(a, b * kGroup, std::min(panels, e * kGroup));
+    });
+  }
+
+ private:
+  GemvSpec spec_;
+  std::unique_ptr<Thunk> fallback_;
+  int64_t panels_ = 0;
+  std::shared_ptr<uint8_t> pack_;  // [panels][K][16] floats, while the weight is constant
+  const void* packed_from_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Thunk> MakeGemvThunk(const GemvSpec& spec, std::unique_ptr<Thunk> fallback) {
+  return std::make_unique<GemvThunk>(spec, std::move(fallback));
+}
+
+}  // namespace kiln::runtime::cpu
