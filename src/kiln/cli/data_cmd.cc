@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "kiln/base/env.h"
 #include "kiln/base/status.h"
+#include "kiln/data/click_log.h"
 #include "kiln/data/dataset_manifest.h"
 #include "kiln/data/example_proto.h"
 #include "kiln/data/import_util.h"
@@ -298,6 +299,7 @@ DataCommands::DataCommands(CLI::App& app) {
   text_->add_flag("--quiet", quiet_, "No progress output");
 
   AddDicom(import);
+  AddGenerate();
 
   inspect_ =
       data_->add_subcommand("inspect", "Verify a dataset's shards and print its manifest summary");
@@ -344,6 +346,21 @@ int DataCommands::Run(std::ostream& out, std::ostream& err) {
     return 0;
   }
   if (dicom_ != nullptr && *dicom_) return RunDicom(out, err, progress, tty);
+  if (*clicks_) {
+    absl::StatusOr<data::ClickLogSummary> r =
+        data::GenerateClickLog(Env::Default(), click_opts_, progress);
+    if (!r.ok()) {
+      err << (tty ? "\n" : "") << "kiln data generate clicks: " << r.status().message() << "\n";
+      return 1;
+    }
+    PrintSummary(out, click_opts_.out_dir, r->import, seconds(), "events");
+    out << absl::StrFormat(
+        "day %d: click rate %.4f; Bayes-optimal on held_out (%d events, the true "
+        "probabilities): auc %.4f recall@%d %.4f\n",
+        click_opts_.day, r->click_rate, r->held_out_examples, r->bayes_auc, click_opts_.recall_k,
+        r->bayes_recall);
+    return 0;
+  }
   if (*inspect_) {
     absl::Status s = InspectDataset(inspect_dir_, !inspect_no_verify_, out);
     if (!s.ok()) {
@@ -353,6 +370,37 @@ int DataCommands::Run(std::ostream& out, std::ostream& err) {
     return 0;
   }
   return -1;
+}
+
+void DataCommands::AddGenerate() {
+  CLI::App* generate =
+      data_->add_subcommand("generate", "Write synthetic datasets with a known optimum");
+  generate->require_subcommand(1);
+  clicks_ = generate->add_subcommand(
+      "clicks",
+      "A click log from a hidden preference model (docs/data.md \"Click-log generator\"), with "
+      "the Bayes-optimal AUC and recall@K of its held-out split");
+  data::ClickLogOptions& o = click_opts_;
+  clicks_->add_option("--out", o.out_dir, "Dataset folder to write")->required();
+  clicks_->add_option("--users", o.users, "Users (ids 0..U-1)")->capture_default_str();
+  clicks_->add_option("--items", o.items, "Items (ids 0..I-1)")->capture_default_str();
+  clicks_->add_option("--events", o.events, "Impressions in the log")->capture_default_str();
+  clicks_->add_option("--day", o.day, "Day of the log: day D drifts the hidden model D-1 steps")
+      ->capture_default_str();
+  clicks_->add_option("--seed", o.seed, "Seed of the hidden model, the events and the split")
+      ->capture_default_str();
+  clicks_->add_option("--dim", o.dim, "Latent dimension of the hidden model")
+      ->capture_default_str();
+  clicks_->add_option("--drift", o.drift, "Random-walk step per day (relative)")
+      ->capture_default_str();
+  clicks_->add_option("--held-out", o.held_out, "Fraction of the events in split held_out")
+      ->capture_default_str();
+  clicks_->add_option("--shards", o.shards, "Shards of the train split")->capture_default_str();
+  clicks_->add_option("--recall-k", o.recall_k, "K of the Bayes recall@K reported")
+      ->capture_default_str();
+  clicks_->add_option("--threads", o.threads, "Encoding threads (0: all cores)")
+      ->capture_default_str();
+  clicks_->add_flag("--quiet", quiet_, "No progress output");
 }
 
 #ifdef KILN_HAVE_GDCM

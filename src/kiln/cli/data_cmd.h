@@ -1,4 +1,5 @@
-// `kiln data import images|csv|text|dicom ...` and `kiln data inspect DIR` (docs/data.md):
+// `kiln data import images|csv|text|dicom ...`, `kiln data generate clicks ...` and
+// `kiln data inspect DIR` (docs/data.md):
 // converters from user data to record shards plus dataset.json (src/kiln/data/), with a progress
 // bar.
 //
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "kiln/data/click_log.h"
 #include "kiln/data/csv_import.h"
 #ifdef KILN_HAVE_GDCM
 #include "kiln/data/dicom/dicom_import.h"
@@ -39,6 +41,9 @@ class DataCommands {
   CLI::App* text_ = nullptr;
   CLI::App* dicom_ = nullptr;  // null in a kiln built without GDCM
   CLI::App* inspect_ = nullptr;
+  CLI::App* clicks_ = nullptr;  // kiln data generate clicks
+  data::ClickLogOptions click_opts_;
+  void AddGenerate();
   data::ImageImportOptions image_opts_;
   std::string size_;
   data::CsvImportOptions csv_opts_;

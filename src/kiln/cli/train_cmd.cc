@@ -637,12 +637,14 @@ int TrainCommands::RunEval(std::ostream& out, std::ostream& err) {
   absl::StatusOr<std::unique_ptr<train::Evaluator>> evaluator =
       train::Evaluator::Create(**backend, *run->model, *held);
   if (!evaluator.ok()) return Fail(err, "eval", evaluator.status());
+  (*evaluator)->set_recall_k(config->eval_recall_k);
   absl::StatusOr<train::EvalResult> e = (*evaluator)->Run(run->params, eval_batches_);
   if (!e.ok()) return Fail(err, "eval", e.status());
   out << absl::StrFormat("step %d: held-out loss %.4f accuracy %.4f", run->step, e->loss,
                          e->accuracy);
   if (e->perplexity > 0)
     out << absl::StrFormat(" perplexity %.2f", e->perplexity);  // language models
+  out << train::RankingText(*e);  // two-class classifiers: auc; the recommender: recall@K
   out << absl::StrFormat(" (%d examples)\n", e->examples);
   return 0;
 }

@@ -361,6 +361,8 @@ absl::StatusOr<std::unique_ptr<Source>> MakeTextSource(const std::string& path, 
 //                  normalized with its manifest statistics, (v - mean) / std (std 0 -> 1);
 //                  y = s32 label.
 //   text           x = s32 [L], y = s32 [L]: a record's L + 1 "tokens", shifted by one.
+//   clicks         x = f32 [S + D]: the sparse ids (exact floats) then the dense features
+//                  normalized as for csv (OpenClicks below); y = s32 click.
 class DatasetSource final : public Source {
  public:
   static absl::StatusOr<std::unique_ptr<Source>> Make(Env* env, const std::string& dir) {
@@ -410,6 +412,8 @@ class DatasetSource final : public Source {
         return absl::DataLossError(dir + "/dataset.json: no float32 feature to train on");
       s->x_spec_ = {DType::kF32, Shape{static_cast<int64_t>(s->columns_.size())}};
       s->y_spec_ = {DType::kS32, Shape{}};
+    } else if (m.kind == "clicks") {
+      KILN_RETURN_IF_ERROR(s->OpenClicks(dir, m));
     } else if (m.kind == "text") {
       const FeatureSchema* f = m.FindFeature("tokens");
       if (f == nullptr || f->shape.size() != 1 || f->shape[0] < 2)
@@ -444,6 +448,7 @@ class DatasetSource final : public Source {
       return absl::OkStatus();
     }
     *y = static_cast<int32_t>(b.tensors.at(m.label_feature).data<int64_t>()[0]);
+    if (kind_ == "clicks") return FetchClicks(b, ds, i < n_train_ ? i : i - n_train_, x);
     if (!columns_.empty()) {
       for (size_t k = 0; k < columns_.size(); ++k) {
         const double v = b.tensors.at(columns_[k]).data<float>()[0];
@@ -456,6 +461,56 @@ class DatasetSource final : public Source {
     for (int64_t ch = 0; ch < c; ++ch)
       for (int64_t p = 0; p < h * w; ++p)
         x[ch * h * w + p] = static_cast<float>((px[p * c + ch] - mean_[ch]) * inv_std_[ch]);
+    return absl::OkStatus();
+  }
+
+  // kind "clicks" (data/click_log.h): x = [the sparse ids as exact floats, then the dense
+  // features normalized with the manifest's statistics], in the manifest's extra.sparse and
+  // extra.dense order. An id outside [0, extra.tables[k]) is DataLoss naming the record.
+  absl::Status OpenClicks(const std::string& dir, const DatasetManifest& m) {
+    const nlohmann::json& e = m.extra;
+    if (!e.is_object() || !e.contains("sparse") || !e.contains("dense") || !e.contains("tables") ||
+        !e["sparse"].is_array() || !e["dense"].is_array() || !e["tables"].is_array() ||
+        e["tables"].size() != e["sparse"].size()) {
+      return absl::DataLossError(
+          dir + "/dataset.json: a clicks dataset needs extra.sparse, extra.tables and extra.dense");
+    }
+    for (size_t k = 0; k < e["sparse"].size(); ++k) {
+      sparse_.push_back(e["sparse"][k].get<std::string>());
+      tables_.push_back(e["tables"][k].get<int64_t>());
+    }
+    for (const auto& d : e["dense"]) {
+      const std::string name = d.get<std::string>();
+      columns_.push_back(name);
+      const nlohmann::json& st = m.statistics.value(name, nlohmann::json::object());
+      double mean = 0, sd = 0;
+      if (st.contains("mean") && st.contains("std") && !st["mean"].empty()) {
+        mean = st["mean"][0].get<double>();
+        sd = st["std"][0].get<double>();
+      }
+      mean_.push_back(mean);
+      inv_std_.push_back(sd > 0 ? 1.0 / sd : 1.0);
+    }
+    x_spec_ = {DType::kF32, Shape{static_cast<int64_t>(sparse_.size() + columns_.size())}};
+    y_spec_ = {DType::kS32, Shape{}};
+    return absl::OkStatus();
+  }
+
+  absl::Status FetchClicks(const ExampleBatch& b, const ExampleDataset& ds, int64_t i,
+                           float* x) const {
+    for (size_t k = 0; k < sparse_.size(); ++k) {
+      const int64_t id = b.tensors.at(sparse_[k]).data<int64_t>()[0];
+      if (id < 0 || id >= tables_[k]) {
+        return absl::DataLossError(absl::StrCat(ds.Location(i), ": ", sparse_[k], " id ", id,
+                                                " is outside [0, ", tables_[k], ")"));
+      }
+      x[k] = static_cast<float>(id);
+    }
+    const size_t s = sparse_.size();
+    for (size_t k = 0; k < columns_.size(); ++k) {
+      const double v = b.tensors.at(columns_[k]).data<float>()[0];
+      x[s + k] = static_cast<float>((v - mean_[k]) * inv_std_[k]);
+    }
     return absl::OkStatus();
   }
 
@@ -472,6 +527,8 @@ class DatasetSource final : public Source {
   std::vector<int64_t> hwc_;
   std::vector<double> mean_, inv_std_;
   std::vector<std::string> columns_;
+  std::vector<std::string> sparse_;  // clicks
+  std::vector<int64_t> tables_;
 };
 
 absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& source,

@@ -206,6 +206,12 @@ absl::StatusOr<TrainSource> OpenPipeline(const SourceConfig& c, bool with_train,
     }
     d.shape.num_classes = 10;
   }
+  if (!lm && c.source.rfind("dataset:", 0) == 0) {
+    KILN_ASSIGN_OR_RETURN(DatasetManifest m, ReadManifest(env, c.source.substr(8)));
+    if (m.kind == "clicks" && m.extra.contains("tables") && m.extra["tables"].is_array()) {
+      for (const auto& t : m.extra["tables"]) d.shape.categorical_sizes.push_back(t.get<int64_t>());
+    }
+  }
   return d;
 }
 

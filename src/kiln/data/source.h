@@ -55,6 +55,9 @@ struct DataShape {
   int64_t num_classes = 0;      // language models: the vocabulary size
   int64_t eval_batch = 0;       // examples per held-out batch
   bool language_model = false;  // s32 tokens -> s32 next tokens; else f32 features -> s32 labels
+  // A clicks dataset (data/click_log.h): the rows of each sparse feature's id space, in x's
+  // column order (the ids lead each row); empty for other sources.
+  std::vector<int64_t> categorical_sizes;
 };
 
 struct TrainSource {

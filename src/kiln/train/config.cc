@@ -156,6 +156,15 @@ absl::Status ApplyOverride(YAML::Node& root, const std::string& text) {
   return absl::OkStatus();
 }
 
+// The recommender's model keys (nn/recommender.h).
+absl::Status RecommenderFromYaml(Section& s, ModelConfig* m) {
+  KILN_RETURN_IF_ERROR(s.Get("tables", &m->tables));
+  KILN_RETURN_IF_ERROR(s.Get("embed_dim", &m->embed_dim));
+  KILN_RETURN_IF_ERROR(s.Get("bottom", &m->bottom));
+  KILN_RETURN_IF_ERROR(s.Get("top", &m->top));
+  return s.GetEnum("interaction", {"dot", "concat"}, &m->interaction);
+}
+
 // The init_from section (init_from.h).
 absl::Status InitFromFromYaml(Section& top, InitFromConfig* c) {
   Section s(top.Child("init_from"), "init_from");
@@ -170,7 +179,8 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
   Section top(root, "");
   {
     Section s(top.Child("model"), "model");
-    KILN_RETURN_IF_ERROR(s.GetEnum("kind", {"mlp", "cnn", "vit", "gpt"}, &c->model.kind));
+    KILN_RETURN_IF_ERROR(
+        s.GetEnum("kind", {"mlp", "cnn", "vit", "gpt", "recommender"}, &c->model.kind));
     KILN_RETURN_IF_ERROR(s.Get("hidden", &c->model.hidden));
     KILN_RETURN_IF_ERROR(s.Get("widths", &c->model.widths));
     KILN_RETURN_IF_ERROR(s.Get("blocks_per_stage", &c->model.blocks_per_stage));
@@ -188,6 +198,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
     KILN_RETURN_IF_ERROR(s.Get("n_embd", &c->model.n_embd));
     KILN_RETURN_IF_ERROR(s.Get("n_ctx", &c->model.n_ctx));
     KILN_RETURN_IF_ERROR(s.Get("vocab_size", &c->model.vocab_size));
+    KILN_RETURN_IF_ERROR(RecommenderFromYaml(s, &c->model));
     KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
   }
   {
@@ -233,6 +244,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
   KILN_RETURN_IF_ERROR(top.Get("steps", &c->steps));
   KILN_RETURN_IF_ERROR(top.Get("eval_every", &c->eval_every));
   KILN_RETURN_IF_ERROR(top.Get("eval_batches", &c->eval_batches));
+  KILN_RETURN_IF_ERROR(top.Get("eval_recall_k", &c->eval_recall_k));
   KILN_RETURN_IF_ERROR(top.Get("checkpoint_every", &c->checkpoint_every));
   KILN_RETURN_IF_ERROR(top.Get("keep_last", &c->keep_last));
   KILN_RETURN_IF_ERROR(top.Get("keep_every", &c->keep_every));
@@ -264,6 +276,22 @@ absl::Status NonNegative(const std::string& key, double v) {
 
 namespace {
 
+absl::Status ValidateRecommender(const TrainConfig& c) {
+  const ModelConfig& m = c.model;
+  KILN_RETURN_IF_ERROR(Positive("eval_recall_k", c.eval_recall_k));
+  if (m.kind != "recommender") return absl::OkStatus();
+  if (m.tables.empty()) {
+    return KeyError("model.tables",
+                    "needs the rows of each sparse feature's table, e.g. [users, items] (a clicks "
+                    "dataset's dataset.json lists them as extra.tables)");
+  }
+  for (int64_t t : m.tables) KILN_RETURN_IF_ERROR(Positive("model.tables", t));
+  KILN_RETURN_IF_ERROR(Positive("model.embed_dim", m.embed_dim));
+  for (int64_t w : m.bottom) KILN_RETURN_IF_ERROR(Positive("model.bottom", w));
+  for (int64_t w : m.top) KILN_RETURN_IF_ERROR(Positive("model.top", w));
+  return absl::OkStatus();
+}
+
 absl::Status ValidateInitFrom(const InitFromConfig& f) {
   if (f.checkpoint.empty()) return absl::OkStatus();
   if (f.include.empty()) {
@@ -287,6 +315,7 @@ absl::Status ValidateInitFrom(const InitFromConfig& f) {
 
 absl::Status ValidateTrainConfig(const TrainConfig& c) {
   KILN_RETURN_IF_ERROR(ValidateInitFrom(c.init_from));
+  KILN_RETURN_IF_ERROR(ValidateRecommender(c));
   const ModelConfig& m = c.model;
   const bool text = c.data.source.rfind("text:", 0) == 0;
   if (m.kind == "gpt") {
@@ -619,6 +648,17 @@ std::string EmitYaml(const TrainConfig& c, bool hash_form) {
     e << YAML::Key << "n_ctx" << YAML::Value << c.model.n_ctx;
     e << YAML::Key << "vocab_size" << YAML::Value << c.model.vocab_size;
   }
+  // The recommender keys are hashed only for the recommender (older configs keep their hash).
+  if (!hash_form || c.model.kind == "recommender") {
+    e << YAML::Key << "tables" << YAML::Value;
+    ints(c.model.tables);
+    e << YAML::Key << "embed_dim" << YAML::Value << c.model.embed_dim;
+    e << YAML::Key << "bottom" << YAML::Value;
+    ints(c.model.bottom);
+    e << YAML::Key << "top" << YAML::Value;
+    ints(c.model.top);
+    e << YAML::Key << "interaction" << YAML::Value << c.model.interaction;
+  }
   e << YAML::EndMap;
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "source" << YAML::Value << c.data.source;
@@ -654,6 +694,9 @@ std::string EmitYaml(const TrainConfig& c, bool hash_form) {
   e << YAML::Key << "steps" << YAML::Value << c.steps;
   e << YAML::Key << "eval_every" << YAML::Value << c.eval_every;
   e << YAML::Key << "eval_batches" << YAML::Value << c.eval_batches;
+  if (!hash_form || c.eval_recall_k != TrainConfig().eval_recall_k) {
+    e << YAML::Key << "eval_recall_k" << YAML::Value << c.eval_recall_k;
+  }
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
   e << YAML::Key << "keep_last" << YAML::Value << c.keep_last;
   e << YAML::Key << "keep_every" << YAML::Value << c.keep_every;

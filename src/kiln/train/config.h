@@ -25,10 +25,10 @@
 namespace kiln::train {
 
 struct ModelConfig {
-  std::string kind = "mlp";                                          // mlp | cnn | vit | gpt
-  std::vector<int64_t> hidden = {64};                                // mlp
-  std::vector<int64_t> widths = {16, 32};                            // cnn
-  int64_t blocks_per_stage = 1;                                      // cnn
+  std::string kind = "mlp";                // mlp | cnn | vit | gpt | recommender
+  std::vector<int64_t> hidden = {64};      // mlp
+  std::vector<int64_t> widths = {16, 32};  // cnn
+  int64_t blocks_per_stage = 1;            // cnn
   int64_t patch = 2, dim = 32, depth = 2, heads = 2, mlp_ratio = 4;  // vit
   double dropout = 0.0;                                              // vit, gpt
   // gpt (Hugging Face GPT-2 names; nn/gpt.h). n_ctx: rows of the position table, 0 = data.seq_len
@@ -37,6 +37,15 @@ struct ModelConfig {
   // The image layout of the dataset's feature vectors (cnn, vit): channels * height * width must
   // equal the number of features.
   int64_t channels = 1, height = 8, width = 8;
+  // recommender (nn/recommender.h): rows of each sparse feature's embedding table (in the data's
+  // id-column order; a clicks dataset's extra.tables), the embedding width, the hidden widths of
+  // the bottom (dense features) and top MLPs, and the interaction (dot | concat). The dense
+  // features are the data's columns after the ids.
+  std::vector<int64_t> tables;
+  int64_t embed_dim = 16;
+  std::vector<int64_t> bottom = {32};
+  std::vector<int64_t> top = {32};
+  std::string interaction = "dot";
 };
 
 struct DataConfig {
@@ -102,8 +111,10 @@ struct TrainConfig {
   // applied by nn::TrainStep). Parameters and optimizer state stay f32 under every policy.
   std::string precision = "f32";
   int64_t steps = 100;
-  int64_t eval_every = 0;        // 0: only at the end
-  int64_t eval_batches = 0;      // 0: the whole held-out split (full batches)
+  int64_t eval_every = 0;    // 0: only at the end
+  int64_t eval_batches = 0;  // 0: the whole held-out split (full batches)
+  // recommender: K of the per-user recall@K in every evaluation (train/evaluator.h).
+  int64_t eval_recall_k = 10;
   int64_t checkpoint_every = 0;  // 0: only at the end (and on preemption)
   int keep_last = 3;
   int64_t keep_every = 0;

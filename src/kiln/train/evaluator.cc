@@ -6,18 +6,30 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kiln/autodiff/graph_copy.h"
 #include "kiln/base/memory.h"
 #include "kiln/base/status.h"
+#include "kiln/data/click_metrics.h"
 #include "kiln/ir/builder.h"
+#include "kiln/nn/recommender.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/model_registry.h"
 #include "kiln/train/run_dir.h"
 
 namespace kiln::train {
 
-absl::StatusOr<ir::Graph> BuildEvalGraph(const nn::Model& model, int64_t batch,
-                                         bool language_model) {
+std::string RankingText(const EvalResult& e) {
+  std::string text;
+  if (e.auc >= 0) absl::StrAppend(&text, absl::StrFormat(" auc %.4f", e.auc));
+  if (e.recall_at_k >= 0) {
+    absl::StrAppend(&text, absl::StrFormat(" recall@%d %.4f", e.recall_k, e.recall_at_k));
+  }
+  return text;
+}
+
+absl::StatusOr<ir::Graph> BuildEvalGraph(const nn::Model& model, int64_t batch, bool language_model,
+                                         bool with_score) {
   KILN_ASSIGN_OR_RETURN(ir::Graph predict, model.PredictGraph(batch));
   int logits_node = -1, prediction_node = -1;
   for (const ir::Output& o : predict.outputs()) {
@@ -42,6 +54,13 @@ absl::StatusOr<ir::Graph> BuildEvalGraph(const nn::Model& model, int64_t batch,
   if (loss.valid() && loss.dtype() != DType::kF32) loss = ir::Convert(loss, DType::kF32);
   b.Output("loss", loss);
   b.Output("prediction", prediction);
+  if (with_score) {
+    const int64_t n = logits.shape()[0];
+    ir::Value l = logits.dtype() == DType::kF32 ? logits : ir::Convert(logits, DType::kF32);
+    ir::Value score =
+        ir::Reshape(ir::Slice(l, {0, 1}, {n, 2}) - ir::Slice(l, {0, 0}, {n, 1}), Shape{n});
+    b.Output("score", score);
+  }
   return b.Build();
 }
 
@@ -52,11 +71,16 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(runtime::Backend& b
   e->shape_ = data.shape;
   e->data_ = std::move(data.held_out);
   const int64_t batch = e->shape_.eval_batch;
-  KILN_ASSIGN_OR_RETURN(ir::Graph graph, BuildEvalGraph(model, batch, e->shape_.language_model));
+  KILN_RETURN_IF_ERROR(CheckModelFitsData(model, e->shape_));
+  e->scored_ = !e->shape_.language_model && e->shape_.num_classes == 2;
+  e->ranked_ = e->scored_ && dynamic_cast<const nn::Recommender*>(&model) != nullptr;
+  KILN_ASSIGN_OR_RETURN(ir::Graph graph,
+                        BuildEvalGraph(model, batch, e->shape_.language_model, e->scored_));
   KILN_ASSIGN_OR_RETURN(e->exe_, backend.Compile(graph));
   for (const nn::ParamSpec& spec : model.Params()) e->param_names_.push_back(spec.name);
   const ir::Graph& g = e->exe_->graph();
-  if (g.parameters().size() != e->param_names_.size() + 2 || g.outputs().size() != 2) {
+  if (g.parameters().size() != e->param_names_.size() + 2 ||
+      g.outputs().size() != (e->scored_ ? 3u : 2u)) {
     return absl::InternalError(absl::StrCat("evaluation graph '", g.name(), "' has ",
                                             g.parameters().size(), " inputs and ",
                                             g.outputs().size(), " outputs"));
@@ -66,6 +90,7 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(runtime::Backend& b
   e->loss_ = Tensor(DType::kF32, Shape{});
   const ir::Type& pt = g.node(g.outputs()[1].node).type();
   e->prediction_ = Tensor(pt.dtype, pt.shape);
+  if (e->scored_) e->score_ = Tensor(DType::kF32, Shape{batch});
   return e;
 }
 
@@ -77,7 +102,7 @@ int64_t HoistedBytes(const runtime::Executable& exe) {
 
 int64_t Evaluator::resident_bytes() const {
   return exe_->plan().arena_bytes + HoistedBytes(*exe_) + x_.byte_size() + y_.byte_size() +
-         loss_.byte_size() + prediction_.byte_size();
+         loss_.byte_size() + prediction_.byte_size() + (scored_ ? score_.byte_size() : 0);
 }
 
 absl::StatusOr<EvalResult> Evaluator::Run(const nn::ParamStore& p, int64_t max_batches) {
@@ -99,7 +124,11 @@ absl::StatusOr<EvalResult> Evaluator::Run(const nn::ParamStore& p, int64_t max_b
   }
   in.push_back(&x_flat);
   in.push_back(&y_);
-  const std::vector<Tensor*> out = {&loss_, &prediction_};
+  std::vector<Tensor*> out = {&loss_, &prediction_};
+  if (scored_) out.push_back(&score_);
+  scores_.clear();
+  labels_.clear();
+  users_.clear();
   // Predictions per batch: one per example, or one per token for a language model.
   const int64_t per_batch = y_.num_elements();
   double loss_sum = 0;
@@ -111,6 +140,17 @@ absl::StatusOr<EvalResult> Evaluator::Run(const nn::ParamStore& p, int64_t max_b
     for (int64_t i = 0; i < per_batch; ++i) {
       if (static_cast<int64_t>(prediction_.GetDouble(i)) == y_.data<int32_t>()[i]) ++correct;
     }
+    if (scored_) {
+      const float* sc = score_.data<float>();
+      const float* xs = x_.data<float>();
+      for (int64_t i = 0; i < batch; ++i) {
+        const int label = y_.data<int32_t>()[i];
+        if (label < 0) continue;  // a padded row
+        scores_.push_back(sc[i]);
+        labels_.push_back(label);
+        if (ranked_) users_.push_back(static_cast<int64_t>(xs[i * f]));
+      }
+    }
   }
   EvalResult r;
   r.examples = batches * batch;
@@ -118,6 +158,11 @@ absl::StatusOr<EvalResult> Evaluator::Run(const nn::ParamStore& p, int64_t max_b
     r.loss = loss_sum / batches;
     r.accuracy = static_cast<double>(correct) / (batches * per_batch);
     if (lm) r.perplexity = std::exp(r.loss);
+  }
+  if (scored_) r.auc = data::Auc(scores_, labels_).value_or(-1.0);
+  if (ranked_) {
+    r.recall_k = recall_k_;
+    r.recall_at_k = data::RecallAtK(users_, scores_, labels_, recall_k_).value_or(-1.0);
   }
   return r;
 }

@@ -29,7 +29,17 @@ struct EvalResult {
   double accuracy = 0;    // classifiers: of examples; gpt: next-token accuracy over all positions
   int64_t examples = 0;   // examples (gpt: sequences of data.seq_len tokens)
   double perplexity = 0;  // gpt: exp(loss); 0 for classifiers
+  // Two-class classifiers: the exact AUC of the score logits[1] - logits[0] over the evaluated
+  // examples (data/click_metrics.h); -1 when not computed or one class is absent.
+  double auc = -1;
+  // recommender: per-user recall@recall_k over the evaluated impressions (the user is the first
+  // id column); -1 when not computed.
+  double recall_at_k = -1;
+  int64_t recall_k = 0;
 };
+
+// " auc 0.7712 recall@10 0.4120" for the metrics an EvalResult has ("" for none).
+std::string RankingText(const EvalResult& e);
 
 // One evaluation graph of a model at the held-out batch size (its predict graph with the loss
 // added: outputs "loss" and "prediction", the logits stay inside its arena), compiled once, run
@@ -43,6 +53,8 @@ class Evaluator {
                                                            const nn::Model& model, TrainData& data);
   // `max_batches` 0: all full batches.
   absl::StatusOr<EvalResult> Run(const nn::ParamStore& params, int64_t max_batches);
+  // K of the recommender's recall@K (default 10).
+  void set_recall_k(int64_t k) { recall_k_ = k; }
 
   const runtime::Executable& executable() const { return *exe_; }
   // Bytes the evaluator keeps resident: the executable's arena and hoisted values, the batch and
@@ -58,8 +70,14 @@ class Evaluator {
   DataShape shape_;
   std::unique_ptr<runtime::Executable> exe_;
   std::vector<std::string> param_names_;  // the executable's first inputs, in order
-  Tensor x_, y_, loss_, prediction_;
+  Tensor x_, y_, loss_, prediction_, score_;
   std::vector<const void*> last_params_;
+  bool scored_ = false;  // a two-class classifier: the graph's third output is the score
+  bool ranked_ = false;  // a recommender: recall@K per user (x's first column)
+  int64_t recall_k_ = 10;
+  std::vector<double> scores_;  // of one Run, reused
+  std::vector<int> labels_;
+  std::vector<int64_t> users_;
 };
 
 // Bytes of the values `exe` computed once when it was made (compiler::BufferPlan::hoisted: iotas,
@@ -68,9 +86,11 @@ int64_t HoistedBytes(const runtime::Executable& exe);
 
 // The model's predict graph at `batch` with "loss" (the mean cross-entropy of its logits against
 // a "labels" input, or "targets" for a language model, as in its loss graph) as its first output
-// and "prediction" as its second; "logits" is no output.
-absl::StatusOr<ir::Graph> BuildEvalGraph(const nn::Model& model, int64_t batch,
-                                         bool language_model);
+// and "prediction" as its second; "logits" is no output. `with_score` (two-class logits only):
+// a third output "score" f32 [batch], logits[:, 1] - logits[:, 0] (the ranking score: for the
+// recommender, whose logits are [0, z], the click logit z).
+absl::StatusOr<ir::Graph> BuildEvalGraph(const nn::Model& model, int64_t batch, bool language_model,
+                                         bool with_score = false);
 
 struct LoadOptions {
   Env* env = nullptr;         // the run directory's files; null: Env::Default()

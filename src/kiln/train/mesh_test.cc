@@ -177,6 +177,39 @@ TEST(DataParallelTrainerTest, TwoRanksTrackOneProcessAndOnlyRankZeroWrites) {
   EXPECT_EQ(more[0].result->losses, more[1].result->losses);
 }
 
+// init_from on two ranks: rank 0 loads the checkpoint and broadcasts it, and both ranks join the
+// step-0 evaluation (a rank 0 evaluating alone would keep rank 1 waiting in step 1's all-reduce).
+// The ranks then train the warm start as one process does.
+TEST(DataParallelTrainerTest, AWarmStartReachesEveryRank) {
+  const std::string root = kiln::test_support::MakeTempDir("kiln_mesh_init_from");
+  auto cpu = runtime::MakeCpuBackend();
+  {
+    auto src = Trainer::Create(Config(root + "/src", 10), {.backend = cpu.get()});
+    ASSERT_TRUE(src.ok()) << src.status();
+    ASSERT_TRUE((*src)->Run().ok());
+  }
+  TrainConfig one_config = Config(root + "/one", 5);
+  one_config.init_from.checkpoint = root + "/src";
+  auto one = Trainer::Create(one_config, {.backend = cpu.get()});
+  ASSERT_TRUE(one.ok()) << one.status();
+  absl::StatusOr<TrainResult> ref = (*one)->Run();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+
+  TrainConfig two = Config(root + "/two", 5);
+  two.init_from.checkpoint = root + "/src";
+  std::vector<RankRun> runs = RunRanks(2, two);
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(runs[r].result.ok()) << r << ": " << runs[r].result.status();
+  EXPECT_EQ(runs[0].result->losses, runs[1].result->losses);
+  ASSERT_EQ(runs[0].result->losses.size(), 5u);
+  for (size_t s = 0; s < 5; ++s) {
+    EXPECT_NEAR(runs[0].result->losses[s], ref->losses[s], 1e-4 * std::abs(ref->losses[s]))
+        << "step " << s + 1;
+  }
+  std::ifstream f(root + "/two/run.json");
+  EXPECT_TRUE(nlohmann::json::parse(f).contains("init_from"));
+}
+
 // Dropout: every data rank has its own seed (the same one would draw rank 0's masks again on
 // every rank's share); rank 0 keeps the config's, as a one-process run does.
 TEST(DataParallelTrainerTest, EachDataRankDrawsItsOwnDropoutMasks) {

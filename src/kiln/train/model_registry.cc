@@ -8,6 +8,7 @@
 #include "kiln/base/status.h"
 #include "kiln/nn/gpt.h"
 #include "kiln/nn/layers.h"
+#include "kiln/nn/recommender.h"
 #include "kiln/nn/vision.h"
 
 namespace kiln::train {
@@ -62,13 +63,30 @@ Built BuildGpt(const ModelConfig& m, int64_t features, int64_t classes) {
                                                  .dropout = m.dropout});
 }
 
+// The dense features are the columns after the ids.
+Built BuildRecommender(const ModelConfig& m, int64_t features, int64_t /*classes*/) {
+  const int64_t sparse = static_cast<int64_t>(m.tables.size());
+  if (features < sparse) {
+    return absl::InvalidArgumentError(absl::StrCat("model.tables lists ", sparse,
+                                                   " sparse features but the data has only ",
+                                                   features, " features per example"));
+  }
+  return std::make_unique<nn::Recommender>(nn::RecommenderOptions{.tables = m.tables,
+                                                                  .dense = features - sparse,
+                                                                  .embed_dim = m.embed_dim,
+                                                                  .bottom = m.bottom,
+                                                                  .top = m.top,
+                                                                  .interaction = m.interaction});
+}
+
 struct Registry {
   std::mutex mu;
   // A deque: the pointers FindModelKind returns stay valid as kinds are added.
   std::deque<ModelKind> kinds = {{"mlp", false, BuildMlp},
                                  {"cnn", false, BuildCnn},
                                  {"vit", false, BuildVit},
-                                 {"gpt", true, BuildGpt}};
+                                 {"gpt", true, BuildGpt},
+                                 {"recommender", false, BuildRecommender}};
 };
 
 Registry& GetRegistry() {
@@ -105,6 +123,33 @@ std::vector<std::string> ModelKinds() {
   std::vector<std::string> names;
   for (const ModelKind& k : r.kinds) names.push_back(k.kind);
   return names;
+}
+
+absl::Status CheckModelFitsData(const nn::Model& model, const data::DataShape& shape) {
+  const auto* rec = dynamic_cast<const nn::Recommender*>(&model);
+  if (rec == nullptr) return absl::OkStatus();
+  if (shape.num_classes != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.kind recommender predicts clicks (2 classes: 0 and 1) but the data has ",
+        shape.num_classes, " classes"));
+  }
+  const std::vector<int64_t>& tables = rec->options().tables;
+  const std::vector<int64_t>& ids = shape.categorical_sizes;
+  if (ids.empty()) return absl::OkStatus();  // a source that does not say
+  if (ids.size() != tables.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.tables lists ", tables.size(), " tables but the data has ", ids.size(),
+                     " sparse features (with ", absl::StrJoin(ids, ", "), " ids)"));
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (tables[k] < ids[k]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.tables[", k, "] is ", tables[k], " rows but sparse feature ", k,
+                       " of the data has ", ids[k], " ids (set model.tables to [",
+                       absl::StrJoin(ids, ", "), "])"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<nn::Model>> BuildModel(const ModelConfig& m, int64_t features,

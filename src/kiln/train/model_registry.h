@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kiln/data/source.h"
 #include "kiln/nn/model.h"
 #include "kiln/train/config.h"
 
@@ -30,7 +31,7 @@ struct ModelKind {
       build;
 };
 
-// The kind named `kind`; nullptr if none is registered. Built in: mlp, cnn, vit, gpt.
+// The kind named `kind`; nullptr if none is registered. Built in: mlp, cnn, vit, gpt, recommender.
 const ModelKind* FindModelKind(const std::string& kind);
 // Adds or replaces a kind (thread-safe; call before the trainers that use it are created).
 void RegisterModelKind(ModelKind kind);
@@ -41,6 +42,11 @@ std::vector<std::string> ModelKinds();
 // classes (gpt: num_features = the sequence length, num_classes = the vocabulary size).
 absl::StatusOr<std::unique_ptr<nn::Model>> BuildModel(const ModelConfig& config,
                                                       int64_t num_features, int64_t num_classes);
+
+// Whether `model` can read data of `shape`: a recommender needs 2 classes and, where the data
+// says (a clicks dataset), as many tables as sparse features, each with at least its ids' rows.
+// InvalidArgument naming the key otherwise; OK for other kinds.
+absl::Status CheckModelFitsData(const nn::Model& model, const data::DataShape& shape);
 
 }  // namespace kiln::train
 

@@ -29,10 +29,13 @@ volatile sig_atomic_t g_stop_signal = 0;
 std::map<std::string, double> EvalScalars(const EvalResult& e) {
   std::map<std::string, double> m = {{"eval/loss", e.loss}, {"eval/accuracy", e.accuracy}};
   if (e.perplexity > 0) m["eval/perplexity"] = e.perplexity;
+  if (e.auc >= 0) m["eval/auc"] = e.auc;
+  if (e.recall_at_k >= 0) m[absl::StrCat("eval/recall_at_", e.recall_k)] = e.recall_at_k;
   return m;
 }
 std::string PerplexityText(const EvalResult& e) {
-  return e.perplexity > 0 ? absl::StrFormat(" perplexity %.2f", e.perplexity) : std::string();
+  return (e.perplexity > 0 ? absl::StrFormat(" perplexity %.2f", e.perplexity) : std::string()) +
+         RankingText(e);
 }
 
 void OnStopSignal(int sig) {
@@ -173,6 +176,7 @@ absl::Status Trainer::Compile() {
   x_flat_ = x_.Reshaped(Shape{c.data.batch_size, shape.features});  // shares storage
   y_ = MakeTargetTensor(shape, c.data.batch_size);
   KILN_ASSIGN_OR_RETURN(model_, BuildModel(c.model, shape.features, shape.num_classes));
+  KILN_RETURN_IF_ERROR(CheckModelFitsData(*model_, shape));
   // Data parallel: the step trains on this rank's share of each global batch.
   const int64_t local_batch = c.data.batch_size / mesh_.data;
   if (mesh_.data > 1) {
@@ -210,6 +214,7 @@ absl::Status Trainer::Compile() {
     auto start = Clock::now();
     auto scope = profiler_.Scope("compile", "eval_graphs");
     KILN_ASSIGN_OR_RETURN(evaluator_, Evaluator::Create(*options_.backend, *model_, data_));
+    evaluator_->set_recall_k(c.eval_recall_k);
     compile_seconds_ += Seconds(Clock::now() - start);
   }
   profiler_.set_enabled(false);
@@ -299,6 +304,19 @@ absl::Status Trainer::InitFrom() {
                                 absl::StrCat("init_from ", r.checkpoint)));
   notes_.push_back(r.Summary());
   init_from_info_ = r.ToJson();
+  init_from_fresh_ = true;
+  return absl::OkStatus();
+}
+
+// A warm-started run's starting point: the loaded weights on this run's held-out data, as
+// metrics at step 0 (every rank evaluates, as in MaybeEvaluate; rank 0 writes).
+absl::Status Trainer::EvaluateInitFrom() {
+  if (!init_from_fresh_ || step_->step() != 0) return absl::OkStatus();
+  init_from_fresh_ = false;
+  KILN_ASSIGN_OR_RETURN(EvalResult e, Evaluate(config_.eval_batches));
+  KILN_RETURN_IF_ERROR(WriteMetrics(0, EvalScalars(e)));
+  Log(absl::StrFormat("init_from: eval at step 0: loss %.4f%s accuracy %.4f (%d examples)", e.loss,
+                      PerplexityText(e), e.accuracy, e.examples));
   return absl::OkStatus();
 }
 
@@ -457,6 +475,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
                         model_->Describe(), step_->params().num_elements(),
                         step_->compile_seconds(), start_step_ + 1, c.steps));
   }
+  KILN_RETURN_IF_ERROR(EvaluateInitFrom());
   Loop loop;
   const bool share = mesh_.data > 1;  // data parallel: this rank's share of each batch
   for (const std::string& name : step_->data_inputs()) {

@@ -156,6 +156,7 @@ class Trainer {
   // init_from (init_from.h): a fresh run's parameters from another run's checkpoint; a resumed
   // run ignores it and keeps the record of its first start.
   absl::Status InitFrom();
+  absl::Status EvaluateInitFrom();  // Run, before step 1 of a warm-started run
   absl::Status OpenMetrics();
   absl::Status WriteRunInfo();
   // Multi-process (trainer_dist.cc): the mesh and this rank's place in it; what rank 0 resumed
@@ -211,6 +212,7 @@ class Trainer {
   std::unique_ptr<dist::CommunicatorCollectives> collectives_;
   nlohmann::json ranks_info_;
   nlohmann::json init_from_info_;  // run.json's "init_from" (null: none)
+  bool init_from_fresh_ = false;   // weights loaded by init_from, not yet evaluated
   std::atomic<bool> stop_{false};
   int64_t start_step_ = 0;
   // The step a finished run completed (final checkpoint, evaluation and metrics all written), from

@@ -49,6 +49,7 @@ absl::Status Trainer::SyncFromChief() {
              {"last_saved_step", last_saved_step_},
              {"completed_step", completed_step_},
              {"restored_from", restored_from_},
+             {"init_from_fresh", init_from_fresh_},  // every rank joins the step-0 evaluation
              {"data", start_step_ > 0 ? data_.train->State() : nlohmann::json()}};
   }
   std::string text = chief() ? state.dump() : std::string();
@@ -68,6 +69,7 @@ absl::Status Trainer::SyncFromChief() {
   last_saved_step_ = state.value("last_saved_step", int64_t{-1});
   completed_step_ = state.value("completed_step", int64_t{-1});
   restored_from_ = state.value("restored_from", std::string());
+  init_from_fresh_ = state.value("init_from_fresh", false);
   // The broadcast wrote the resident buffers: Restore only sets the step counter.
   KILN_RETURN_IF_ERROR(step_->Restore(step_->params(), step_->optimizer_state(), start_step_));
   if (!state["data"].is_null()) KILN_RETURN_IF_ERROR(data_.train->Restore(state["data"]));
