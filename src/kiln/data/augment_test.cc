@@ -281,5 +281,20 @@ TEST_F(AugmentedPipelineTest, AutoPrefetchMeasuresAndKeepsTheBatches) {
               HasSubstr("data.prefetch must be auto or in [0, 1024]"));
 }
 
+TEST(AutoPrefetchDepthTest, CoversTheSlowestBatchAtTheStepsPaceAndNeverShrinks) {
+  // 10 ms steps, a 35 ms batch in the window: 1 + ceil(3.5) = 5 batches.
+  EXPECT_EQ(AutoPrefetchDepth(2, 16, 0.035, 0.004, 0.010, 0.0), 5);
+  // Fast production, no waiting: stays.
+  EXPECT_EQ(AutoPrefetchDepth(3, 16, 0.002, 0.001, 0.010, 0.0), 3);
+  // Waited 5% although production keeps up on average: one more.
+  EXPECT_EQ(AutoPrefetchDepth(3, 16, 0.002, 0.001, 0.010, 0.05), 4);
+  // Production slower than the step on average: depth cannot help beyond covering the slowest.
+  EXPECT_EQ(AutoPrefetchDepth(2, 16, 0.012, 0.011, 0.010, 0.3), 3);
+  // Capped, and never below the current depth.
+  EXPECT_EQ(AutoPrefetchDepth(2, 6, 1.0, 0.5, 0.001, 0.9), 6);
+  EXPECT_EQ(AutoPrefetchDepth(7, 16, 0.0, 0.0, 0.010, 0.0), 7);
+  EXPECT_EQ(AutoPrefetchDepth(4, 16, 0.5, 0.5, 0.0, 0.0), 4);  // no step measured
+}
+
 }  // namespace
 }  // namespace kiln::data

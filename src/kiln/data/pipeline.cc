@@ -514,6 +514,18 @@ absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& sou
 
 }  // namespace
 
+int AutoPrefetchDepth(int current, int max_depth, double produce_max, double produce_mean,
+                      double step, double wait_share) {
+  int want = current;
+  if (step > 0) {
+    const double need = 1.0 + std::ceil(produce_max / step);
+    want = std::max(want, static_cast<int>(std::min<double>(need, max_depth)));
+    // Waits although production keeps up on average: bursts; one more batch of slack.
+    if (wait_share > 0.02 && produce_mean < step) want = std::max(want, current + 1);
+  }
+  return std::max(current, std::min(want, max_depth));
+}
+
 double HeldOutHash(uint64_t split_seed, int64_t index) {
   const uint64_t h = SplitMix64(split_seed ^ SplitMix64(static_cast<uint64_t>(index) + 1));
   return static_cast<double>(h >> 11) * 0x1.0p-53;
@@ -768,14 +780,9 @@ class InputPipeline::Impl {
       win_produce_max = 0;
     }
     const double step = win_gap_sum / static_cast<double>(win_n);
-    int want = active;
-    if (step > 0) {
-      const double need = 1.0 + std::ceil(produce_max / step);
-      want = std::max(want, static_cast<int>(std::min<double>(need, slots.size())));
-      // Waits although production keeps up on average: bursts; one more batch of slack.
-      if (win_wait > 0.02 * win_gap_sum && produce_mean < step) want = std::max(want, active + 1);
-    }
-    want = std::min(want, static_cast<int>(slots.size()));
+    const int want =
+        AutoPrefetchDepth(active, static_cast<int>(slots.size()), produce_max, produce_mean, step,
+                          win_gap_sum > 0 ? win_wait / win_gap_sum : 0);
     if (want > active) {
       for (int k = active; k < want; ++k) AllocateSlot(k);
       {

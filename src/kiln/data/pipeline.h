@@ -210,6 +210,13 @@ class InputPipeline {
   std::unique_ptr<Impl> impl_;
 };
 
+// The kAutoPrefetch rule (see the top of this file): the depth after a window in which the
+// slowest batch took `produce_max` seconds to produce, the mean `produce_mean`, the consumer
+// `step` seconds between Next() calls on average and waited `wait_share` of that time. Never
+// below `current`, never above `max_depth`.
+int AutoPrefetchDepth(int current, int max_depth, double produce_max, double produce_mean,
+                      double step, double wait_share);
+
 // The hash behind the train / held_out split: a value in [0, 1) for example `index`.
 double HeldOutHash(uint64_t split_seed, int64_t index);
 
