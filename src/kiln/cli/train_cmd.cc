@@ -408,7 +408,7 @@ TrainCommands::TrainCommands(CLI::App& app) {
   train_
       ->add_option("--validate-first", validate_first_,
                    "Train a scratch copy for N steps first and refuse the run (exit 3) when the "
-                   "held-out loss does not fall or the accuracy stays at chance")
+                   "loss does not fall or the held-out accuracy stays at chance")
       ->check(IntAtLeast(2));
   CLI::Option* no_resume = train_->add_flag(
       "--no-resume", no_resume_,

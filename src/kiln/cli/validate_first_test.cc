@@ -30,8 +30,8 @@ TEST(ValidateFirst, ALearningRateOfZeroIsRefusedWithExit3) {
   KilnResult r = Kiln({"train", Example("mlp_digits.yaml"), "--validate-first", "20", "--set",
                        "optimizer.lr=0", "--set", "schedule.min_lr=0", "--output-dir", run});
   EXPECT_EQ(r.code, 3) << r.out << r.err;
-  EXPECT_THAT(r.err, HasSubstr("kiln train: --validate-first 20 refused the run: the held-out "
-                               "loss did not fall by at least 1% in 20 steps"));
+  EXPECT_THAT(r.err, HasSubstr("kiln train: --validate-first 20 refused the run: neither the "
+                               "training nor the held-out loss fell by at least 1% in 20 steps"));
   EXPECT_THAT(r.err, HasSubstr("Nothing was written to " + run));
   EXPECT_FALSE(fs::exists(run));
   EXPECT_THAT(r.out, Not(HasSubstr("done:")));

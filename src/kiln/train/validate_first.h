@@ -6,18 +6,20 @@
 //   KILN_ASSIGN_OR_RETURN(ValidationReport v, ValidateFirst(config, 20, options));
 //   if (!v.passed) { std::cerr << v.reason; return kExitValidationRefused; }   // 3
 //
-// What runs: the config with steps = N, no periodic checkpoints or evaluations, the schedule
-// replaced by a constant rate at optimizer.lr after a warmup of min(schedule.warmup_steps, N/10)
-// (the real schedule's first N steps can be all warmup), evaluations over at most 8 held-out
-// batches, output to a temporary folder that is deleted afterwards (nothing is written to the
-// real output_dir). The held-out loss is measured before the first step and after the last; the
-// run is refused when
-//   - the held-out loss did not fall by at least 1% (relative), or is not finite, or
+// What runs: the real run's config, schedule included (each step has the rate it will have in the
+// run), stopped after N steps (the "slice": the first N batches of the run's data order), with no
+// periodic checkpoints or evaluations, evaluating at most 8 held-out batches before the first
+// step and after the last, in a temporary folder that is deleted afterwards (nothing is written
+// to the real output_dir). The run is refused when
+//   - neither the training loss (mean of the last fifth of the steps against the first fifth)
+//     nor the held-out loss fell by at least 1% (relative), or a loss is not finite, or it
+//     diverged (divergence.h), or
 //   - for a classifier, the held-out accuracy after N steps is at chance: at most
 //     1/C + 2 * sqrt((1/C)(1 - 1/C) / n) (two standard errors above 1/C, C = num_classes,
 //     n = held-out examples evaluated).
-// Language models are judged by the loss alone. The real run then starts from a fresh state (or
-// resumes its own checkpoints), exactly as without the flag.
+// Language models are judged by the losses alone. N inside a long warmup may be refused only
+// because the rate has not ramped up yet: the reason says so. The real run then starts from a
+// fresh state (or resumes its own checkpoints), exactly as without the flag.
 #ifndef KILN_TRAIN_VALIDATE_FIRST_H_
 #define KILN_TRAIN_VALIDATE_FIRST_H_
 
@@ -43,7 +45,7 @@ struct ValidationReport {
   double chance = 0;           // 1 / num_classes (0 for language models)
   double at_chance_below = 0;  // the accuracy at or under which it counts as chance
   int64_t examples = 0;        // held-out examples evaluated
-  float first_train_loss = 0, last_train_loss = 0;
+  double first_train_loss = 0, last_train_loss = 0;  // means over the first / last fifth
   double seconds = 0;
 };
 
