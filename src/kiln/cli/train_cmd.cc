@@ -35,6 +35,7 @@
 #include "kiln/train/config.h"
 #include "kiln/train/supervisor.h"
 #include "kiln/train/trainer.h"
+#include "kiln/train/validate_first.h"
 #include "oneapi/dnnl/dnnl.h"
 
 extern char** environ;
@@ -404,6 +405,11 @@ TrainCommands::TrainCommands(CLI::App& app) {
   train_->add_option("--backend", backend_, "Backend: cpu (oneDNN) or reference")
       ->check(CLI::IsMember(BackendNames()))
       ->capture_default_str();
+  train_
+      ->add_option("--validate-first", validate_first_,
+                   "Train a scratch copy for N steps first and refuse the run (exit 3) when the "
+                   "loss does not fall or the held-out accuracy stays at chance")
+      ->check(IntAtLeast(2));
   CLI::Option* no_resume = train_->add_flag(
       "--no-resume", no_resume_,
       "Start a new run from step 0; refused on a folder holding an earlier run unless --replace");
@@ -565,6 +571,32 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
   return rc;
 }
 
+// --validate-first N: -1 to go on with the run, else the exit status (3: refused, 1: failed).
+int TrainCommands::ValidateBeforeRun(const train::TrainConfig& config,
+                                     const train::TrainerOptions& opts, dist::Communicator* comm,
+                                     std::ostream& out, std::ostream& err) {
+  if (comm != nullptr && comm->size() > 1) {
+    return Fail(err, "train",
+                absl::InvalidArgumentError(
+                    "--validate-first runs in one process: validate without --workers (or "
+                    "mpirun/srun) first, then start the multi-rank run without it"));
+  }
+  out << "validate-first: training a scratch copy for " << validate_first_ << " steps\n"
+      << std::flush;
+  absl::StatusOr<train::ValidationReport> v = train::ValidateFirst(config, validate_first_, opts);
+  if (!v.ok()) return Fail(err, "train", Annotate(v.status(), "--validate-first"));
+  if (!v->passed) {
+    err << "kiln train: --validate-first " << validate_first_ << " refused the run: " << v->reason
+        << ". Nothing was written to " << config.output_dir << " (exit "
+        << train::kExitValidationRefused << ")\n";
+    return train::kExitValidationRefused;
+  }
+  out << absl::StrFormat("validate-first: passed in %.1fs: %s; starting the run\n", v->seconds,
+                         v->reason)
+      << std::flush;
+  return -1;
+}
+
 int TrainCommands::RunRank(const std::vector<std::string>& args, dist::Communicator* comm,
                            std::ostream& out, std::ostream& err) {
   const bool chief = comm == nullptr || comm->rank() == 0;
@@ -608,6 +640,10 @@ int TrainCommands::RunRank(const std::vector<std::string>& args, dist::Communica
     if (!warning.empty()) err << "kiln train: warning: " << warning << "\n";
   }
   train::InstallPreemptionHandlers();
+  if (validate_first_ > 0) {
+    const int rc = ValidateBeforeRun(*config, opts, comm, out, err);
+    if (rc >= 0) return rc;
+  }
   absl::StatusOr<std::unique_ptr<train::Trainer>> trainer = train::Trainer::Create(*config, opts);
   if (!trainer.ok()) return Fail(err, who, trainer.status());
   absl::StatusOr<train::TrainResult> r = (*trainer)->Run();

@@ -6,8 +6,9 @@
 //   app.parse(argc, argv);
 //   if (int rc = train_cmds.Run(args, out, err); rc >= 0) return rc;   // -1: not one of them
 //
-// Exit codes: 0 done; 1 failed (bad config, I/O, ...); 75 (EX_TEMPFAIL) stopped by
-// SIGTERM/SIGINT after committing a checkpoint: rerun the same command to resume.
+// Exit codes: 0 done; 1 failed (bad config, I/O, ...); 3 refused by --validate-first; 75
+// (EX_TEMPFAIL) stopped by SIGTERM/SIGINT after committing a checkpoint: rerun the same command to
+// resume.
 #ifndef KILN_CLI_TRAIN_CMD_H_
 #define KILN_CLI_TRAIN_CMD_H_
 
@@ -18,6 +19,8 @@
 
 #include "CLI/CLI.hpp"
 #include "kiln/dist/communicator.h"
+#include "kiln/train/config.h"
+#include "kiln/train/trainer.h"
 
 namespace kiln::cli {
 
@@ -35,6 +38,9 @@ class TrainCommands {
   // Trains as one process or as one rank of a job (`comm`: null for one process).
   int RunRank(const std::vector<std::string>& args, dist::Communicator* comm, std::ostream& out,
               std::ostream& err);
+  // --validate-first N before the run: -1 to go on, else the exit status (3: refused).
+  int ValidateBeforeRun(const train::TrainConfig& config, const train::TrainerOptions& opts,
+                        dist::Communicator* comm, std::ostream& out, std::ostream& err);
   int RunEval(std::ostream& out, std::ostream& err);
   int RunExport(std::ostream& out, std::ostream& err);
 
@@ -50,6 +56,7 @@ class TrainCommands {
   std::string init_from_;  // --init-from DIR: init_from.checkpoint
   std::string backend_ = "cpu";
   bool no_resume_ = false;
+  int64_t validate_first_ = 0;  // --validate-first N (train/validate_first.h)
   bool replace_ = false;
   // Multi-process (docs/distributed.md): launch N ranks through mpirun, or run as one of them.
   int workers_ = 0;

@@ -5,11 +5,14 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -568,6 +571,18 @@ absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& sou
 
 }  // namespace
 
+int AutoPrefetchDepth(int current, int max_depth, double produce_max, double produce_mean,
+                      double step, double wait_share) {
+  int want = current;
+  if (step > 0) {
+    const double need = 1.0 + std::ceil(produce_max / step);
+    want = std::max(want, static_cast<int>(std::min<double>(need, max_depth)));
+    // Waits although production keeps up on average: bursts; one more batch of slack.
+    if (wait_share > 0.02 && produce_mean < step) want = std::max(want, current + 1);
+  }
+  return std::max(current, std::min(want, max_depth));
+}
+
 double HeldOutHash(uint64_t split_seed, int64_t index) {
   const uint64_t h = SplitMix64(split_seed ^ SplitMix64(static_cast<uint64_t>(index) + 1));
   return static_cast<double>(h >> 11) * 0x1.0p-53;
@@ -599,13 +614,29 @@ class InputPipeline::Impl {
   int64_t order_epoch[2] = {-1, -1};
   std::vector<int64_t> order[2];
 
-  // Prefetch queue.
+  // Augmentation (augment.h) on the producing thread; scratch for one example.
+  std::optional<Augmenter> augmenter;
+  std::vector<float> aug_scratch;
+
+  // Prefetch queue: `slots` has room for the most batches the queue may hold (never
+  // reallocated: the producer keeps a reference into it), the first `active` have their tensors.
   struct Slot {
     Tensor x, y;
     int64_t real = 0;
     absl::Status status;
   };
   std::vector<Slot> slots;
+  int active = 0;
+  bool auto_prefetch = false;
+  // Auto sizing (kAutoPrefetch): the producer's batch times (under mu) and the consumer's time
+  // between Next() calls, over a window of kAutoWindow batches.
+  static constexpr int kAutoWindow = 16;
+  double win_produce_max = 0, produce_sum = 0;
+  int64_t produce_n = 0;
+  double win_gap_sum = 0, win_wait = 0, gap_sum = 0;
+  int64_t win_n = 0, gap_n = 0;
+  std::chrono::steady_clock::time_point last_return;
+  bool have_last_return = false;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<int> ready, free_slots;
@@ -689,6 +720,14 @@ class InputPipeline::Impl {
       }
       if (p < M()) {
         KILN_RETURN_IF_ERROR(source->Fetch((*ord)[p], xd + r * xb, yd + r * yb));
+        if (augmenter.has_value()) {
+          float* row = reinterpret_cast<float*>(xd + r * xb);
+          if (config.split == "held_out") {
+            augmenter->ApplyEval(row, aug_scratch.data());
+          } else {
+            augmenter->ApplyTrain(row, config.seed, e, (*ord)[p], aug_scratch.data());
+          }
+        }
         ++*real;
       } else {  // pad: zero features, ignore label (-1 for signed integers, else 0)
         std::memset(xd + r * xb, 0, xb);
@@ -722,12 +761,18 @@ class InputPipeline::Impl {
         free_slots.pop_front();
       }
       Slot& s = slots[slot];
+      const auto t0 = std::chrono::steady_clock::now();
       s.status = Produce(p_epoch, p_pos, s.x, s.y, &s.real);
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const bool failed = !s.status.ok();
       if (!failed) Advance(p_epoch, p_pos);
       {
         std::lock_guard<std::mutex> lock(mu);
         ready.push_back(slot);
+        win_produce_max = std::max(win_produce_max, took);
+        produce_sum += took;
+        ++produce_n;
       }
       cv.notify_all();
       if (failed) return;  // the consumer sees the error when it reaches this batch
@@ -740,7 +785,8 @@ class InputPipeline::Impl {
     p_pos = pos;
     ready.clear();
     free_slots.clear();
-    for (int i = 0; i < static_cast<int>(slots.size()); ++i) free_slots.push_back(i);
+    for (int i = 0; i < active; ++i) free_slots.push_back(i);
+    have_last_return = false;  // a restore is not a step
     stop = false;
     thread = std::thread([this] { Loop(); });
   }
@@ -768,7 +814,44 @@ class InputPipeline::Impl {
            {"split_seed", config.split_seed}};
     // Only text sources read seq_len (kept out of the others' state, which predates it).
     if (config.source.rfind("text:", 0) == 0) j["seq_len"] = config.seq_len;
+    if (config.augment.enabled()) j["augment"] = config.augment.ToJson();
     return j;
+  }
+
+  // Gives slot k its tensors.
+  void AllocateSlot(int k) {
+    slots[k].x = Tensor(x_type.dtype, x_type.shape);
+    slots[k].y = Tensor(y_type.dtype, y_type.shape);
+    slots[k].status = absl::OkStatus();
+  }
+
+  // kAutoPrefetch, after each window of kAutoWindow batches (consumer thread): the depth that
+  // covers the window's slowest batch at the consumer's pace (pipeline.h), never shrinking.
+  void MaybeResize() {
+    if (!auto_prefetch || win_n < kAutoWindow) return;
+    double produce_max, produce_mean;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      produce_max = win_produce_max;
+      produce_mean = produce_n > 0 ? produce_sum / static_cast<double>(produce_n) : 0;
+      win_produce_max = 0;
+    }
+    const double step = win_gap_sum / static_cast<double>(win_n);
+    const int want =
+        AutoPrefetchDepth(active, static_cast<int>(slots.size()), produce_max, produce_mean, step,
+                          win_gap_sum > 0 ? win_wait / win_gap_sum : 0);
+    if (want > active) {
+      for (int k = active; k < want; ++k) AllocateSlot(k);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        for (int k = active; k < want; ++k) free_slots.push_back(k);
+        active = want;
+      }
+      cv.notify_all();
+    }
+    win_n = 0;
+    win_gap_sum = 0;
+    win_wait = 0;
   }
 };
 
@@ -802,9 +885,9 @@ absl::Status CheckConfig(const PipelineConfig& config) {
   if (config.shuffle_buffer < 0)
     return absl::InvalidArgumentError(
         absl::StrCat("data.shuffle_buffer must be >= 0, got ", config.shuffle_buffer));
-  if (config.prefetch < 0 || config.prefetch > 1024)
+  if ((config.prefetch < 0 && config.prefetch != kAutoPrefetch) || config.prefetch > 1024)
     return absl::InvalidArgumentError(
-        absl::StrCat("data.prefetch must be in [0, 1024], got ", config.prefetch));
+        absl::StrCat("data.prefetch must be auto or in [0, 1024], got ", config.prefetch));
   return absl::OkStatus();
 }
 
@@ -861,9 +944,28 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const Pipel
   impl->x_type = {src.x_spec().dtype, PrependDim(batch, src.x_spec().shape)};
   impl->y_type = {src.y_spec().dtype, PrependDim(batch, src.y_spec().shape)};
   impl->fingerprint = Fnv1a(src.FingerprintMaterial());
-  for (int i = 0; i < config.prefetch; ++i)
-    impl->slots.push_back({Tensor(impl->x_type.dtype, impl->x_type.shape),
-                           Tensor(impl->y_type.dtype, impl->y_type.shape), 0, absl::OkStatus()});
+  if (config.augment.enabled()) {
+    if (src.x_spec().dtype != DType::kF32)
+      return absl::InvalidArgumentError(absl::StrCat("data.augment: needs f32 image features; ",
+                                                     config.source, " gives ",
+                                                     src.x_spec().ToString()));
+    KILN_ASSIGN_OR_RETURN(Augmenter a,
+                          Augmenter::Create(config.augment, src.x_spec().shape.num_elements()));
+    impl->augmenter.emplace(std::move(a));
+    impl->aug_scratch.assign(static_cast<size_t>(src.x_spec().shape.num_elements()), 0.0f);
+  }
+  int max_slots = config.prefetch;
+  if (config.prefetch == kAutoPrefetch) {
+    impl->auto_prefetch = true;
+    const int64_t batch_bytes =
+        std::max<int64_t>(1, impl->x_type.shape.num_elements() * DTypeSize(impl->x_type.dtype) +
+                                 impl->y_type.shape.num_elements() * DTypeSize(impl->y_type.dtype));
+    max_slots = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / batch_bytes, 2, 16));
+    impl->config.prefetch = 2;  // the starting depth (> 0: the thread runs)
+  }
+  impl->slots.resize(static_cast<size_t>(std::max(max_slots, 0)));
+  impl->active = impl->auto_prefetch ? 2 : max_slots;
+  for (int i = 0; i < impl->active; ++i) impl->AllocateSlot(i);
   impl->StartThread();
   return std::unique_ptr<InputPipeline>(new InputPipeline(std::move(impl)));
 }
@@ -879,6 +981,17 @@ int64_t InputPipeline::examples_seen() const { return impl_->seen; }
 int64_t InputPipeline::last_real_examples() const { return impl_->last_real; }
 int64_t InputPipeline::examples_per_epoch() const { return impl_->M(); }
 int64_t InputPipeline::batches_per_epoch() const { return impl_->bpe; }
+int InputPipeline::prefetch_depth() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->config.prefetch > 0 ? impl_->active : 0;
+}
+double InputPipeline::mean_produce_seconds() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->produce_n > 0 ? impl_->produce_sum / static_cast<double>(impl_->produce_n) : 0;
+}
+double InputPipeline::mean_step_seconds() const {
+  return impl_->gap_n > 0 ? impl_->gap_sum / static_cast<double>(impl_->gap_n) : 0;
+}
 
 absl::Status InputPipeline::Next(Tensor& x, Tensor& y) {
   Impl& m = *impl_;
@@ -896,6 +1009,15 @@ absl::Status InputPipeline::Next(Tensor& x, Tensor& y) {
       return s;
     }
   } else {
+    using SteadyClock = std::chrono::steady_clock;
+    const SteadyClock::time_point enter = SteadyClock::now();
+    if (m.have_last_return) {  // the consumer's time since the last batch: its step
+      const double gap = std::chrono::duration<double>(enter - m.last_return).count();
+      m.win_gap_sum += gap;
+      m.gap_sum += gap;
+      ++m.win_n;
+      ++m.gap_n;
+    }
     int slot;
     {
       std::unique_lock<std::mutex> lock(m.mu);
@@ -903,6 +1025,8 @@ absl::Status InputPipeline::Next(Tensor& x, Tensor& y) {
       slot = m.ready.front();
       m.ready.pop_front();
     }
+    const SteadyClock::time_point got = SteadyClock::now();
+    m.win_wait += std::chrono::duration<double>(got - enter).count();
     Impl::Slot& s = m.slots[slot];
     if (!s.status.ok()) {
       m.sticky = s.status;
@@ -916,6 +1040,9 @@ absl::Status InputPipeline::Next(Tensor& x, Tensor& y) {
       m.free_slots.push_back(slot);
     }
     m.cv.notify_all();
+    m.MaybeResize();
+    m.last_return = SteadyClock::now();
+    m.have_last_return = true;
   }
   m.seen += real;
   m.last_real = real;

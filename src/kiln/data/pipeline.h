@@ -82,6 +82,19 @@
 // Prefetch: with prefetch = P > 0 a background thread keeps up to P finished batches ready. The
 // state saved is always that of the last batch Next() returned: prefetched-but-unconsumed batches
 // are not counted, and RestoreState discards them and refills from the restored position.
+// prefetch = kAutoPrefetch (-1, `data.prefetch: auto`) sizes the queue from what it measures:
+// it starts at 2 batches and, after every 16 batches Next() returned, sets the depth to
+// 1 + ceil(longest batch production in the window / mean time between Next() calls), at least
+// 2, one more if Next() waited in the window although production was on average faster than the
+// consumer (bursts), never shrinking, at most 16 batches and 256 MiB of batches (and at least 2).
+// A deeper queue absorbs slow batches (a shard opening, a page-cache miss); it cannot help when
+// production is slower than the step on average: then the profile's verdict says input-bound.
+// The depth never changes which batches come out, only when they are ready.
+//
+// Augmentation (augment.h, PipelineConfig::augment): random crop, flip and normalization of
+// f32 CHW features, on the producing thread; the train split gets the random draws, keyed by
+// (seed, epoch, global example index) so a resumed pipeline repeats them exactly; the held_out
+// split gets the centre crop and normalization only.
 //
 // Errors: a bad source is InvalidArgument / NotFound at Create; a record that fails its CRC or
 // does not parse is DataLoss naming the file and the record's byte offset (found at Create, which
@@ -99,12 +112,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
+#include "kiln/data/augment.h"
 #include "kiln/data/dataset.h"
 #include "kiln/tensor/dtype.h"
 #include "kiln/tensor/shape.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::data {
+
+// PipelineConfig::prefetch: size the prefetch queue from measured times (see above).
+inline constexpr int kAutoPrefetch = -1;
 
 struct PipelineConfig {
   // "safetensors:PATH", "records:GLOB_OR_DIR", "dataset:DIR", "digits:PATH", "csv:PATH" or
@@ -120,8 +137,9 @@ struct PipelineConfig {
   // A split with fewer than batch_size examples gives batches of all of them (feature_type()
   // then has that batch size): for evaluating a small held-out split whole.
   bool shrink_batch = false;
-  int prefetch = 2;     // batches prepared ahead on a background thread; 0: none
-  int shard_index = 0;  // per-host sharding: keep examples i % num_shards == shard_index
+  int prefetch = 2;       // batches prepared ahead on a background thread; 0: none; kAutoPrefetch
+  AugmentConfig augment;  // off unless it asks for something (augment.h)
+  int shard_index = 0;    // per-host sharding: keep examples i % num_shards == shard_index
   int num_shards = 1;
   // Fraction of the examples in the held-out split (0: no held-out split; train is everything).
   double held_out_fraction = 0.0;
@@ -170,6 +188,12 @@ class InputPipeline {
   // Examples per epoch on this host and split (M above), and batches per epoch.
   int64_t examples_per_epoch() const;
   int64_t batches_per_epoch() const;
+  // Batches the prefetch queue holds now (0 without prefetch; grows under kAutoPrefetch), and
+  // what the sizing measured: mean production time per batch and mean time between Next() calls
+  // (0 before it measured any).
+  int prefetch_depth() const;
+  double mean_produce_seconds() const;
+  double mean_step_seconds() const;
 
   // Small JSON (docs/formats.md "Dataset records and iterator state"): source fingerprint,
   // epoch, position in the epoch, shard and next record's file/offset, RNG counters.
@@ -185,6 +209,13 @@ class InputPipeline {
   explicit InputPipeline(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The kAutoPrefetch rule (see the top of this file): the depth after a window in which the
+// slowest batch took `produce_max` seconds to produce, the mean `produce_mean`, the consumer
+// `step` seconds between Next() calls on average and waited `wait_share` of that time. Never
+// below `current`, never above `max_depth`.
+int AutoPrefetchDepth(int current, int max_depth, double produce_max, double produce_mean,
+                      double step, double wait_share);
 
 // The hash behind the train / held_out split: a value in [0, 1) for example `index`.
 double HeldOutHash(uint64_t split_seed, int64_t index);

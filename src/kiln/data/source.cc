@@ -29,6 +29,8 @@ class PipelineBatcher final : public Batcher {
         "checkpoint has no input-pipeline state (was it written with a CSV data.source?)");
   }
   int64_t epoch() const override { return csv_ ? p_->epoch_of_last_batch() : p_->epoch(); }
+  int prefetch_depth() const override { return p_->prefetch_depth(); }
+  double mean_produce_seconds() const override { return p_->mean_produce_seconds(); }
 
  private:
   // {"epoch": E, "position": P}: P examples of epoch E's order were taken. The next batch starts
@@ -118,6 +120,7 @@ PipelineConfig TrainPipelineConfig(const SourceConfig& c, bool csv) {
   pc.shuffle_buffer = csv ? 0 : c.shuffle_buffer;
   pc.remainder = c.remainder;
   pc.prefetch = c.prefetch;
+  pc.augment = c.augment;
   pc.held_out_fraction = c.held_out_fraction;
   pc.split = "train";
   pc.split_seed = c.seed;

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
+#include "kiln/data/augment.h"
 #include "kiln/tensor/tensor.h"
 #include "nlohmann/json.hpp"
 
@@ -38,6 +39,10 @@ class Batcher {
   virtual nlohmann::json State() const = 0;
   virtual absl::Status Restore(const nlohmann::json& state) = 0;
   virtual int64_t epoch() const = 0;
+  // The prefetch queue's depth now (0: none) and the mean time it measured per batch produced
+  // (pipeline.h); 0 when unknown.
+  virtual int prefetch_depth() const { return 0; }
+  virtual double mean_produce_seconds() const { return 0; }
 };
 
 // The held-out batches of one evaluation, in a fixed order.
@@ -78,7 +83,10 @@ struct SourceConfig {
   // "drop" | "pad" (pipeline sources only) | "wrap" (plain CSV paths only).
   std::string remainder = "drop";
   int64_t shuffle_buffer = 0;  // pipeline sources only: a plain CSV path always permutes fully
-  int prefetch = 2;
+  int prefetch = 2;            // kAutoPrefetch (pipeline.h): sized from measured times
+  // Image augmentation of the features (augment.h): train batches get the random draws, held-out
+  // batches the centre crop and normalization.
+  AugmentConfig augment;
   int64_t num_classes = 0;  // 0: infer (digits and CSV: 10; required for other classifiers)
   int64_t seq_len = 0;      // text: sources
   // A language model (s32 tokens -> s32 next tokens, num_classes = vocab_size) or a classifier

@@ -1,5 +1,7 @@
 #include "kiln/nn/optim.h"
 
+#include <fnmatch.h>
+
 #include <cmath>
 #include <set>
 #include <utility>
@@ -22,6 +24,62 @@ absl::Status Bad(const std::string& field, const std::string& why) {
 
 std::string OptimizerStateName(const std::string& slot, const std::string& param) {
   return "opt/" + slot + "/" + param;
+}
+
+int MatchParamGroup(const std::vector<ParamGroup>& groups, const std::string& param) {
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (fnmatch(groups[i].match.c_str(), param.c_str(), 0) == 0) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool IsFrozen(const OptimizerConfig& config, const std::string& param) {
+  const int g = MatchParamGroup(config.param_groups, param);
+  return g >= 0 && config.param_groups[g].freeze;
+}
+
+double LrScale(const OptimizerConfig& config, const std::string& param) {
+  const int g = MatchParamGroup(config.param_groups, param);
+  return g >= 0 ? config.param_groups[g].lr_scale : 1.0;
+}
+
+absl::Status CheckParamGroups(const OptimizerConfig& config,
+                              const std::vector<std::string>& params) {
+  const std::vector<ParamGroup>& groups = config.param_groups;
+  std::vector<int> taken(groups.size(), 0);
+  int trained = 0;
+  for (const std::string& p : params) {
+    const int g = MatchParamGroup(groups, p);
+    if (g >= 0) ++taken[g];
+    if (g < 0 || !groups[g].freeze) ++trained;
+  }
+  auto some_names = [&] {
+    std::string s;
+    for (size_t i = 0; i < params.size() && i < 8; ++i)
+      absl::StrAppend(&s, i ? ", " : "", params[i]);
+    if (params.size() > 8) absl::StrAppend(&s, ", ... (", params.size(), " in all)");
+    return s;
+  };
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].match.empty())
+      return absl::InvalidArgumentError(absl::StrCat("param_groups[", i, "]: match is empty"));
+    if (!(groups[i].lr_scale >= 0) || !std::isfinite(groups[i].lr_scale))
+      return absl::InvalidArgumentError(absl::StrCat("param_groups[", i, "] (match '",
+                                                     groups[i].match,
+                                                     "'): lr_scale must be a finite number >= 0, "
+                                                     "got ",
+                                                     groups[i].lr_scale));
+    if (taken[i] == 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("param_groups[", i, "] (match '", groups[i].match, "') matches no parameter",
+                       i > 0 ? " that an earlier group does not already take" : "",
+                       " (first match wins; the model's parameters: ", some_names(), ")"));
+  }
+  if (trained == 0 && !params.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("param_groups freeze every parameter of the model (", some_names(),
+                     "): nothing would train"));
+  return absl::OkStatus();
 }
 
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
@@ -114,6 +172,7 @@ std::vector<ParamSpec> OptimizerStateSpecs(const OptimizerConfig& config,
   std::vector<ParamSpec> specs;
   for (const std::string& slot : slots) {
     for (const ParamSpec& p : params) {
+      if (IsFrozen(config, p.name)) continue;
       specs.push_back(
           {OptimizerStateName(slot, p.name), DType::kF32, p.shape, Initializer::Zeros()});
     }
@@ -146,11 +205,21 @@ absl::Status CheckAddedNamesFree(const ir::Graph& loss_graph,
 }
 
 absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
-                                         const std::vector<std::string>& params,
+                                         const std::vector<std::string>& all_params,
                                          const OptimizerConfig& config,
                                          const std::string& loss_output,
                                          const GradientHook& gradient_hook) {
   KILN_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
+  KILN_RETURN_IF_ERROR(CheckParamGroups(config, all_params));
+  // Frozen parameters stay plain inputs of the step: no gradient, no update, no state.
+  std::vector<std::string> params;
+  for (const std::string& p : all_params) {
+    if (loss_graph.FindParameter(p) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train step: '", p, "' is not a parameter of the loss graph"));
+    }
+    if (!IsFrozen(config, p)) params.push_back(p);
+  }
   // The trained parameters' specs (their types come from the loss graph).
   std::vector<ParamSpec> param_specs;
   for (const std::string& p : params) {
@@ -209,6 +278,12 @@ absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
   ir::Value lr64 = ScheduledLearningRate(config.schedule, step);
   ir::Value lr = ir::Convert(lr64, DType::kF32);
   b.Output(kLearningRateOutput, lr);
+  // Per-group rates: the scale applies in f64, before the rounding to f32.
+  std::vector<double> scale(n);
+  for (size_t i = 0; i < n; ++i) scale[i] = LrScale(config, params[i]);
+  auto lr_of = [&](size_t i) {
+    return scale[i] == 1.0 ? lr : ir::Convert(lr64 * scale[i], DType::kF32);
+  };
   auto decays = [&](size_t i) { return values[i].rank() >= config.weight_decay_min_rank; };
 
   std::vector<ir::Value> new_values(n), new_state(state.size());
@@ -222,12 +297,16 @@ absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
     ir::Value bc2_sqrt = ir::Convert(ir::Sqrt(bc2), DType::kF32);
     ir::Value decay = ir::Convert(1.0 - lr64 * o.weight_decay, DType::kF32);
     for (size_t i = 0; i < n; ++i) {
+      const bool scaled = scale[i] != 1.0;
       ir::Value p = values[i];
-      if (o.weight_decay != 0.0 && decays(i)) p = p * decay;
+      if (o.weight_decay != 0.0 && decays(i)) {
+        p = p * (scaled ? ir::Convert(1.0 - lr64 * scale[i] * o.weight_decay, DType::kF32) : decay);
+      }
       ir::Value m = state[i] * o.beta1 + grads[i] * (1.0 - o.beta1);
       ir::Value v = state[n + i] * o.beta2 + grads[i] * grads[i] * (1.0 - o.beta2);
       ir::Value denom = ir::Sqrt(v) / bc2_sqrt + o.eps;
-      new_values[i] = p - step_size * (m / denom);
+      new_values[i] =
+          p - (scaled ? ir::Convert(lr64 * scale[i] / bc1, DType::kF32) : step_size) * (m / denom);
       new_state[i] = m;
       new_state[n + i] = v;
     }
@@ -243,7 +322,7 @@ absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
         new_state[i] = buf;
         d = o.nesterov ? d + buf * o.momentum : buf;
       }
-      new_values[i] = values[i] - lr * d;
+      new_values[i] = values[i] - lr_of(i) * d;
     }
   }
 

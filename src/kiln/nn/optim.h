@@ -35,6 +35,16 @@
 //             (torch CosineAnnealingLR with T_max = total - warmup, eta_min = floor).
 // Optimizer state is f32 whatever the parameter dtype; updates compute in f32 and round to the
 // parameter's dtype.
+//
+// Parameter groups (OptimizerConfig::param_groups, torch's param_groups by name pattern): each
+// parameter takes the first group whose `match` (fnmatch(3) without FNM_PATHNAME, so `*` also
+// matches '/': "blocks/*" covers "blocks/0/attn/qkv/weight") matches its name; a parameter that
+// no group matches trains at the full rate. A group's lr_scale multiplies the scheduled rate of
+// its parameters in f64 before the rounding to f32 (so SGD at lr L with lr_scale s is bit for bit
+// SGD at lr L*s; AdamW's decoupled decay scales with it, as torch's per-group lr does). A frozen
+// group (freeze: true, torch's requires_grad = False) takes no gradient, no update and no
+// optimizer state: the step graph differentiates only the other parameters, its frozen inputs
+// have no new/ output, and the norm that clipping and "grad_norm" use is over the trained ones.
 #ifndef KILN_NN_OPTIM_H_
 #define KILN_NN_OPTIM_H_
 
@@ -76,6 +86,13 @@ struct ScheduleOptions {
   double min_lr = 0.0;       // kLinear / kCosine: the floor
 };
 
+// One parameter group (see the top of this file).
+struct ParamGroup {
+  std::string match;      // fnmatch pattern over parameter names
+  double lr_scale = 1.0;  // >= 0
+  bool freeze = false;
+};
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
   SgdOptions sgd;
@@ -85,7 +102,21 @@ struct OptimizerConfig {
   // Weight decay applies to parameters of rank >= this (2: matrices and conv filters only, the
   // usual exclusion of biases and norm scales; 0: all, as torch's default).
   int weight_decay_min_rank = 0;
+  // First match wins; parameters no group matches train at lr_scale 1.
+  std::vector<ParamGroup> param_groups;
 };
+
+// The index of the first group of `groups` that matches `param` (-1: none).
+int MatchParamGroup(const std::vector<ParamGroup>& groups, const std::string& param);
+// Whether `param` is frozen (its group has freeze) and its lr scale (1 without a group).
+bool IsFrozen(const OptimizerConfig& config, const std::string& param);
+double LrScale(const OptimizerConfig& config, const std::string& param);
+// Checks the groups against the parameter names: every group must match at least one parameter
+// that no earlier group took (a typo would otherwise silently train everything at full rate), and
+// at least one parameter must stay trained. InvalidArgument naming the group
+// ("param_groups[1] (match 'blocks/*') ...") and listing some of the names.
+absl::Status CheckParamGroups(const OptimizerConfig& config,
+                              const std::vector<std::string>& params);
 
 // The output name of a parameter's (or optimizer state's) updated value in a train-step graph.
 inline std::string UpdatedName(const std::string& param) { return "new/" + param; }
@@ -109,12 +140,13 @@ ir::Value ScheduledLearningRate(const ScheduleOptions& schedule, ir::Value step)
 
 // The optimizer state for `params` (zeros, f32, each param's shape), in the order the train step
 // takes it: for AdamW all opt/m/* then all opt/v/*; for SGD with momentum opt/momentum/*; none
-// for plain SGD.
+// for plain SGD. Frozen parameters (param_groups) have none.
 std::vector<ParamSpec> OptimizerStateSpecs(const OptimizerConfig& config,
                                            const std::vector<ParamSpec>& params);
 
-// Builds the train step described at the top of this file. `params` are the trained parameters
-// of `loss_graph` (floating; every other parameter is a data input passed through). Errors: an
+// Builds the train step described at the top of this file. `params` are the parameters of
+// `loss_graph` (floating; every other parameter is a data input passed through); those a frozen
+// group matches are inputs without gradient, update or state. Errors: an
 // invalid config, those of autodiff::Grad, a loss that is not a floating scalar, or a name clash
 // with the inputs/outputs the step adds.
 // `gradient_hook`, when set, is called with the step's builder and the f32 gradients (in `params`

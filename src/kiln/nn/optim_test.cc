@@ -215,6 +215,93 @@ TEST(TrainStep, WeightDecayMinRankSkipsVectors) {
   EXPECT_THAT((*step)->params().Find("m")->ToDoubles(), ElementsAre(0.95f, 1.9f));
 }
 
+// Bytes of a tensor, for bit-for-bit comparisons.
+std::string Bytes(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.raw_data()), t.byte_size());
+}
+
+TEST(ParamGroups, FrozenParametersKeepTheirBitsAndGetNoState) {
+  const ir::Graph loss = QuadraticLoss();
+  const Tensor x = QuadraticX();
+  for (const auto& backend : Backends()) {
+    SCOPED_TRACE(backend->name());
+    for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+      OptimizerConfig c;
+      c.kind = kind;
+      c.sgd.momentum = 0.9;
+      c.adamw.weight_decay = 0.1;  // decay must not touch a frozen parameter either
+      c.schedule.lr = 0.05;
+      c.param_groups = {{.match = "m", .freeze = true}};
+      const ParamStore initial = QuadraticParams();
+      auto step = TrainStep::Create(*backend, loss, QuadraticParams(), {.optimizer = c});
+      ASSERT_TRUE(step.ok()) << step.status();
+      for (int s = 0; s < 4; ++s) ASSERT_TRUE((*step)->Run({&x}).ok());
+      EXPECT_EQ(Bytes(*(*step)->params().Find("m")), Bytes(*initial.Find("m")));
+      EXPECT_NE(Bytes(*(*step)->params().Find("w")), Bytes(*initial.Find("w")));
+      // Optimizer state only for the trained parameter; no update output for the frozen one.
+      if (kind == OptimizerKind::kSgd) {
+        EXPECT_THAT((*step)->optimizer_state().names(), ElementsAre("opt/momentum/w"));
+      } else {
+        EXPECT_THAT((*step)->optimizer_state().names(), ElementsAre("opt/m/w", "opt/v/w"));
+      }
+      EXPECT_LT((*step)->train_step_graph().FindOutput("new/m"), 0);
+      EXPECT_GE((*step)->train_step_graph().FindOutput("new/w"), 0);
+    }
+  }
+}
+
+TEST(ParamGroups, LrScaleIsExactlyTheScaledRate) {
+  const ir::Graph loss = QuadraticLoss();
+  const Tensor x = QuadraticX();
+  auto backend = runtime::MakeCpuBackend();
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+    SCOPED_TRACE(kind == OptimizerKind::kSgd ? "sgd" : "adamw");
+    // One step from the same start: the scaled group moves exactly as a run at lr * scale, the
+    // unmatched parameter as a run at lr.
+    auto one_step = [&](double lr, std::vector<ParamGroup> groups) {
+      OptimizerConfig c;
+      c.kind = kind;
+      c.adamw.weight_decay = 0.1;
+      c.schedule.lr = lr;
+      c.param_groups = std::move(groups);
+      auto step = TrainStep::Create(*backend, loss, QuadraticParams(), {.optimizer = c});
+      EXPECT_TRUE(step.ok()) << step.status();
+      auto m = (*step)->Run({&x});
+      EXPECT_TRUE(m.ok()) << m.status();
+      return std::make_pair(Bytes(*(*step)->params().Find("w")),
+                            Bytes(*(*step)->params().Find("m")));
+    };
+    const auto grouped = one_step(0.5, {{.match = "w", .lr_scale = 0.1}});
+    const auto full = one_step(0.5, {});
+    const auto scaled = one_step(0.05, {});
+    EXPECT_EQ(grouped.first, scaled.first);
+    EXPECT_EQ(grouped.second, full.second);
+    EXPECT_NE(grouped.first, full.first);
+  }
+}
+
+TEST(ParamGroups, FirstMatchWinsAndBadGroupsAreNamed) {
+  const std::vector<ParamGroup> groups = {{.match = "blocks/0/*", .lr_scale = 0.5},
+                                          {.match = "blocks/*", .freeze = true}};
+  EXPECT_EQ(MatchParamGroup(groups, "blocks/0/attn/qkv/weight"), 0);  // '*' crosses '/'
+  EXPECT_EQ(MatchParamGroup(groups, "blocks/1/mlp/fc1/bias"), 1);
+  EXPECT_EQ(MatchParamGroup(groups, "head/weight"), -1);
+  OptimizerConfig c;
+  c.param_groups = {{.match = "w*"}, {.match = "w"}};
+  absl::Status s = CheckParamGroups(c, {"w", "m"});
+  EXPECT_THAT(s.message(), HasSubstr("param_groups[1] (match 'w') matches no parameter that an "
+                                     "earlier group does not already take"));
+  EXPECT_THAT(s.message(), HasSubstr("the model's parameters: w, m"));
+  c.param_groups = {{.match = "*", .freeze = true}};
+  EXPECT_THAT(CheckParamGroups(c, {"w", "m"}).message(), HasSubstr("freeze every parameter"));
+  c.param_groups = {{.match = "w", .lr_scale = -1}};
+  EXPECT_THAT(CheckParamGroups(c, {"w", "m"}).message(), HasSubstr("lr_scale must be"));
+  auto ref = runtime::MakeReferenceBackend();
+  c.param_groups = {{.match = "zz*", .freeze = true}};
+  auto step = TrainStep::Create(*ref, QuadraticLoss(), QuadraticParams(), {.optimizer = c});
+  EXPECT_THAT(step.status().message(), HasSubstr("param_groups[0] (match 'zz*') matches no"));
+}
+
 TEST(Schedule, HostFormulaMatchesTorchSchedulers) {
   // LinearLR(start_factor=1/4, total_iters=3), lr 2.0 == 4 warmup steps, then constant.
   const std::vector<double> warmup = {0.5, 1, 1.5, 2, 2, 2, 2, 2};

@@ -175,6 +175,71 @@ absl::Status InitFromFromYaml(Section& top, InitFromConfig* c) {
   return s.CheckMapAndUnknown();
 }
 
+// data.prefetch: `auto` (-1) or a number of batches.
+absl::Status PrefetchFromYaml(YAML::Node node, int* out) {
+  if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
+  if (node.IsScalar() && node.Scalar() == "auto") {
+    *out = -1;
+    return absl::OkStatus();
+  }
+  try {
+    *out = node.as<int>();
+  } catch (const std::exception&) {
+    YAML::Emitter e;
+    e << YAML::Flow << node;
+    return KeyError("data.prefetch",
+                    absl::StrCat("expected auto or a number of batches, got '", e.c_str(), "'"));
+  }
+  if (*out < 0) {
+    return KeyError("data.prefetch", absl::StrCat("must be auto or >= 0, got ", *out));
+  }
+  return absl::OkStatus();
+}
+
+// data.augment: {random_crop: {size: [H, W], padding: P}, flip_horizontal: B,
+// normalize: {mean: [...], std: [...]}}.
+absl::Status AugmentFromYaml(YAML::Node node, AugmentSection* a) {
+  Section s(node, "data.augment");
+  KILN_RETURN_IF_ERROR(s.CheckMap());
+  YAML::Node crop = s.Child("random_crop");
+  if (crop.IsDefined() && !crop.IsNull()) {
+    a->random_crop = true;
+    Section c(crop, "data.augment.random_crop");
+    KILN_RETURN_IF_ERROR(c.Get("size", &a->crop_size));
+    KILN_RETURN_IF_ERROR(c.Get("padding", &a->padding));
+    KILN_RETURN_IF_ERROR(c.CheckMapAndUnknown());
+  }
+  KILN_RETURN_IF_ERROR(s.Get("flip_horizontal", &a->flip_horizontal));
+  Section n(s.Child("normalize"), "data.augment.normalize");
+  KILN_RETURN_IF_ERROR(n.Get("mean", &a->mean));
+  KILN_RETURN_IF_ERROR(n.Get("std", &a->std));
+  KILN_RETURN_IF_ERROR(n.CheckMapAndUnknown());
+  return s.CheckMapAndUnknown();
+}
+
+// optimizer.param_groups: a list of {match, lr_scale, freeze} mappings.
+absl::Status ParamGroupsFromYaml(YAML::Node node, std::vector<ParamGroupSection>* out) {
+  if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
+  if (!node.IsSequence()) {
+    return KeyError("optimizer.param_groups",
+                    "expected a list of groups (like [{match: \"blocks/*\", lr_scale: 0.1}, "
+                    "{match: \"patch_embed/*\", freeze: true}])");
+  }
+  out->clear();
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string key = absl::StrCat("optimizer.param_groups[", i, "]");
+    Section g(node[i], key);
+    if (!node[i].IsMap()) KILN_RETURN_IF_ERROR(g.CheckMap());
+    ParamGroupSection pg;
+    KILN_RETURN_IF_ERROR(g.Get("match", &pg.match));
+    KILN_RETURN_IF_ERROR(g.Get("lr_scale", &pg.lr_scale));
+    KILN_RETURN_IF_ERROR(g.Get("freeze", &pg.freeze));
+    KILN_RETURN_IF_ERROR(g.CheckMapAndUnknown());
+    out->push_back(pg);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
   Section top(root, "");
   {
@@ -210,7 +275,8 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
     KILN_RETURN_IF_ERROR(s.Get("held_out_fraction", &c->data.held_out_fraction));
     KILN_RETURN_IF_ERROR(s.GetEnum("remainder", {"drop", "wrap", "pad"}, &c->data.remainder));
     KILN_RETURN_IF_ERROR(s.Get("shuffle_buffer", &c->data.shuffle_buffer));
-    KILN_RETURN_IF_ERROR(s.Get("prefetch", &c->data.prefetch));
+    KILN_RETURN_IF_ERROR(PrefetchFromYaml(s.Child("prefetch"), &c->data.prefetch));
+    KILN_RETURN_IF_ERROR(AugmentFromYaml(s.Child("augment"), &c->data.augment));
     KILN_RETURN_IF_ERROR(s.Get("num_classes", &c->data.num_classes));
     KILN_RETURN_IF_ERROR(s.Get("seq_len", &c->data.seq_len));
     KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
@@ -224,6 +290,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
     KILN_RETURN_IF_ERROR(s.Get("betas", &c->optimizer.betas));
     KILN_RETURN_IF_ERROR(s.Get("eps", &c->optimizer.eps));
     KILN_RETURN_IF_ERROR(s.Get("clip_norm", &c->optimizer.clip_norm));
+    KILN_RETURN_IF_ERROR(ParamGroupsFromYaml(s.Child("param_groups"), &c->optimizer.param_groups));
     KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
   }
   {
@@ -268,6 +335,42 @@ absl::Status NonNegative(const std::string& key, int64_t v) {
 absl::Status NonNegative(const std::string& key, double v) {
   if (!(v >= 0) || !std::isfinite(v)) {
     return KeyError(key, absl::StrCat("must be a finite number >= 0, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAugment(const TrainConfig& c) {
+  const AugmentSection& a = c.data.augment;
+  if (!a.enabled()) return absl::OkStatus();
+  if (c.model.kind == "gpt") {
+    return KeyError("data.augment", "is for image models (cnn, vit, mlp on images), not gpt");
+  }
+  if (a.random_crop) {
+    if (!a.crop_size.empty() && (a.crop_size.size() != 2 || a.crop_size[0] != c.model.height ||
+                                 a.crop_size[1] != c.model.width)) {
+      return KeyError(
+          "data.augment.random_crop.size",
+          absl::StrCat("must be the model's image size [", c.model.height, ", ", c.model.width,
+                       "] (model.height, model.width): the crop is taken from the "
+                       "image padded by random_crop.padding, so examples keep "
+                       "their shape"));
+    }
+    if (a.padding < 0 || a.padding > 4096) {
+      return KeyError("data.augment.random_crop.padding",
+                      absl::StrCat("must be in [0, 4096], got ", a.padding));
+    }
+  }
+  if (a.mean.size() != a.std.size() ||
+      (!a.mean.empty() && a.mean.size() != static_cast<size_t>(c.model.channels))) {
+    return KeyError(
+        "data.augment.normalize",
+        absl::StrCat("mean and std need one value per channel (model.channels ", c.model.channels,
+                     "), got ", a.mean.size(), " and ", a.std.size()));
+  }
+  for (double v : a.std) {
+    if (!(v > 0) || !std::isfinite(v)) {
+      return KeyError("data.augment.normalize.std", absl::StrCat("must be > 0, got ", v));
+    }
   }
   return absl::OkStatus();
 }
@@ -378,15 +481,25 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
     return KeyError("data.source", "is required (a labeled CSV file or a pipeline source)");
   KILN_RETURN_IF_ERROR(Positive("data.batch_size", c.data.batch_size));
   KILN_RETURN_IF_ERROR(NonNegative("data.shuffle_buffer", c.data.shuffle_buffer));
-  KILN_RETURN_IF_ERROR(NonNegative("data.prefetch", static_cast<int64_t>(c.data.prefetch)));
+  if (c.data.prefetch < -1) {
+    return KeyError("data.prefetch", absl::StrCat("must be auto or >= 0, got ", c.data.prefetch));
+  }
+  KILN_RETURN_IF_ERROR(ValidateAugment(c));
   KILN_RETURN_IF_ERROR(NonNegative("data.num_classes", c.data.num_classes));
   if (!(c.data.held_out_fraction > 0 && c.data.held_out_fraction < 1)) {
     return KeyError("data.held_out_fraction",
                     absl::StrCat("must be in (0, 1), got ", c.data.held_out_fraction));
   }
   const OptimizerSection& o = c.optimizer;
-  if (!(o.lr > 0) || !std::isfinite(o.lr)) {
-    return KeyError("optimizer.lr", absl::StrCat("must be a positive number, got ", o.lr));
+  if (!(o.lr >= 0) || !std::isfinite(o.lr)) {
+    return KeyError("optimizer.lr", absl::StrCat("must be a finite number >= 0, got ", o.lr));
+  }
+  for (size_t i = 0; i < o.param_groups.size(); ++i) {
+    const std::string key = absl::StrCat("optimizer.param_groups[", i, "]");
+    if (o.param_groups[i].match.empty()) {
+      return KeyError(key + ".match", "is required (a name pattern such as \"blocks/*\")");
+    }
+    KILN_RETURN_IF_ERROR(NonNegative(key + ".lr_scale", o.param_groups[i].lr_scale));
   }
   KILN_RETURN_IF_ERROR(NonNegative("optimizer.momentum", o.momentum));
   if (o.momentum >= 1) return KeyError("optimizer.momentum", "must be < 1");
@@ -668,10 +781,43 @@ std::string EmitYaml(const TrainConfig& c, bool hash_form) {
   e << YAML::Key << "held_out_fraction" << YAML::Value << num(c.data.held_out_fraction);
   e << YAML::Key << "remainder" << YAML::Value << c.data.remainder;
   e << YAML::Key << "shuffle_buffer" << YAML::Value << c.data.shuffle_buffer;
-  e << YAML::Key << "prefetch" << YAML::Value << c.data.prefetch;
+  // prefetch changes when batches are ready, never which: `auto` hashes as the old default 2, so
+  // runs started before auto existed keep their hash.
+  if (c.data.prefetch == -1) {
+    if (hash_form) {
+      e << YAML::Key << "prefetch" << YAML::Value << 2;
+    } else {
+      e << YAML::Key << "prefetch" << YAML::Value << "auto";
+    }
+  } else {
+    e << YAML::Key << "prefetch" << YAML::Value << c.data.prefetch;
+  }
   e << YAML::Key << "num_classes" << YAML::Value << c.data.num_classes;
   if (!hash_form || c.data.seq_len != 0 || c.model.kind == "gpt") {
     e << YAML::Key << "seq_len" << YAML::Value << c.data.seq_len;
+  }
+  if (c.data.augment.enabled()) {  // emitted (and hashed) only when on
+    const AugmentSection& a = c.data.augment;
+    e << YAML::Key << "augment" << YAML::Value << YAML::BeginMap;
+    if (a.random_crop) {
+      e << YAML::Key << "random_crop" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      e << YAML::Key << "size" << YAML::Value << YAML::Flow << YAML::BeginSeq << c.model.height
+        << c.model.width << YAML::EndSeq;
+      e << YAML::Key << "padding" << YAML::Value << a.padding;
+      e << YAML::EndMap;
+    }
+    e << YAML::Key << "flip_horizontal" << YAML::Value << a.flip_horizontal;
+    if (!a.mean.empty()) {
+      e << YAML::Key << "normalize" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      e << YAML::Key << "mean" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (double v : a.mean) e << num(v);
+      e << YAML::EndSeq;
+      e << YAML::Key << "std" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (double v : a.std) e << num(v);
+      e << YAML::EndSeq;
+      e << YAML::EndMap;
+    }
+    e << YAML::EndMap;
   }
   e << YAML::EndMap;
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
@@ -684,6 +830,17 @@ std::string EmitYaml(const TrainConfig& c, bool hash_form) {
   e << YAML::EndSeq;
   e << YAML::Key << "eps" << YAML::Value << num(c.optimizer.eps);
   e << YAML::Key << "clip_norm" << YAML::Value << num(c.optimizer.clip_norm);
+  if (!c.optimizer.param_groups.empty()) {  // hashed only when given (older runs keep their hash)
+    e << YAML::Key << "param_groups" << YAML::Value << YAML::BeginSeq;
+    for (const ParamGroupSection& g : c.optimizer.param_groups) {
+      e << YAML::Flow << YAML::BeginMap;
+      e << YAML::Key << "match" << YAML::Value << YAML::DoubleQuoted << g.match;
+      e << YAML::Key << "lr_scale" << YAML::Value << num(g.lr_scale);
+      e << YAML::Key << "freeze" << YAML::Value << g.freeze;
+      e << YAML::EndMap;
+    }
+    e << YAML::EndSeq;
+  }
   e << YAML::EndMap;
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kind" << YAML::Value << c.schedule.kind;

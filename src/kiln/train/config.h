@@ -48,6 +48,17 @@ struct ModelConfig {
   std::string interaction = "dot";
 };
 
+// data.augment (data/augment.h): image augmentation of f32 CHW features on the input pipeline's
+// producing thread, laid out by model.channels/height/width.
+struct AugmentSection {
+  bool random_crop = false;        // data.augment.random_crop given
+  std::vector<int64_t> crop_size;  // random_crop.size [H, W]: must be the model's (empty: it)
+  int64_t padding = 0;             // random_crop.padding
+  bool flip_horizontal = false;
+  std::vector<double> mean, std;  // normalize.mean / normalize.std, one per channel
+  bool enabled() const { return random_crop || flip_horizontal || !mean.empty(); }
+};
+
 struct DataConfig {
   // A labeled CSV path (.csv or .csv.gz, digits layout: 64 features then a label), loaded in
   // memory; or an input-pipeline source "digits:PATH", "records:GLOB_OR_DIR",
@@ -63,21 +74,33 @@ struct DataConfig {
   std::string remainder = "drop";
   // Input-pipeline sources only (digits:, records:, safetensors:; see data/pipeline.h).
   int64_t shuffle_buffer = 0;  // 0: a full permutation per epoch
-  int prefetch = 2;            // batches prepared ahead on a background thread
-  int64_t num_classes = 0;     // 0: infer (CSV labels; digits: 10)
+  // Batches prepared ahead on a background thread; -1 = `auto` (the default): sized from the
+  // measured step and input times (data/pipeline.h).
+  int prefetch = -1;
+  AugmentSection augment;
+  int64_t num_classes = 0;  // 0: infer (CSV labels; digits: 10)
   // text: sources (model.kind gpt): tokens per training window; each example is a non-overlapping
   // chunk of seq_len + 1 bytes of the file (data/pipeline.h).
   int64_t seq_len = 0;
 };
 
+// optimizer.param_groups[i] (nn::ParamGroup): parameters whose name matches `match` (fnmatch,
+// '*' crosses '/'; the first matching group wins) train at lr * lr_scale, or not at all (freeze).
+struct ParamGroupSection {
+  std::string match;
+  double lr_scale = 1.0;
+  bool freeze = false;
+};
+
 struct OptimizerSection {
-  std::string kind = "sgd";  // sgd | adamw
-  double lr = 0.1;
-  double momentum = 0.0;                     // sgd
-  double weight_decay = 0.0;                 // sgd: L2; adamw: decoupled
+  std::string kind = "sgd";   // sgd | adamw
+  double lr = 0.1;            // >= 0 (0 trains nothing: kiln train --validate-first refuses it)
+  double momentum = 0.0;      // sgd
+  double weight_decay = 0.0;  // sgd: L2; adamw: decoupled
   std::vector<double> betas = {0.9, 0.999};  // adamw
   double eps = 1e-8;                         // adamw
   double clip_norm = 0.0;                    // > 0: clip by global norm
+  std::vector<ParamGroupSection> param_groups;
 };
 
 struct ScheduleSection {

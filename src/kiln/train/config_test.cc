@@ -307,5 +307,89 @@ TEST(ConfigTest, LoadsThroughTheEnv) {
   EXPECT_THAT(missing.status().message(), HasSubstr("/runs/nope.yaml"));
 }
 
+TEST(ConfigTest, ParamGroupsParseRoundTripAndNameBadEntries) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(
+      kBase, "t.yaml",
+      {"optimizer.param_groups=[{match: \"blocks/*\", lr_scale: 0.1}, {match: patch_embed/*, "
+       "freeze: true}]"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->optimizer.param_groups.size(), 2u);
+  EXPECT_EQ(c->optimizer.param_groups[0].match, "blocks/*");
+  EXPECT_DOUBLE_EQ(c->optimizer.param_groups[0].lr_scale, 0.1);
+  EXPECT_FALSE(c->optimizer.param_groups[0].freeze);
+  EXPECT_TRUE(c->optimizer.param_groups[1].freeze);
+  absl::StatusOr<TrainConfig> back = ParseTrainConfig(ConfigToYaml(*c), "resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << ConfigToYaml(*c);
+  EXPECT_EQ(ConfigToYaml(*back), ConfigToYaml(*c));
+  // Groups change what is trained: part of the hash; none given keeps the hash of before.
+  absl::StatusOr<TrainConfig> plain = ParseTrainConfig(kBase, "t.yaml");
+  EXPECT_NE(ConfigHash(*c), ConfigHash(*plain));
+  EXPECT_EQ(ConfigToYaml(*plain).find("param_groups"), std::string::npos);
+  auto err = [](const std::string& groups) {
+    absl::StatusOr<TrainConfig> c =
+        ParseTrainConfig(kBase, "t.yaml", {"optimizer.param_groups=" + groups});
+    return c.ok() ? std::string("OK") : std::string(c.status().message());
+  };
+  EXPECT_THAT(err("[{match: a, lr_scal: 2}]"),
+              HasSubstr("optimizer.param_groups[0].lr_scal: unknown key (allowed: match, "
+                        "lr_scale, freeze)"));
+  EXPECT_THAT(err("[{lr_scale: 2}]"), HasSubstr("optimizer.param_groups[0].match: is required"));
+  EXPECT_THAT(err("[{match: a}, {match: b, lr_scale: -1}]"),
+              HasSubstr("optimizer.param_groups[1].lr_scale: must be a finite number >= 0"));
+  EXPECT_THAT(err("{match: a}"), HasSubstr("optimizer.param_groups: expected a list of groups"));
+  // A learning rate of 0 is a valid config (kiln train --validate-first refuses to run it).
+  EXPECT_TRUE(ParseTrainConfig(kBase, "t.yaml", {"optimizer.lr=0"}).ok());
+}
+
+TEST(ConfigTest, PrefetchAutoIsTheDefaultAndHashesAsTwo) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->data.prefetch, -1);
+  EXPECT_THAT(ConfigToYaml(*c), HasSubstr("prefetch: auto"));
+  absl::StatusOr<TrainConfig> two = ParseTrainConfig(kBase, "t.yaml", {"data.prefetch=2"});
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->data.prefetch, 2);
+  EXPECT_EQ(ConfigHash(*c), ConfigHash(*two));  // runs from before auto keep their hash
+  absl::StatusOr<TrainConfig> back = ParseTrainConfig(ConfigToYaml(*c), "resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data.prefetch, -1);
+  absl::StatusOr<TrainConfig> bad = ParseTrainConfig(kBase, "t.yaml", {"data.prefetch=lots"});
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("data.prefetch: expected auto or a number of batches, got 'lots'"));
+}
+
+TEST(ConfigTest, AugmentParsesValidatesAgainstTheModelAndRoundTrips) {
+  const std::vector<std::string> aug = {
+      "model.kind=vit", "model.height=8", "model.width=8",
+      "data.augment={random_crop: {size: [8, 8], padding: 1}, flip_horizontal: true, "
+      "normalize: {mean: [0.5], std: [0.25]}}"};
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml", aug);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const AugmentSection& a = c->data.augment;
+  EXPECT_TRUE(a.random_crop);
+  EXPECT_EQ(a.padding, 1);
+  EXPECT_TRUE(a.flip_horizontal);
+  EXPECT_EQ(a.mean, std::vector<double>{0.5});
+  absl::StatusOr<TrainConfig> back = ParseTrainConfig(ConfigToYaml(*c), "resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << ConfigToYaml(*c);
+  EXPECT_EQ(ConfigToYaml(*back), ConfigToYaml(*c));
+  absl::StatusOr<TrainConfig> plain = ParseTrainConfig(kBase, "t.yaml");
+  EXPECT_EQ(ConfigToYaml(*plain).find("augment"), std::string::npos);
+  auto err = [&](const std::string& v) {
+    std::vector<std::string> o = {"model.kind=vit", "data.augment=" + v};
+    absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml", o);
+    return c.ok() ? std::string("OK") : std::string(c.status().message());
+  };
+  EXPECT_THAT(err("{random_crop: {size: [6, 6], padding: 1}}"),
+              HasSubstr("data.augment.random_crop.size: must be the model's image size [8, 8]"));
+  EXPECT_THAT(err("{normalize: {mean: [0.5, 0.5], std: [1, 1]}}"),
+              HasSubstr("data.augment.normalize: mean and std need one value per channel "
+                        "(model.channels 1)"));
+  EXPECT_THAT(err("{normalize: {mean: [0.5], std: [0]}}"),
+              HasSubstr("data.augment.normalize.std: must be > 0"));
+  EXPECT_THAT(err("{flip: true}"), HasSubstr("data.augment.flip: unknown key"));
+  EXPECT_EQ(err("{flip_horizontal: true}"), "OK");
+}
+
 }  // namespace
 }  // namespace kiln::train

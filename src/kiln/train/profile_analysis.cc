@@ -41,11 +41,21 @@ std::string VerdictLine(const ProfileVerdict& v, const ProfileInputs& in,
                         const ProfileThresholds& t, double uncovered, int64_t calls_per_step) {
   const double steps = static_cast<double>(std::max<int64_t>(in.steps, 1));
   switch (v.bound) {
-    case Bound::kInput:
+    case Bound::kInput: {
+      // With one producing thread, a producer slower than the step on average cannot be hidden
+      // by a deeper queue; a faster one that still leaves the step waiting is bursty.
+      const double compute = (in.step_seconds - in.input_seconds) / steps;
+      const bool slower = in.produce_seconds > 0 && in.produce_seconds >= compute;
       return absl::StrFormat(
-          "input-bound: the step waits on data %.0f%% of the time; raise prefetch or simplify "
-          "decoding",
-          100 * v.input_share);
+          "input-bound: %.0f%% of step time waiting for data; %s", 100 * v.input_share,
+          in.produce_seconds <= 0
+              ? "raise data.prefetch (or set it to auto) or simplify decoding and augmentation"
+          : slower
+              ? "the pipeline needs longer per batch than the step computes, which no prefetch "
+                "depth hides: simplify decoding and augmentation, or read fewer bytes per example"
+              : "production keeps up on average but comes in bursts: a deeper data.prefetch "
+                "absorbs them");
+    }
     case Bound::kMatmul: {
       std::string bare = v.matmul_bare_fraction > 0
                              ? absl::StrFormat(" = %.0f%% of the bare oneDNN rate for their shapes",
@@ -154,6 +164,17 @@ ProfileVerdict ClassifyProfile(const std::vector<KernelStat>& kernels, const Pro
       VerdictLine(v, in, t, uncovered, calls_per_step), 100 * v.matmul_share, 100 * v.memory_share,
       100 * v.overhead_share, 1e3 * uncovered / steps, v.tiny_kernels, 1e6 * t.tiny_kernel_seconds,
       100 * v.input_share);
+  absl::StrAppend(&v.text, absl::StrFormat("\ninput: %.1f%% of step time waiting for data (%.3f "
+                                           "ms/step)",
+                                           100 * v.input_share, 1e3 * in.input_seconds / steps));
+  if (in.produce_seconds > 0) {
+    absl::StrAppend(&v.text, absl::StrFormat("; the pipeline produces a batch in %.3f ms on its "
+                                             "thread",
+                                             1e3 * in.produce_seconds));
+  }
+  if (in.prefetch_depth > 0) {
+    absl::StrAppend(&v.text, absl::StrFormat(", prefetch queue %d batches", in.prefetch_depth));
+  }
   return v;
 }
 

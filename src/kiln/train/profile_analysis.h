@@ -41,6 +41,10 @@ struct ProfileInputs {
   double input_seconds = 0;     // waiting for the next batch, summed
   double matmul_peak = 0;       // FLOP/s of a bare square f32 matmul on this backend; 0: unknown
   double memcpy_bandwidth = 0;  // bytes/s (read + written) of a large parallel memcpy; 0: unknown
+  // The input pipeline (data/pipeline.h): batches its prefetch queue holds (0: none or unknown)
+  // and its mean time to produce one batch on its thread (0: unknown).
+  int prefetch_depth = 0;
+  double produce_seconds = 0;
 };
 
 // The thresholds of the classification (docs/train.md lists them; tests pin them).
@@ -69,7 +73,9 @@ struct ProfileVerdict {
   // the step's time but is not reported.
   int bare_slowed = 0;
   double memory_rate = 0;  // bytes/s over the memory kernels (not tiny)
-  std::string text;        // "verdict: matmul-bound: ...", then one line of all the shares
+  // "verdict: matmul-bound: ...", then one line of all the shares, then the input line (always:
+  // "input: 1.2% of step time waiting for data; ...").
+  std::string text;
 };
 
 // Classifies by shares of measured time: input-bound when the input wait reaches

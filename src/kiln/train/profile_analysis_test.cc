@@ -127,7 +127,21 @@ TEST(ClassifyProfileTest, InputWaitAtTheThresholdWins) {
   t.input_share = 0.2;
   ProfileVerdict v = ClassifyProfile(k, in, t);
   EXPECT_EQ(v.bound, Bound::kInput);
-  EXPECT_THAT(v.text, HasSubstr("verdict: input-bound: the step waits on data 29% of the time"));
+  EXPECT_THAT(v.text, HasSubstr("verdict: input-bound: 29% of step time waiting for data; raise "
+                                "data.prefetch"));
+  // The producer's time decides the advice: slower than the compute (0.71 s) or bursty.
+  in.produce_seconds = 0.9;
+  in.prefetch_depth = 4;
+  v = ClassifyProfile(k, in, t);
+  EXPECT_THAT(v.text, HasSubstr("which no prefetch depth hides"));
+  EXPECT_THAT(v.text, HasSubstr("input: 29.0% of step time waiting for data (290.000 ms/step); "
+                                "the pipeline produces a batch in 900.000 ms on its thread, "
+                                "prefetch queue 4 batches"));
+  in.produce_seconds = 0.1;
+  EXPECT_THAT(ClassifyProfile(k, in, t).text, HasSubstr("comes in bursts"));
+  // Not input-bound: the share is still printed.
+  in.input_seconds = 0.01;
+  EXPECT_THAT(ClassifyProfile(k, in, t).text, HasSubstr("input: 1.0% of step time waiting"));
   EXPECT_EQ(BoundName(v.bound), "input-bound");
 }
 

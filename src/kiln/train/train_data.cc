@@ -11,7 +11,18 @@ data::SourceConfig SourceConfigFor(const TrainConfig& c, bool language_model) {
   sc.held_out_fraction = c.data.held_out_fraction;
   sc.remainder = c.data.remainder;
   sc.shuffle_buffer = c.data.shuffle_buffer;
-  sc.prefetch = c.data.prefetch;
+  sc.prefetch = c.data.prefetch;  // -1 = data::kAutoPrefetch
+  const AugmentSection& a = c.data.augment;
+  if (a.enabled()) {
+    sc.augment.channels = c.model.channels;
+    sc.augment.height = c.model.height;
+    sc.augment.width = c.model.width;
+    sc.augment.random_crop = a.random_crop;
+    sc.augment.padding = a.random_crop ? a.padding : 0;
+    sc.augment.flip_horizontal = a.flip_horizontal;
+    sc.augment.mean = a.mean;
+    sc.augment.std = a.std;
+  }
   sc.num_classes = c.data.num_classes;
   sc.seq_len = c.data.seq_len;
   sc.language_model = language_model;

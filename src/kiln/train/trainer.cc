@@ -82,6 +82,8 @@ nn::OptimizerConfig BuildOptimizerConfig(const TrainConfig& c) {
     o.sgd.weight_decay = c.optimizer.weight_decay;
   }
   o.clip_norm = c.optimizer.clip_norm;
+  for (const ParamGroupSection& g : c.optimizer.param_groups)
+    o.param_groups.push_back({.match = g.match, .lr_scale = g.lr_scale, .freeze = g.freeze});
   o.schedule.lr = c.optimizer.lr;
   o.schedule.warmup_steps = c.schedule.warmup_steps;
   o.schedule.total_steps = c.steps;

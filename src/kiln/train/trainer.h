@@ -139,6 +139,7 @@ class Trainer {
   // asynchronously (a checkpoint_every multiple below steps after the start step); 0 otherwise.
   int64_t checkpoint_staging_bytes() const { return checkpoint_staging_bytes_; }
   const Evaluator& evaluator() const { return *evaluator_; }
+  const DataShape& data_shape() const { return data_.shape; }
   const Mesh& mesh() const { return mesh_; }
   // This rank's coordinates in mesh() (0, 0 in one process).
   const MeshCoords& coords() const { return coords_; }

@@ -267,7 +267,9 @@ absl::Status Trainer::ReportProfile(double total, double input, double compute, 
                    .step_seconds = total,
                    .input_seconds = input,
                    .matmul_peak = peak.ok() ? *peak : 0,
-                   .memcpy_bandwidth = MemcpyBandwidth()};
+                   .memcpy_bandwidth = MemcpyBandwidth(),
+                   .prefetch_depth = data_.train->prefetch_depth(),
+                   .produce_seconds = data_.train->mean_produce_seconds()};
   std::vector<KernelStat> kernels;
   for (Row& r : rows) kernels.push_back(std::move(r.stat));
   const ProfileVerdict v = ClassifyProfile(kernels, in);
