@@ -49,13 +49,20 @@ TEST_PKGS=(
   python3-pydicom        # real DICOM files in many transfer syntaxes for dicom_import_test
 )
 
+# Data for the workloads (docs/workloads.md): the fortunes in 11 languages plus English, the
+# multilingual corpus of workload 2 (examples/lm_multilingual.yaml). fortunes-fr is not in bookworm.
+WORKLOAD_PKGS=(
+  fortunes fortunes-min fortunes-de fortunes-it fortunes-ru fortunes-es fortunes-pl
+  fortunes-cs fortunes-bg fortunes-br fortunes-zh fortunes-eo fortunes-ga
+)
+
 # make bench: an optimized BLAS for the peer (without OpenBLAS, torch's f32 matmuls go through the
 # reference BLAS, ~30x slower: an unfair peer).
 BENCH_PKGS=(
   libopenblas0-pthread
 )
 
-PKGS=("${BUILD_PKGS[@]}" "${SERVE_PKGS[@]}" "${DATA_PKGS[@]}" "${TEST_PKGS[@]}")
+PKGS=("${BUILD_PKGS[@]}" "${SERVE_PKGS[@]}" "${DATA_PKGS[@]}" "${TEST_PKGS[@]}" "${WORKLOAD_PKGS[@]}")
 case "${1:-}" in
   "") ;;
   --bench) PKGS+=("${BENCH_PKGS[@]}") ;;

@@ -295,6 +295,9 @@ DataCommands::DataCommands(CLI::App& app) {
       ->capture_default_str();
   text_->add_option("--threads", text_opts_.threads, "Tokenization threads (0: all cores)")
       ->capture_default_str();
+  text_->add_flag("--language-from-dir", text_opts_.language_from_dir,
+                  "Each CORPUS is a folder (DIR or LANG=DIR) of one language: balanced tokenizer "
+                  "sample, per-language held-out shards");
   text_->add_flag("--quiet", quiet_, "No progress output");
 
   AddDicom(import);

@@ -10,6 +10,7 @@
 #define KILN_TRAIN_EVALUATOR_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,12 +25,30 @@
 
 namespace kiln::train {
 
+// One language's held-out result (multilingual tokens: sources; data/source.h).
+struct LanguageEval {
+  std::string language;
+  double loss = 0;        // mean cross-entropy per token over every held-out window, nats
+  double accuracy = 0;    // next-token accuracy
+  int64_t examples = 0;   // windows of data.seq_len tokens
+  double perplexity = 0;  // exp(loss)
+};
+
 struct EvalResult {
   double loss = 0;        // mean cross-entropy (per example; per token for gpt), nats
   double accuracy = 0;    // classifiers: of examples; gpt: next-token accuracy over all positions
   int64_t examples = 0;   // examples (gpt: sequences of data.seq_len tokens)
   double perplexity = 0;  // gpt: exp(loss); 0 for classifiers
+  // tokens: sources of a multilingual import: each language's held-out split, in the import's
+  // language order, at the same batch shape (its last batch padded, the padding not counted).
+  std::vector<LanguageEval> languages;
 };
+
+// "eval/<language>/perplexity" (and loss, accuracy) of each language of `e`, the keys a trainer
+// writes to metrics.jsonl / TensorBoard beside eval/loss.
+std::map<std::string, double> LanguageScalars(const EvalResult& e);
+// " held-out perplexity by language: de 41.20, en 35.07, ..." or "" without languages.
+std::string LanguagePerplexityText(const EvalResult& e);
 
 // One evaluation graph of a model at the held-out batch size (its predict graph with the loss
 // added: outputs "loss" and "prediction", the logits stay inside its arena), compiled once, run
@@ -54,7 +73,16 @@ class Evaluator {
 
  private:
   Evaluator() = default;
+  // The batches of one held-out data set: loss summed over real positions, correct predictions,
+  // real positions and examples.
+  struct Sums {
+    double loss = 0, batch_mean_sum = 0;
+    int64_t correct = 0, positions = 0, examples = 0, batches = 0;
+  };
+  absl::StatusOr<Sums> RunData(EvalData& data, std::vector<const Tensor*>& in, int64_t max_batches);
+
   std::unique_ptr<EvalData> data_;
+  std::vector<data::LanguageEvalData> languages_;
   DataShape shape_;
   std::unique_ptr<runtime::Executable> exe_;
   std::vector<std::string> param_names_;  // the executable's first inputs, in order

@@ -29,6 +29,7 @@ volatile sig_atomic_t g_stop_signal = 0;
 std::map<std::string, double> EvalScalars(const EvalResult& e) {
   std::map<std::string, double> m = {{"eval/loss", e.loss}, {"eval/accuracy", e.accuracy}};
   if (e.perplexity > 0) m["eval/perplexity"] = e.perplexity;
+  m.merge(LanguageScalars(e));  // eval/<language>/perplexity, multilingual tokens: sources
   return m;
 }
 std::string PerplexityText(const EvalResult& e) {
@@ -614,6 +615,8 @@ absl::Status Trainer::MaybeEvaluate(int64_t number, Loop& loop, TrainResult& res
   KILN_RETURN_IF_ERROR(WriteMetrics(number, EvalScalars(e)));
   Log(absl::StrFormat("eval at step %d: loss %.4f%s accuracy %.4f (%d examples)", number, e.loss,
                       PerplexityText(e), e.accuracy, e.examples));
+  if (!e.languages.empty())
+    Log(absl::StrCat("eval at step ", number, ":", LanguagePerplexityText(e)));
   result.final_eval = e;
   loop.evaluated_last = true;
   return absl::OkStatus();
@@ -691,6 +694,9 @@ absl::Status Trainer::Finish(Loop& loop, TrainResult& result) {
     }
     Log(absl::StrFormat("done: step %d, %.0f examples/s%s%s; checkpoint %s", result.final_step,
                         result.examples_per_second, tok, ev, result.checkpoint));
+    if (result.final_eval && !result.final_eval->languages.empty()) {
+      Log(absl::StrCat("final", LanguagePerplexityText(*result.final_eval)));
+    }
   }
   if (loop.profiling) {
     KILN_RETURN_IF_ERROR(
