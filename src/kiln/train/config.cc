@@ -551,7 +551,7 @@ absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
     if (!ec) c->init_from.checkpoint = abs.lexically_normal().string();
   }
   std::string prefix, file = c->data.source;
-  for (const char* p : {"digits:", "safetensors:", "records:", "dataset:", "text:"}) {
+  for (const char* p : {"digits:", "safetensors:", "records:", "dataset:", "tokens:", "text:"}) {
     if (file.rfind(p, 0) == 0) {
       prefix = p;
       file = file.substr(prefix.size());
