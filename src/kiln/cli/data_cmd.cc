@@ -264,7 +264,11 @@ DataCommands::DataCommands(CLI::App& app) {
 
   text_ = import->add_subcommand(
       "text", "Text corpora to a SentencePiece tokenizer and token shards packed to --seq-len");
-  text_->add_option("corpus", text_opts_.corpus, "Text files (plain or .gz), UTF-8")->required();
+  text_
+      ->add_option("corpus", text_opts_.corpus,
+                   "Text files (plain or .gz), UTF-8; with --language-from-dir, one folder per "
+                   "language (DIR or LANG=DIR)")
+      ->required();
   text_->add_option("--out", text_opts_.out_dir, "Dataset folder to write")->required();
   text_
       ->add_option("--vocab-size", text_opts_.vocab_size, "SentencePiece vocabulary size (at most)")
