@@ -31,7 +31,8 @@
 // (symlinks followed, names starting with '.' skipped), are read in sorted order, except index
 // files ending in ".dat" and, of a file X and its UTF-8 copy X.u8 beside it (fortune packages), X
 // when X.u8 is not empty, else the empty X.u8 (bookworm's fortunes-pl ships empty .u8 files beside
-// UTF-8 originals); a file that is not UTF-8 is an error naming it and the byte offset. Then, per language:
+// UTF-8 originals); a file that is not UTF-8 is an error naming it and the byte offset. Then, per
+// language:
 // - the tokenizer sample is balanced: each language gets an equal share of sample_lines, a
 //   language with fewer lines gives all of them and its unused share goes to the others
 //   (water-filling from the smallest language up); lines drawn by a seeded permutation per
