@@ -53,6 +53,13 @@ TEST_PKGS=(
   python3-grpcio python3-protobuf  # serve_grpc_python: a Python gRPC client talks to kiln serve
 )
 
+# Data for the workloads (docs/workloads.md): the fortunes in 11 languages plus English, the
+# multilingual corpus of workload 2 (examples/lm_multilingual.yaml). fortunes-fr is not in bookworm.
+WORKLOAD_PKGS=(
+  fortunes fortunes-min fortunes-de fortunes-it fortunes-ru fortunes-es fortunes-pl
+  fortunes-cs fortunes-bg fortunes-br fortunes-zh fortunes-eo fortunes-ga
+)
+
 # make bench: an optimized BLAS for the peer (without OpenBLAS, torch's f32 matmuls go through the
 # reference BLAS, ~30x slower: an unfair peer).
 BENCH_PKGS=(
@@ -60,7 +67,7 @@ BENCH_PKGS=(
   nodejs                 # make bench-serve: the ONNX Runtime peer, npm onnxruntime-node, runs in node
 )
 
-PKGS=("${BUILD_PKGS[@]}" "${SERVE_PKGS[@]}" "${DATA_PKGS[@]}" "${TEST_PKGS[@]}")
+PKGS=("${BUILD_PKGS[@]}" "${SERVE_PKGS[@]}" "${DATA_PKGS[@]}" "${TEST_PKGS[@]}" "${WORKLOAD_PKGS[@]}")
 case "${1:-}" in
   "") ;;
   --bench) PKGS+=("${BENCH_PKGS[@]}") ;;

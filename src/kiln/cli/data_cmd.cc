@@ -265,7 +265,11 @@ DataCommands::DataCommands(CLI::App& app) {
 
   text_ = import->add_subcommand(
       "text", "Text corpora to a SentencePiece tokenizer and token shards packed to --seq-len");
-  text_->add_option("corpus", text_opts_.corpus, "Text files (plain or .gz), UTF-8")->required();
+  text_
+      ->add_option("corpus", text_opts_.corpus,
+                   "Text files (plain or .gz), UTF-8; with --language-from-dir, one folder per "
+                   "language (DIR or LANG=DIR)")
+      ->required();
   text_->add_option("--out", text_opts_.out_dir, "Dataset folder to write")->required();
   text_
       ->add_option("--vocab-size", text_opts_.vocab_size, "SentencePiece vocabulary size (at most)")
@@ -296,6 +300,9 @@ DataCommands::DataCommands(CLI::App& app) {
       ->capture_default_str();
   text_->add_option("--threads", text_opts_.threads, "Tokenization threads (0: all cores)")
       ->capture_default_str();
+  text_->add_flag("--language-from-dir", text_opts_.language_from_dir,
+                  "Each CORPUS is a folder (DIR or LANG=DIR) of one language: balanced tokenizer "
+                  "sample, per-language held-out shards");
   text_->add_flag("--quiet", quiet_, "No progress output");
 
   AddDicom(import);

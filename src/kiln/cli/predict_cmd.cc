@@ -432,8 +432,22 @@ PredictCommand::PredictCommand(CLI::App& app) {
       ->required();
   cmd_->add_option("--input", options_.input,
                    "Examples: a .safetensors file (tensors by input name, [N, ...]) or CSV rows "
-                   "(.csv/.csv.gz, one example per row, the inputs' values in order)")
-      ->required();
+                   "(.csv/.csv.gz, one example per row, the inputs' values in order)");
+  cmd_->add_option("--input-dir", options_.input_dir,
+                   "Bulk DICOM classification: every file under this folder is one study "
+                   "(the positional argument may then be a run directory)");
+  cmd_->add_option("--out", options_.out,
+                   "--input-dir: results, one line per study (.jsonl or .csv)");
+  cmd_->add_option("--dataset", options_.dataset,
+                   "--input-dir: the DICOM import the model was trained on (default: a run's "
+                   "data.source)");
+  cmd_->add_option("--deadline", options_.deadline,
+                   "--input-dir: the time the job must finish in (90s, 10m, 1h30m)");
+  cmd_->add_option("--threads", options_.threads, "--input-dir: decoding threads (0: all cores)")
+      ->capture_default_str();
+  cmd_->add_option("--batch", options_.batch, "--input-dir with a run directory: batch size")
+      ->capture_default_str();
+  cmd_->add_flag("--quiet", options_.quiet, "--input-dir: no progress lines");
   cmd_->add_option("--output", options_.output,
                    "Write the outputs here (.csv or .safetensors, replaced) instead of printing "
                    "them as CSV");
@@ -444,6 +458,11 @@ PredictCommand::PredictCommand(CLI::App& app) {
 
 int PredictCommand::Run(std::ostream& out, std::ostream& err) {
   if (!*cmd_) return -1;
+  if (!options_.input_dir.empty()) return RunPredictStudies(options_, out, err);
+  if (options_.input.empty()) {
+    err << "kiln predict: --input FILE (or --input-dir STUDIES --out FILE) is required\n";
+    return 1;
+  }
   absl::StatusOr<PredictResult> r = RunPredict(options_, out);
   if (r.ok()) return 0;
   err << "kiln predict: " << r.status().message() << "\n";

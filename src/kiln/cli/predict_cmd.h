@@ -14,6 +14,12 @@
 // per example, `name_0`, `name_1`, ... for several) or, for an --output ending in .safetensors,
 // one tensor per output of shape [N, ...].
 //
+// `kiln predict RUN_OR_EXPORT --input-dir STUDIES --out results.jsonl|.csv [--dataset DIR]
+// [--deadline 10m] [--threads N]` classifies every DICOM file under STUDIES (a batch job: decode
+// on worker threads while the model runs batches, progress with rate, ETA and the predicted
+// finish against the deadline, a final report; studies that fail to decode are listed by name
+// with the reason; exit codes below). docs/cli.md "kiln predict".
+//
 // app.cc registers it like the other commands:
 //
 //   PredictCommand predict_cmd(app);
@@ -32,11 +38,31 @@
 namespace kiln::cli {
 
 struct PredictOptions {
-  std::string artifact;  // the exported directory
+  std::string artifact;  // the exported directory (or, with input_dir, a run directory)
   std::string input;     // .safetensors, .csv or .csv.gz
   std::string output;    // empty: CSV on `out`; else .csv or .safetensors (replaced if present)
   std::string backend = "cpu";
+  // Bulk classification of DICOM studies (predict_studies.cc): every file under input_dir,
+  // decoded as `kiln data import dicom` decoded the model's training data (`dataset`, or the
+  // run's data.source), one result line per study in `out` (.jsonl or .csv).
+  std::string input_dir;
+  std::string out;
+  std::string dataset;
+  std::string deadline;  // "90s", "10m", "1h30m"; empty: none
+  int threads = 0;       // decoding threads; 0: all cores
+  int64_t batch = 32;    // a run directory's batch (an artifact has its own)
+  bool quiet = false;
 };
+
+// Exit codes of `kiln predict --input-dir` besides 0 (every study classified, the deadline, if
+// any, met) and 1 (an error before or while running: nothing or a partial FILE.partial written).
+inline constexpr int kPredictExitFailures = 3;         // some studies did not decode (listed)
+inline constexpr int kPredictExitLate = 4;             // all classified, the deadline missed
+inline constexpr int kPredictExitLateAndFailures = 5;  // both
+
+// Runs the bulk DICOM job of `o` (input_dir set); returns the exit code, messages on err, the
+// final report on out.
+int RunPredictStudies(const PredictOptions& o, std::ostream& out, std::ostream& err);
 
 struct PredictResult {
   int64_t examples = 0;

@@ -682,6 +682,10 @@ int TrainCommands::RunEval(std::ostream& out, std::ostream& err) {
     out << absl::StrFormat(" perplexity %.2f", e->perplexity);  // language models
   out << train::RankingText(*e);  // two-class classifiers: auc; the recommender: recall@K
   out << absl::StrFormat(" (%d examples)\n", e->examples);
+  for (const train::LanguageEval& l : e->languages) {  // multilingual tokens: sources
+    out << absl::StrFormat("  %s: held-out loss %.4f accuracy %.4f perplexity %.2f (%d examples)\n",
+                           l.language, l.loss, l.accuracy, l.perplexity, l.examples);
+  }
   return 0;
 }
 

@@ -23,6 +23,7 @@
 #include "kiln/data/digits.h"
 #include "kiln/data/record_io.h"
 #include "kiln/data/record_source.h"
+#include "kiln/data/token_source.h"
 #include "kiln/tensor/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -366,11 +367,28 @@ absl::StatusOr<std::unique_ptr<Source>> MakeTextSource(const std::string& path, 
 //   text           x = s32 [L], y = s32 [L]: a record's L + 1 "tokens", shifted by one.
 //   clicks         x = f32 [S + D]: the sparse ids (exact floats) then the dense features
 //                  normalized as for csv (OpenClicks below); y = s32 click.
+//
+// "tokens:DIR" is the same source for a text import only (token_source.h); with
+// PipelineConfig::language set it is that language's held-out examples alone (a contiguous range
+// of the held_out split: the import gives each language one held-out shard).
 class DatasetSource final : public Source {
  public:
-  static absl::StatusOr<std::unique_ptr<Source>> Make(Env* env, const std::string& dir) {
+  static absl::StatusOr<std::unique_ptr<Source>> Make(Env* env, const std::string& dir,
+                                                      bool tokens = false,
+                                                      const std::string& language = "") {
     auto s = std::unique_ptr<DatasetSource>(new DatasetSource());
     s->dir_ = dir;
+    const std::string kind = tokens ? "tokens:" : "dataset:";
+    if (tokens) {
+      KILN_ASSIGN_OR_RETURN(DatasetManifest m, ReadManifest(env, dir));
+      if (m.kind != "text") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tokens:", dir, ": ", dir, "/", kManifestName, " is a dataset of kind '", m.kind,
+            "'; tokens: reads the token shards `kiln data import text` writes"));
+      }
+    } else if (!language.empty()) {
+      return absl::InvalidArgumentError("a language applies to tokens: sources only");
+    }
     KILN_ASSIGN_OR_RETURN(s->train_, ExampleDataset::Open(env, dir, "train"));
     absl::StatusOr<std::unique_ptr<ExampleDataset>> held =
         ExampleDataset::Open(env, dir, "held_out");
@@ -379,6 +397,17 @@ class DatasetSource final : public Source {
     s->kind_ = m.kind;
     s->n_train_ = s->train_->size();
     s->size_ = s->n_train_ + (s->held_ ? s->held_->size() : 0);
+    if (!language.empty()) {
+      KILN_ASSIGN_OR_RETURN(TokenLanguage l, FindTokenLanguage(m, dir, language));
+      if (!s->held_ || l.held_out_begin + l.held_out_examples > s->held_->size()) {
+        return absl::DataLossError(absl::StrCat(kind, dir, ": language ", language,
+                                                "'s held-out shard is not in the held_out split"));
+      }
+      s->language_ = language;
+      s->held_offset_ = l.held_out_begin;
+      s->n_train_ = 0;
+      s->size_ = l.held_out_examples;
+    }
     if (m.kind == "images" || m.kind == "dicom") {
       const FeatureSchema* f = m.FindFeature("image");
       if (f == nullptr || f->shape.size() != 3)
@@ -436,7 +465,8 @@ class DatasetSource final : public Source {
 
   absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst) override {
     const ExampleDataset& ds = i < n_train_ ? *train_ : *held_;
-    KILN_ASSIGN_OR_RETURN(ExampleBatch b, ds.ReadBatch({i < n_train_ ? i : i - n_train_}));
+    KILN_ASSIGN_OR_RETURN(ExampleBatch b,
+                          ds.ReadBatch({i < n_train_ ? i : i - n_train_ + held_offset_}));
     float* x = reinterpret_cast<float*>(x_dst);
     int32_t* y = reinterpret_cast<int32_t*>(y_dst);
     const DatasetManifest& m = train_->manifest();
@@ -518,15 +548,18 @@ class DatasetSource final : public Source {
   }
 
   std::string FingerprintMaterial() const override {
-    return absl::StrCat("dataset|", train_->manifest().source_fingerprint, "|", size_, "|",
-                        x_spec_.ToString(), "|", y_spec_.ToString());
+    std::string m = absl::StrCat("dataset|", train_->manifest().source_fingerprint, "|", size_, "|",
+                                 x_spec_.ToString(), "|", y_spec_.ToString());
+    if (!language_.empty()) absl::StrAppend(&m, "|language ", language_);
+    return m;
   }
 
  private:
   DatasetSource() = default;
-  std::string dir_, kind_;
+  std::string dir_, kind_, language_;
   std::unique_ptr<ExampleDataset> train_, held_;
   int64_t n_train_ = 0;
+  int64_t held_offset_ = 0;  // a language's examples start here in the held_out split
   std::vector<int64_t> hwc_;
   std::vector<double> mean_, inv_std_;
   std::vector<std::string> columns_;
@@ -535,7 +568,8 @@ class DatasetSource final : public Source {
 };
 
 absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& source,
-                                                          int64_t seq_len, Env* env) {
+                                                          int64_t seq_len,
+                                                          const std::string& language, Env* env) {
   const size_t colon = source.find(':');
   const std::string kind = colon == std::string::npos ? "" : source.substr(0, colon);
   const std::string path = colon == std::string::npos ? "" : source.substr(colon + 1);
@@ -543,7 +577,11 @@ absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& sou
     return absl::InvalidArgumentError(
         absl::StrCat("data source \"", source,
                      "\": expected \"safetensors:PATH\", \"records:GLOB_OR_DIR\", "
-                     "\"dataset:DIR\", \"digits:PATH\", \"csv:PATH\" or \"text:PATH\""));
+                     "\"dataset:DIR\", \"tokens:DIR\", \"digits:PATH\", \"csv:PATH\" or "
+                     "\"text:PATH\""));
+  if (!language.empty() && kind != "tokens" && kind != "dataset") {
+    return absl::InvalidArgumentError("a language applies to tokens: sources only");
+  }
   if (kind == "safetensors") {
     KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(env, path));
     KILN_ASSIGN_OR_RETURN(auto tensors, ParseSafetensors(bytes, nullptr, path));
@@ -562,11 +600,12 @@ absl::StatusOr<std::unique_ptr<Source>> MakeExampleSource(const std::string& sou
     return ArraySource::Make(d.features, d.labels, path, kind == "csv" ? "csv" : "");
   }
   if (kind == "records") return RecordSource::Make(env, path);
-  if (kind == "dataset") return DatasetSource::Make(env, path);
+  if (kind == "dataset") return DatasetSource::Make(env, path, /*tokens=*/false, language);
+  if (kind == "tokens") return DatasetSource::Make(env, path, /*tokens=*/true, language);
   if (kind == "text") return MakeTextSource(path, seq_len, env);
   return absl::InvalidArgumentError(
       absl::StrCat("data source \"", source, "\": unknown kind \"", kind,
-                   "\" (allowed: safetensors, records, dataset, digits, csv, text)"));
+                   "\" (allowed: safetensors, records, dataset, tokens, digits, csv, text)"));
 }
 
 }  // namespace
@@ -815,6 +854,7 @@ class InputPipeline::Impl {
     // Only text sources read seq_len (kept out of the others' state, which predates it).
     if (config.source.rfind("text:", 0) == 0) j["seq_len"] = config.seq_len;
     if (config.augment.enabled()) j["augment"] = config.augment.ToJson();
+    if (!config.language.empty()) j["language"] = config.language;
     return j;
   }
 
@@ -926,7 +966,8 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const Pipel
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->env = env;
-  KILN_ASSIGN_OR_RETURN(impl->source, MakeExampleSource(config.source, config.seq_len, env));
+  KILN_ASSIGN_OR_RETURN(impl->source,
+                        MakeExampleSource(config.source, config.seq_len, config.language, env));
   const Source& src = *impl->source;
   KILN_ASSIGN_OR_RETURN(impl->ids, SelectExamples(config, src));
   const int64_t m = impl->M();

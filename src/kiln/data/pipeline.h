@@ -32,6 +32,9 @@
 //                       apply). Images/DICOM: x f32 [C*H*W] (CHW, normalized per channel by the
 //                       manifest's statistics); CSV: x f32 [F] (float columns z-scored); y s32
 //                       the label. Text: x, y s32 [L] from each record's L + 1 tokens.
+//   "tokens:DIR"        a text import (token_source.h): as "dataset:DIR" of kind text, and
+//                       refused for any other kind; with `language` set, only that language's
+//                       held-out shard.
 //   "digits:PATH"       the digits CSV (digits.h): x f32 [N, 64], y s32 [N].
 //   "csv:PATH"          the same file, split and batched as a trainer's plain CSV path always was
 //                       (source.h): the held-out split is data::SplitDataset's (the first
@@ -124,10 +127,13 @@ namespace kiln::data {
 inline constexpr int kAutoPrefetch = -1;
 
 struct PipelineConfig {
-  // "safetensors:PATH", "records:GLOB_OR_DIR", "dataset:DIR", "digits:PATH", "csv:PATH" or
-  // "text:PATH" (see the top of this file).
+  // "safetensors:PATH", "records:GLOB_OR_DIR", "dataset:DIR", "tokens:DIR", "digits:PATH",
+  // "csv:PATH" or "text:PATH" (see the top of this file).
   std::string source;
   int64_t seq_len = 0;  // text: sources only: tokens per example window (required, >= 1)
+  // tokens: sources only: just this language's held-out examples (a multilingual import's
+  // dataset.json "languages"; split must be "held_out"). Empty: every example.
+  std::string language;
   int64_t batch_size = 32;
   bool shuffle = true;
   uint64_t seed = 0;

@@ -1,12 +1,14 @@
 #include "kiln/data/source.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
 #include "kiln/data/dataset_manifest.h"
 #include "kiln/data/pipeline.h"
+#include "kiln/data/token_source.h"
 
 namespace kiln::data {
 namespace {
@@ -72,11 +74,53 @@ class PipelineEvalData final : public EvalData {
   absl::Status Reset() override { return p_->RestoreState(start_); }
   int64_t batches() const override { return p_->batches_per_epoch(); }
   absl::Status Next(Tensor& x, Tensor& y) override { return p_->Next(x, y); }
+  int64_t last_real_examples() const override { return p_->last_real_examples(); }
 
  private:
   std::unique_ptr<InputPipeline> p_;
   std::string start_;
 };
+
+bool IsTokens(const std::string& source) { return source.rfind("tokens:", 0) == 0; }
+
+// tokens: sources: the model's vocabulary and sequence length against the import's (an error
+// names the config key and both values); *vocab gets the tokenizer's vocabulary size.
+absl::Status CheckTokenDataset(const SourceConfig& c, const TokenDatasetInfo& t,
+                               const std::string& dir, int64_t* vocab) {
+  if (!c.language_model) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.source: ", c.source, " holds token shards: it needs model.kind gpt"));
+  }
+  if (c.vocab_size != 0 && c.vocab_size != t.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.vocab_size: ", c.vocab_size, " does not match the tokenizer of ", dir, " (",
+        t.vocab_size, " ids, dataset.json tokenizer.vocab_size): set model.vocab_size to ",
+        t.vocab_size, " or 0 (take it from the dataset)"));
+  }
+  if (c.seq_len != 0 && c.seq_len != t.seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.seq_len: ", c.seq_len, " does not match ", dir, ", imported with --seq-len ",
+        t.seq_len, ": set data.seq_len to ", t.seq_len, " or 0 (take it from the dataset)"));
+  }
+  *vocab = t.vocab_size;
+  return absl::OkStatus();
+}
+
+// Each language's held-out data of a multilingual tokens: source, at `batch` (padded).
+absl::Status OpenLanguageHeldOut(const SourceConfig& c, const TokenDatasetInfo& t,
+                                 PipelineConfig pc, Env* env, TrainSource* d) {
+  pc.remainder = "pad";
+  pc.shrink_batch = false;
+  for (const TokenLanguage& l : t.languages) {
+    if (l.held_out_examples == 0) continue;  // a language too small for one window
+    pc.language = l.name;
+    absl::StatusOr<std::unique_ptr<InputPipeline>> p = InputPipeline::Create(pc, env);
+    if (!p.ok()) return Annotate(p.status(), "data.source (held-out split of " + l.name + ")");
+    d->held_out_by_language.push_back(
+        {l.name, std::make_unique<PipelineEvalData>(*std::move(p)), l.held_out_examples});
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckPipelineTypes(const InputPipeline& p, bool lm) {
   const TensorSpec& ft = p.feature_type();
@@ -171,6 +215,15 @@ absl::StatusOr<TrainSource> OpenPipeline(const SourceConfig& c, bool with_train,
   const bool lm = c.language_model;
   PipelineConfig pc = TrainPipelineConfig(c, /*csv=*/false);
   TrainSource d;
+  int64_t token_vocab = 0;
+  std::optional<TokenDatasetInfo> tokens;
+  if (IsTokens(c.source)) {
+    const std::string dir = c.source.substr(7);
+    absl::StatusOr<TokenDatasetInfo> t = ReadTokenDataset(env, dir);
+    if (!t.ok()) return Annotate(t.status(), "data.source");
+    KILN_RETURN_IF_ERROR(CheckTokenDataset(c, *t, dir, &token_vocab));
+    tokens = *std::move(t);
+  }
   if (with_train) {
     absl::StatusOr<std::unique_ptr<InputPipeline>> train = InputPipeline::Create(pc, env);
     if (!train.ok()) return Annotate(train.status(), "data.source");
@@ -190,9 +243,10 @@ absl::StatusOr<TrainSource> OpenPipeline(const SourceConfig& c, bool with_train,
   d.shape.eval_batch = pc.batch_size;
   d.held_out_examples = (*held)->examples_per_epoch();
   d.held_out = std::make_unique<PipelineEvalData>(*std::move(held));
+  if (tokens) KILN_RETURN_IF_ERROR(OpenLanguageHeldOut(c, *tokens, pc, env, &d));
   d.shape.num_classes = c.num_classes;
   if (lm) {
-    d.shape.num_classes = c.vocab_size;
+    d.shape.num_classes = token_vocab > 0 ? token_vocab : c.vocab_size;
   } else if (d.shape.num_classes == 0 && c.source.rfind("dataset:", 0) == 0) {
     // An imported dataset names its classes.
     KILN_ASSIGN_OR_RETURN(DatasetManifest m, ReadManifest(env, c.source.substr(8)));
@@ -223,7 +277,7 @@ absl::StatusOr<TrainSource> OpenPipeline(const SourceConfig& c, bool with_train,
 bool IsPlainCsvPath(const std::string& s) {
   return !(s.rfind("digits:", 0) == 0 || s.rfind("records:", 0) == 0 ||
            s.rfind("dataset:", 0) == 0 || s.rfind("safetensors:", 0) == 0 ||
-           s.rfind("text:", 0) == 0);
+           s.rfind("text:", 0) == 0 || s.rfind("tokens:", 0) == 0);
 }
 
 absl::StatusOr<TrainSource> MakeSource(const SourceConfig& config, bool with_train, Env* env) {

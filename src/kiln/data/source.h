@@ -52,6 +52,17 @@ class EvalData {
   virtual absl::Status Reset() = 0;
   virtual int64_t batches() const = 0;
   virtual absl::Status Next(Tensor& x, Tensor& y) = 0;
+  // Rows of the last batch that are real examples (the rest padding: features 0, labels -1,
+  // which the loss ignores); the whole batch unless the data pads its last batch.
+  virtual int64_t last_real_examples() const { return -1; }
+};
+
+// A multilingual text import's held-out data, one language (tokens: sources): every held-out
+// window of that language, the last batch padded.
+struct LanguageEvalData {
+  std::string language;
+  std::unique_ptr<EvalData> data;
+  int64_t examples = 0;
 };
 
 struct DataShape {
@@ -71,6 +82,9 @@ struct TrainSource {
   DataShape shape;
   int64_t train_examples = 0;     // per epoch (0 when opened without train)
   int64_t held_out_examples = 0;  // in the held-out split (evaluations use whole batches of it)
+  // tokens: sources of a multilingual import (text_import.h): each language's held-out data at
+  // the held-out batch shape, for per-language perplexity. Empty otherwise.
+  std::vector<LanguageEvalData> held_out_by_language;
 };
 
 // A trainer's data section (train::DataConfig) as the data layer needs it.

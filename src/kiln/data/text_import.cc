@@ -1,11 +1,14 @@
 #include "kiln/data/text_import.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -112,6 +115,235 @@ std::vector<std::string> SampleLines(const std::vector<std::string>& docs, int64
   return out;
 }
 
+// Multilingual corpora: one language per folder.
+struct LanguageInput {
+  std::string name;
+  std::string dir;
+  std::vector<std::string> files;
+  int64_t first_doc = 0, documents = 0;  // its documents are docs[first_doc, first_doc + documents)
+};
+
+bool ValidLanguageName(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+// Every regular file under `path` (symlinks followed, names starting with '.' skipped), each
+// folder's entries in sorted order.
+absl::Status ListTree(Env* env, const std::string& path, std::vector<std::string>* out) {
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> names, env->GetChildren(path));
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) {
+    if (n.empty() || n[0] == '.') continue;
+    const std::string p = JoinPath(path, n);
+    KILN_ASSIGN_OR_RETURN(const bool is_dir, env->IsDirectory(p));
+    if (is_dir) {
+      KILN_RETURN_IF_ERROR(ListTree(env, p, out));
+    } else {
+      out->push_back(p);
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix.data(), suffix.size()) == 0;
+}
+
+// "DIR" or "LANG=DIR" entries to languages with their files (see text_import.h).
+absl::StatusOr<std::vector<LanguageInput>> ListLanguages(Env* env,
+                                                         const std::vector<std::string>& corpus) {
+  std::vector<LanguageInput> langs;
+  for (const std::string& entry : corpus) {
+    LanguageInput l;
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos && eq > 0 && entry.find('/') > eq) {
+      l.name = entry.substr(0, eq);
+      l.dir = entry.substr(eq + 1);
+    } else {
+      l.dir = entry;
+      std::string d = entry;
+      while (d.size() > 1 && d.back() == '/') d.pop_back();
+      l.name = Basename(d);
+    }
+    if (!ValidLanguageName(l.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--language-from-dir: '", entry, "' gives the language name '", l.name,
+                       "': use letters, digits, '_' and '-' only (name it with LANG=DIR)"));
+    }
+    for (const LanguageInput& o : langs) {
+      if (o.name == l.name) {
+        return absl::InvalidArgumentError(absl::StrCat("--language-from-dir: language '", l.name,
+                                                       "' is given twice (", o.dir, " and ", l.dir,
+                                                       ")"));
+      }
+    }
+    absl::StatusOr<bool> is_dir = env->IsDirectory(l.dir);
+    if (!is_dir.ok() || !*is_dir) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--language-from-dir: ", l.dir,
+                       " is not a folder (each corpus entry is one language's "
+                       "folder)"));
+    }
+    std::vector<std::string> all;
+    KILN_RETURN_IF_ERROR(ListTree(env, l.dir, &all));
+    const std::set<std::string> present(all.begin(), all.end());
+    for (const std::string& f : all) {
+      if (EndsWith(f, ".dat")) continue;  // strfile's index of a fortune file
+      // X and its UTF-8 copy X.u8: the copy is read, unless it is empty (bookworm's fortunes-pl
+      // ships empty .u8 files beside UTF-8 originals).
+      if (present.count(f + ".u8") > 0) {
+        absl::StatusOr<uint64_t> u8 = env->GetFileSize(f + ".u8");
+        if (u8.ok() && *u8 > 0) continue;
+      }
+      if (EndsWith(f, ".u8") && present.count(f.substr(0, f.size() - 3)) > 0) {
+        absl::StatusOr<uint64_t> u8 = env->GetFileSize(f);
+        if (u8.ok() && *u8 == 0) continue;
+      }
+      l.files.push_back(f);
+    }
+    if (l.files.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--language-from-dir: ", l.dir, " (language ",
+                                                     l.name, ") holds no text files"));
+    }
+    langs.push_back(std::move(l));
+  }
+  return langs;
+}
+
+// The byte offset of the first byte that is not part of well-formed UTF-8, or -1.
+int64_t FirstInvalidUtf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const int64_t n = static_cast<int64_t>(s.size());
+  for (int64_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    int len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (i + len > n) return i;
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return i;
+    }
+    i += len;
+  }
+  return -1;
+}
+
+// The tokenizer sample of a multilingual corpus: each language's share as text_import.h says.
+std::vector<std::string> SampleLinesBalanced(const std::vector<std::string>& docs,
+                                             const std::vector<LanguageInput>& langs,
+                                             int64_t max_lines, uint64_t seed,
+                                             std::vector<int64_t>* per_language) {
+  const size_t nl = langs.size();
+  std::vector<std::vector<std::string_view>> lines(nl);
+  for (size_t k = 0; k < nl; ++k) {
+    for (int64_t d = langs[k].first_doc; d < langs[k].first_doc + langs[k].documents; ++d) {
+      const std::string& text = docs[d];
+      size_t pos = 0;
+      while (pos < text.size()) {
+        size_t end = text.find('\n', pos);
+        if (end == std::string::npos) end = text.size();
+        std::string_view l(text.data() + pos, end - pos);
+        if (!IsBlank(l)) lines[k].push_back(l);
+        pos = end + 1;
+      }
+    }
+  }
+  // Water-filling: the smallest language first takes min(its lines, an equal share of what is
+  // left); ties broken by language order, so the quotas are a pure function of the counts.
+  std::vector<size_t> order(nl);
+  for (size_t k = 0; k < nl; ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return lines[a].size() < lines[b].size(); });
+  std::vector<int64_t> quota(nl, 0);
+  int64_t left = max_lines;
+  for (size_t i = 0; i < nl; ++i) {
+    const size_t k = order[i];
+    const int64_t share = left / static_cast<int64_t>(nl - i);
+    quota[k] = std::min<int64_t>(static_cast<int64_t>(lines[k].size()), share);
+    left -= quota[k];
+  }
+  std::vector<std::string> out;
+  per_language->assign(nl, 0);
+  for (size_t k = 0; k < nl; ++k) {
+    const int64_t n = static_cast<int64_t>(lines[k].size());
+    std::vector<int64_t> keep;
+    if (quota[k] >= n) {
+      for (int64_t i = 0; i < n; ++i) keep.push_back(i);
+    } else {
+      std::mt19937_64 rng(seed ^ (0x9E3779B97F4A7C15ull * (k + 1)));
+      std::vector<int64_t> perm = Permutation(n, rng);
+      keep.assign(perm.begin(), perm.begin() + quota[k]);
+      std::sort(keep.begin(), keep.end());
+    }
+    (*per_language)[k] = static_cast<int64_t>(keep.size());
+    for (int64_t i : keep) out.emplace_back(lines[k][i]);
+  }
+  return out;
+}
+
+// The split of a multilingual corpus (text_import.h): per language a seeded permutation, train
+// documents of all languages cut into `shards` shards, one held-out shard per language.
+// held_lang[i] is the language of plan shard i (-1 for train shards).
+ShardPlan LanguagePlan(const std::vector<LanguageInput>& langs, double held_out, int shards,
+                       uint64_t seed, std::vector<int>* held_lang) {
+  std::vector<int64_t> train;
+  std::vector<std::vector<int64_t>> held(langs.size());
+  for (size_t k = 0; k < langs.size(); ++k) {
+    const int64_t n = langs[k].documents;
+    std::mt19937_64 rng(seed ^ (0xD1B54A32D192ED03ull * (k + 1)));
+    const std::vector<int64_t> perm = Permutation(n, rng);
+    int64_t n_held = std::llround(held_out * static_cast<double>(n));
+    if (held_out > 0 && n >= 2) n_held = std::max<int64_t>(n_held, 1);
+    for (int64_t i = 0; i < n; ++i) {
+      (i < n_held ? held[k] : train).push_back(langs[k].first_doc + perm[i]);
+    }
+    std::sort(held[k].begin(), held[k].end());
+  }
+  std::sort(train.begin(), train.end());
+  ShardPlan plan;
+  const int64_t m = static_cast<int64_t>(train.size());
+  const int count = ShardCount(m, shards, held_out, /*train=*/true);
+  for (int k = 0; k < count; ++k) {
+    plan.shards.push_back({ShardFileName("train", k, count), "train"});
+    plan.items.emplace_back(train.begin() + k * m / count, train.begin() + (k + 1) * m / count);
+    held_lang->push_back(-1);
+  }
+  int held_count = 0;
+  for (const std::vector<int64_t>& h : held) held_count += h.empty() ? 0 : 1;
+  int j = 0;
+  for (size_t k = 0; k < langs.size(); ++k) {
+    if (held[k].empty()) continue;
+    plan.shards.push_back({ShardFileName("held_out", j++, held_count), "held_out"});
+    plan.items.push_back(held[k]);
+    held_lang->push_back(static_cast<int>(k));
+  }
+  return plan;
+}
+
 std::string VocabText(const internal::SentencePieceEncoder& sp) {
   std::string out;
   for (int i = 0; i < sp.vocab_size(); ++i)
@@ -128,8 +360,11 @@ absl::Status WriteAtomically(Env* env, const std::string& dir, const std::string
 
 // Trains (or keeps, when an earlier run of the same plan left it intact) DIR/tokenizer.model.
 absl::StatusOr<std::string> Tokenizer(Env* env, const TextImportOptions& o,
-                                      const std::vector<std::string>& docs, const std::string& plan,
-                                      int64_t* sample_size, const ProgressFn& progress) {
+                                      const std::vector<std::string>& docs,
+                                      const std::vector<LanguageInput>& langs,
+                                      const std::string& plan, int64_t* sample_size,
+                                      std::vector<int64_t>* sample_by_language,
+                                      const ProgressFn& progress) {
   const std::string model_path = JoinPath(o.out_dir, kTokenizerModel);
   const std::string state_path = JoinPath(JoinPath(o.out_dir, kImportStateDir), "tokenizer.json");
   if (env->FileExists(model_path) && env->FileExists(state_path)) {
@@ -139,10 +374,15 @@ absl::StatusOr<std::string> Tokenizer(Env* env, const TextImportOptions& o,
     if (!st.is_discarded() && st.value("plan", "") == plan &&
         st.value("crc32c", "") == Hex32(crc32c::Value(model.data(), model.size()))) {
       *sample_size = st.value("sample_lines", int64_t{0});
+      if (st.contains("sample_lines_by_language") && st["sample_lines_by_language"].is_array()) {
+        *sample_by_language = st["sample_lines_by_language"].get<std::vector<int64_t>>();
+      }
       return model;
     }
   }
-  std::vector<std::string> sample = SampleLines(docs, o.sample_lines, o.seed);
+  std::vector<std::string> sample =
+      langs.empty() ? SampleLines(docs, o.sample_lines, o.seed)
+                    : SampleLinesBalanced(docs, langs, o.sample_lines, o.seed, sample_by_language);
   *sample_size = static_cast<int64_t>(sample.size());
   if (progress) progress({"train tokenizer", 0, 1, "models"});
   const std::vector<std::pair<std::string, std::string>> flags = {
@@ -175,22 +415,51 @@ absl::StatusOr<std::string> Tokenizer(Env* env, const TextImportOptions& o,
   nlohmann::json st = {{"plan", plan},
                        {"crc32c", Hex32(crc32c::Value(model.data(), model.size()))},
                        {"sample_lines", *sample_size}};
+  if (!langs.empty()) st["sample_lines_by_language"] = *sample_by_language;
   KILN_RETURN_IF_ERROR(WriteStringToFile(env, st.dump() + "\n", state_path, /*sync=*/true));
   KILN_RETURN_IF_ERROR(env->SyncDir(o.out_dir));
   return model;
 }
 
 // Reads the corpus into documents; returns the source fingerprint (docs/formats.md).
+// Multilingual corpora: *langs gets each language's files and documents, which are read language
+// by language (docs of language k are contiguous) and must be UTF-8.
 absl::StatusOr<uint64_t> ReadDocuments(Env* env, const TextImportOptions& o,
-                                       std::vector<std::string>* docs, uint64_t* input_bytes) {
+                                       std::vector<std::string>* docs,
+                                       std::vector<LanguageInput>* langs, uint64_t* input_bytes) {
   uint64_t source_fp = Fnv1a64("text\n");
-  for (const std::string& path : o.corpus) {
+  std::vector<std::pair<int, std::string>> inputs;  // (language or -1, file)
+  if (o.language_from_dir) {
+    KILN_ASSIGN_OR_RETURN(*langs, ListLanguages(env, o.corpus));
+    for (size_t k = 0; k < langs->size(); ++k) {
+      for (const std::string& f : (*langs)[k].files) inputs.emplace_back(static_cast<int>(k), f);
+    }
+  } else {
+    for (const std::string& path : o.corpus) inputs.emplace_back(-1, path);
+  }
+  int prev_lang = -1;
+  for (const auto& [lang, path] : inputs) {
     KILN_ASSIGN_OR_RETURN(uint64_t size, env->GetFileSize(path));
     KILN_ASSIGN_OR_RETURN(std::string text, ReadMaybeGzippedFile(path, env));
     *input_bytes += size;
-    source_fp = Fnv1a64(absl::StrCat(Basename(path), "\t", size, "\t",
-                                     Hex32(crc32c::Value(text.data(), text.size())), "\n"),
-                        source_fp);
+    std::string name = Basename(path);
+    if (lang >= 0) {
+      const int64_t bad = FirstInvalidUtf8(text);
+      if (bad >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": not UTF-8 at byte ", bad, " (language ", (*langs)[lang].name,
+            "; convert it, e.g. iconv -f ISO-8859-2 -t UTF-8, or put its .u8 copy beside it)"));
+      }
+      // The language and the path within its folder (a file moved to another language is another
+      // corpus).
+      name = absl::StrCat((*langs)[lang].name, ":", path.substr((*langs)[lang].dir.size()));
+      if (lang != prev_lang) (*langs)[lang].first_doc = static_cast<int64_t>(docs->size());
+      prev_lang = lang;
+    }
+    const size_t before = docs->size();
+    source_fp = Fnv1a64(
+        absl::StrCat(name, "\t", size, "\t", Hex32(crc32c::Value(text.data(), text.size())), "\n"),
+        source_fp);
     if (o.doc_separator == "file") {
       std::vector<std::string> one;
       SplitDocuments(text, "\x01no separator\x01", &one);  // whole file, blank-trimmed
@@ -201,6 +470,13 @@ absl::StatusOr<uint64_t> ReadDocuments(Env* env, const TextImportOptions& o,
       }
     } else {
       SplitDocuments(text, o.doc_separator, docs);
+    }
+    if (lang >= 0) (*langs)[lang].documents += static_cast<int64_t>(docs->size() - before);
+  }
+  for (const LanguageInput& l : *langs) {
+    if (l.documents == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--language-from-dir: language ", l.name, " (",
+                                                     l.dir, ") holds no non-empty documents"));
     }
   }
   return source_fp;
@@ -290,23 +566,25 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
   KILN_RETURN_IF_ERROR(CheckTextOptions(o));
   ImportSummary summary;
   std::vector<std::string> docs;
+  std::vector<LanguageInput> langs;
   KILN_ASSIGN_OR_RETURN(const uint64_t source_fp,
-                        ReadDocuments(env, o, &docs, &summary.input_bytes));
+                        ReadDocuments(env, o, &docs, &langs, &summary.input_bytes));
   if (docs.empty())
     return absl::InvalidArgumentError("the corpus holds no text (no non-empty documents)");
   const std::string source = Hex64(source_fp);
-  const std::string tok_plan = Hex64(
-      Fnv1a64(absl::StrCat(source, "|", o.vocab_size, "|", o.model_type, "|", o.character_coverage,
-                           "|", o.sample_lines, "|", o.seed, "|", o.doc_separator)));
+  const std::string tok_plan = Hex64(Fnv1a64(absl::StrCat(
+      source, "|", o.vocab_size, "|", o.model_type, "|", o.character_coverage, "|", o.sample_lines,
+      "|", o.seed, "|", o.doc_separator, langs.empty() ? "" : "|balanced by language")));
   int64_t sample_size = 0;
+  std::vector<int64_t> sample_by_language;
   auto t0 = std::chrono::steady_clock::now();
   auto lap = [&](const char* phase) {
     const auto now = std::chrono::steady_clock::now();
     summary.phase_seconds.emplace_back(phase, std::chrono::duration<double>(now - t0).count());
     t0 = now;
   };
-  KILN_ASSIGN_OR_RETURN(std::string model,
-                        Tokenizer(env, o, docs, tok_plan, &sample_size, progress));
+  KILN_ASSIGN_OR_RETURN(std::string model, Tokenizer(env, o, docs, langs, tok_plan, &sample_size,
+                                                     &sample_by_language, progress));
   std::string load_err;
   lap("tokenizer");
   std::unique_ptr<internal::SentencePieceEncoder> sp =
@@ -318,11 +596,15 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
 
   // Split documents (each split in corpus order), then contiguous groups of them per shard.
   const int64_t d = static_cast<int64_t>(docs.size());
-  const ShardPlan split = PlanSplits(d, o.held_out, o.shards, o.seed, /*sorted=*/true);
+  std::vector<int> held_lang;  // multilingual: the language of each held-out shard
+  const ShardPlan split = langs.empty()
+                              ? PlanSplits(d, o.held_out, o.shards, o.seed, /*sorted=*/true)
+                              : LanguagePlan(langs, o.held_out, o.shards, o.seed, &held_lang);
   const std::vector<PlannedShard>& plan = split.shards;
   const std::vector<std::vector<int64_t>>& shard_docs = split.items;
-  const std::string plan_fp = Hex64(Fnv1a64(absl::StrCat(
-      tok_plan, "|", Hex32(model_crc), "|", o.seq_len, "|", o.shards, "|", o.held_out)));
+  const std::string plan_fp =
+      Hex64(Fnv1a64(absl::StrCat(tok_plan, "|", Hex32(model_crc), "|", o.seq_len, "|", o.shards,
+                                 "|", o.held_out, langs.empty() ? "" : "|split by language")));
   const int threads = ResolveThreads(o.threads);
   const int64_t window = o.seq_len + 1;
 
@@ -376,6 +658,33 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
   KILN_ASSIGN_OR_RETURN(DatasetManifest m,
                         TextManifest(o, finished, *sp, source, summary.input_bytes, d, sample_size,
                                      model_crc, window));
+  if (!langs.empty()) {
+    nlohmann::json list = nlohmann::json::array();
+    for (size_t k = 0; k < langs.size(); ++k) {
+      nlohmann::json l = {
+          {"name", langs[k].name},
+          {"dir", langs[k].dir},
+          {"files", langs[k].files.size()},
+          {"documents", langs[k].documents},
+          {"sample_lines", k < sample_by_language.size() ? sample_by_language[k] : int64_t{0}},
+          {"held_out_shards", nlohmann::json::array()},
+          {"held_out_documents", 0},
+          {"held_out_tokens", 0},
+          {"held_out_examples", 0}};
+      for (size_t i = 0; i < finished.size(); ++i) {
+        if (held_lang[i] != static_cast<int>(k)) continue;
+        l["held_out_shards"].push_back(finished[i].entry.file);
+        l["held_out_documents"] = finished[i].state.value("documents", int64_t{0});
+        l["held_out_tokens"] = finished[i].state.value("tokens", int64_t{0});
+        l["held_out_examples"] = finished[i].entry.examples;
+      }
+      list.push_back(std::move(l));
+    }
+    m.extra["languages"] = std::move(list);
+    m.import_options["language_from_dir"] = true;
+  }
+  if (!langs.empty()) m.source_files = 0;
+  for (const LanguageInput& l : langs) m.source_files += static_cast<int64_t>(l.files.size());
   KILN_RETURN_IF_ERROR(WriteManifest(env, o.out_dir, m));
   summary.shards = static_cast<int>(m.shards.size());
   summary.splits = m.SplitExamples();

@@ -25,6 +25,24 @@
 //    share one token: inputs tokens[0:L], targets tokens[1:L+1]); the last partial window of each
 //    shard is dropped (counted in the manifest).
 // Each record is a tf.train.Example with "tokens": int64_list of seq_len + 1 ids.
+//
+// Multilingual corpora (`language_from_dir`): every corpus entry is a folder, "DIR" or
+// "LANG=DIR", holding one language (LANG, default the folder's name). Its files, at any depth
+// (symlinks followed, names starting with '.' skipped), are read in sorted order, except index
+// files ending in ".dat" and, of a file X and its UTF-8 copy X.u8 beside it (fortune packages), X
+// when X.u8 is not empty, else the empty X.u8 (bookworm's fortunes-pl ships empty .u8 files beside
+// UTF-8 originals); a file that is not UTF-8 is an error naming it and the byte offset. Then, per
+// language:
+// - the tokenizer sample is balanced: each language gets an equal share of sample_lines, a
+//   language with fewer lines gives all of them and its unused share goes to the others
+//   (water-filling from the smallest language up); lines drawn by a seeded permutation per
+//   language, kept in corpus order;
+// - the split is per language (each language's documents permuted with its own seed; at least
+//   one held-out document for a language of two or more when held_out > 0); train documents of
+//   every language, in language order, are cut into `shards` shards; the held-out split gets one
+//   shard per language, so windows of a held-out shard never mix languages. dataset.json
+//   "languages" lists each language with its files, documents, sample lines and held-out shard
+//   (what the `tokens:` source's per-language evaluation reads).
 #ifndef KILN_DATA_TEXT_IMPORT_H_
 #define KILN_DATA_TEXT_IMPORT_H_
 
@@ -56,6 +74,8 @@ struct TextImportOptions {
   double held_out = 0.05;
   uint64_t seed = 0;
   int threads = 0;  // tokenization threads; 0: all cores
+  // Each corpus entry is "DIR" or "LANG=DIR": one language per folder (see the top of the file).
+  bool language_from_dir = false;
 };
 
 absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& options,

@@ -430,22 +430,29 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
       return KeyError("model.n_embd", absl::StrCat("must be a multiple of model.n_head (", m.n_head,
                                                    "), got ", m.n_embd));
     }
-    if (m.vocab_size < 256) {
+    const bool tokens = c.data.source.rfind("tokens:", 0) == 0;
+    if (tokens ? m.vocab_size < 0 : m.vocab_size < 256) {
       return KeyError("model.vocab_size",
-                      absl::StrCat("must be >= 256 (the byte-level tokenizer of text: sources "
-                                   "emits tokens 0..255), got ",
-                                   m.vocab_size));
+                      tokens ? absl::StrCat("must be the tokenizer's vocabulary size, or 0 to "
+                                            "take it from the tokens: dataset, got ",
+                                            m.vocab_size)
+                             : absl::StrCat("must be >= 256 (the byte-level tokenizer of text: "
+                                            "sources emits tokens 0..255), got ",
+                                            m.vocab_size));
     }
     if (!(m.dropout >= 0 && m.dropout < 1)) {
       return KeyError("model.dropout", absl::StrCat("must be in [0, 1), got ", m.dropout));
     }
-    if (!text) {
-      return KeyError("data.source", absl::StrCat("model.kind gpt needs a \"text:PATH\" source "
-                                                  "(byte-level tokens), got '",
-                                                  c.data.source, "'"));
+    if (!text && !tokens) {
+      return KeyError("data.source",
+                      absl::StrCat("model.kind gpt needs a \"text:PATH\" source (byte-level "
+                                   "tokens) or \"tokens:DIR\" (a kiln data import text "
+                                   "dataset), got '",
+                                   c.data.source, "'"));
     }
-    KILN_RETURN_IF_ERROR(Positive("data.seq_len", c.data.seq_len));
-    if (m.n_ctx > 0 && m.n_ctx < c.data.seq_len) {
+    // tokens: 0 takes the import's --seq-len (data/source.cc checks a given one against it).
+    if (!tokens) KILN_RETURN_IF_ERROR(Positive("data.seq_len", c.data.seq_len));
+    if (m.n_ctx > 0 && c.data.seq_len > 0 && m.n_ctx < c.data.seq_len) {
       return KeyError("model.n_ctx", absl::StrCat("must be 0 (= data.seq_len) or >= data.seq_len (",
                                                   c.data.seq_len, "), got ", m.n_ctx));
     }
@@ -686,7 +693,7 @@ absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
     if (!ec) c->init_from.checkpoint = abs.lexically_normal().string();
   }
   std::string prefix, file = c->data.source;
-  for (const char* p : {"digits:", "safetensors:", "records:", "dataset:", "text:"}) {
+  for (const char* p : {"digits:", "safetensors:", "records:", "dataset:", "tokens:", "text:"}) {
     if (file.rfind(p, 0) == 0) {
       prefix = p;
       file = file.substr(prefix.size());

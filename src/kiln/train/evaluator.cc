@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(runtime::Backend& b
   std::unique_ptr<Evaluator> e(new Evaluator());
   e->shape_ = data.shape;
   e->data_ = std::move(data.held_out);
+  e->languages_ = std::move(data.held_out_by_language);
   const int64_t batch = e->shape_.eval_batch;
   KILN_RETURN_IF_ERROR(CheckModelFitsData(model, e->shape_));
   e->scored_ = !e->shape_.language_model && e->shape_.num_classes == 2;
@@ -124,23 +125,65 @@ absl::StatusOr<EvalResult> Evaluator::Run(const nn::ParamStore& p, int64_t max_b
   }
   in.push_back(&x_flat);
   in.push_back(&y_);
-  std::vector<Tensor*> out = {&loss_, &prediction_};
-  if (scored_) out.push_back(&score_);
   scores_.clear();
   labels_.clear();
   users_.clear();
+  KILN_ASSIGN_OR_RETURN(Sums all, RunData(*data_, in, batches, /*collect_scores=*/scored_));
+  EvalResult r;
+  r.examples = all.examples;
+  if (all.batches > 0) {
+    // Whole batches (the held-out split drops its remainder): the mean of the batch means.
+    r.loss = all.batch_mean_sum / all.batches;
+    r.accuracy = static_cast<double>(all.correct) / all.positions;
+    if (lm) r.perplexity = std::exp(r.loss);
+  }
+  if (scored_) r.auc = data::Auc(scores_, labels_).value_or(-1.0);
+  if (ranked_) {
+    r.recall_k = recall_k_;
+    r.recall_at_k = data::RecallAtK(users_, scores_, labels_, recall_k_).value_or(-1.0);
+  }
+  for (data::LanguageEvalData& l : languages_) {
+    KILN_RETURN_IF_ERROR(l.data->Reset());
+    KILN_ASSIGN_OR_RETURN(Sums s, RunData(*l.data, in,
+                                          max_batches > 0 ? std::min(max_batches, l.data->batches())
+                                                          : l.data->batches()));
+    LanguageEval le;
+    le.language = l.language;
+    le.examples = s.examples;
+    if (s.positions > 0) {
+      le.loss = s.loss / s.positions;
+      le.accuracy = static_cast<double>(s.correct) / s.positions;
+      le.perplexity = std::exp(le.loss);
+    }
+    r.languages.push_back(std::move(le));
+  }
+  return r;
+}
+
+absl::StatusOr<Evaluator::Sums> Evaluator::RunData(EvalData& data, std::vector<const Tensor*>& in,
+                                                   int64_t batches, bool collect_scores) {
+  std::vector<Tensor*> out = {&loss_, &prediction_};
+  if (scored_) out.push_back(&score_);
+  const int64_t batch = shape_.eval_batch;
+  const int64_t f = x_.num_elements() / batch;
   // Predictions per batch: one per example, or one per token for a language model.
   const int64_t per_batch = y_.num_elements();
-  double loss_sum = 0;
-  int64_t correct = 0;
+  const int64_t per_example = per_batch / batch;
+  Sums s;
   for (int64_t b = 0; b < batches; ++b) {
-    KILN_RETURN_IF_ERROR(data_->Next(x_, y_));
+    KILN_RETURN_IF_ERROR(data.Next(x_, y_));
     KILN_RETURN_IF_ERROR(exe_->RunInto(in, out));
-    loss_sum += loss_.GetDouble(0);
+    // The loss is the mean over the whole batch; padded rows (labels -1) add 0 to it.
+    const int64_t real = data.last_real_examples() >= 0 ? data.last_real_examples() : batch;
+    s.loss += loss_.GetDouble(0) * static_cast<double>(per_batch);
+    s.batch_mean_sum += loss_.GetDouble(0);
+    ++s.batches;
+    s.positions += real * per_example;
+    s.examples += real;
     for (int64_t i = 0; i < per_batch; ++i) {
-      if (static_cast<int64_t>(prediction_.GetDouble(i)) == y_.data<int32_t>()[i]) ++correct;
+      if (static_cast<int64_t>(prediction_.GetDouble(i)) == y_.data<int32_t>()[i]) ++s.correct;
     }
-    if (scored_) {
+    if (collect_scores) {
       const float* sc = score_.data<float>();
       const float* xs = x_.data<float>();
       for (int64_t i = 0; i < batch; ++i) {
@@ -152,19 +195,27 @@ absl::StatusOr<EvalResult> Evaluator::Run(const nn::ParamStore& p, int64_t max_b
       }
     }
   }
-  EvalResult r;
-  r.examples = batches * batch;
-  if (batches > 0) {
-    r.loss = loss_sum / batches;
-    r.accuracy = static_cast<double>(correct) / (batches * per_batch);
-    if (lm) r.perplexity = std::exp(r.loss);
+  return s;
+}
+
+std::map<std::string, double> LanguageScalars(const EvalResult& e) {
+  std::map<std::string, double> m;
+  for (const LanguageEval& l : e.languages) {
+    m["eval/" + l.language + "/loss"] = l.loss;
+    m["eval/" + l.language + "/accuracy"] = l.accuracy;
+    m["eval/" + l.language + "/perplexity"] = l.perplexity;
   }
-  if (scored_) r.auc = data::Auc(scores_, labels_).value_or(-1.0);
-  if (ranked_) {
-    r.recall_k = recall_k_;
-    r.recall_at_k = data::RecallAtK(users_, scores_, labels_, recall_k_).value_or(-1.0);
+  return m;
+}
+
+std::string LanguagePerplexityText(const EvalResult& e) {
+  if (e.languages.empty()) return "";
+  std::string out = " held-out perplexity by language:";
+  for (size_t i = 0; i < e.languages.size(); ++i) {
+    absl::StrAppend(&out, i ? ", " : " ", e.languages[i].language, " ",
+                    absl::StrFormat("%.2f", e.languages[i].perplexity));
   }
-  return r;
+  return out;
 }
 
 namespace {

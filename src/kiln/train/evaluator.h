@@ -10,6 +10,7 @@
 #define KILN_TRAIN_EVALUATOR_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,15 @@
 
 namespace kiln::train {
 
+// One language's held-out result (multilingual tokens: sources; data/source.h).
+struct LanguageEval {
+  std::string language;
+  double loss = 0;        // mean cross-entropy per token over every held-out window, nats
+  double accuracy = 0;    // next-token accuracy
+  int64_t examples = 0;   // windows of data.seq_len tokens
+  double perplexity = 0;  // exp(loss)
+};
+
 struct EvalResult {
   double loss = 0;        // mean cross-entropy (per example; per token for gpt), nats
   double accuracy = 0;    // classifiers: of examples; gpt: next-token accuracy over all positions
@@ -36,10 +46,18 @@ struct EvalResult {
   // id column); -1 when not computed.
   double recall_at_k = -1;
   int64_t recall_k = 0;
+  // tokens: sources of a multilingual import: each language's held-out split, in the import's
+  // language order, at the same batch shape (its last batch padded, the padding not counted).
+  std::vector<LanguageEval> languages;
 };
 
 // " auc 0.7712 recall@10 0.4120" for the metrics an EvalResult has ("" for none).
 std::string RankingText(const EvalResult& e);
+// "eval/<language>/perplexity" (and loss, accuracy) of each language of `e`, the keys a trainer
+// writes to metrics.jsonl / TensorBoard beside eval/loss.
+std::map<std::string, double> LanguageScalars(const EvalResult& e);
+// " held-out perplexity by language: de 41.20, en 35.07, ..." or "" without languages.
+std::string LanguagePerplexityText(const EvalResult& e);
 
 // One evaluation graph of a model at the held-out batch size (its predict graph with the loss
 // added: outputs "loss" and "prediction", the logits stay inside its arena), compiled once, run
@@ -66,7 +84,17 @@ class Evaluator {
 
  private:
   Evaluator() = default;
+  // The batches of one held-out data set: loss summed over real positions, correct predictions,
+  // real positions and examples.
+  struct Sums {
+    double loss = 0, batch_mean_sum = 0;
+    int64_t correct = 0, positions = 0, examples = 0, batches = 0;
+  };
+  absl::StatusOr<Sums> RunData(EvalData& data, std::vector<const Tensor*>& in, int64_t max_batches,
+                               bool collect_scores = false);
+
   std::unique_ptr<EvalData> data_;
+  std::vector<data::LanguageEvalData> languages_;
   DataShape shape_;
   std::unique_ptr<runtime::Executable> exe_;
   std::vector<std::string> param_names_;  // the executable's first inputs, in order

@@ -31,6 +31,7 @@ std::map<std::string, double> EvalScalars(const EvalResult& e) {
   if (e.perplexity > 0) m["eval/perplexity"] = e.perplexity;
   if (e.auc >= 0) m["eval/auc"] = e.auc;
   if (e.recall_at_k >= 0) m[absl::StrCat("eval/recall_at_", e.recall_k)] = e.recall_at_k;
+  m.merge(LanguageScalars(e));  // eval/<language>/perplexity, multilingual tokens: sources
   return m;
 }
 std::string PerplexityText(const EvalResult& e) {
@@ -635,6 +636,8 @@ absl::Status Trainer::MaybeEvaluate(int64_t number, Loop& loop, TrainResult& res
   KILN_RETURN_IF_ERROR(WriteMetrics(number, EvalScalars(e)));
   Log(absl::StrFormat("eval at step %d: loss %.4f%s accuracy %.4f (%d examples)", number, e.loss,
                       PerplexityText(e), e.accuracy, e.examples));
+  if (!e.languages.empty())
+    Log(absl::StrCat("eval at step ", number, ":", LanguagePerplexityText(e)));
   result.final_eval = e;
   loop.evaluated_last = true;
   return absl::OkStatus();
@@ -712,6 +715,9 @@ absl::Status Trainer::Finish(Loop& loop, TrainResult& result) {
     }
     Log(absl::StrFormat("done: step %d, %.0f examples/s%s%s; checkpoint %s", result.final_step,
                         result.examples_per_second, tok, ev, result.checkpoint));
+    if (result.final_eval && !result.final_eval->languages.empty()) {
+      Log(absl::StrCat("final", LanguagePerplexityText(*result.final_eval)));
+    }
   }
   if (loop.profiling) {
     KILN_RETURN_IF_ERROR(

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -28,6 +29,7 @@
 #include "kiln/base/status.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/dataset_manifest.h"
+#include "kiln/data/dicom/internal/isolated.h"
 #include "kiln/data/example_proto.h"
 #include "kiln/data/image_codec.h"
 #include "kiln/data/image_transform.h"
@@ -128,16 +130,28 @@ Header ReadHeader(Env* env, const DicomImportOptions& o, const gdcm::Tag& tag,
     h.error = std::string(bytes.status().message());
     return h;
   }
-  std::istringstream in(*bytes);
-  gdcm::Reader r;
-  r.SetStream(in);
-  if (!r.ReadUpToTag(gdcm::Tag(0x7fe0, 0x0010))) {
-    h.error = rel + ": not a DICOM file GDCM can read";
+  // GDCM in a child process (internal/isolated.h): "frames\nlabel" back.
+  absl::StatusOr<std::string> got = internal::RunIsolated([&]() -> absl::StatusOr<std::string> {
+    std::istringstream in(*bytes);
+    gdcm::Reader r;
+    r.SetStream(in);
+    if (!r.ReadUpToTag(gdcm::Tag(0x7fe0, 0x0010))) {
+      return absl::InvalidArgumentError(rel + ": not a DICOM file GDCM can read");
+    }
+    const int frames =
+        std::max(1, static_cast<int>(FirstNumber(TagValue(r.GetFile(), {0x0028, 0x0008}), 1)));
+    return absl::StrCat(frames, "\n", o.labels_csv.empty() ? TagValue(r.GetFile(), tag) : "");
+  });
+  if (!got.ok()) {
+    h.error = absl::StartsWith(got.status().message(), rel + ":")
+                  ? std::string(got.status().message())
+                  : absl::StrCat(rel, ": ", got.status().message());
     return h;
   }
-  h.frames = std::max(1, static_cast<int>(FirstNumber(TagValue(r.GetFile(), {0x0028, 0x0008}), 1)));
+  const size_t nl = got->find('\n');
+  h.frames = std::max(1, std::atoi(got->substr(0, nl).c_str()));
   if (o.labels_csv.empty()) {
-    h.label = TagValue(r.GetFile(), tag);
+    h.label = got->substr(nl + 1);
     if (h.label.empty()) h.error = absl::StrCat(rel, ": no value for the label tag ", o.label_tag);
   }
   return h;
@@ -268,20 +282,38 @@ absl::StatusOr<Frame> DecodeFrame(const std::string& bytes, const std::string& r
   return f;
 }
 
-LabeledDecode DecodeOne(Env* env, const DicomImportOptions& o, const Item& item) {
-  LabeledDecode d;
-  d.stats = ChannelStats(o.channels);
-  absl::StatusOr<std::string> bytes = ReadFileToString(env, JoinPath(o.src_dir, item.rel));
-  if (!bytes.ok()) {
-    d.error = std::string(bytes.status().message());
-    return d;
+// The decode itself, in this process (DecodeDicomPixels runs it in a child).
+absl::StatusOr<std::vector<uint8_t>> DecodeDicomPixelsHere(const std::string& bytes,
+                                                           const std::string& name,
+                                                           const DicomImportOptions& o, int frame);
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint8_t>> DecodeDicomPixels(const std::string& bytes,
+                                                       const std::string& name,
+                                                       const DicomImportOptions& o, int frame) {
+  // GDCM in a child process (internal/isolated.h), the decoded pixels sent back.
+  absl::StatusOr<std::string> pixels = internal::RunIsolated([&]() -> absl::StatusOr<std::string> {
+    gdcm::Trace::SetWarning(false);  // GDCM's own stderr chatter; errors come back as Status
+    gdcm::Trace::SetDebug(false);
+    gdcm::Trace::SetError(false);
+    KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> px, DecodeDicomPixelsHere(bytes, name, o, frame));
+    return std::string(px.begin(), px.end());
+  });
+  if (!pixels.ok()) {
+    if (absl::StartsWith(pixels.status().message(), name + ":")) return pixels.status();
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", pixels.status().message()));
   }
-  d.crc = crc32c::Value(bytes->data(), bytes->size());
-  absl::StatusOr<Frame> f = DecodeFrame(*bytes, item.rel, item.frame);
-  if (!f.ok()) {
-    d.error = std::string(f.status().message());
-    return d;
-  }
+  return std::vector<uint8_t>(pixels->begin(), pixels->end());
+}
+
+namespace {
+
+absl::StatusOr<std::vector<uint8_t>> DecodeDicomPixelsHere(const std::string& bytes,
+                                                           const std::string& name,
+                                                           const DicomImportOptions& o, int frame) {
+  KILN_ASSIGN_OR_RETURN(Frame decoded, DecodeFrame(bytes, name, frame));
+  Frame* f = &decoded;
   Image img;
   img.height = f->height;
   img.width = f->width;
@@ -308,6 +340,28 @@ LabeledDecode DecodeOne(Env* env, const DicomImportOptions& o, const Item& item)
   Image px = ConvertChannels(img, o.channels);
   px =
       ResizeImage(px, o.height, o.width, o.resize == "crop" ? ResizeMode::kCrop : ResizeMode::kFit);
+  return std::move(px.pixels);
+}
+
+LabeledDecode DecodeOne(Env* env, const DicomImportOptions& o, const Item& item) {
+  LabeledDecode d;
+  d.stats = ChannelStats(o.channels);
+  absl::StatusOr<std::string> bytes = ReadFileToString(env, JoinPath(o.src_dir, item.rel));
+  if (!bytes.ok()) {
+    d.error = std::string(bytes.status().message());
+    return d;
+  }
+  d.crc = crc32c::Value(bytes->data(), bytes->size());
+  absl::StatusOr<std::vector<uint8_t>> pixels = DecodeDicomPixels(*bytes, item.rel, o, item.frame);
+  if (!pixels.ok()) {
+    d.error = std::string(pixels.status().message());
+    return d;
+  }
+  Image px;
+  px.height = o.height;
+  px.width = o.width;
+  px.channels = o.channels;
+  px.pixels = *std::move(pixels);
   d.stats.Add(px.pixels.data(), static_cast<int64_t>(px.pixels.size()));
   Example ex;
   ex.features["image"] = Feature::Bytes({std::string(px.pixels.begin(), px.pixels.end())});

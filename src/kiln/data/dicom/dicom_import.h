@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
@@ -69,6 +70,14 @@ struct DicomImportOptions {
 
 absl::StatusOr<ImportSummary> ImportDicom(Env* env, const DicomImportOptions& options,
                                           const ProgressFn& progress = nullptr);
+
+// One frame of a DICOM file's bytes as the importer makes its pixels (steps 1-5 above, with o's
+// height, width, channels, resize and window): uint8 HWC, o.height * o.width * o.channels values.
+// What `kiln predict --input-dir` runs on each study. Errors name `name` (not DICOM, truncated,
+// no pixel data, an undecodable syntax, a frame out of range).
+absl::StatusOr<std::vector<uint8_t>> DecodeDicomPixels(const std::string& bytes,
+                                                       const std::string& name,
+                                                       const DicomImportOptions& o, int frame = 0);
 
 // The DICOM linear window function (PS3.3 C.11.2.1.2.1) on one modality value, to 0..255.
 uint8_t ApplyWindow(double value, double center, double width);
