@@ -213,6 +213,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
     KILN_RETURN_IF_ERROR(s.Get("betas", &c->optimizer.betas));
     KILN_RETURN_IF_ERROR(s.Get("eps", &c->optimizer.eps));
     KILN_RETURN_IF_ERROR(s.Get("clip_norm", &c->optimizer.clip_norm));
+    KILN_RETURN_IF_ERROR(s.Get("shard_state", &c->optimizer.shard_state));
     KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
   }
   {
@@ -644,6 +645,9 @@ std::string EmitYaml(const TrainConfig& c, bool hash_form) {
   e << YAML::EndSeq;
   e << YAML::Key << "eps" << YAML::Value << num(c.optimizer.eps);
   e << YAML::Key << "clip_norm" << YAML::Value << num(c.optimizer.clip_norm);
+  if (!hash_form && c.optimizer.shard_state) {  // how it runs, not what it trains
+    e << YAML::Key << "shard_state" << YAML::Value << true;
+  }
   e << YAML::EndMap;
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kind" << YAML::Value << c.schedule.kind;

@@ -167,6 +167,13 @@ class Trainer {
   absl::Status TakeShare();
   // True on every rank when any rank's `stop` is (a 4-byte max all-reduce, once per step).
   absl::StatusOr<bool> AgreeToStop(bool stop);
+  absl::StatusOr<bool> AnyRank(bool flag, const std::string& what);
+  // Sharded checkpoints (ranks > 1, docs/distributed.md): ranks other than 0 open OUTDIR's
+  // checkpoints read-only; every rank saves its pieces (SaveShards); with shard_state every rank
+  // reads its optimizer state pieces from the checkpoint resumed from (ReadStatePieces).
+  absl::Status OpenCheckpointsForShards();
+  absl::Status SaveShards(const nlohmann::json& meta);
+  absl::StatusOr<nn::ParamStore> ReadStatePieces(const std::string& checkpoint_dir);
   bool AsyncSaveAhead() const;
   // Run, per step.
   absl::StatusOr<nn::StepMetrics> Step(int64_t number, Loop& loop);
@@ -177,6 +184,7 @@ class Trainer {
   absl::Status Finish(Loop& loop, TrainResult& result);
 
   NamedTensors CheckpointTensors() const;
+  NamedTensors ParamTensors() const;
   absl::Status Save(bool sync);
   std::string LastSavedPath() const;
   absl::Status WriteMetrics(int64_t step, const std::map<std::string, double>& scalars);
