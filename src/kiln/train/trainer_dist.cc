@@ -144,6 +144,13 @@ absl::Status Trainer::OpenCheckpointsForShards() {
 // holds; without, the same cut of the whole state), so that the ranks together write each tensor
 // once.
 absl::Status Trainer::SaveShards(const nlohmann::json& meta) {
+  if (mesh_.model > 1) {
+    // The data-parallel cut below assumes every rank of a data coordinate holds the whole
+    // parameters; a tensor-parallel rank holds slices (TensorSlice::Box pieces) instead.
+    return absl::UnimplementedError(
+        "sharded checkpoints of a tensor-parallel run (mesh.model > 1): each model rank must save "
+        "its parameter slices as TensorSlice::Box pieces (Trainer::SaveShards); not built yet");
+  }
   const int d = static_cast<int>(coords_.data), n = static_cast<int>(mesh_.data);
   std::vector<TensorPiece> pieces;
   auto cut = [&](const nn::ParamStore& store, const std::vector<Shape>& wholes) {
