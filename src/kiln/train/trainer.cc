@@ -139,7 +139,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   if (t->chief()) KILN_RETURN_IF_ERROR(t->WriteRunInfo());
   // The host copy an asynchronous save takes (a set of parameters and optimizer state), only when
   // this run will save asynchronously: the final save is synchronous and needs none.
-  if (t->chief() && t->AsyncSaveAhead()) {
+  // A multi-rank run saves synchronously, in pieces (SaveShards): no host copy.
+  if (t->chief() && t->mesh_.ranks == 1 && t->AsyncSaveAhead()) {
     const NamedTensors tensors = t->CheckpointTensors();
     t->ckpt_->ReserveStaging(tensors);
     for (const auto& [name, value] : tensors) t->checkpoint_staging_bytes_ += value.byte_size();

@@ -136,7 +136,8 @@ class Trainer {
   // The checkpoint directory restored from ("" on a fresh start).
   const std::string& restored_from() const { return restored_from_; }
   // Bytes of the asynchronous checkpoint's host copy, reserved at Create when this run will save
-  // asynchronously (a checkpoint_every multiple below steps after the start step); 0 otherwise.
+  // asynchronously (a checkpoint_every multiple below steps after the start step, one process);
+  // 0 otherwise.
   int64_t checkpoint_staging_bytes() const { return checkpoint_staging_bytes_; }
   const Evaluator& evaluator() const { return *evaluator_; }
   const Mesh& mesh() const { return mesh_; }
