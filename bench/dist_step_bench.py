@@ -10,7 +10,9 @@
   - from a profiled 2-rank run (--profile-steps), the time per step rank 0 spends inside the
     all_reduce kernels (the gradient buckets and the loss), the slowest bucket's wait, and how
     much of it overlaps the backward pass (0 while collectives run synchronously in the thunk
-    list: the number is measured from the trace, not assumed).
+    list: the number is measured from the trace, not assumed);
+  - the same 2-rank job with optimizer.shard_state (ZeRO-1): its median step time, peak resident
+    memory, and every rank's optimizer state bytes (run.json; also for the other two runs).
 Results are merged into OUT_JSON under "train_step" (bench/out/dist.json, beside dist_bench's
 all-reduce rows).
 
@@ -77,20 +79,29 @@ def main():
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     one_env = dict(env, OMP_NUM_THREADS="2")
-    one_ms, dp_ms, one_rss, dp_rss = [], [], [], []
+    names = ("one", "dp", "zero")  # zero: 2 ranks with optimizer.shard_state (ZeRO-1)
+    ms = {n: [] for n in names}
+    rss_of = {n: [] for n in names}
+    state_bytes = {}
     for r in range(a.rounds):
-        for name in ("one", "dp"):
+        for name in names:
             out = os.path.join(work, "%s%d" % (name, r))
             cmd = [a.kiln, "train", a.config, "--output-dir", out] + sets
-            if name == "dp":
+            if name != "one":
                 cmd += ["--workers", "2", "--job-timeout", "600"]
+            if name == "zero":
+                cmd += ["--set", "optimizer.shard_state=true"]
             rc, rss = run(cmd, one_env if name == "one" else env, out + ".log")
             if rc != 0:
                 sys.exit("dist_step_bench: %s exited %d (log %s.log)" % (" ".join(cmd), rc, out))
             med = statistics.median(step_times(out, a.warmup))
-            (one_ms if name == "one" else dp_ms).append(med)
-            (one_rss if name == "one" else dp_rss).append(rss)
-            print("round %d %-3s median step %.2f ms, peak RSS %.0f MiB" % (r + 1, name, med, rss), flush=True)
+            ms[name].append(med)
+            rss_of[name].append(rss)
+            with open(os.path.join(out, "run.json")) as f:
+                state_bytes[name] = [x.get("optimizer_state_bytes") for x in json.load(f)["ranks"]]
+            print("round %d %-4s median step %.2f ms, peak RSS %.0f MiB, optimizer state bytes per rank %s" %
+                  (r + 1, name, med, rss, state_bytes[name]), flush=True)
+    one_ms, dp_ms, one_rss, dp_rss = ms["one"], ms["dp"], rss_of["one"], rss_of["dp"]
     # One profiled 2-rank run for the all_reduce share (its own run: tracing slows the step).
     prof = os.path.join(work, "profiled")
     lo, hi = a.warmup + 1, min(a.steps, a.warmup + 5)
@@ -110,13 +121,22 @@ def main():
         "allreduce_ms_per_step_rank0": round(ar_ms, 3), "allreduce_kernels_per_step": per_step,
         "slowest_allreduce_ms": round(slowest_ms, 3),
         "allreduce_hidden_share": 0.0,
+        "shard_state_two_ranks_ms": round(statistics.median(ms["zero"]), 3),
+        "shard_state_two_ranks_ms_all": [round(x, 3) for x in ms["zero"]],
+        "shard_state_peak_rss_mib_per_rank": round(max(rss_of["zero"]), 1),
+        "optimizer_state_bytes_per_rank": state_bytes,
         "note": "collectives run synchronously in the thunk list: none of the all-reduce overlaps "
-                "the backward pass yet; optimizer.shard_state (ZeRO-1) is not built",
+                "the backward pass yet (hidden share 0); peak RSS is the largest process's VmHWM, "
+                "optimizer_state_bytes_per_rank each rank's optimizer state (run.json)",
     }
     print("2 ranks x 1 thread: %.2f ms/step, 1 rank x 2 threads: %.2f ms/step, ratio %.3f; "
           "peak RSS %.0f MiB per rank vs %.0f MiB; all_reduce %.2f ms/step on rank 0 "
           "(%s kernels, slowest %.2f ms), hidden 0%%" %
           (dp, one, dp / one, max(dp_rss), max(one_rss), ar_ms, per_step, slowest_ms))
+    print("shard_state (ZeRO-1), 2 ranks: %.2f ms/step, peak RSS %.0f MiB per rank; optimizer state "
+          "bytes per rank: one process %s, 2 ranks %s, 2 ranks with shard_state %s" %
+          (row["shard_state_two_ranks_ms"], max(rss_of["zero"]), state_bytes["one"], state_bytes["dp"],
+           state_bytes["zero"]))
     data = {}
     if os.path.exists(a.out_json):
         with open(a.out_json) as f:

@@ -4,12 +4,25 @@
 #     difference is printed);
 #   - a second run of the same N-worker job gives bit-identical losses and final checkpoint bytes.
 # usage: dist_train_test.sh KILN CONFIG OUTDIR WORKERS STEPS LIMIT_S [--set k=v ...]
+#          [--workers-only --set k=v ...]
+# Flags after --workers-only go to the N-worker runs alone (e.g. optimizer.shard_state=true: ZeRO-1
+# against the plain one-process run).
 # Exits 77 (CTest SKIP_RETURN_CODE) when mpirun is absent. Every run is bounded by timeout(1)
 # (TERM at LIMIT_S, KILL 5 s later, to its own process group: mpirun and its ranks) and by
 # mpirun's own --job-timeout.
 set -u
 kiln=$1 config=$2 out=$3 workers=$4 steps=$5 limit=$6
 shift 6
+both="" only=""
+for a in "$@"; do
+  if [ "$a" = --workers-only ]; then
+    only=" "
+  elif [ -n "$only" ]; then
+    only="$only $a"
+  else
+    both="$both $a"
+  fi
+done
 command -v mpirun >/dev/null 2>&1 || { echo "dist_train_test: mpirun not found: skipped"; exit 77; }
 rm -rf "$out" && mkdir -p "$out" || exit 1
 common="--set steps=$steps --set log_every=1 --set eval_every=0 --set checkpoint_every=0"
@@ -30,9 +43,12 @@ run() {  # run NAME [extra flags...]
 losses() {
   sed -n 's/.*"step":\([0-9]*\),.*"loss":\([^,}]*\).*/\1 \2/p' "$out/$1/metrics.jsonl"
 }
-run one "$@"
-run dp1 --workers "$workers" --job-timeout "$limit" "$@"
-run dp2 --workers "$workers" --job-timeout "$limit" "$@"
+# shellcheck disable=SC2086
+run one $both
+# shellcheck disable=SC2086
+run dp1 --workers "$workers" --job-timeout "$limit" $both $only
+# shellcheck disable=SC2086
+run dp2 --workers "$workers" --job-timeout "$limit" $both $only
 losses one >"$out/one.loss"
 losses dp1 >"$out/dp1.loss"
 losses dp2 >"$out/dp2.loss"

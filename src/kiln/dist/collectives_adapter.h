@@ -1,6 +1,7 @@
 // runtime::Collectives over a Communicator: what a compiled graph's all_reduce ops run through
-// in a multi-process (or multi-thread) job. The runtime sits above dist in the layer order and
-// does not know Communicator; this adapter, in dist, connects them.
+// in a multi-process (or multi-thread) job, and the reduce-scatter and all-gather of ZeRO-1
+// (nn::ShardedCollectives, TrainStepOptions::shard_state). The runtime and nn sit above dist in
+// the layer order and do not know Communicator; this adapter, in dist, connects them.
 //
 //   std::unique_ptr<Communicator> comm = ...;             // MpiCommunicator, thread communicator
 //   CommunicatorCollectives collectives(*comm);
@@ -9,16 +10,23 @@
 #define KILN_DIST_COLLECTIVES_ADAPTER_H_
 
 #include "kiln/dist/communicator.h"
+#include "kiln/nn/train_step.h"
 #include "kiln/runtime/executable.h"
 
 namespace kiln::dist {
 
-class CommunicatorCollectives final : public runtime::Collectives {
+class CommunicatorCollectives final : public nn::ShardedCollectives {
  public:
   explicit CommunicatorCollectives(Communicator& comm) : comm_(comm) {}  // borrowed
   int size() const override { return comm_.size(); }
   absl::Status AllReduceSum(void* data, int64_t count, DType dtype) override {
     return comm_.AllReduce(data, count, dtype, ReduceOp::kSum);
+  }
+  absl::Status ReduceScatterSum(const float* send, float* recv, int64_t recv_count) override {
+    return comm_.ReduceScatter(send, recv, recv_count, DType::kF32, ReduceOp::kSum);
+  }
+  absl::Status AllGather(const float* send, float* recv, int64_t send_count) override {
+    return comm_.AllGather(send, recv, send_count, DType::kF32);
   }
 
  private:

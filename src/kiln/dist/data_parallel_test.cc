@@ -2,6 +2,7 @@
 // ranks with B/D examples each track one process with the global batch B, on the cpu and the
 // reference backends, with one bucket or several; the gradient buckets; a rank that never joins.
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -56,6 +57,7 @@ std::unique_ptr<runtime::Backend> Backend(bool cpu) {
 struct Result {
   std::vector<float> losses, norms;
   nn::ParamStore params;
+  int64_t state_bytes = 0;
 };
 
 Result OneProcess(bool cpu) {
@@ -78,7 +80,8 @@ Result OneProcess(bool cpu) {
 
 // D ranks on threads; rank r trains on examples [r B/D, (r+1) B/D) of each global batch.
 std::vector<Result> DataParallel(bool cpu, int d, int64_t first_bucket, int64_t bucket,
-                                 int* buckets) {
+                                 int* buckets, bool shard_state = false,
+                                 nn::TrainStepOptions o = Options()) {
   std::vector<std::unique_ptr<Communicator>> comms = MakeThreadCommunicators(d);
   std::vector<std::unique_ptr<CommunicatorCollectives>> colls;
   std::vector<std::unique_ptr<runtime::Backend>> backends;
@@ -87,9 +90,10 @@ std::vector<Result> DataParallel(bool cpu, int d, int64_t first_bucket, int64_t 
   for (int r = 0; r < d; ++r) {  // compiled here, one at a time: only the runs are concurrent
     colls.push_back(std::make_unique<CommunicatorCollectives>(*comms[r]));
     backends.push_back(Backend(cpu));
-    nn::TrainStepOptions o = Options();
     o.data_parallel = d;
     o.collectives = colls[r].get();
+    o.shard_state = shard_state;
+    o.data_rank = r;
     o.first_bucket_bytes = first_bucket;
     o.bucket_bytes = bucket;
     auto step = nn::TrainStep::Create(*backends[r], *model.LossGraph(kB / d),
@@ -113,6 +117,7 @@ std::vector<Result> DataParallel(bool cpu, int d, int64_t first_bucket, int64_t 
         results[r].norms.push_back(m->grad_norm);
       }
       results[r].params = steps[r]->params().Clone();
+      results[r].state_bytes = steps[r]->optimizer_state_bytes();
     });
   }
   for (std::thread& t : threads) t.join();
@@ -170,6 +175,106 @@ TEST_P(DataParallelStep, SeveralBucketsGiveTheSameBits) {
   for (int i = 0; i < a[0].params.size(); ++i)
     EXPECT_EQ(0, std::memcmp(a[0].params.value(i).raw_data(), b[0].params.value(i).raw_data(),
                              a[0].params.value(i).byte_size()));
+}
+
+bool SameBits(const nn::ParamStore& a, const nn::ParamStore& b) {
+  if (a.size() != b.size()) return false;
+  for (int i = 0; i < a.size(); ++i) {
+    if (a.value(i).byte_size() != b.value(i).byte_size() ||
+        std::memcmp(a.value(i).raw_data(), b.value(i).raw_data(), a.value(i).byte_size()) != 0)
+      return false;
+  }
+  return true;
+}
+
+// ZeRO-1 on 1, 2 and 4 ranks (the 59 parameter elements do not split evenly: the last shard is
+// padded) tracks one process as the unsharded data-parallel step does; every rank ends with the
+// same parameters; the optimizer state is split over the ranks.
+TEST_P(DataParallelStep, ZeroOneTracksOneProcessWithAShareOfTheState) {
+  const bool cpu = GetParam();
+  const Result one = OneProcess(cpu);
+  int64_t whole_state = 0;
+  for (int i = 0; i < one.params.size(); ++i) whole_state += 2 * one.params.value(i).byte_size();
+  for (int d : {1, 2, 4}) {
+    SCOPED_TRACE(d);
+    int buckets = 0;
+    std::vector<Result> z = DataParallel(cpu, d, 1 << 20, 25 << 20, &buckets, true);
+    ASSERT_EQ(z.size(), d);
+    EXPECT_EQ(buckets, 0);  // no all_reduce in the graph: a reduce-scatter instead
+    int64_t state = 0;
+    for (int r = 0; r < d; ++r) {
+      ExpectTracks(one, z[r], r);
+      EXPECT_EQ(z[r].losses, z[0].losses);
+      EXPECT_TRUE(SameBits(z[r].params, z[0].params)) << "rank " << r;
+      // AdamW m and v for ceil(59 / d) elements at most.
+      EXPECT_LE(z[r].state_bytes, 2 * 4 * ((59 + d - 1) / d));
+      state += z[r].state_bytes;
+    }
+    EXPECT_EQ(state, whole_state);
+  }
+}
+
+// Without clipping the norm (the one sum ZeRO-1 takes in another order) does not touch the
+// update: per element the mean gradient and the update are the unsharded step's, bit for bit.
+// Two runs are bit-identical too.
+TEST_P(DataParallelStep, ZeroOneWithoutClippingIsBitIdenticalToDataParallel) {
+  const bool cpu = GetParam();
+  nn::TrainStepOptions o = Options();
+  o.optimizer.clip_norm = 0;
+  for (int d : {2, 4}) {
+    SCOPED_TRACE(d);
+    int buckets = 0;
+    std::vector<Result> dp = DataParallel(cpu, d, 1 << 20, 25 << 20, &buckets, false, o);
+    std::vector<Result> z1 = DataParallel(cpu, d, 1 << 20, 25 << 20, &buckets, true, o);
+    std::vector<Result> z2 = DataParallel(cpu, d, 1 << 20, 25 << 20, &buckets, true, o);
+    ASSERT_EQ(z1.size(), d);
+    ASSERT_EQ(z2.size(), d);
+    EXPECT_EQ(z1[0].losses, dp[0].losses);
+    EXPECT_TRUE(SameBits(z1[0].params, dp[0].params));
+    EXPECT_EQ(z1[0].losses, z2[0].losses);
+    EXPECT_TRUE(SameBits(z1[0].params, z2[0].params));
+  }
+}
+
+TEST(ZeroShards, RangesCoverEveryElementOnce) {
+  // Tensors of 30, 5, 20, 4 elements over 3 shards of 20: the last one padded by 1.
+  EXPECT_EQ(nn::ShardSize({30, 5, 20, 4}, 3), 20);
+  auto r0 = nn::ShardRanges({30, 5, 20, 4}, 3, 0);
+  auto r1 = nn::ShardRanges({30, 5, 20, 4}, 3, 1);
+  auto r2 = nn::ShardRanges({30, 5, 20, 4}, 3, 2);
+  ASSERT_EQ(r0.size(), 1);
+  EXPECT_EQ(r0[0].index, 0);
+  EXPECT_EQ(r0[0].end, 20);
+  ASSERT_EQ(r1.size(), 3);  // w0[20:30], b0[0:5], w1[0:5]
+  EXPECT_EQ(r1[0].begin, 20);
+  EXPECT_EQ(r1[1].shard_offset, 10);
+  EXPECT_EQ(r1[2].end, 5);
+  ASSERT_EQ(r2.size(), 2);  // w1[5:20], b1[0:4]
+  EXPECT_EQ(r2[1].shard_offset, 15);
+  EXPECT_EQ(r2[1].end, 4);
+  EXPECT_TRUE(nn::ShardRanges({3}, 4, 3).empty());
+}
+
+TEST(DataParallelStepErrors, ZeroOneNeedsShardCollectivesAndEnoughElements) {
+  nn::MlpClassifier model = Model();
+  std::unique_ptr<runtime::Backend> backend = runtime::MakeReferenceBackend();
+  nn::TrainStepOptions o = Options();
+  o.shard_state = true;
+  o.data_parallel = 2;
+  o.data_rank = 2;
+  std::vector<std::unique_ptr<Communicator>> comms = MakeThreadCommunicators(2);
+  CommunicatorCollectives c(*comms[0]);
+  o.collectives = &c;
+  auto s =
+      nn::TrainStep::Create(*backend, *model.LossGraph(4), *nn::InitParams(model.Params(), 7), o);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("data_rank (2)"));
+  o.data_rank = 0;
+  o.data_parallel = 64;  // 59 elements
+  std::vector<std::unique_ptr<Communicator>> many = MakeThreadCommunicators(64);
+  CommunicatorCollectives c64(*many[0]);
+  o.collectives = &c64;
+  s = nn::TrainStep::Create(*backend, *model.LossGraph(1), *nn::InitParams(model.Params(), 7), o);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("too few"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DataParallelStep, ::testing::Values(true, false),

@@ -204,6 +204,95 @@ absl::Status CheckAddedNamesFree(const ir::Graph& loss_graph,
   return absl::OkStatus();
 }
 
+absl::StatusOr<OptimizerUpdate> BuildOptimizerUpdate(ir::Builder& b, const OptimizerConfig& config,
+                                                     const std::vector<std::string>& param_names,
+                                                     const std::vector<int>& param_ranks,
+                                                     const std::vector<ir::Value>& values,
+                                                     std::vector<ir::Value> grads,
+                                                     const std::vector<ir::Value>& state,
+                                                     ir::Value step, ir::Value norm) {
+  const size_t slots = config.kind == OptimizerKind::kAdamW ? 2 : config.sgd.momentum != 0.0;
+  if (param_names.size() != values.size() || param_ranks.size() != values.size() ||
+      grads.size() != values.size() || state.size() != slots * values.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer update: ", values.size(), " values with ", param_names.size(),
+                     " names, ", param_ranks.size(), " ranks, ", grads.size(), " gradients and ",
+                     state.size(), " state tensors (expected ", slots * values.size(), ")"));
+  }
+
+  // ---- global norm and clipping ----
+  if (!norm.valid()) {
+    ir::Value sumsq = b.Scalar(0.0, DType::kF32);
+    for (const ir::Value& grad : grads) {
+      ir::Value sq = grad * grad;
+      std::vector<int64_t> all(grad.rank());
+      for (int d = 0; d < grad.rank(); ++d) all[d] = d;
+      sumsq = sumsq + (all.empty() ? sq : ir::ReduceSum(sq, all));
+    }
+    norm = ir::Sqrt(sumsq);
+  }
+  b.Output(kGradNormOutput, norm);
+  if (config.clip_norm > 0) {
+    ir::Value coef = ir::Min(config.clip_norm / (norm + 1e-6), b.Scalar(1.0, DType::kF32));
+    for (ir::Value& grad : grads) grad = grad * coef;
+  }
+
+  // ---- schedule (f64 scalars, rounded to f32 where they meet tensors) ----
+  ir::Value lr64 = ScheduledLearningRate(config.schedule, step);
+  ir::Value lr = ir::Convert(lr64, DType::kF32);
+  b.Output(kLearningRateOutput, lr);
+  auto decays = [&](size_t i) { return param_ranks[i] >= config.weight_decay_min_rank; };
+
+  const size_t n = values.size();
+  // Per-group rates: the scale applies in f64, before the rounding to f32.
+  std::vector<double> scale(n);
+  for (size_t i = 0; i < n; ++i) scale[i] = LrScale(config, param_names[i]);
+  auto lr_of = [&](size_t i) {
+    return scale[i] == 1.0 ? lr : ir::Convert(lr64 * scale[i], DType::kF32);
+  };
+  std::vector<ir::Value> new_values(n), new_state(state.size());
+  if (config.kind == OptimizerKind::kAdamW) {
+    // ---- adamw ----
+    const AdamWOptions& o = config.adamw;
+    ir::Value t1 = ir::Convert(step, DType::kF64) + 1.0;
+    ir::Value bc1 = 1.0 - ir::Pow(b.Scalar(o.beta1, DType::kF64), t1);
+    ir::Value bc2 = 1.0 - ir::Pow(b.Scalar(o.beta2, DType::kF64), t1);
+    ir::Value step_size = ir::Convert(lr64 / bc1, DType::kF32);
+    ir::Value bc2_sqrt = ir::Convert(ir::Sqrt(bc2), DType::kF32);
+    ir::Value decay = ir::Convert(1.0 - lr64 * o.weight_decay, DType::kF32);
+    for (size_t i = 0; i < n; ++i) {
+      const bool scaled = scale[i] != 1.0;
+      ir::Value p = values[i];
+      if (o.weight_decay != 0.0 && decays(i)) {
+        p = p * (scaled ? ir::Convert(1.0 - lr64 * scale[i] * o.weight_decay, DType::kF32) : decay);
+      }
+      ir::Value m = state[i] * o.beta1 + grads[i] * (1.0 - o.beta1);
+      ir::Value v = state[n + i] * o.beta2 + grads[i] * grads[i] * (1.0 - o.beta2);
+      ir::Value denom = ir::Sqrt(v) / bc2_sqrt + o.eps;
+      new_values[i] =
+          p - (scaled ? ir::Convert(lr64 * scale[i] / bc1, DType::kF32) : step_size) * (m / denom);
+      new_state[i] = m;
+      new_state[n + i] = v;
+    }
+  } else {
+    // ---- sgd ----
+    const SgdOptions& o = config.sgd;
+    ir::Value first = ir::Eq(step, b.Scalar(0.0, DType::kS64));
+    for (size_t i = 0; i < n; ++i) {
+      ir::Value d = grads[i];
+      if (o.weight_decay != 0.0 && decays(i)) d = d + values[i] * o.weight_decay;
+      if (o.momentum != 0.0) {
+        ir::Value buf = ir::Select(first, d, state[i] * o.momentum + d * (1.0 - o.dampening));
+        new_state[i] = buf;
+        d = o.nesterov ? d + buf * o.momentum : buf;
+      }
+      new_values[i] = values[i] - lr_of(i) * d;
+    }
+  }
+
+  return OptimizerUpdate{std::move(new_values), std::move(new_state)};
+}
+
 absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
                                          const std::vector<std::string>& all_params,
                                          const OptimizerConfig& config,
@@ -258,73 +347,13 @@ absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
     values[i] = f32(map[g.FindParameter(params[i])]);
   }
   if (gradient_hook) KILN_RETURN_IF_ERROR(gradient_hook(b, grads));
-
-  // ---- global norm and clipping ----
-  ir::Value sumsq = b.Scalar(0.0, DType::kF32);
-  for (const ir::Value& grad : grads) {
-    ir::Value sq = grad * grad;
-    std::vector<int64_t> all(grad.rank());
-    for (int d = 0; d < grad.rank(); ++d) all[d] = d;
-    sumsq = sumsq + (all.empty() ? sq : ir::ReduceSum(sq, all));
-  }
-  ir::Value norm = ir::Sqrt(sumsq);
-  b.Output(kGradNormOutput, norm);
-  if (config.clip_norm > 0) {
-    ir::Value coef = ir::Min(config.clip_norm / (norm + 1e-6), b.Scalar(1.0, DType::kF32));
-    for (ir::Value& grad : grads) grad = grad * coef;
-  }
-
-  // ---- schedule (f64 scalars, rounded to f32 where they meet tensors) ----
-  ir::Value lr64 = ScheduledLearningRate(config.schedule, step);
-  ir::Value lr = ir::Convert(lr64, DType::kF32);
-  b.Output(kLearningRateOutput, lr);
-  // Per-group rates: the scale applies in f64, before the rounding to f32.
-  std::vector<double> scale(n);
-  for (size_t i = 0; i < n; ++i) scale[i] = LrScale(config, params[i]);
-  auto lr_of = [&](size_t i) {
-    return scale[i] == 1.0 ? lr : ir::Convert(lr64 * scale[i], DType::kF32);
-  };
-  auto decays = [&](size_t i) { return values[i].rank() >= config.weight_decay_min_rank; };
-
-  std::vector<ir::Value> new_values(n), new_state(state.size());
-  if (config.kind == OptimizerKind::kAdamW) {
-    // ---- adamw ----
-    const AdamWOptions& o = config.adamw;
-    ir::Value t1 = ir::Convert(step, DType::kF64) + 1.0;
-    ir::Value bc1 = 1.0 - ir::Pow(b.Scalar(o.beta1, DType::kF64), t1);
-    ir::Value bc2 = 1.0 - ir::Pow(b.Scalar(o.beta2, DType::kF64), t1);
-    ir::Value step_size = ir::Convert(lr64 / bc1, DType::kF32);
-    ir::Value bc2_sqrt = ir::Convert(ir::Sqrt(bc2), DType::kF32);
-    ir::Value decay = ir::Convert(1.0 - lr64 * o.weight_decay, DType::kF32);
-    for (size_t i = 0; i < n; ++i) {
-      const bool scaled = scale[i] != 1.0;
-      ir::Value p = values[i];
-      if (o.weight_decay != 0.0 && decays(i)) {
-        p = p * (scaled ? ir::Convert(1.0 - lr64 * scale[i] * o.weight_decay, DType::kF32) : decay);
-      }
-      ir::Value m = state[i] * o.beta1 + grads[i] * (1.0 - o.beta1);
-      ir::Value v = state[n + i] * o.beta2 + grads[i] * grads[i] * (1.0 - o.beta2);
-      ir::Value denom = ir::Sqrt(v) / bc2_sqrt + o.eps;
-      new_values[i] =
-          p - (scaled ? ir::Convert(lr64 * scale[i] / bc1, DType::kF32) : step_size) * (m / denom);
-      new_state[i] = m;
-      new_state[n + i] = v;
-    }
-  } else {
-    // ---- sgd ----
-    const SgdOptions& o = config.sgd;
-    ir::Value first = ir::Eq(step, b.Scalar(0.0, DType::kS64));
-    for (size_t i = 0; i < n; ++i) {
-      ir::Value d = grads[i];
-      if (o.weight_decay != 0.0 && decays(i)) d = d + values[i] * o.weight_decay;
-      if (o.momentum != 0.0) {
-        ir::Value buf = ir::Select(first, d, state[i] * o.momentum + d * (1.0 - o.dampening));
-        new_state[i] = buf;
-        d = o.nesterov ? d + buf * o.momentum : buf;
-      }
-      new_values[i] = values[i] - lr_of(i) * d;
-    }
-  }
+  std::vector<int> ranks(n);
+  for (size_t i = 0; i < n; ++i) ranks[i] = values[i].rank();
+  KILN_ASSIGN_OR_RETURN(OptimizerUpdate update,
+                        BuildOptimizerUpdate(b, config, params, ranks, values, std::move(grads),
+                                             state, step, ir::Value()));
+  const std::vector<ir::Value>& new_values = update.values;
+  const std::vector<ir::Value>& new_state = update.state;
 
   // Each new value is computed in place of the one it replaces (ir::Output::in_place_of), so a
   // step can keep one set of parameters and state (TrainStep passes the same tensors).

@@ -159,6 +159,26 @@ absl::StatusOr<ir::Graph> BuildTrainStep(const ir::Graph& loss_graph,
                                          const std::string& loss_output = "loss",
                                          const GradientHook& gradient_hook = nullptr);
 
+// The update half of BuildTrainStep (global norm, clipping, schedule, optimizer), for callers
+// that build the gradients themselves: ZeRO-1 updates only this rank's shard of the flattened
+// parameters, one piece per parameter it overlaps (train_step.h). `values` and `grads` are f32;
+// `param_names` and `param_ranks` are those of the parameter each value is (a piece of): weight
+// decay follows the parameter's rank, not the piece's. `state` is in OptimizerStateSpecs order
+// over the values. `norm` is the global L2 norm of the gradients when the caller already has it
+// (ZeRO-1 sums the squares over the ranks); invalid (ir::Value()): computed from `grads`. Adds
+// the outputs "grad_norm" and "lr"; returns the new values and state (not yet outputs).
+struct OptimizerUpdate {
+  std::vector<ir::Value> values;
+  std::vector<ir::Value> state;
+};
+absl::StatusOr<OptimizerUpdate> BuildOptimizerUpdate(ir::Builder& b, const OptimizerConfig& config,
+                                                     const std::vector<std::string>& param_names,
+                                                     const std::vector<int>& param_ranks,
+                                                     const std::vector<ir::Value>& values,
+                                                     std::vector<ir::Value> grads,
+                                                     const std::vector<ir::Value>& state,
+                                                     ir::Value step, ir::Value norm);
+
 }  // namespace kiln::nn
 
 #endif  // KILN_NN_OPTIM_H_

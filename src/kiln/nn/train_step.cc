@@ -6,8 +6,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/autodiff/grad.h"
+#include "kiln/autodiff/graph_copy.h"
 #include "kiln/base/status.h"
 #include "kiln/compiler/compile.h"
+#include "kiln/nn/internal/train_step_zero.h"
 #include "kiln/nn/model.h"
 
 namespace kiln::nn {
@@ -132,6 +135,39 @@ absl::StatusOr<ir::Graph> BuildStepGraph(const ir::Graph& loss, const ParamStore
   return BuildTrainStep(loss, initial.names(), options.optimizer, options.loss_output, hook);
 }
 
+// ZeRO-1's gradient graph: the loss graph's outputs and "zero/grads", every parameter's f32
+// gradient flattened and concatenated in order, zero-padded to ShardSize * data_parallel.
+absl::StatusOr<ir::Graph> BuildZeroGradientGraph(const ir::Graph& loss, const ParamStore& initial,
+                                                 const TrainStepOptions& options) {
+  KILN_RETURN_IF_ERROR(ValidateOptimizerConfig(options.optimizer));
+  if (loss.FindOutput(kZeroGradsOutput) >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: the loss graph already has an output '", kZeroGradsOutput, "'"));
+  }
+  KILN_ASSIGN_OR_RETURN(ir::Graph g, autodiff::Grad(loss, initial.names(), options.loss_output));
+  ir::Builder b(loss.name() + "_zero_grads");
+  KILN_ASSIGN_OR_RETURN(autodiff::ValueMap map, autodiff::CopyGraph(g, b));
+  for (const ir::Output& o : loss.outputs()) {
+    b.Output(o.name, map[g.outputs()[g.FindOutput(o.name)].node]);
+  }
+  std::vector<ir::Value> parts;
+  std::vector<int64_t> sizes;
+  for (const std::string& p : initial.names()) {
+    const int gi = g.FindOutput("grad/" + p);
+    if (gi < 0) return absl::InternalError(absl::StrCat("Grad produced no output grad/", p));
+    ir::Value grad = map[g.outputs()[gi].node];
+    if (grad.dtype() != DType::kF32) grad = ir::Convert(grad, DType::kF32);
+    sizes.push_back(grad.shape().num_elements());
+    parts.push_back(ir::Reshape(grad, Shape{sizes.back()}));
+  }
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  const int64_t pad = ShardSize(sizes, options.data_parallel) * options.data_parallel - total;
+  if (pad > 0) parts.push_back(ir::BroadcastTo(b.Scalar(0.0, DType::kF32), Shape{pad}));
+  b.Output(kZeroGradsOutput, parts.size() == 1 ? parts[0] : ir::Concatenate(parts, 0));
+  return b.Build();
+}
+
 }  // namespace
 
 std::vector<std::vector<int>> GradientBuckets(const std::vector<int64_t>& grad_bytes,
@@ -179,7 +215,13 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
     loss = &low_precision_loss;
   }
   int buckets = 0;
-  KILN_ASSIGN_OR_RETURN(ir::Graph step_graph, BuildStepGraph(*loss, initial, options, &buckets));
+  ir::Graph step_graph;
+  if (options.shard_state) {
+    KILN_RETURN_IF_ERROR(CheckZeroOptions(initial, options));
+    KILN_ASSIGN_OR_RETURN(step_graph, BuildZeroGradientGraph(*loss, initial, options));
+  } else {
+    KILN_ASSIGN_OR_RETURN(step_graph, BuildStepGraph(*loss, initial, options, &buckets));
+  }
 
   std::unique_ptr<TrainStep> t(new TrainStep());
   t->options_ = options;
@@ -202,6 +244,14 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
   t->rng_seed_ = Tensor(DType::kS64, Shape{});
   t->rng_step_ = Tensor(DType::kS64, Shape{});
   t->rng_seed_.data<int64_t>()[0] = static_cast<int64_t>(options.rng_seed);
+  if (options.shard_state) {
+    KILN_RETURN_IF_ERROR(t->CreateZero(backend, *loss, param_specs));
+  } else {
+    for (int i = 0; i < t->state_.size(); ++i) {
+      const Tensor& v = t->state_.value(i);
+      t->state_pieces_.push_back({t->state_.names()[i], v.shape(), 0, v.num_elements()});
+    }
+  }
 
   for (int id : g.parameters()) {
     const std::string& name = g.node(id).attr_str("name");
@@ -249,7 +299,7 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
     }
     t->out_slots_.push_back(slot);
   }
-  if (t->loss_ < 0 || t->grad_norm_ < 0 || t->lr_ < 0) {
+  if (t->loss_ < 0 || (!options.shard_state && (t->grad_norm_ < 0 || t->lr_ < 0))) {
     return absl::InternalError("TrainStep: the train step lacks its loss / grad_norm / lr outputs");
   }
   t->inputs_.assign(t->in_slots_.size(), nullptr);
@@ -304,6 +354,7 @@ absl::StatusOr<StepMetrics> TrainStep::Run(const std::vector<const Tensor*>& dat
   step_tensor_.data<int64_t>()[0] = step_;
   rng_step_.data<int64_t>()[0] = step_;
   KILN_RETURN_IF_ERROR(exe_->RunInto(inputs_, outputs_));
+  if (zero_ != nullptr) KILN_RETURN_IF_ERROR(RunZero());
   ++step_;
   ran_ = true;
   StepMetrics m;
@@ -313,6 +364,10 @@ absl::StatusOr<StepMetrics> TrainStep::Run(const std::vector<const Tensor*>& dat
     KILN_RETURN_IF_ERROR(Annotate(options_.collectives->AllReduceSum(&m.loss, 1, DType::kF32),
                                   "averaging the loss"));
     m.loss /= static_cast<float>(options_.data_parallel);
+  }
+  if (zero_ != nullptr) {
+    ZeroMetrics(m);
+    return m;
   }
   m.grad_norm = static_cast<float>(extra_outputs_[grad_norm_].GetDouble(0));
   m.lr = static_cast<float>(extra_outputs_[lr_].GetDouble(0));

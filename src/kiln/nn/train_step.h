@@ -41,6 +41,20 @@
 // Run also averages the loss over the ranks, so StepMetrics are those of the global batch
 // (grad_norm is, since it is taken after the all-reduce). Other outputs (last_output) stay
 // per-rank.
+//
+// ZeRO-1 (options.shard_state): the optimizer state is sharded over the D data ranks. The
+// parameters, flattened and concatenated in order (P elements), are cut into D shards of
+// S = ceil(P / D) elements (ShardRanges); rank d keeps the optimizer state of shard d only, as one
+// piece per parameter the shard overlaps (optimizer_state() then holds those 1-D pieces, named as
+// the whole state tensors; StatePieces() says where each lies). A step is two executables and
+// two collectives: the gradient executable (forward and backward, the f32 gradients flattened
+// into one f32[D S] buffer), a reduce-scatter (sum) that leaves rank d the sum of shard d, the
+// squared norm of the averaged shard summed over the ranks (a 4-byte all-reduce: the global
+// grad_norm, for clipping), the update executable (norm, clipping, schedule and optimizer on the
+// pieces of shard d: BuildOptimizerUpdate), and an all-gather of the updated shards into the
+// parameters. Per element the gradient mean and the update are those of the unsharded step; only
+// the norm sums in another order. Needs f32 parameters and options.collectives implementing
+// ShardedCollectives (dist::CommunicatorCollectives does) when D > 1.
 #ifndef KILN_NN_TRAIN_STEP_H_
 #define KILN_NN_TRAIN_STEP_H_
 
@@ -71,7 +85,31 @@ struct TrainStepOptions {
   runtime::Collectives* collectives = nullptr;
   int64_t bucket_bytes = 25 << 20;
   int64_t first_bucket_bytes = 1 << 20;
+  // ZeRO-1 (see the header comment): shard the optimizer state over the data_parallel ranks;
+  // this rank is shard data_rank (0 <= data_rank < data_parallel).
+  bool shard_state = false;
+  int data_rank = 0;
 };
+
+// What ZeRO-1 needs besides the all-reduce (f32 only); dist::CommunicatorCollectives implements
+// it over a Communicator.
+class ShardedCollectives : public runtime::Collectives {
+ public:
+  // recv[i] = the sum over the ranks, in rank order, of their send[rank * recv_count + i].
+  virtual absl::Status ReduceScatterSum(const float* send, float* recv, int64_t recv_count) = 0;
+  // recv[r * send_count + i] = rank r's send[i].
+  virtual absl::Status AllGather(const float* send, float* recv, int64_t send_count) = 0;
+};
+
+// ZeRO-1's partition of tensors of `sizes` elements, flattened and concatenated in order, into
+// `shards` shards of ShardSize elements: the part of each tensor in shard `shard`, as the flat
+// range [begin, end) of tensor `index`, at `shard_offset` in the shard (empty parts left out).
+struct FlatRange {
+  int index = 0;
+  int64_t begin = 0, end = 0, shard_offset = 0;
+};
+int64_t ShardSize(const std::vector<int64_t>& sizes, int shards);  // ceil(sum / shards)
+std::vector<FlatRange> ShardRanges(const std::vector<int64_t>& sizes, int shards, int shard);
 
 // The gradient buckets of data-parallel training: indices into the parameter list, in the order
 // the all-reduces are issued (see the header comment).
@@ -105,6 +143,18 @@ class TrainStep {
 
   const ParamStore& params() const { return params_; }
   const ParamStore& optimizer_state() const { return state_; }
+  // Where each optimizer_state() tensor lies in the whole state tensor of its name: the whole
+  // shape (its parameter's) and the flat range [begin, end) it holds; the whole range without
+  // shard_state.
+  struct StatePiece {
+    std::string name;
+    Shape whole;
+    int64_t begin = 0, end = 0;
+  };
+  const std::vector<StatePiece>& state_pieces() const { return state_pieces_; }
+  bool shard_state() const { return options_.shard_state; }
+  // Bytes of optimizer state this rank holds (about 1/D of the whole with shard_state).
+  int64_t optimizer_state_bytes() const;
   int64_t step() const { return step_; }
   // The value another output of the loss graph had in the last Run (nullptr if none by that
   // name or before the first Run).
@@ -120,7 +170,12 @@ class TrainStep {
   int num_gradient_buckets() const { return num_buckets_; }
 
  private:
-  TrainStep() = default;
+  struct Zero;  // ZeRO-1's executables and buffers (train_step_zero.cc)
+  TrainStep();
+  absl::Status CreateZero(runtime::Backend& backend, const ir::Graph& loss,
+                          const std::vector<ParamSpec>& param_specs);
+  absl::Status RunZero();
+  void ZeroMetrics(StepMetrics& m) const;
   // Points the input/output tables at the parameter and state buffers.
   void Bind();
 
@@ -147,6 +202,11 @@ class TrainStep {
   bool ran_ = false;
   double compile_seconds_ = 0;
   int num_buckets_ = 0;
+  std::vector<StatePiece> state_pieces_;
+  std::unique_ptr<Zero> zero_;
+
+ public:
+  ~TrainStep();
 };
 
 }  // namespace kiln::nn

@@ -523,6 +523,10 @@ absl::StatusOr<Checkpoint> CheckpointManager::Load(int64_t step) {
   out.step = step;
   out.path = dir;
   out.metadata = std::move(m.metadata);
+  if (m.format_version >= 2) {
+    KILN_RETURN_IF_ERROR(LoadPieces(dir, out));
+    return out;
+  }
 
   std::vector<char> scratch;  // for the tensors not kept
   std::vector<std::vector<const ManifestTensor*>> by_shard(m.shards.size());

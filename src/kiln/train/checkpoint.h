@@ -43,7 +43,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
+#include "kiln/dist/communicator.h"
 #include "kiln/tensor/tensor.h"
+#include "kiln/train/tensor_slice.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln::train {
@@ -72,6 +74,16 @@ struct CheckpointOptions {
 };
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// One rank's piece of a tensor, for SaveSharded: `data` holds slice.num_elements() elements of
+// `dtype`, row-major in the slice's own shape (slice.PieceShape()); borrowed for the call.
+struct TensorPiece {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape global_shape;
+  TensorSlice slice;
+  const void* data = nullptr;
+};
 
 // A restored checkpoint.
 struct Checkpoint {
@@ -122,6 +134,19 @@ class CheckpointManager {
   // this one; calling again retries. Bad arguments are reported at once.
   absl::Status SaveAsync(int64_t step, const NamedTensors& tensors,
                          const nlohmann::json& metadata = nlohmann::json::object());
+
+  // A sharded save (docs/formats.md "Sharded checkpoints"): every rank of `comm` calls it with the
+  // same step and its own pieces; rank 0's `metadata` is the checkpoint's. Each rank writes only
+  // its pieces (files rank-<r>-shard-*.safetensors and its part of the manifest, rank-<r>.json,
+  // each fsynced) into the step's temporary directory, which rank 0 creates; the ranks then agree
+  // (an all-reduce, the barrier) that every rank's files are durable, and only then does rank 0
+  // merge the parts into manifest.json and commit as Save does. A rank that fails or dies at any
+  // moment leaves every committed checkpoint intact; every rank returns the same outcome (its
+  // own error, or Aborted naming the failure elsewhere). Synchronous: collectives run on the
+  // caller's thread. Ranks other than 0 may use a read_only manager (they never commit or
+  // clean up). The pieces of one tensor, over all ranks, must tile it (checked when read).
+  absl::Status SaveSharded(int64_t step, const std::vector<TensorPiece>& pieces,
+                           const nlohmann::json& metadata, dist::Communicator& comm);
 
   // Allocates the SaveAsync staging buffers for tensors like these (same names, dtypes and
   // shapes) now, so the first SaveAsync only copies: call it once at startup, where the page
@@ -174,6 +199,13 @@ class CheckpointManager {
   absl::Status WriteAndCommit(const Job& job, SaveInfo* info);
   absl::Status ApplyRetention(int64_t just_saved, SaveInfo* info);
   absl::StatusOr<Checkpoint> Load(int64_t step);
+  // Load's half for a sharded (version 2) checkpoint: assembles every tensor from its pieces.
+  absl::Status LoadPieces(const std::string& dir, Checkpoint& out);
+  absl::Status WriteRankFiles(int64_t step, int rank, const std::string& tmp_dir,
+                              const std::vector<TensorPiece>& pieces, SaveInfo* info);
+  absl::Status MergeAndCommit(int64_t step, int ranks, const std::string& tmp_dir,
+                              const std::string& nonce, const nlohmann::json& metadata,
+                              SaveInfo* info);
   // Whether checkpoint `step` belongs to options_.run_id (see CheckpointOptions::run_id); sets
   // `other` to the run id it has when it does not. Unreadable manifests belong to no run.
   bool OfThisRun(int64_t step, std::string* other);
@@ -192,6 +224,45 @@ class CheckpointManager {
   NamedTensors staging_;  // host copies for SaveAsync, reused
   const NamedTensors* restore_into_ = nullptr;
   std::function<bool(const std::string&)> restore_keep_;
+};
+
+// Reads any slice of any tensor of one checkpoint directory, whatever mesh wrote it: the pieces
+// of a sharded checkpoint (or the whole tensors of an unsharded one) that overlap the slice are
+// read, their CRC32C verified, and the overlap copied out. This is how a checkpoint written by N
+// ranks restores onto another mesh (4 ranks -> 2, N -> one process, data parallel -> tensor
+// parallel): each rank reads the slices it holds.
+//
+//   KILN_ASSIGN_OR_RETURN(auto r, CheckpointReader::Open(".../checkpoints/step_100"));
+//   KILN_ASSIGN_OR_RETURN(Tensor w, r->ReadSlice("w1", TensorSlice::Box({0, 64}, {128, 64})));
+//   KILN_ASSIGN_OR_RETURN(Tensor m, r->ReadSlice("opt/m/w1", TensorSlice::Flat(0, 4096)));
+class CheckpointReader {
+ public:
+  // Reads and verifies the manifest (checksum, schema, and that each tensor's pieces tile it
+  // exactly: DataLoss otherwise). NotFound when there is no manifest.
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& step_dir,
+                                                                Env* env = nullptr);
+  ~CheckpointReader();
+
+  int64_t step() const;
+  const nlohmann::json& metadata() const;
+  // Whether the checkpoint was written in pieces (format version 2), and by how many ranks.
+  bool sharded() const;
+  int ranks() const;
+  // Every tensor's name, in manifest order (each once).
+  std::vector<std::string> names() const;
+  // A tensor's dtype and whole shape; NotFound for an unknown name.
+  absl::StatusOr<std::pair<DType, Shape>> Info(const std::string& name) const;
+
+  // The slice of tensor `name` (a tensor of slice.PieceShape()). NotFound for an unknown name,
+  // InvalidArgument for a slice outside the tensor, DataLoss for damage.
+  absl::StatusOr<Tensor> ReadSlice(const std::string& name, const TensorSlice& slice);
+  // The same into `out`, which must have the tensor's dtype and slice.PieceShape().
+  absl::Status ReadSliceInto(const std::string& name, const TensorSlice& slice, Tensor& out);
+
+ private:
+  struct Impl;
+  explicit CheckpointReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // "step_<N>" for a committed checkpoint directory name; -1 for anything else.

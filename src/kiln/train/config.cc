@@ -291,6 +291,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
     KILN_RETURN_IF_ERROR(s.Get("eps", &c->optimizer.eps));
     KILN_RETURN_IF_ERROR(s.Get("clip_norm", &c->optimizer.clip_norm));
     KILN_RETURN_IF_ERROR(ParamGroupsFromYaml(s.Child("param_groups"), &c->optimizer.param_groups));
+    KILN_RETURN_IF_ERROR(s.Get("shard_state", &c->optimizer.shard_state));
     KILN_RETURN_IF_ERROR(s.CheckMapAndUnknown());
   }
   {
@@ -847,6 +848,9 @@ std::string EmitYaml(const TrainConfig& c, bool hash_form) {
       e << YAML::EndMap;
     }
     e << YAML::EndSeq;
+  }
+  if (!hash_form && c.optimizer.shard_state) {  // how it runs, not what it trains
+    e << YAML::Key << "shard_state" << YAML::Value << true;
   }
   e << YAML::EndMap;
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;

@@ -101,6 +101,9 @@ struct OptimizerSection {
   double eps = 1e-8;                         // adamw
   double clip_norm = 0.0;                    // > 0: clip by global norm
   std::vector<ParamGroupSection> param_groups;
+  // ZeRO-1 (docs/distributed.md): shard the optimizer state over the data-parallel ranks. How a
+  // run is laid out, not what it trains: not part of the config hash.
+  bool shard_state = false;
 };
 
 struct ScheduleSection {

@@ -1,6 +1,6 @@
 // The mesh, each data rank's share of the global batch, and Trainers on thread communicators
 // (no MPI) against one process: same examples, losses within 1e-4, rank 0 alone writes the run,
-// every rank resumes from rank 0's checkpoint.
+// every rank resumes from rank 0's checkpoint; ZeRO-1 and its sharded checkpoint.
 #include "kiln/train/mesh.h"
 
 #include <cmath>
@@ -208,6 +208,69 @@ TEST(DataParallelTrainerTest, AWarmStartReachesEveryRank) {
   }
   std::ifstream f(root + "/two/run.json");
   EXPECT_TRUE(nlohmann::json::parse(f).contains("init_from"));
+}
+
+// ZeRO-1 (optimizer.shard_state) on 2 thread ranks: tracks one process, each rank holds half of
+// the AdamW state (run.json), checkpoints are sharded (both ranks' pieces, format version 2),
+// and the sharded checkpoint resumes both on the same 2 ranks and in one process, alike.
+TEST(DataParallelTrainerTest, ShardStateTracksOneProcessAndItsCheckpointReshards) {
+  const std::string root = kiln::test_support::MakeTempDir("kiln_mesh_zero_test");
+  auto cpu = runtime::MakeCpuBackend();
+  absl::StatusOr<std::unique_ptr<Trainer>> one =
+      Trainer::Create(Config(root + "/one", 20), {.backend = cpu.get()});
+  ASSERT_TRUE(one.ok()) << one.status();
+  absl::StatusOr<TrainResult> ref = (*one)->Run();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const int64_t whole_state = (*one)->train_step().optimizer_state_bytes();
+
+  const std::string out = root + "/zero";
+  TrainConfig c = Config(out, 20);
+  c.optimizer.shard_state = true;
+  std::vector<RankRun> runs = RunRanks(2, c);
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(runs[r].result.ok()) << r << ": " << runs[r].result.status();
+  EXPECT_EQ(runs[0].result->losses, runs[1].result->losses);
+  double worst = 0;
+  for (size_t s = 0; s < 20; ++s) {
+    const double a = ref->losses[s], b = runs[0].result->losses[s];
+    worst = std::max(worst, std::abs(a - b) / std::abs(a));
+  }
+  EXPECT_LT(worst, 1e-4);
+  std::cout << "shard_state: largest relative loss difference over 20 steps: " << worst << "\n";
+  std::ifstream f(out + "/run.json");
+  nlohmann::json info = nlohmann::json::parse(f);
+  EXPECT_EQ(info["memory"]["shard_state"], true);
+  const int64_t s0 = info["ranks"][0]["optimizer_state_bytes"].get<int64_t>();
+  const int64_t s1 = info["ranks"][1]["optimizer_state_bytes"].get<int64_t>();
+  EXPECT_EQ(s0 + s1, whole_state);
+  EXPECT_LE(s0, whole_state / 2 + 8);  // ceil(P / 2) elements of m and v
+  auto reader = CheckpointReader::Open(out + "/checkpoints/step_20");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)->sharded());
+  EXPECT_EQ((*reader)->ranks(), 2);
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_20/rank-00001-shard-00000-of-00001.safetensors"));
+
+  // Resume to 30 on the same 2 ranks, and (a copy) in one process without shard_state.
+  fs::copy(out, root + "/zero_one", fs::copy_options::recursive);
+  std::vector<RankRun> more = RunRanks(2, [&] {
+    TrainConfig m = Config(out, 30);
+    m.optimizer.shard_state = true;
+    return m;
+  }());
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(more[r].result.ok()) << more[r].result.status();
+  EXPECT_EQ(more[0].start_step, 20);
+  EXPECT_EQ(more[1].start_step, 20);
+  absl::StatusOr<std::unique_ptr<Trainer>> solo =
+      Trainer::Create(Config(root + "/zero_one", 30), {.backend = cpu.get()});
+  ASSERT_TRUE(solo.ok()) << solo.status();
+  EXPECT_EQ((*solo)->start_step(), 20);
+  absl::StatusOr<TrainResult> cont = (*solo)->Run();
+  ASSERT_TRUE(cont.ok()) << cont.status();
+  ASSERT_EQ(cont->losses.size(), 10u);
+  ASSERT_EQ(more[0].result->losses.size(), 10u);
+  for (size_t s = 0; s < 10; ++s) {
+    EXPECT_NEAR(more[0].result->losses[s], cont->losses[s], 1e-4 * std::abs(cont->losses[s]));
+  }
 }
 
 // Dropout: every data rank has its own seed (the same one would draw rank 0's masks again on

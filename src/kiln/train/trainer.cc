@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -123,6 +124,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     KILN_RETURN_IF_ERROR(t->OpenCheckpoints(move_aside));
     if (t->options_.resume) KILN_RETURN_IF_ERROR(t->Resume());
     KILN_RETURN_IF_ERROR(t->InitFrom());
+  } else {
+    KILN_RETURN_IF_ERROR(t->OpenCheckpointsForShards());
   }
   KILN_RETURN_IF_ERROR(t->OpenMetrics());
   // A run killed after its final checkpoint but before its final evaluation and metrics were
@@ -142,7 +145,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   if (t->chief()) KILN_RETURN_IF_ERROR(t->WriteRunInfo());
   // The host copy an asynchronous save takes (a set of parameters and optimizer state), only when
   // this run will save asynchronously: the final save is synchronous and needs none.
-  if (t->chief() && t->AsyncSaveAhead()) {
+  // A multi-rank run saves synchronously, in pieces (SaveShards): no host copy.
+  if (t->chief() && t->mesh_.ranks == 1 && t->AsyncSaveAhead()) {
     const NamedTensors tensors = t->CheckpointTensors();
     t->ckpt_->ReserveStaging(tensors);
     for (const auto& [name, value] : tensors) t->checkpoint_staging_bytes_ += value.byte_size();
@@ -196,6 +200,8 @@ absl::Status Trainer::Compile() {
     step_opts.collectives = collectives_.get();
   }
   step_opts.optimizer = BuildOptimizerConfig(c);
+  step_opts.shard_state = c.optimizer.shard_state;  // ZeRO-1 (train_step.h)
+  step_opts.data_rank = static_cast<int>(coords_.data);
   // Each data rank draws its own dropout masks over its share (one seed would repeat rank 0's
   // pattern on every share); rank 0 keeps the config's seed, so a one-rank run is unchanged.
   step_opts.rng_seed = c.seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(coords_.data);
@@ -248,10 +254,18 @@ absl::Status Trainer::Resume() {
   // Read straight into the train step's buffers: no second set of parameters and optimizer state
   // in memory while resuming. A failed restore fails Create, so partly written buffers are never
   // trained on; NotFound reads nothing.
-  const NamedTensors resident = CheckpointTensors();
+  // With shard_state the optimizer state is this rank's pieces: RestoreState reads them below.
+  const bool zero = step_->shard_state();
+  const NamedTensors resident = zero ? ParamTensors() : CheckpointTensors();
   ckpt_->RestoreInto(&resident);
+  if (zero) {
+    std::set<std::string> state_names(step_->optimizer_state().names().begin(),
+                                      step_->optimizer_state().names().end());
+    ckpt_->RestoreOnly([state_names](const std::string& n) { return state_names.count(n) == 0; });
+  }
   absl::StatusOr<Checkpoint> ck = ckpt_->RestoreLatest();
   ckpt_->RestoreInto(nullptr);
+  ckpt_->RestoreOnly(nullptr);
   if (absl::IsNotFound(ck.status())) return absl::OkStatus();
   if (!ck.ok()) return ck.status();
   for (const std::string& n : ck->notes) notes_.push_back(n);
@@ -268,7 +282,11 @@ absl::Status Trainer::Resume() {
     return absl::OkStatus();
   };
   KILN_RETURN_IF_ERROR(fill(step_->params(), &p));
-  KILN_RETURN_IF_ERROR(fill(step_->optimizer_state(), &s));
+  if (zero) {
+    KILN_ASSIGN_OR_RETURN(s, ReadStatePieces(ck->path));
+  } else {
+    KILN_RETURN_IF_ERROR(fill(step_->optimizer_state(), &s));
+  }
   KILN_RETURN_IF_ERROR(
       Annotate(step_->Restore(p, s, ck->step), absl::StrCat("restoring ", ck->path)));
   if (ck->metadata.contains("data"))
@@ -357,23 +375,42 @@ absl::Status Trainer::WriteRunInfo() {
   info["precision"] = config_.precision;
   info["pid"] = static_cast<int64_t>(getpid());
   info["mesh"] = {{"data", mesh_.data}, {"model", mesh_.model}, {"ranks", mesh_.ranks}};
+  // Per-rank memory of the training state (rank 0's; each rank's optimizer state in "ranks").
+  info["memory"] = {{"parameter_bytes", step_->params().num_elements() * 4},
+                    {"optimizer_state_bytes", step_->optimizer_state_bytes()},
+                    {"shard_state", step_->shard_state()}};
   if (!ranks_info_.is_null()) {
     info["ranks"] = ranks_info_;
   } else {
-    info["ranks"] = nlohmann::json::array(
-        {{{"rank", 0}, {"host", options_.host}, {"pid", info["pid"]}, {"data", 0}, {"model", 0}}});
+    info["ranks"] =
+        nlohmann::json::array({{{"rank", 0},
+                                {"host", options_.host},
+                                {"pid", info["pid"]},
+                                {"data", 0},
+                                {"model", 0},
+                                {"optimizer_state_bytes", step_->optimizer_state_bytes()}}});
   }
   if (completed_step_ >= 0) info["completed_step"] = completed_step_;
   if (!init_from_info_.is_null()) info["init_from"] = init_from_info_;
   return run_dir_->WriteRunJson(info);
 }
 
-NamedTensors Trainer::CheckpointTensors() const {
+NamedTensors Trainer::ParamTensors() const {
   NamedTensors tensors;
   const nn::ParamStore& p = step_->params();
-  const nn::ParamStore& s = step_->optimizer_state();
   for (int i = 0; i < p.size(); ++i) tensors.emplace_back(p.names()[i], p.value(i));
-  for (int i = 0; i < s.size(); ++i) tensors.emplace_back(s.names()[i], s.value(i));
+  return tensors;
+}
+
+NamedTensors Trainer::CheckpointTensors() const {
+  NamedTensors tensors = ParamTensors();
+  const nn::ParamStore& s = step_->optimizer_state();
+  const auto& pieces = step_->state_pieces();
+  for (int i = 0; i < s.size(); ++i) {
+    // One process with shard_state holds each state tensor whole, as a 1-D piece: saved in the
+    // tensor's own shape, so that the checkpoint is the same as without shard_state.
+    tensors.emplace_back(s.names()[i], s.value(i).Reshaped(pieces[i].whole));
+  }
   return tensors;
 }
 
@@ -386,7 +423,12 @@ std::string Trainer::LastSavedPath() const {
 absl::Status Trainer::Save(bool sync) {
   // Never commit a diverged state as a result: the run stops instead (Run checks the loss and
   // gradients every step; this catches an update that overflowed the parameters silently).
-  if (!AllFinite(step_->params()) || !AllFinite(step_->optimizer_state())) {
+  bool finite = AllFinite(step_->params()) && AllFinite(step_->optimizer_state());
+  if (mesh_.ranks > 1) {  // with shard_state each rank checks only its own state: agree
+    KILN_ASSIGN_OR_RETURN(bool any_bad, AnyRank(!finite, "agreeing that the state is finite"));
+    finite = !any_bad;
+  }
+  if (!finite) {
     KILN_RETURN_IF_ERROR(ckpt_->Wait());
     return DivergenceError(config_, step_->step(), NAN, NAN, 0, /*params_nonfinite=*/true,
                            LastSavedPath());
@@ -401,7 +443,9 @@ absl::Status Trainer::Save(bool sync) {
       {"model_dims",
        {{"features", data_.shape.features}, {"num_classes", data_.shape.num_classes}}}};
   auto scope = profiler_.Scope("checkpoint", sync ? "save" : "save_async");
-  if (sync) {
+  if (mesh_.ranks > 1) {  // every rank writes its own pieces; synchronous (collectives)
+    KILN_RETURN_IF_ERROR(SaveShards(meta));
+  } else if (sync) {
     KILN_RETURN_IF_ERROR(ckpt_->Save(step_->step(), CheckpointTensors(), meta));
   } else {
     KILN_RETURN_IF_ERROR(ckpt_->SaveAsync(step_->step(), CheckpointTensors(), meta));
@@ -646,7 +690,7 @@ absl::Status Trainer::MaybeEvaluate(int64_t number, Loop& loop, TrainResult& res
 absl::Status Trainer::MaybeCheckpoint(int64_t number) {
   const TrainConfig& c = config_;
   if (c.checkpoint_every <= 0 || number % c.checkpoint_every != 0 || number >= c.steps ||
-      !chief()) {
+      (!chief() && mesh_.ranks == 1)) {
     return absl::OkStatus();
   }
   // The step is blocked only for the host copy (and for the previous save, if still writing);
@@ -669,7 +713,9 @@ absl::Status Trainer::Finish(Loop& loop, TrainResult& result) {
   const TrainConfig& c = config_;
   profiler_.set_enabled(false);
   step_->mutable_executable().set_thunk_observer(nullptr);
-  if (!chief()) {  // rank 0 checkpoints, evaluates and writes the run's files
+  if (!chief()) {  // rank 0 commits, evaluates and writes the run's files
+    // The final sharded save, as rank 0 decides below (both track last_saved_step_).
+    if (last_saved_step_ != step_->step()) KILN_RETURN_IF_ERROR(Save(/*sync=*/true));
     result.final_step = step_->step();
     result.checkpoint = absl::StrCat(config_.output_dir, "/checkpoints/step_", step_->step());
     return metrics_->Close();

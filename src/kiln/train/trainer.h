@@ -136,7 +136,8 @@ class Trainer {
   // The checkpoint directory restored from ("" on a fresh start).
   const std::string& restored_from() const { return restored_from_; }
   // Bytes of the asynchronous checkpoint's host copy, reserved at Create when this run will save
-  // asynchronously (a checkpoint_every multiple below steps after the start step); 0 otherwise.
+  // asynchronously (a checkpoint_every multiple below steps after the start step, one process);
+  // 0 otherwise.
   int64_t checkpoint_staging_bytes() const { return checkpoint_staging_bytes_; }
   const Evaluator& evaluator() const { return *evaluator_; }
   const DataShape& data_shape() const { return data_.shape; }
@@ -169,6 +170,13 @@ class Trainer {
   absl::Status TakeShare();
   // True on every rank when any rank's `stop` is (a 4-byte max all-reduce, once per step).
   absl::StatusOr<bool> AgreeToStop(bool stop);
+  absl::StatusOr<bool> AnyRank(bool flag, const std::string& what);
+  // Sharded checkpoints (ranks > 1, docs/distributed.md): ranks other than 0 open OUTDIR's
+  // checkpoints read-only; every rank saves its pieces (SaveShards); with shard_state every rank
+  // reads its optimizer state pieces from the checkpoint resumed from (ReadStatePieces).
+  absl::Status OpenCheckpointsForShards();
+  absl::Status SaveShards(const nlohmann::json& meta);
+  absl::StatusOr<nn::ParamStore> ReadStatePieces(const std::string& checkpoint_dir);
   bool AsyncSaveAhead() const;
   // Run, per step.
   absl::StatusOr<nn::StepMetrics> Step(int64_t number, Loop& loop);
@@ -179,6 +187,7 @@ class Trainer {
   absl::Status Finish(Loop& loop, TrainResult& result);
 
   NamedTensors CheckpointTensors() const;
+  NamedTensors ParamTensors() const;
   absl::Status Save(bool sync);
   std::string LastSavedPath() const;
   absl::Status WriteMetrics(int64_t step, const std::map<std::string, double>& scalars);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
+#include "kiln/nn/train_step.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln::train {
@@ -54,7 +55,10 @@ absl::Status Trainer::SyncFromChief() {
   }
   std::string text = chief() ? state.dump() : std::string();
   KILN_RETURN_IF_ERROR(Annotate(BroadcastString(comm, text), "sharing rank 0's resume state"));
-  for (const auto& [name, tensor] : CheckpointTensors()) {
+  // With shard_state each rank holds its own optimizer state pieces: only the parameters are
+  // rank 0's; every rank reads its state from the checkpoint below.
+  const bool zero = step_->shard_state();
+  for (const auto& [name, tensor] : zero ? ParamTensors() : CheckpointTensors()) {
     Tensor t = tensor;  // shares the resident buffer
     KILN_RETURN_IF_ERROR(
         Annotate(comm.Broadcast(t, 0), absl::StrCat("broadcasting '", name, "' from rank 0")));
@@ -70,8 +74,14 @@ absl::Status Trainer::SyncFromChief() {
   completed_step_ = state.value("completed_step", int64_t{-1});
   restored_from_ = state.value("restored_from", std::string());
   init_from_fresh_ = state.value("init_from_fresh", false);
-  // The broadcast wrote the resident buffers: Restore only sets the step counter.
-  KILN_RETURN_IF_ERROR(step_->Restore(step_->params(), step_->optimizer_state(), start_step_));
+  nn::ParamStore state_pieces;
+  if (zero && !restored_from_.empty()) {
+    KILN_ASSIGN_OR_RETURN(state_pieces, ReadStatePieces(restored_from_));
+  }
+  // The broadcast wrote the resident parameters (and, without shard_state, the state).
+  KILN_RETURN_IF_ERROR(step_->Restore(
+      step_->params(), state_pieces.size() > 0 ? state_pieces : step_->optimizer_state(),
+      start_step_));
   if (!state["data"].is_null()) KILN_RETURN_IF_ERROR(data_.train->Restore(state["data"]));
   return absl::OkStatus();
 }
@@ -88,6 +98,10 @@ absl::Status Trainer::GatherRanks() {
   std::vector<int64_t> pids(mesh_.ranks, 0);
   KILN_RETURN_IF_ERROR(
       Annotate(comm.AllGather(&pid, pids.data(), 1, DType::kS64), "gathering process ids"));
+  int64_t state_bytes = step_->optimizer_state_bytes();
+  std::vector<int64_t> states(mesh_.ranks, 0);
+  KILN_RETURN_IF_ERROR(Annotate(comm.AllGather(&state_bytes, states.data(), 1, DType::kS64),
+                                "gathering optimizer state sizes"));
   ranks_info_ = nlohmann::json::array();
   for (int r = 0; r < mesh_.ranks; ++r) {
     const MeshCoords at = CoordsOf(mesh_, r);
@@ -95,7 +109,8 @@ absl::Status Trainer::GatherRanks() {
                            {"host", std::string(all.data() + static_cast<size_t>(r) * kHostBytes)},
                            {"pid", pids[r]},
                            {"data", at.data},
-                           {"model", at.model}});
+                           {"model", at.model},
+                           {"optimizer_state_bytes", states[r]}});
   }
   return absl::OkStatus();
 }
@@ -106,6 +121,87 @@ absl::StatusOr<bool> Trainer::AgreeToStop(bool stop) {
       Annotate(options_.comm->AllReduce(&flag, 1, DType::kS32, dist::ReduceOp::kMax),
                "agreeing on a stop request"));
   return flag != 0;
+}
+
+absl::StatusOr<bool> Trainer::AnyRank(bool flag, const std::string& what) {
+  int32_t f = flag ? 1 : 0;
+  KILN_RETURN_IF_ERROR(
+      Annotate(options_.comm->AllReduce(&f, 1, DType::kS32, dist::ReduceOp::kMax), what));
+  return f != 0;
+}
+
+absl::Status Trainer::OpenCheckpointsForShards() {
+  if (mesh_.ranks == 1) return absl::OkStatus();
+  CheckpointOptions copts;
+  copts.keep_last = config_.keep_last;
+  copts.keep_every = config_.keep_every;
+  copts.env = run_dir_->env();
+  copts.read_only = true;  // rank 0 creates the root, cleans up and commits
+  KILN_ASSIGN_OR_RETURN(ckpt_, CheckpointManager::Open(run_dir_->checkpoints_path(), copts));
+  return absl::OkStatus();
+}
+
+// This rank's pieces: the flat shard mesh_.data cuts out of the parameters (every rank holds them
+// all: each writes 1/D), and of the optimizer state (with shard_state, exactly the pieces it
+// holds; without, the same cut of the whole state), so that the ranks together write each tensor
+// once.
+absl::Status Trainer::SaveShards(const nlohmann::json& meta) {
+  if (mesh_.model > 1) {
+    // The data-parallel cut below assumes every rank of a data coordinate holds the whole
+    // parameters; a tensor-parallel rank holds slices (TensorSlice::Box pieces) instead.
+    return absl::UnimplementedError(
+        "sharded checkpoints of a tensor-parallel run (mesh.model > 1): each model rank must save "
+        "its parameter slices as TensorSlice::Box pieces (Trainer::SaveShards); not built yet");
+  }
+  const int d = static_cast<int>(coords_.data), n = static_cast<int>(mesh_.data);
+  std::vector<TensorPiece> pieces;
+  auto cut = [&](const nn::ParamStore& store, const std::vector<Shape>& wholes) {
+    std::vector<int64_t> sizes;
+    for (int i = 0; i < store.size(); ++i) sizes.push_back(store.value(i).num_elements());
+    for (const nn::FlatRange& r : nn::ShardRanges(sizes, n, d)) {
+      const Tensor& t = store.value(r.index);
+      pieces.push_back({store.names()[r.index], t.dtype(), wholes[r.index],
+                        TensorSlice::Flat(r.begin, r.end),
+                        static_cast<const char*>(t.raw_data()) + r.begin * DTypeSize(t.dtype())});
+    }
+  };
+  const nn::ParamStore& p = step_->params();
+  std::vector<Shape> shapes;
+  for (int i = 0; i < p.size(); ++i) shapes.push_back(p.value(i).shape());
+  cut(p, shapes);
+  const nn::ParamStore& s = step_->optimizer_state();
+  const auto& where = step_->state_pieces();
+  if (step_->shard_state()) {
+    for (int i = 0; i < s.size(); ++i) {
+      pieces.push_back({s.names()[i], DType::kF32, where[i].whole,
+                        TensorSlice::Flat(where[i].begin, where[i].end), s.value(i).raw_data()});
+    }
+  } else {
+    shapes.clear();
+    for (int i = 0; i < s.size(); ++i) shapes.push_back(s.value(i).shape());
+    cut(s, shapes);
+  }
+  return ckpt_->SaveSharded(step_->step(), pieces, meta, *options_.comm);
+}
+
+// With shard_state: this rank's optimizer state pieces, read from whatever pieces (or whole
+// tensors) of `checkpoint_dir` cover them: a checkpoint of any mesh, sharded or not.
+absl::StatusOr<nn::ParamStore> Trainer::ReadStatePieces(const std::string& checkpoint_dir) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                        CheckpointReader::Open(checkpoint_dir, run_dir_->env()));
+  const auto& where = step_->state_pieces();
+  const nn::ParamStore& like = step_->optimizer_state();
+  nn::ParamStore out;
+  for (int i = 0; i < like.size(); ++i) {
+    absl::StatusOr<Tensor> t =
+        reader->ReadSlice(like.names()[i], TensorSlice::Flat(where[i].begin, where[i].end));
+    if (!t.ok()) {
+      return Annotate(t.status(),
+                      absl::StrCat("restoring this rank's optimizer state from ", checkpoint_dir));
+    }
+    KILN_RETURN_IF_ERROR(out.Add(like.names()[i], *std::move(t)));
+  }
+  return out;
 }
 
 absl::Status Trainer::TakeShare() {

@@ -1,6 +1,7 @@
 #include "kiln/train/internal/checkpoint_format.h"
 
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -110,11 +111,20 @@ absl::StatusOr<std::string> EncodeManifest(const Manifest& m) {
       o["offset"] = t.offset;
       o["bytes"] = t.bytes;
       o["crc32c"] = t.crc32c;
+      if (t.piece) {
+        o["global_shape"] = t.global_shape.dims();
+        if (t.slice.flat) {
+          o["flat"] = {t.slice.begin, t.slice.end};
+        } else {
+          o["slice"] = {{"offsets", t.slice.offsets}, {"sizes", t.slice.sizes}};
+        }
+      }
       tensors.push_back(std::move(o));
     }
     absl::StrAppend(&text, "{\n  \"format\": ", ojson(kManifestFormat).dump(),
                     ",\n  \"format_version\": ", m.format_version, ",\n  \"step\": ", m.step,
                     ",\n  \"created_micros\": ", m.created_micros,
+                    m.ranks > 0 ? absl::StrCat(",\n  \"ranks\": ", m.ranks) : std::string(),
                     ",\n  \"shards\": ", array(shards), ",\n  \"tensors\": ", array(tensors),
                     ",\n  \"metadata\": ", m.metadata.dump());
   } catch (const nlohmann::json::exception& e) {
@@ -157,16 +167,17 @@ absl::StatusOr<Manifest> DecodeManifest(std::string_view bytes, const std::strin
   }
   std::optional<uint64_t> version = AsUint(Field(j, "format_version"), 1u << 30);
   if (!version || *version == 0) return Corrupt(source, "bad \"format_version\"");
-  if (*version > 1) {
+  if (*version > 2) {
     return absl::FailedPreconditionError(
         absl::StrCat(source, ": checkpoint format version ", *version,
-                     " is newer than this build reads (1); upgrade Kiln"));
+                     " is newer than this build reads (2); upgrade Kiln"));
   }
   m.format_version = static_cast<int>(*version);
   std::optional<uint64_t> step = AsUint(Field(j, "step"), kMaxI64);
   if (!step) return Corrupt(source, "bad \"step\"");
   m.step = static_cast<int64_t>(*step);
   m.created_micros = AsUint(Field(j, "created_micros"), ~uint64_t{0}).value_or(0);
+  m.ranks = static_cast<int>(AsUint(Field(j, "ranks"), 1u << 20).value_or(0));
 
   const nlohmann::json* shards = Field(j, "shards");
   if (shards == nullptr || !shards->is_array()) return Corrupt(source, "\"shards\" is missing");
@@ -194,7 +205,9 @@ absl::StatusOr<Manifest> DecodeManifest(std::string_view bytes, const std::strin
 
   const nlohmann::json* tensors = Field(j, "tensors");
   if (tensors == nullptr || !tensors->is_array()) return Corrupt(source, "\"tensors\" is missing");
-  std::set<std::string> names;
+  std::set<std::string> names;                        // whole tensors
+  std::map<std::string, Shape> pieces;                // pieces' names -> their whole shape
+  std::set<std::pair<std::string, uint64_t>> placed;  // (piece name, shard)
   for (size_t i = 0; i < tensors->size(); ++i) {
     const nlohmann::json& t = (*tensors)[i];
     std::string where = absl::StrCat("tensor #", i);
@@ -206,9 +219,48 @@ absl::StatusOr<Manifest> DecodeManifest(std::string_view bytes, const std::strin
     }
     out.name = name->get<std::string>();
     where = "tensor '" + out.name + "'";
-    if (!names.insert(out.name).second) return Corrupt(source, where + " is listed twice");
+    out.piece = Field(t, "global_shape") != nullptr;
+    if (out.piece && m.format_version < 2) {
+      return Corrupt(source, where + ": a piece (\"global_shape\") in a version 1 manifest");
+    }
     std::optional<uint64_t> shard = AsUint(Field(t, "shard"), m.shards.size());
     if (!shard || *shard >= m.shards.size()) return Corrupt(source, where + ": bad \"shard\"");
+    if (!out.piece) {
+      if (!names.insert(out.name).second || pieces.count(out.name) > 0) {
+        return Corrupt(source, where + " is listed twice");
+      }
+    } else {
+      KILN_ASSIGN_OR_RETURN(out.global_shape,
+                            ParseShape(Field(t, "global_shape"), source, where + " global"));
+      auto [it, fresh] = pieces.emplace(out.name, out.global_shape);
+      if (names.count(out.name) > 0 || (!fresh && it->second.dims() != out.global_shape.dims())) {
+        return Corrupt(source, where + ": pieces disagree on the whole tensor's shape");
+      }
+      if (!placed.insert({out.name, *shard}).second) {
+        return Corrupt(source, where + ": two pieces in one shard file");
+      }
+      const nlohmann::json* flat = Field(t, "flat");
+      const nlohmann::json* box = Field(t, "slice");
+      if ((flat == nullptr) == (box == nullptr)) {
+        return Corrupt(source, where + ": a piece needs exactly one of \"flat\" and \"slice\"");
+      }
+      if (flat != nullptr) {
+        std::optional<uint64_t> b, e;
+        if (flat->is_array() && flat->size() == 2) {
+          b = AsUint(&(*flat)[0], kMaxI64);
+          e = AsUint(&(*flat)[1], kMaxI64);
+        }
+        if (!b || !e) return Corrupt(source, where + ": bad \"flat\"");
+        out.slice = TensorSlice::Flat(static_cast<int64_t>(*b), static_cast<int64_t>(*e));
+      } else {
+        if (!box->is_object()) return Corrupt(source, where + ": bad \"slice\"");
+        KILN_ASSIGN_OR_RETURN(Shape offs, ParseShape(Field(*box, "offsets"), source, where));
+        KILN_ASSIGN_OR_RETURN(Shape sizes, ParseShape(Field(*box, "sizes"), source, where));
+        out.slice = TensorSlice::Box(offs.dims(), sizes.dims());
+      }
+      absl::Status ok = out.slice.Check(out.global_shape);
+      if (!ok.ok()) return Corrupt(source, where + ": " + std::string(ok.message()));
+    }
     out.shard = static_cast<int>(*shard);
     KILN_ASSIGN_OR_RETURN(out.dtype, ParseDType(Field(t, "dtype"), source, where));
     KILN_ASSIGN_OR_RETURN(out.shape, ParseShape(Field(t, "shape"), source, where));
@@ -217,6 +269,9 @@ absl::StatusOr<Manifest> DecodeManifest(std::string_view bytes, const std::strin
     std::optional<uint64_t> crc = AsUint(Field(t, "crc32c"), 0xffffffffu);
     if (!offset || !size || !crc) {
       return Corrupt(source, where + ": bad \"offset\", \"bytes\" or \"crc32c\"");
+    }
+    if (out.piece && out.shape.dims() != out.slice.PieceShape().dims()) {
+      return Corrupt(source, where + ": \"shape\" is not the shape of its slice");
     }
     std::optional<uint64_t> expect = ByteSize(out.shape, out.dtype);
     if (!expect || *expect != *size) {

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "kiln/tensor/dtype.h"
 #include "kiln/tensor/shape.h"
+#include "kiln/train/tensor_slice.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln::train::internal {
@@ -36,6 +37,12 @@ struct ManifestTensor {
   uint64_t offset = 0;  // of the first data byte in the shard file
   uint64_t bytes = 0;
   uint32_t crc32c = 0;  // of the tensor's bytes
+  // Format version 2: this entry is one piece of a larger tensor (a sharded checkpoint). `shape`
+  // is then the piece's own shape (slice.PieceShape()), `global_shape` the whole tensor's, and
+  // `slice` where the piece lies in it. A name may then have several entries (its pieces).
+  bool piece = false;
+  Shape global_shape;
+  TensorSlice slice;
 };
 
 struct Manifest {
@@ -45,6 +52,7 @@ struct Manifest {
   std::vector<ManifestShard> shards;
   std::vector<ManifestTensor> tensors;  // shard by shard, in file order
   nlohmann::json metadata;
+  int ranks = 0;  // version 2: how many ranks wrote the pieces (0: not recorded)
 };
 
 // The manifest file: pretty-printed JSON whose last member is "manifest_crc32c", the CRC32C of
