@@ -48,7 +48,8 @@ absl::Status CheckZeroOptions(const ParamStore& initial, const TrainStepOptions&
     if (g.freeze) {
       return absl::UnimplementedError(absl::StrCat(
           "TrainStep: shard_state with a frozen parameter group (optimizer.param_groups match '",
-          g.match, "', freeze: true) is not built yet: ZeRO-1 shards every parameter's update; "
+          g.match,
+          "', freeze: true) is not built yet: ZeRO-1 shards every parameter's update; "
           "drop shard_state or the freeze (lr_scale groups work)"));
     }
   }
