@@ -90,8 +90,11 @@ while [ $i -lt 300 ]; do
 done
 [ -n "$victim" ] || { cat "$out/log"; fail "no rank 1 pid in run.json and no step_3 after 30 s"; }
 # Kill while a save is in flight: once a step_<N>.tmp-* directory exists (rank 0 made it), stop
-# rank 1 (SIGSTOP) and check that step_<N> is still uncommitted (rank 0 cannot commit without
-# rank 1); if the save finished in between, let rank 1 go on and try the next one.
+# rank 1 (SIGSTOP) and check that step_<N> is still uncommitted AND that rank 1 has not yet
+# written its rank manifest (rank-00001.json, the last file a rank writes before the commit
+# barrier): only then can rank 0 not commit without it. If rank 1 got that far before the stop
+# (it may already be past the barrier, and rank 0 may rightly commit), let it go on and try the
+# next save.
 during=0
 tries=0
 while [ $tries -lt 50 ] && [ "$during" -eq 0 ]; do
@@ -99,7 +102,9 @@ while [ $tries -lt 50 ] && [ "$during" -eq 0 ]; do
   while [ $i -lt 20000 ] && ! ls "$out/run/checkpoints" 2>/dev/null | grep -q '\.tmp-'; do i=$((i + 1)); done
   kill -STOP "$victim"
   tmp=$(ls "$out/run/checkpoints" | sed -n 's/^\(step_[0-9]*\)\.tmp-.*/\1/p' | head -1)
-  if [ -n "$tmp" ] && [ ! -e "$out/run/checkpoints/$tmp" ]; then
+  tmpdir=$(ls -d "$out/run/checkpoints/$tmp".tmp-* 2>/dev/null | head -1)
+  if [ -n "$tmp" ] && [ ! -e "$out/run/checkpoints/$tmp" ] && [ -n "$tmpdir" ] &&
+    [ ! -e "$tmpdir/rank-00001.json" ]; then
     during=1
   else
     kill -CONT "$victim"
