@@ -1,4 +1,5 @@
-// runtime::Collectives over a Communicator: what a compiled graph's all_reduce ops run through
+// runtime::Collectives (and ShardCollectives) over a Communicator: what a compiled graph's
+// collective ops run through
 // in a multi-process (or multi-thread) job. The runtime sits above dist in the layer order and
 // does not know Communicator; this adapter, in dist, connects them.
 //
@@ -10,15 +11,28 @@
 
 #include "kiln/dist/communicator.h"
 #include "kiln/runtime/executable.h"
+#include "kiln/runtime/shard_collectives.h"
 
 namespace kiln::dist {
 
-class CommunicatorCollectives final : public runtime::Collectives {
+class CommunicatorCollectives final : public runtime::Collectives,
+                                      public runtime::ShardCollectives {
  public:
   explicit CommunicatorCollectives(Communicator& comm) : comm_(comm) {}  // borrowed
   int size() const override { return comm_.size(); }
   absl::Status AllReduceSum(void* data, int64_t count, DType dtype) override {
     return comm_.AllReduce(data, count, dtype, ReduceOp::kSum);
+  }
+  // The SPMD partitioner's collectives (runtime/shard_collectives.h).
+  absl::Status AllGather(const void* send, void* recv, int64_t send_count, DType dtype) override {
+    return comm_.AllGather(send, recv, send_count, dtype);
+  }
+  absl::Status ReduceScatterSum(const void* send, void* recv, int64_t recv_count,
+                                DType dtype) override {
+    return comm_.ReduceScatter(send, recv, recv_count, dtype, ReduceOp::kSum);
+  }
+  absl::Status AllReduceMax(void* data, int64_t count, DType dtype) override {
+    return comm_.AllReduce(data, count, dtype, ReduceOp::kMax);
   }
 
  private:
