@@ -95,8 +95,7 @@ Partitioned RunPartitioned(const ir::Graph& global, const std::map<std::string, 
 }
 
 std::map<std::string, Tensor> RunOneProcess(const ir::Graph& global,
-                                            const std::map<std::string, Tensor>& inputs,
-                                            bool cpu) {
+                                            const std::map<std::string, Tensor>& inputs, bool cpu) {
   std::unique_ptr<runtime::Backend> backend = MakeBackend(cpu);
   absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = backend->Compile(global);
   EXPECT_TRUE(exe.ok()) << exe.status();
@@ -140,8 +139,8 @@ std::map<std::string, Tensor> RandomInputs(const ir::Graph& g, uint64_t seed,
   for (int id : g.parameters()) {
     const ir::Node& n = g.node(id);
     if (fixed.count(n.attr_str("name"))) continue;
-    specs.push_back({n.attr_str("name"), n.type().dtype, n.type().shape,
-                     nn::Initializer::Normal(0.5)});
+    specs.push_back(
+        {n.attr_str("name"), n.type().dtype, n.type().shape, nn::Initializer::Normal(0.5)});
   }
   absl::StatusOr<nn::ParamStore> store = nn::InitParams(specs, seed);
   EXPECT_TRUE(store.ok()) << store.status();

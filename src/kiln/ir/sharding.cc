@@ -80,8 +80,8 @@ absl::StatusOr<Sharding> ParseSharding(std::string_view text) {
           std::string_view count = Strip(entry.substr(0, star));
           auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), d.groups);
           if (ec != std::errc() || end != count.data() + count.size() || d.groups < 1)
-            return Bad(text, "'" + std::string(entry) +
-                                 "': the group count must be an integer >= 1");
+            return Bad(text,
+                       "'" + std::string(entry) + "': the group count must be an integer >= 1");
           entry = Strip(entry.substr(star + 1));
         }
         if (!IsAxisName(entry))
@@ -111,12 +111,12 @@ absl::StatusOr<Sharding> ParseSharding(std::string_view text) {
     if (d.axis.empty()) continue;
     ++split;
     if (!axis.empty() && axis != d.axis)
-      return Bad(text, "names two mesh axes ('" + axis + "', '" + d.axis + "'): one axis per value");
+      return Bad(text,
+                 "names two mesh axes ('" + axis + "', '" + d.axis + "'): one axis per value");
     axis = d.axis;
   }
   if (split > 1) return Bad(text, "splits more than one dimension");
-  if (split == 1 && !s.partial.empty())
-    return Bad(text, "a partial value must not also be split");
+  if (split == 1 && !s.partial.empty()) return Bad(text, "a partial value must not also be split");
   return s;
 }
 
@@ -129,8 +129,8 @@ absl::Status CheckSharding(const Sharding& s, const Type& type, int64_t axis_siz
   int64_t n = type.shape.dim(d), g = s.dims[d].groups;
   if (n % g != 0)
     return absl::InvalidArgumentError(absl::StrCat("sharding ", s.ToString(), ": dimension ", d,
-                                                   " of ", type.ToString(),
-                                                   " does not split into ", g, " groups"));
+                                                   " of ", type.ToString(), " does not split into ",
+                                                   g, " groups"));
   if (axis_size > 0 && (n / g) % axis_size != 0)
     return absl::InvalidArgumentError(absl::StrCat(
         "sharding ", s.ToString(), ": dimension ", d, " of ", type.ToString(),

@@ -229,8 +229,7 @@ absl::Status Verify(const Graph& graph) {
     if (!s.ok()) return s;
     if (n.has_attr(kShardingAttr)) {
       absl::StatusOr<Sharding> sharding = ShardingOf(n);
-      if (!sharding.ok())
-        return NodeError(n, i, std::string(sharding.status().message()));
+      if (!sharding.ok()) return NodeError(n, i, std::string(sharding.status().message()));
     }
     if (n.opcode() == Opcode::kParameter) {
       s = CheckParameterAttrs(n, i);

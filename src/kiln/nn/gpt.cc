@@ -241,8 +241,7 @@ absl::StatusOr<std::map<std::string, ir::Sharding>> Gpt::TensorParallelShardings
     int64_t model_ranks, const std::string& axis) const {
   KILN_RETURN_IF_ERROR(Validate());
   const int64_t m = model_ranks;
-  if (m < 1 || config_.heads % m != 0 || (4 * config_.dim) % m != 0 ||
-      config_.vocab_size % m != 0)
+  if (m < 1 || config_.heads % m != 0 || (4 * config_.dim) % m != 0 || config_.vocab_size % m != 0)
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor parallel over ", m, " ranks needs heads (", config_.heads, "), 4 * dim (",
         4 * config_.dim, ") and vocab_size (", config_.vocab_size, ") divisible by ", m));

@@ -25,8 +25,7 @@ class ShardCollectives {
  public:
   virtual ~ShardCollectives() = default;
   // recv[r * send_count + i] = send of rank r [i] (rank order; any dtype).
-  virtual absl::Status AllGather(const void* send, void* recv, int64_t send_count,
-                                 DType dtype) = 0;
+  virtual absl::Status AllGather(const void* send, void* recv, int64_t send_count, DType dtype) = 0;
   // recv[i] = sum over the ranks of their send[rank * recv_count + i] (f32, bf16, s32).
   virtual absl::Status ReduceScatterSum(const void* send, void* recv, int64_t recv_count,
                                         DType dtype) = 0;
@@ -81,10 +80,9 @@ inline void RunShardCollective(const ir::Node& n, const ir::Type& in_type, const
     if (in != out) std::memcpy(out, in, static_cast<size_t>(n.type().byte_size()));
     if (ctx.collectives == nullptr || ctx.collectives->size() <= 1) return;
     auto* s = dynamic_cast<ShardCollectives*>(ctx.collectives);
-    absl::Status st =
-        s == nullptr ? absl::FailedPreconditionError(
-                           "the run's collectives do not implement ShardCollectives")
-                     : s->AllReduceMax(out, n.type().shape.num_elements(), dt);
+    absl::Status st = s == nullptr ? absl::FailedPreconditionError(
+                                         "the run's collectives do not implement ShardCollectives")
+                                   : s->AllReduceMax(out, n.type().shape.num_elements(), dt);
     if (!st.ok()) ctx.status = absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
     return;
   }
@@ -105,8 +103,7 @@ inline void RunShardCollective(const ir::Node& n, const ir::Type& in_type, const
       st = (*s)->AllGather(in, out, count, dt);
     } else {
       st = (*s)->AllGather(in, scratch, count, dt);
-      if (st.ok())
-        RankMajorToRowMajor(scratch, static_cast<uint8_t*>(out), replicas, outer, chunk);
+      if (st.ok()) RankMajorToRowMajor(scratch, static_cast<uint8_t*>(out), replicas, outer, chunk);
     }
   } else {  // reduce_scatter (sum)
     const int64_t count = n.type().shape.num_elements();

@@ -38,21 +38,21 @@ absl::StatusOr<bool> ShardingPropagation::Run(ir::Graph& graph) {
     absl::StatusOr<Sharding> a = ir::ShardingOf(node);
     if (!a.ok())
       return absl::InvalidArgumentError(absl::StrCat("sharding-propagation: parameter \"",
-                                                     node.attr_str("name"), "\": ",
-                                                     a.status().message()));
+                                                     node.attr_str("name"),
+                                                     "\": ", a.status().message()));
     if (!a->partial.empty())
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sharding-propagation: parameter \"", node.attr_str("name"),
-          "\": a parameter cannot be partial (", a->ToString(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sharding-propagation: parameter \"", node.attr_str("name"),
+                       "\": a parameter cannot be partial (", a->ToString(), ")"));
     const int d = a->split_dim();
     if (d >= 0) {
       if (a->dims[d].axis != mesh_.axis)
         return absl::InvalidArgumentError(absl::StrCat(
             "sharding-propagation: parameter \"", node.attr_str("name"), "\" is split over axis '",
             a->dims[d].axis, "', but the program is partitioned over '", mesh_.axis, "'"));
-      KILN_RETURN_IF_ERROR(Annotate(ir::CheckSharding(*a, node.type(), mesh_.size),
-                                    "sharding-propagation: parameter \"" +
-                                        node.attr_str("name") + "\""));
+      KILN_RETURN_IF_ERROR(
+          Annotate(ir::CheckSharding(*a, node.type(), mesh_.size),
+                   "sharding-propagation: parameter \"" + node.attr_str("name") + "\""));
       any = true;
     }
     s[node.id()] = *a;

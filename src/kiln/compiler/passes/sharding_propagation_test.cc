@@ -94,7 +94,7 @@ TEST(ShardingPropagation, GroupedSplitFollowsSliceReshapeTranspose) {
   ASSERT_TRUE(pass.Run(g).ok());
   std::map<int, std::string> s = Shardings(g);
   EXPECT_EQ(s[2], "[_,_,3*model]");
-  EXPECT_EQ(s[3], "[_,_,model]");  // k: group 1 of 3
+  EXPECT_EQ(s[3], "[_,_,model]");    // k: group 1 of 3
   EXPECT_EQ(s[4], "[_,_,model,_]");  // heads split
   EXPECT_EQ(s[5], "[_,model,_,_]");
   EXPECT_EQ(s[6], "");  // a slice across group boundaries: replicated
@@ -194,8 +194,8 @@ TEST(ShardingText, RoundTrips) {
     EXPECT_EQ(s->ToString(), text);
   }
   EXPECT_EQ(ir::ParseSharding(" [ _ , 1*model ] ")->ToString(), "[_,model]");
-  for (const char* bad : {"model", "[0*model]", "[x*model]", "[_] prod(model)", "[model] sum(model)",
-                          "[a,_] sum(b)", "[_,m-1]"}) {
+  for (const char* bad : {"model", "[0*model]", "[x*model]", "[_] prod(model)",
+                          "[model] sum(model)", "[a,_] sum(b)", "[_,m-1]"}) {
     EXPECT_FALSE(ir::ParseSharding(bad).ok()) << bad;
   }
 }
@@ -243,8 +243,7 @@ TEST(SpmdShards, ShardOfAndUnshardRoundTrip) {
   absl::StatusOr<Tensor> r1 = ShardOf(full, s, mesh, 1);
   ASSERT_TRUE(r1.ok()) << r1.status();
   // Row 0: groups [0..3] [4..7] [8..11]; rank 1 holds the second half of each.
-  EXPECT_EQ(r1->ToDoubles(),
-            (std::vector<double>{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23}));
+  EXPECT_EQ(r1->ToDoubles(), (std::vector<double>{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23}));
   absl::StatusOr<Tensor> r0 = ShardOf(full, s, mesh, 0);
   absl::StatusOr<Tensor> back = Unshard({*r0, *r1}, s, mesh);
   ASSERT_TRUE(back.ok()) << back.status();

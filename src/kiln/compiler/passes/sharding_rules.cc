@@ -48,8 +48,7 @@ Plan Replicated(const ir::Node& n, const std::vector<ir::Type>& types) {
 }
 
 bool UsableHint(const Sharding* hint, const ir::Type& t, const Mesh& mesh) {
-  return hint != nullptr && hint->partial.empty() && hint->split_dim() >= 0 &&
-         Fits(*hint, t, mesh);
+  return hint != nullptr && hint->partial.empty() && hint->split_dim() >= 0 && Fits(*hint, t, mesh);
 }
 
 int IndexOf(const std::vector<int64_t>& v, int64_t x) {
@@ -220,8 +219,8 @@ Plan Reduce(const ir::Node& n, const std::vector<ir::Type>& types, const std::ve
   return p;
 }
 
-Plan Reshape(const ir::Node& n, const std::vector<ir::Type>& types,
-             const std::vector<Sharding>& in, const Mesh& mesh) {
+Plan Reshape(const ir::Node& n, const std::vector<ir::Type>& types, const std::vector<Sharding>& in,
+             const Mesh& mesh) {
   Plan p;
   if (in[0].split_dim() < 0) {
     p.out = Rep(n.type().shape.rank());
@@ -361,11 +360,12 @@ Plan CrossEntropy(const ir::Node& n, const std::vector<ir::Type>& types,
                   const std::vector<Sharding>& in, const Mesh& mesh) {
   const int last = types[0].shape.rank() - 1;
   const int d = in[0].split_dim();
-  if (d < 0) return Plan{Rep(n.type().shape.rank()), {in[0], Rep(types[1].shape.rank())},
-                         Lowering::kLocal};
+  if (d < 0)
+    return Plan{Rep(n.type().shape.rank()), {in[0], Rep(types[1].shape.rank())}, Lowering::kLocal};
   if (d == last) {
     if (in[0].dims[d].groups != 1) return Replicated(n, types);
-    return Plan{Rep(n.type().shape.rank()), {in[0], Rep(types[1].shape.rank())},
+    return Plan{Rep(n.type().shape.rank()),
+                {in[0], Rep(types[1].shape.rank())},
                 Lowering::kSplitCrossEntropy};
   }
   Sharding l = Moved(in[0], d, d, types[1].shape.rank());
@@ -383,8 +383,7 @@ Plan LeadingDimsOnly(const ir::Node& n, const std::vector<ir::Type>& types,
   Plan p;
   p.out = in[0];
   for (size_t i = 0; i < types.size(); ++i)
-    p.operands.push_back(static_cast<int>(i) < split_operands ? in[0]
-                                                               : Rep(types[i].shape.rank()));
+    p.operands.push_back(static_cast<int>(i) < split_operands ? in[0] : Rep(types[i].shape.rank()));
   return p;
 }
 

@@ -28,7 +28,8 @@ std::vector<int64_t> AllBut(int rank, int skip) {
 
 class Partitioner {
  public:
-  Partitioner(const ir::Graph& g, const SpmdOptions& o) : g_(g), o_(o), m_(o.mesh), out_(g.name()) {}
+  Partitioner(const ir::Graph& g, const SpmdOptions& o)
+      : g_(g), o_(o), m_(o.mesh), out_(g.name()) {}
 
   absl::StatusOr<ir::Graph> Run();
 
@@ -97,8 +98,8 @@ absl::StatusOr<int> Partitioner::PartitionId() {
   std::iota(iota.begin(), iota.end(), 0);
   int c = Const(Tensor::FromVector(Shape{M}, iota));
   // Every rank sends [0, 1, ..., M-1]; rank r receives the sum of element r: M * r.
-  KILN_ASSIGN_OR_RETURN(int rs, Add(Opcode::kReduceScatter, {c},
-                                    {{"dimension", int64_t{0}}, {"replicas", M}}));
+  KILN_ASSIGN_OR_RETURN(
+      int rs, Add(Opcode::kReduceScatter, {c}, {{"dimension", int64_t{0}}, {"replicas", M}}));
   KILN_ASSIGN_OR_RETURN(int f, Add(Opcode::kConvert, {rs}, {}, ir::Type{DType::kF32, Shape{1}}));
   int m = Const(Tensor::FromVector(Shape{1}, std::vector<float>{static_cast<float>(M)}));
   KILN_ASSIGN_OR_RETURN(int q, Binary(Opcode::kDiv, f, m));
@@ -178,8 +179,9 @@ absl::StatusOr<int> Partitioner::LowerLocal(const ir::Node& n, const sharding::P
       const ir::Type& in = g_.node(n.operand(0)).type();
       const int64_t block = in.shape.dim(d) / p.operands[0].dims[d].groups;
       const int64_t lb = block / m_.size;
-      for (const char* key : n.opcode() == Opcode::kSlice ? std::vector<const char*>{"start", "limit"}
-                                                          : std::vector<const char*>{"low", "high"}) {
+      for (const char* key : n.opcode() == Opcode::kSlice
+                                 ? std::vector<const char*>{"start", "limit"}
+                                 : std::vector<const char*>{"low", "high"}) {
         std::vector<int64_t> v = n.attr_ints(key);
         v[d] = v[d] / block * lb;
         attrs[key] = v;
@@ -194,12 +196,13 @@ absl::StatusOr<int> Partitioner::LowerLocal(const ir::Node& n, const sharding::P
   absl::StatusOr<int> v = Add(n.opcode(), ops, std::move(attrs), declared);
   if (!v.ok())
     return absl::InternalError(absl::StrCat("spmd-partitioner: local %", n.id(), " (",
-                                            std::string(ir::OpcodeName(n.opcode())), "): ", v.status().message()));
+                                            std::string(ir::OpcodeName(n.opcode())),
+                                            "): ", v.status().message()));
   const ir::Type want = p.out.partial.empty() ? local : n.type();
   if (T(*v) != want)
     return absl::InternalError(absl::StrCat("spmd-partitioner: local %", n.id(), " (",
-                                            std::string(ir::OpcodeName(n.opcode())), ") is ", T(*v).ToString(),
-                                            ", expected ", want.ToString()));
+                                            std::string(ir::OpcodeName(n.opcode())), ") is ",
+                                            T(*v).ToString(), ", expected ", want.ToString()));
   return v;
 }
 
@@ -241,8 +244,8 @@ absl::StatusOr<int> Partitioner::SplitCrossEntropy(const ir::Node& n, int x, int
   KILN_ASSIGN_OR_RETURN(int off, Offset(local, lt.dtype));
   KILN_ASSIGN_OR_RETURN(int offb, Bcast(off, lt.shape, {}));
   KILN_ASSIGN_OR_RETURN(int shifted, Binary(Opcode::kSub, labels, offb));
-  KILN_ASSIGN_OR_RETURN(int cls, Add(Opcode::kIota, {}, {{"dimension", int64_t{last}}},
-                                     ir::Type{lt.dtype, t.shape}));
+  KILN_ASSIGN_OR_RETURN(
+      int cls, Add(Opcode::kIota, {}, {{"dimension", int64_t{last}}}, ir::Type{lt.dtype, t.shape}));
   KILN_ASSIGN_OR_RETURN(int lb, Bcast(shifted, t.shape, keep));
   KILN_ASSIGN_OR_RETURN(int hit, Compare(cls, lb, "eq"));
   KILN_ASSIGN_OR_RETURN(int zeros, Splat(0.0, t));
@@ -288,7 +291,8 @@ absl::StatusOr<int> Partitioner::Lower(const ir::Node& n, const sharding::Plan& 
       KILN_ASSIGN_OR_RETURN(int off, Offset(rows, it.dtype));
       KILN_ASSIGN_OR_RETURN(int offb, Bcast(off, it.shape, {}));
       KILN_ASSIGN_OR_RETURN(int shifted, Binary(Opcode::kSub, ops[1], offb));
-      KILN_ASSIGN_OR_RETURN(int got, Add(Opcode::kGather, {ops[0], shifted}, {{"axis", int64_t{axis}}}));
+      KILN_ASSIGN_OR_RETURN(int got,
+                            Add(Opcode::kGather, {ops[0], shifted}, {{"axis", int64_t{axis}}}));
       KILN_ASSIGN_OR_RETURN(int lo, Splat(0.0, it));
       KILN_ASSIGN_OR_RETURN(int hi, Splat(static_cast<double>(rows), it));
       KILN_ASSIGN_OR_RETURN(int ge, Compare(shifted, lo, "ge"));
@@ -325,15 +329,15 @@ absl::StatusOr<ir::Graph> Partitioner::Run() {
   for (const ir::Node& node : g_.nodes()) {
     absl::StatusOr<Sharding> stored = ir::ShardingOf(node);
     if (!stored.ok())
-      return absl::InvalidArgumentError(absl::StrCat("spmd-partitioner: node %", node.id(), ": ",
-                                                     stored.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spmd-partitioner: node %", node.id(), ": ", stored.status().message()));
     if (node.opcode() == Opcode::kParameter) {
       if (!stored->partial.empty() || !sharding::Fits(*stored, node.type(), m_) ||
           (stored->split_dim() >= 0 && stored->dims[stored->split_dim()].axis != m_.axis))
-        return absl::InvalidArgumentError(absl::StrCat(
-            "spmd-partitioner: parameter \"", node.attr_str("name"), "\": sharding ",
-            stored->ToString(), " does not lay out ", node.type().ToString(), " over axis '",
-            m_.axis, "' of ", m_.size, " ranks"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("spmd-partitioner: parameter \"", node.attr_str("name"), "\": sharding ",
+                         stored->ToString(), " does not lay out ", node.type().ToString(),
+                         " over axis '", m_.axis, "' of ", m_.size, " ranks"));
       ir::AttrMap attrs = node.attrs();
       attrs.erase(ir::kShardingAttr);
       local[node.id()] = out_.AddNode(Opcode::kParameter, {},
@@ -355,11 +359,11 @@ absl::StatusOr<ir::Graph> Partitioner::Run() {
           p.out.ToString(), "): run sharding-propagation first"));
     std::vector<int> ops;
     for (size_t i = 0; i < types.size(); ++i) {
-      absl::StatusOr<int> v = Reshard(local[node.operand(static_cast<int>(i))], types[i], in[i],
-                                      p.operands[i]);
+      absl::StatusOr<int> v =
+          Reshard(local[node.operand(static_cast<int>(i))], types[i], in[i], p.operands[i]);
       if (!v.ok())
-        return absl::InternalError(absl::StrCat("spmd-partitioner: resharding operand ", i,
-                                                " of %", node.id(), ": ", v.status().message()));
+        return absl::InternalError(absl::StrCat("spmd-partitioner: resharding operand ", i, " of %",
+                                                node.id(), ": ", v.status().message()));
       ops.push_back(*v);
     }
     KILN_ASSIGN_OR_RETURN(int v, Lower(node, p, ops));
@@ -413,8 +417,8 @@ absl::Status AnnotateParameters(ir::Graph& graph,
     if (n.opcode() == Opcode::kParameter) {
       auto it = shardings.find(n.attr_str("name"));
       if (it != shardings.end()) {
-        KILN_RETURN_IF_ERROR(Annotate(ir::CheckSharding(it->second, n.type()),
-                                      "parameter \"" + it->first + "\""));
+        KILN_RETURN_IF_ERROR(
+            Annotate(ir::CheckSharding(it->second, n.type()), "parameter \"" + it->first + "\""));
         attrs[ir::kShardingAttr] = it->second.ToString();
       }
     }

@@ -1,9 +1,9 @@
 // Rarely-hot ops: random_bits and the collectives (all_reduce through RunContext::collectives).
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <memory>
 #include <vector>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/philox.h"
