@@ -23,16 +23,19 @@ class CommunicatorCollectives final : public runtime::Collectives,
   absl::Status AllReduceSum(void* data, int64_t count, DType dtype) override {
     return comm_.AllReduce(data, count, dtype, ReduceOp::kSum);
   }
-  // The SPMD partitioner's collectives (runtime/shard_collectives.h).
-  absl::Status AllGather(const void* send, void* recv, int64_t send_count, DType dtype) override {
+  // The SPMD partitioner's collectives (runtime/shard_collectives.h), over the same ranks: a
+  // job that is all tensor parallel. A data x model mesh uses MeshCollectives (mesh_collectives.h).
+  int num_shards() const override { return comm_.size(); }
+  absl::Status ShardAllGather(const void* send, void* recv, int64_t send_count,
+                              DType dtype) override {
     return comm_.AllGather(send, recv, send_count, dtype);
   }
-  absl::Status ReduceScatterSum(const void* send, void* recv, int64_t recv_count,
-                                DType dtype) override {
+  absl::Status ShardReduceScatterSum(const void* send, void* recv, int64_t recv_count,
+                                     DType dtype) override {
     return comm_.ReduceScatter(send, recv, recv_count, dtype, ReduceOp::kSum);
   }
-  absl::Status AllReduceMax(void* data, int64_t count, DType dtype) override {
-    return comm_.AllReduce(data, count, dtype, ReduceOp::kMax);
+  absl::Status ShardAllReduce(void* data, int64_t count, DType dtype, bool max) override {
+    return comm_.AllReduce(data, count, dtype, max ? ReduceOp::kMax : ReduceOp::kSum);
   }
 
  private:

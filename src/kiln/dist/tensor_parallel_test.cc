@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,14 +15,17 @@
 
 #include "gtest/gtest.h"
 #include "kiln/autodiff/grad.h"
+#include "kiln/base/status.h"
 #include "kiln/compiler/passes/spmd_partitioner.h"
 #include "kiln/dist/collectives_adapter.h"
+#include "kiln/dist/mesh_collectives.h"
 #include "kiln/dist/thread_communicator.h"
 #include "kiln/ir/builder.h"
 #include "kiln/ir/printer.h"
 #include "kiln/ir/sharding.h"
 #include "kiln/nn/gpt.h"
 #include "kiln/nn/params.h"
+#include "kiln/nn/train_step.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
@@ -289,6 +293,145 @@ TEST(TensorParallelGpt, LogitsMatchOneProcess) {
   inputs.erase("targets");
   Partitioned p = RunPartitioned(*g, inputs, 2, /*cpu=*/true);
   ExpectMatches(p, RunOneProcess(*g, inputs, true), 1e-5);
+}
+
+// Training: a data x model mesh of TrainSteps on thread ranks against one process with the
+// global batch. Data rank d takes rows [d B/D, (d+1) B/D) of every batch.
+struct TrainRun {
+  std::vector<float> losses;
+  nn::ParamStore params;  // whole tensors after the last step
+};
+
+// AdamW divides by the root of the squared gradients, so a gradient that is zero in exact
+// arithmetic (the key bias: softmax ignores a constant added to every score of a row) gets
+// rounding noise amplified into +-lr steps, different noise in any other summation order. Its
+// parameters are compared under SGD, where an update is linear in the gradient.
+nn::TrainStepOptions Optimizer(bool adamw) {
+  nn::TrainStepOptions o;
+  o.optimizer.kind = adamw ? nn::OptimizerKind::kAdamW : nn::OptimizerKind::kSgd;
+  o.optimizer.schedule.lr = adamw ? 3e-3 : 0.1;
+  o.optimizer.clip_norm = 1.0;
+  return o;
+}
+
+Tensor Rows(const Tensor& t, int part, int parts) {
+  const int64_t rows = t.shape().dim(0) / parts;
+  std::vector<int64_t> dims = t.shape().dims();
+  dims[0] = rows;
+  Tensor out(t.dtype(), Shape(dims));
+  std::memcpy(out.raw_data(), static_cast<const uint8_t*>(t.raw_data()) + part * out.byte_size(),
+              static_cast<size_t>(out.byte_size()));
+  return out;
+}
+
+std::vector<std::pair<Tensor, Tensor>> Batches(int steps, int64_t batch) {
+  std::vector<std::pair<Tensor, Tensor>> out;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> tokens, targets;
+    for (int64_t k = 0; k < batch * 8; ++k) {
+      tokens.push_back(static_cast<int32_t>((k * 13 + s * 7 + 5) % 64));
+      targets.push_back(static_cast<int32_t>((k * 29 + s * 3 + 1) % 64));
+    }
+    out.emplace_back(Tensor::FromVector(Shape{batch, 8}, tokens),
+                     Tensor::FromVector(Shape{batch, 8}, targets));
+  }
+  return out;
+}
+
+TrainRun TrainOneProcess(int steps, int64_t batch, bool adamw) {
+  nn::Gpt gpt(TinyGpt(2));
+  std::unique_ptr<runtime::Backend> backend = MakeBackend(true);
+  auto step = nn::TrainStep::Create(*backend, *gpt.TrainLossGraph(batch),
+                                    *nn::InitParams(gpt.Params(), 5), Optimizer(adamw));
+  EXPECT_TRUE(step.ok()) << step.status();
+  TrainRun run;
+  if (!step.ok()) return run;
+  for (const auto& [x, y] : Batches(steps, batch)) {
+    absl::StatusOr<nn::StepMetrics> m = (*step)->Run({&x, &y});
+    EXPECT_TRUE(m.ok()) << m.status();
+    run.losses.push_back(m.ok() ? m->loss : NAN);
+  }
+  run.params = (*step)->params().Clone();
+  return run;
+}
+
+// Every rank's losses and rank 0's gathered parameters.
+TrainRun TrainMesh(int data, int model, int steps, int64_t batch, bool adamw) {
+  const int ranks = data * model;
+  std::vector<std::unique_ptr<dist::Communicator>> comms =
+      dist::MakeThreadCommunicators(ranks, std::chrono::milliseconds(60000));
+  std::vector<TrainRun> runs(ranks);
+  std::vector<absl::Status> status(ranks);
+  std::vector<std::thread> threads;
+  const std::vector<std::pair<Tensor, Tensor>> batches = Batches(steps, batch);
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = [&]() -> absl::Status {
+        nn::Gpt gpt(TinyGpt(2));
+        std::unique_ptr<runtime::Backend> backend = MakeBackend(true);
+        dist::MeshCollectives collectives(*comms[r], data, model);
+        nn::TrainStepOptions o = Optimizer(adamw);
+        o.data_parallel = data;
+        o.model_parallel = model;
+        o.model_rank = r % model;
+        o.collectives = &collectives;
+        KILN_ASSIGN_OR_RETURN(o.shardings, gpt.TensorParallelShardings(model));
+        KILN_ASSIGN_OR_RETURN(ir::Graph loss, gpt.TrainLossGraph(batch / data));
+        KILN_ASSIGN_OR_RETURN(nn::ParamStore init, nn::InitParams(gpt.Params(), 5));
+        KILN_ASSIGN_OR_RETURN(auto step, nn::TrainStep::Create(*backend, loss, std::move(init), o));
+        for (const auto& [x, y] : batches) {
+          Tensor xs = Rows(x, r / model, data), ys = Rows(y, r / model, data);
+          KILN_ASSIGN_OR_RETURN(nn::StepMetrics m, step->Run({&xs, &ys}));
+          runs[r].losses.push_back(m.loss);
+        }
+        KILN_ASSIGN_OR_RETURN(runs[r].params, step->FullParams());
+        // The local shards really are shards.
+        const Tensor* w = step->params().Find("transformer.h.0.mlp.c_fc.weight");
+        if (w == nullptr || w->shape().dim(1) != 128 / model)
+          return absl::InternalError("c_fc.weight is not split");
+        return absl::OkStatus();
+      }();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  for (int r = 1; r < ranks; ++r) EXPECT_EQ(runs[r].losses, runs[0].losses) << "rank " << r;
+  return runs[0];
+}
+
+void ExpectSameTraining(const TrainRun& got, const TrainRun& want, bool check_params) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  double worst = 0;
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    const double d = std::fabs(got.losses[i] - want.losses[i]) / std::fabs(want.losses[i]);
+    EXPECT_LE(d, 1e-5) << "step " << i << ": " << got.losses[i] << " vs " << want.losses[i];
+    worst = std::max(worst, d);
+  }
+  double worst_param = 0;
+  for (int i = 0; check_params && i < want.params.size(); ++i) {
+    const Tensor* g = got.params.Find(want.params.names()[i]);
+    ASSERT_NE(g, nullptr) << want.params.names()[i];
+    const double d = RelativeDiff(*g, want.params.value(i));
+    EXPECT_LE(d, 1e-5) << want.params.names()[i];
+    worst_param = std::max(worst_param, d);
+  }
+  std::printf("largest relative loss difference over %zu steps: %.3g; parameters: %.3g\n",
+              want.losses.size(), worst, worst_param);
+}
+
+TEST(TensorParallelTraining, ModelTwoTracksOneProcess) {
+  ExpectSameTraining(TrainMesh(/*data=*/1, /*model=*/2, /*steps=*/6, /*batch=*/4, false),
+                     TrainOneProcess(6, 4, false), /*check_params=*/true);
+}
+
+TEST(TensorParallelTraining, DataTwoModelTwoTracksOneProcess) {
+  ExpectSameTraining(TrainMesh(/*data=*/2, /*model=*/2, /*steps=*/6, /*batch=*/4, false),
+                     TrainOneProcess(6, 4, false), /*check_params=*/true);
+}
+
+TEST(TensorParallelTraining, AdamWLossesTrackOneProcess) {
+  ExpectSameTraining(TrainMesh(/*data=*/2, /*model=*/2, /*steps=*/6, /*batch=*/4, true),
+                     TrainOneProcess(6, 4, true), /*check_params=*/false);
 }
 
 }  // namespace

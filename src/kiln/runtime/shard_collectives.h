@@ -1,5 +1,6 @@
-// The collectives a partitioned (SPMD) program needs beyond the all-reduce sum of
-// runtime::Collectives: all_gather, reduce_scatter and all_reduce with reduction "max"
+// The collectives a partitioned (SPMD) program runs over its mesh axis (the model-parallel
+// ranks), apart from runtime::Collectives (the data-parallel ranks): all_gather,
+// reduce_scatter and all_reduce (sum or max) with an `axis` attribute
 // (compiler/passes/spmd_partitioner.h inserts them). A Collectives implementation that can run
 // them also derives from ShardCollectives (dist::CommunicatorCollectives does); the cpu and
 // reference backends' collective thunks find it with dynamic_cast, so executables of programs
@@ -24,29 +25,36 @@ namespace kiln::runtime {
 class ShardCollectives {
  public:
   virtual ~ShardCollectives() = default;
+  // The ranks of the mesh axis these collectives run over (1: every op is the identity).
+  virtual int num_shards() const = 0;
   // recv[r * send_count + i] = send of rank r [i] (rank order; any dtype).
-  virtual absl::Status AllGather(const void* send, void* recv, int64_t send_count, DType dtype) = 0;
+  virtual absl::Status ShardAllGather(const void* send, void* recv, int64_t send_count,
+                                      DType dtype) = 0;
   // recv[i] = sum over the ranks of their send[rank * recv_count + i] (f32, bf16, s32).
-  virtual absl::Status ReduceScatterSum(const void* send, void* recv, int64_t recv_count,
-                                        DType dtype) = 0;
-  // data[i] = max over the ranks of data[i], in place (f32, bf16, s32).
-  virtual absl::Status AllReduceMax(void* data, int64_t count, DType dtype) = 0;
+  virtual absl::Status ShardReduceScatterSum(const void* send, void* recv, int64_t recv_count,
+                                             DType dtype) = 0;
+  // data[i] = sum (max: max) over the ranks of data[i], in place, in rank order (f32, bf16, s32).
+  virtual absl::Status ShardAllReduce(void* data, int64_t count, DType dtype, bool max) = 0;
 };
 
 // The ShardCollectives behind `c` for a collective over `replicas` ranks, or an error naming
-// `what` (no collectives, another number of ranks, or collectives that cannot run it).
+// `what` (no collectives, collectives that cannot run it, another number of ranks).
 inline absl::StatusOr<ShardCollectives*> ShardCollectivesFor(Collectives* c, int64_t replicas,
                                                              const std::string& what) {
-  const int size = c == nullptr ? 1 : c->size();
-  if (size != replicas)
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, ": runs over ", replicas, " ranks, but the run's collectives have ",
-                     size, " (set them with Executable::set_collectives)"));
   auto* s = dynamic_cast<ShardCollectives*>(c);
-  if (s == nullptr)
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, ": the run's collectives do not implement ShardCollectives"));
+  const int size = s == nullptr ? 1 : s->num_shards();
+  if (size != replicas)
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": runs over ", replicas, " ranks, but the run's shard collectives have ", size,
+        " (set them with Executable::set_collectives)"));
   return s;
+}
+
+// An all_reduce the partitioner inserted (attribute `axis`: it reduces over that mesh axis, not
+// over the data-parallel ranks of runtime::Collectives) or one with reduction "max".
+inline bool IsShardAllReduce(const ir::Node& n) {
+  return n.opcode() == ir::Opcode::kAllReduce &&
+         (n.has_attr("axis") || n.attr_str("reduction") != "sum");
 }
 
 // Moves between a value's row-major layout and the rank-major layout the communicator gathers
@@ -76,13 +84,12 @@ inline void RunShardCollective(const ir::Node& n, const ir::Type& in_type, const
   const std::string what = std::string(ir::OpcodeName(n.opcode())) + " %" + std::to_string(n.id());
   const DType dt = n.type().dtype;
   const int64_t elem = DTypeSize(dt);
-  if (n.opcode() == ir::Opcode::kAllReduce) {  // reduction max: the copy, then in place
+  if (n.opcode() == ir::Opcode::kAllReduce) {  // over the axis: the copy, then in place
     if (in != out) std::memcpy(out, in, static_cast<size_t>(n.type().byte_size()));
-    if (ctx.collectives == nullptr || ctx.collectives->size() <= 1) return;
     auto* s = dynamic_cast<ShardCollectives*>(ctx.collectives);
-    absl::Status st = s == nullptr ? absl::FailedPreconditionError(
-                                         "the run's collectives do not implement ShardCollectives")
-                                   : s->AllReduceMax(out, n.type().shape.num_elements(), dt);
+    if (s == nullptr || s->num_shards() <= 1) return;
+    absl::Status st =
+        s->ShardAllReduce(out, n.type().shape.num_elements(), dt, n.attr_str("reduction") == "max");
     if (!st.ok()) ctx.status = absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
     return;
   }
@@ -100,19 +107,19 @@ inline void RunShardCollective(const ir::Node& n, const ir::Type& in_type, const
     const int64_t count = in_type.shape.num_elements();
     const int64_t chunk = outer == 0 ? 0 : count / outer * elem;
     if (outer <= 1) {
-      st = (*s)->AllGather(in, out, count, dt);
+      st = (*s)->ShardAllGather(in, out, count, dt);
     } else {
-      st = (*s)->AllGather(in, scratch, count, dt);
+      st = (*s)->ShardAllGather(in, scratch, count, dt);
       if (st.ok()) RankMajorToRowMajor(scratch, static_cast<uint8_t*>(out), replicas, outer, chunk);
     }
   } else {  // reduce_scatter (sum)
     const int64_t count = n.type().shape.num_elements();
     const int64_t chunk = outer == 0 ? 0 : count / outer * elem;
     if (outer <= 1) {
-      st = (*s)->ReduceScatterSum(in, out, count, dt);
+      st = (*s)->ShardReduceScatterSum(in, out, count, dt);
     } else {
       RowMajorToRankMajor(static_cast<const uint8_t*>(in), scratch, replicas, outer, chunk);
-      st = (*s)->ReduceScatterSum(scratch, out, count, dt);
+      st = (*s)->ShardReduceScatterSum(scratch, out, count, dt);
     }
   }
   if (!st.ok()) ctx.status = absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));

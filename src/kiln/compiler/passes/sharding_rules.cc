@@ -477,6 +477,11 @@ Plan PlanNode(const ir::Node& n, const std::vector<ir::Type>& types,
       return Softmax(n, in);
     case Opcode::kCrossEntropy:
       return CrossEntropy(n, types, in, mesh);
+    case Opcode::kAllReduce:
+      // The data-parallel gradient all-reduce runs over the other mesh axis: it keeps the
+      // layout. One over this axis is already partitioned: computed as it is.
+      if (!n.has_attr("axis")) return Plan{in[0], {in[0]}, Lowering::kLocal};
+      return Replicated(n, types);
     case Opcode::kLayerNorm:
     case Opcode::kRmsNorm:
       return LeadingDimsOnly(n, types, in, /*trailing=*/1, /*split_operands=*/1);

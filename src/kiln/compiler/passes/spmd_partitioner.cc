@@ -63,7 +63,7 @@ class Partitioner {
     return Add(Opcode::kCompare, {a, b}, {{"direction", std::string(dir)}});
   }
   absl::StatusOr<int> AllReduce(int v, const std::string& reduction) {
-    return Add(Opcode::kAllReduce, {v}, {{"reduction", reduction}});
+    return Add(Opcode::kAllReduce, {v}, {{"reduction", reduction}, {"axis", m_.axis}});
   }
   absl::StatusOr<int> Reduce(Opcode op, int v, std::vector<int64_t> dims) {
     return Add(op, {v}, {{"dimensions", std::move(dims)}});

@@ -52,17 +52,18 @@ LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
         });
       });
     }
-    // all_reduce (sum): the operand copied into the result, then summed in place over the ranks
-    // through the run's Collectives (RunContext), when it has them for more than one rank. A
-    // failure (a peer gone: DeadlineExceeded) stops the run. all_reduce (max), and all_gather /
-    // reduce_scatter over more than one replica (the SPMD partitioner's), run through the
-    // run's ShardCollectives (runtime/shard_collectives.h); over one replica they are copies.
+    // all_reduce (sum, data parallel): the operand copied into the result, then summed in place
+    // over the ranks through the run's Collectives (RunContext), when it has them for more than
+    // one rank. A failure (a peer gone: DeadlineExceeded) stops the run. The SPMD partitioner's
+    // collectives (all_reduce over a mesh axis or with reduction max, all_gather /
+    // reduce_scatter over more than one replica) run through the run's ShardCollectives
+    // (runtime/shard_collectives.h); over one replica they are copies.
     case ir::Opcode::kAllReduce:
     case ir::Opcode::kAllGather:
     case ir::Opcode::kReduceScatter: {
       int in = n.operand(0), out = n.id();
       int64_t bytes = n.type().byte_size();
-      const bool sum = n.opcode() == ir::Opcode::kAllReduce && n.attr_str("reduction") == "sum";
+      const bool sum = n.opcode() == ir::Opcode::kAllReduce && !runtime::IsShardAllReduce(n);
       if (sum) {
         const DType dtype = n.type().dtype;
         const int64_t count = n.type().shape.num_elements();

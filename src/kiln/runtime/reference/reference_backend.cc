@@ -49,8 +49,9 @@ class KernelThunk : public Thunk {
   int64_t count_;
 };
 
-// all_gather / reduce_scatter over more than one replica and all_reduce (max): the SPMD
-// partitioner's collectives, run through the run's ShardCollectives (shard_collectives.h).
+// all_gather / reduce_scatter over more than one replica and all_reduce over a mesh axis or
+// with reduction max: the SPMD partitioner's collectives, run through the run's ShardCollectives
+// (shard_collectives.h).
 class ShardCollectiveThunk : public Thunk {
  public:
   ShardCollectiveThunk(const ir::Node& n, const ir::Type& in_type)
@@ -73,7 +74,7 @@ class ShardCollectiveThunk : public Thunk {
 };
 
 bool IsShardCollective(const ir::Node& n) {
-  if (n.opcode() == ir::Opcode::kAllReduce) return n.attr_str("reduction") == "max";
+  if (n.opcode() == ir::Opcode::kAllReduce) return IsShardAllReduce(n);
   return (n.opcode() == ir::Opcode::kAllGather || n.opcode() == ir::Opcode::kReduceScatter) &&
          n.attr_int("replicas") != 1;
 }
