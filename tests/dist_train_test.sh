@@ -4,6 +4,8 @@
 #     difference is printed);
 #   - a second run of the same N-worker job gives bit-identical losses and final checkpoint bytes.
 # usage: dist_train_test.sh KILN CONFIG OUTDIR WORKERS STEPS LIMIT_S [--set k=v ...]
+# $DIST_WORKER_ARGS (optional, e.g. "--set mesh.data=2 --set mesh.model=2") goes to the
+# N-worker runs only.
 # Exits 77 (CTest SKIP_RETURN_CODE) when mpirun is absent. Every run is bounded by timeout(1)
 # (TERM at LIMIT_S, KILL 5 s later, to its own process group: mpirun and its ranks) and by
 # mpirun's own --job-timeout.
@@ -31,8 +33,10 @@ losses() {
   sed -n 's/.*"step":\([0-9]*\),.*"loss":\([^,}]*\).*/\1 \2/p' "$out/$1/metrics.jsonl"
 }
 run one "$@"
-run dp1 --workers "$workers" --job-timeout "$limit" "$@"
-run dp2 --workers "$workers" --job-timeout "$limit" "$@"
+# shellcheck disable=SC2086
+run dp1 --workers "$workers" --job-timeout "$limit" "$@" ${DIST_WORKER_ARGS:-}
+# shellcheck disable=SC2086
+run dp2 --workers "$workers" --job-timeout "$limit" "$@" ${DIST_WORKER_ARGS:-}
 losses one >"$out/one.loss"
 losses dp1 >"$out/dp1.loss"
 losses dp2 >"$out/dp2.loss"

@@ -183,7 +183,9 @@ absl::Status Trainer::Compile() {
   KILN_ASSIGN_OR_RETURN(ir::Graph loss, model_->TrainLossGraph(local_batch));
   KILN_ASSIGN_OR_RETURN(nn::ParamStore params, nn::InitParams(model_->Params(), c.seed));
   nn::TrainStepOptions step_opts;
-  if (mesh_.data > 1) {
+  if (tensor_parallel()) {
+    KILN_RETURN_IF_ERROR(SetUpTensorParallel(step_opts, params));
+  } else if (mesh_.data > 1) {
     collectives_ = std::make_unique<dist::CommunicatorCollectives>(*options_.comm);
     step_opts.data_parallel = mesh_.data;
     step_opts.collectives = collectives_.get();
@@ -259,10 +261,11 @@ absl::Status Trainer::Resume() {
     }
     return absl::OkStatus();
   };
-  KILN_RETURN_IF_ERROR(fill(step_->params(), &p));
-  KILN_RETURN_IF_ERROR(fill(step_->optimizer_state(), &s));
-  KILN_RETURN_IF_ERROR(
-      Annotate(step_->Restore(p, s, ck->step), absl::StrCat("restoring ", ck->path)));
+  KILN_RETURN_IF_ERROR(fill(tensor_parallel() ? full_params_ : step_->params(), &p));
+  KILN_RETURN_IF_ERROR(fill(tensor_parallel() ? full_state_ : step_->optimizer_state(), &s));
+  KILN_RETURN_IF_ERROR(Annotate(
+      tensor_parallel() ? step_->RestoreFull(p, s, ck->step) : step_->Restore(p, s, ck->step),
+      absl::StrCat("restoring ", ck->path)));
   if (ck->metadata.contains("data"))
     KILN_RETURN_IF_ERROR(data_.train->Restore(ck->metadata["data"]));
   std::string old_hash = ck->metadata.value("config_hash", std::string());
@@ -330,7 +333,7 @@ absl::Status Trainer::WriteRunInfo() {
   info["run_id"] = run_id_;
   info["backend"] = options_.backend->name();
   info["model"] = model_->Describe();
-  info["parameters"] = step_->params().num_elements();
+  info["parameters"] = (tensor_parallel() ? full_params_ : step_->params()).num_elements();
   info["start_step"] = start_step_;
   info["compile_seconds"] = compile_seconds_;
   info["precision"] = config_.precision;
@@ -349,8 +352,8 @@ absl::Status Trainer::WriteRunInfo() {
 
 NamedTensors Trainer::CheckpointTensors() const {
   NamedTensors tensors;
-  const nn::ParamStore& p = step_->params();
-  const nn::ParamStore& s = step_->optimizer_state();
+  const nn::ParamStore& p = tensor_parallel() ? full_params_ : step_->params();
+  const nn::ParamStore& s = tensor_parallel() ? full_state_ : step_->optimizer_state();
   for (int i = 0; i < p.size(); ++i) tensors.emplace_back(p.names()[i], p.value(i));
   for (int i = 0; i < s.size(); ++i) tensors.emplace_back(s.names()[i], s.value(i));
   return tensors;
@@ -390,7 +393,7 @@ absl::Status Trainer::Save(bool sync) {
 }
 
 absl::StatusOr<EvalResult> Trainer::Evaluate(int64_t max_batches) {
-  return evaluator_->Run(step_->params(), max_batches);
+  return evaluator_->Run(tensor_parallel() ? full_params_ : step_->params(), max_batches);
 }
 
 absl::Status Trainer::WriteMetrics(int64_t step, const std::map<std::string, double>& scalars) {
@@ -454,7 +457,8 @@ absl::StatusOr<TrainResult> Trainer::Run() {
                         start_step_));
   } else {
     Log(absl::StrFormat("model %s, %d parameters; train step compiled in %.2fs; steps %d..%d",
-                        model_->Describe(), step_->params().num_elements(),
+                        model_->Describe(),
+                        (tensor_parallel() ? full_params_ : step_->params()).num_elements(),
                         step_->compile_seconds(), start_step_ + 1, c.steps));
   }
   Loop loop;
@@ -609,6 +613,7 @@ absl::Status Trainer::MaybeEvaluate(int64_t number, Loop& loop, TrainResult& res
   // Every rank evaluates (rank 0 alone writes the result): a rank 0 evaluating alone would keep
   // the others waiting in the next collective, past its timeout for a long evaluation.
   if (c.eval_every <= 0 || number % c.eval_every != 0) return absl::OkStatus();
+  if (tensor_parallel()) KILN_RETURN_IF_ERROR(RefreshFull());
   auto s = profiler_.Scope("eval", "evaluate");
   KILN_ASSIGN_OR_RETURN(EvalResult e, Evaluate(c.eval_batches));
   KILN_RETURN_IF_ERROR(WriteMetrics(number, EvalScalars(e)));
@@ -621,10 +626,11 @@ absl::Status Trainer::MaybeEvaluate(int64_t number, Loop& loop, TrainResult& res
 
 absl::Status Trainer::MaybeCheckpoint(int64_t number) {
   const TrainConfig& c = config_;
-  if (c.checkpoint_every <= 0 || number % c.checkpoint_every != 0 || number >= c.steps ||
-      !chief()) {
+  if (c.checkpoint_every <= 0 || number % c.checkpoint_every != 0 || number >= c.steps)
     return absl::OkStatus();
-  }
+  // Tensor parallel: every rank sends its shards; rank 0 saves the whole tensors.
+  if (tensor_parallel()) KILN_RETURN_IF_ERROR(RefreshFull());
+  if (!chief()) return absl::OkStatus();
   // The step is blocked only for the host copy (and for the previous save, if still writing);
   // the write itself is reported once it has finished, at the next save.
   const SaveInfo previous = ckpt_->last_save_info();
@@ -645,6 +651,7 @@ absl::Status Trainer::Finish(Loop& loop, TrainResult& result) {
   const TrainConfig& c = config_;
   profiler_.set_enabled(false);
   step_->mutable_executable().set_thunk_observer(nullptr);
+  if (tensor_parallel()) KILN_RETURN_IF_ERROR(RefreshFull());  // for the final save and eval
   if (!chief()) {  // rank 0 checkpoints, evaluates and writes the run's files
     result.final_step = step_->step();
     result.checkpoint = absl::StrCat(config_.output_dir, "/checkpoints/step_", step_->step());

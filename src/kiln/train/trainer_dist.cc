@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
+#include "kiln/dist/mesh_collectives.h"
+#include "kiln/nn/gpt.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln::train {
@@ -68,8 +70,13 @@ absl::Status Trainer::SyncFromChief() {
   last_saved_step_ = state.value("last_saved_step", int64_t{-1});
   completed_step_ = state.value("completed_step", int64_t{-1});
   restored_from_ = state.value("restored_from", std::string());
-  // The broadcast wrote the resident buffers: Restore only sets the step counter.
-  KILN_RETURN_IF_ERROR(step_->Restore(step_->params(), step_->optimizer_state(), start_step_));
+  // The broadcast wrote the resident buffers: Restore only sets the step counter (tensor
+  // parallel: the broadcast wrote the whole tensors, and each rank keeps its shards of them).
+  if (tensor_parallel()) {
+    KILN_RETURN_IF_ERROR(step_->RestoreFull(full_params_, full_state_, start_step_));
+  } else {
+    KILN_RETURN_IF_ERROR(step_->Restore(step_->params(), step_->optimizer_state(), start_step_));
+  }
   if (!state["data"].is_null()) KILN_RETURN_IF_ERROR(data_.train->Restore(state["data"]));
   return absl::OkStatus();
 }
@@ -104,6 +111,48 @@ absl::StatusOr<bool> Trainer::AgreeToStop(bool stop) {
       Annotate(options_.comm->AllReduce(&flag, 1, DType::kS32, dist::ReduceOp::kMax),
                "agreeing on a stop request"));
   return flag != 0;
+}
+
+// Tensor parallel (docs/distributed.md "Tensor parallel"): Megatron's layouts of the model, the
+// mesh's collectives (data group: the gradient all-reduce; model group: the partitioner's), and
+// the whole tensors the checkpoints and evaluations use.
+absl::Status Trainer::SetUpTensorParallel(nn::TrainStepOptions& step_opts,
+                                          const nn::ParamStore& initial) {
+  const auto* gpt = dynamic_cast<const nn::Gpt*>(model_.get());
+  if (gpt == nullptr)
+    return absl::UnimplementedError(
+        absl::StrCat("mesh.model = ", mesh_.model,
+                     ": tensor-parallel layouts exist for the gpt model only, not ",
+                     config_.model.kind, "; use mesh.model: 1 (data parallel)"));
+  KILN_ASSIGN_OR_RETURN(step_opts.shardings, gpt->TensorParallelShardings(mesh_.model));
+  collectives_ = std::make_unique<dist::MeshCollectives>(*options_.comm, mesh_.data, mesh_.model);
+  step_opts.collectives = collectives_.get();
+  step_opts.data_parallel = mesh_.data;
+  step_opts.model_parallel = mesh_.model;
+  step_opts.model_rank = coords_.model;
+  full_params_ = initial.Clone();
+  KILN_ASSIGN_OR_RETURN(full_state_, nn::ZerosLike(nn::OptimizerStateSpecs(
+                                         BuildOptimizerConfig(config_), model_->Params())));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RefreshFull() {
+  KILN_ASSIGN_OR_RETURN(nn::ParamStore p, step_->FullParams());
+  KILN_ASSIGN_OR_RETURN(nn::ParamStore s, step_->FullOptimizerState());
+  // Into the existing buffers: a checkpoint's staging and restore point at them.
+  for (int i = 0; i < p.size(); ++i) {
+    Tensor* to = full_params_.Find(p.names()[i]);
+    if (to == nullptr || to->byte_size() != p.value(i).byte_size())
+      return absl::InternalError("RefreshFull: parameter '" + p.names()[i] + "' differs");
+    std::memcpy(to->raw_data(), p.value(i).raw_data(), static_cast<size_t>(to->byte_size()));
+  }
+  for (int i = 0; i < s.size(); ++i) {
+    Tensor* to = full_state_.Find(s.names()[i]);
+    if (to == nullptr || to->byte_size() != s.value(i).byte_size())
+      return absl::InternalError("RefreshFull: optimizer state '" + s.names()[i] + "' differs");
+    std::memcpy(to->raw_data(), s.value(i).raw_data(), static_cast<size_t>(to->byte_size()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::TakeShare() {
