@@ -21,6 +21,7 @@
 #include "kiln/dist/mesh_collectives.h"
 #include "kiln/dist/thread_communicator.h"
 #include "kiln/ir/builder.h"
+#include "kiln/ir/parser.h"
 #include "kiln/ir/printer.h"
 #include "kiln/ir/sharding.h"
 #include "kiln/nn/gpt.h"
@@ -293,6 +294,67 @@ TEST(TensorParallelGpt, LogitsMatchOneProcess) {
   inputs.erase("targets");
   Partitioned p = RunPartitioned(*g, inputs, 2, /*cpu=*/true);
   ExpectMatches(p, RunOneProcess(*g, inputs, true), 1e-5);
+}
+
+// The per-rank collectives themselves: all_gather and reduce_scatter along an inner dim (rank-major
+// staging) and all_reduce max over the axis, on 2 thread ranks, both backends.
+TEST(ShardCollectives, GatherScatterAndMaxAlongAnInnerDim) {
+  for (bool cpu : {true, false}) {
+    absl::StatusOr<ir::Graph> g = ir::ParseGraph(R"(
+      graph @c {
+        %0 = parameter() {index=0, name="x"} : f32[2,4]
+        %1 = all_gather(%0) {dimension=1, replicas=2} : f32[2,8]
+        %2 = reduce_scatter(%0) {dimension=1, replicas=2} : f32[2,2]
+        %3 = all_reduce(%0) {axis="model", reduction="max"} : f32[2,4]
+        %4 = all_reduce(%0) {axis="model", reduction="sum"} : f32[2,4]
+        return gathered=%1, scattered=%2, max=%3, sum=%4
+      })");
+    ASSERT_TRUE(g.ok()) << g.status();
+    std::vector<std::unique_ptr<dist::Communicator>> comms = dist::MakeThreadCommunicators(2);
+    std::vector<std::map<std::string, Tensor>> out(2);
+    std::vector<absl::Status> status(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        auto backend = MakeBackend(cpu);
+        auto exe = backend->Compile(*g);
+        if (!exe.ok()) {
+          status[r] = exe.status();
+          return;
+        }
+        dist::CommunicatorCollectives c(*comms[r]);
+        (*exe)->set_collectives(&c);
+        std::vector<float> x(8);
+        for (int i = 0; i < 8; ++i) x[i] = static_cast<float>(10 * r + i);
+        auto o = (*exe)->RunNamed({{"x", Tensor::FromVector(Shape{2, 4}, x)}});
+        if (!o.ok()) {
+          status[r] = o.status();
+          return;
+        }
+        out[r] = *o;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    ASSERT_TRUE(status[0].ok()) << status[0];
+    ASSERT_TRUE(status[1].ok()) << status[1];
+    // rank 0: [[0,1,2,3],[4,5,6,7]]; rank 1: [[10,11,12,13],[14,15,16,17]].
+    EXPECT_EQ(out[1]["gathered"].ToDoubles(),
+              (std::vector<double>{0, 1, 2, 3, 10, 11, 12, 13, 4, 5, 6, 7, 14, 15, 16, 17}));
+    EXPECT_EQ(out[0]["scattered"].ToDoubles(), (std::vector<double>{10, 12, 18, 20}));
+    EXPECT_EQ(out[1]["scattered"].ToDoubles(), (std::vector<double>{14, 16, 22, 24}));
+    EXPECT_EQ(out[0]["max"].ToDoubles(), (std::vector<double>{10, 11, 12, 13, 14, 15, 16, 17}));
+    EXPECT_EQ(out[0]["sum"].ToDoubles(), (std::vector<double>{10, 12, 14, 16, 18, 20, 22, 24}));
+
+    // Without collectives over 2 ranks the run fails, naming the op.
+    auto backend = MakeBackend(cpu);
+    auto exe = backend->Compile(*g);
+    ASSERT_TRUE(exe.ok());
+    auto bad = (*exe)->RunNamed({{"x", Tensor(DType::kF32, Shape{2, 4})}});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(bad.status().message().find("all_gather %1: runs over 2 ranks"), std::string::npos)
+        << bad.status();
+  }
 }
 
 // Training: a data x model mesh of TrainSteps on thread ranks against one process with the
