@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -295,11 +297,27 @@ absl::Status Trainer::InitFrom() {
     return absl::OkStatus();
   }
   if (f.checkpoint.empty()) return absl::OkStatus();
-  KILN_ASSIGN_OR_RETURN(InitFromResult r, LoadInitFrom(f, step_->params(), run_dir_->env()));
+  // Tensor parallel: checked against and loaded as whole tensors (the other ranks get them in
+  // SyncFromChief), and this rank keeps its shards.
+  KILN_ASSIGN_OR_RETURN(
+      InitFromResult r,
+      LoadInitFrom(f, tensor_parallel() ? full_params_ : step_->params(), run_dir_->env()));
   for (const std::string& n : r.notes) notes_.push_back(n);
   // Parameters only: the optimizer state stays zero and the run starts at step 0.
-  KILN_RETURN_IF_ERROR(Annotate(step_->Restore(r.params, step_->optimizer_state(), 0),
-                                absl::StrCat("init_from ", r.checkpoint)));
+  if (tensor_parallel()) {
+    for (int i = 0; i < r.params.size(); ++i) {
+      Tensor* to = full_params_.Find(r.params.names()[i]);
+      if (to == nullptr || to->byte_size() != r.params.value(i).byte_size())
+        return absl::InternalError("init_from: parameter '" + r.params.names()[i] + "' differs");
+      std::memcpy(to->raw_data(), r.params.value(i).raw_data(),
+                  static_cast<size_t>(to->byte_size()));
+    }
+    KILN_RETURN_IF_ERROR(Annotate(step_->RestoreFull(full_params_, full_state_, 0),
+                                  absl::StrCat("init_from ", r.checkpoint)));
+  } else {
+    KILN_RETURN_IF_ERROR(Annotate(step_->Restore(r.params, step_->optimizer_state(), 0),
+                                  absl::StrCat("init_from ", r.checkpoint)));
+  }
   notes_.push_back(r.Summary());
   init_from_info_ = r.ToJson();
   return absl::OkStatus();
