@@ -7,6 +7,8 @@
 #          [--workers-only --set k=v ...]
 # Flags after --workers-only go to the N-worker runs alone (e.g. optimizer.shard_state=true: ZeRO-1
 # against the plain one-process run).
+# $DIST_WORKER_ARGS (optional, e.g. "--set mesh.data=2 --set mesh.model=2") goes to the
+# N-worker runs only.
 # Exits 77 (CTest SKIP_RETURN_CODE) when mpirun is absent. Every run is bounded by timeout(1)
 # (TERM at LIMIT_S, KILL 5 s later, to its own process group: mpirun and its ranks) and by
 # mpirun's own --job-timeout.
@@ -46,9 +48,9 @@ losses() {
 # shellcheck disable=SC2086
 run one $both
 # shellcheck disable=SC2086
-run dp1 --workers "$workers" --job-timeout "$limit" $both $only
+run dp1 --workers "$workers" --job-timeout "$limit" $both $only ${DIST_WORKER_ARGS:-}
 # shellcheck disable=SC2086
-run dp2 --workers "$workers" --job-timeout "$limit" $both $only
+run dp2 --workers "$workers" --job-timeout "$limit" $both $only ${DIST_WORKER_ARGS:-}
 losses one >"$out/one.loss"
 losses dp1 >"$out/dp1.loss"
 losses dp2 >"$out/dp2.loss"

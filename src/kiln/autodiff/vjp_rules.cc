@@ -174,26 +174,20 @@ StatusOr<Cotangents> CrossEntropyVjp(const VjpArgs& a) {
       return c;
     }
     // f32: softmax(x) = exp(x - lse(x)), with each row's log-sum-exp recovered from the forward's
-    // output (loss = lse - x[label]) plus the label's logit, one gathered value per row. The
-    // gradient is then one loop-fused pass over the logits (read once, written once, in place
-    // when they die here) instead of a softmax kernel and a second [rows, classes] buffer. lse is
-    // off by at most an f32 rounding of the loss (a relative error of ~1e-7 in each probability).
-    // Rows with an invalid label have a meaningless lse (their exp may overflow): they are zeroed
-    // by the final select, as their loss is.
-    ir::Builder* b = logits.builder();
-    const int64_t rows = logits.shape().num_elements() / classes;
-    const DType it =
-        rows * classes <= std::numeric_limits<int32_t>::max() ? DType::kS32 : DType::kS64;
-    Value row_label =
-        ir::Reshape(labels.dtype() == it ? labels : ir::Convert(labels, it), Shape{rows});
-    Value index = b->Iota(it, Shape{rows}, 0) * b->Scalar(static_cast<double>(classes), it) +
-                  row_label;  // gather clamps an invalid label's index into range
-    Value picked = ir::Reshape(ir::Gather(ir::Reshape(logits, Shape{rows * classes}), index, 0),
-                               labels.shape());
+    // output (loss = lse - x[label]) plus the label's logit. The gradient is then one loop-fused
+    // pass over the logits (read once, written once, in place when they die here) instead of a
+    // softmax kernel and a second [rows, classes] buffer. The label's logit is a masked row sum
+    // (a loop reduction: one read of the logits), not a gather from the flattened logits, so that
+    // a vocabulary-split (tensor-parallel) logits tensor stays split: the sum partitions into a
+    // local sum and one all-reduce of a value per row. lse is off by at most an f32 rounding of
+    // the loss (a relative error of ~1e-7 in each probability). Rows with an invalid label have a
+    // meaningless lse (their exp may overflow): they are zeroed by the final select, as their loss
+    // is.
+    Value onehot = OneHot(labels, classes, logits.dtype());
+    Value picked = ir::ReduceSum(logits * onehot, {last});
     Value lse = a.out + picked;
     Value p = ir::Exp(logits - BroadcastReduced(lse, logits.shape(), {last}));
-    Value grad =
-        (p - OneHot(labels, classes, logits.dtype())) * BroadcastReduced(g, logits.shape(), {last});
+    Value grad = (p - onehot) * BroadcastReduced(g, logits.shape(), {last});
     c[0] = ir::Select(BroadcastReduced(valid, logits.shape(), {last}), grad, Zero(grad));
   }
   return c;

@@ -447,7 +447,8 @@ absl::StatusOr<Type> InferCollective(const RuleContext& c) {
   if (c.op() == Opcode::kAllReduce) {
     KILN_RETURN_IF_ERROR(c.RequireNumeric(0));
     KILN_ASSIGN_OR_RETURN(std::string red, c.Str("reduction"));
-    if (red != "sum") return c.Error("attribute 'reduction' must be \"sum\", got \"" + red + "\"");
+    if (red != "sum" && red != "max")
+      return c.Error("attribute 'reduction' must be \"sum\" or \"max\", got \"" + red + "\"");
     return c.in(0);
   }
   if (c.op() == Opcode::kReduceScatter) KILN_RETURN_IF_ERROR(c.RequireNumeric(0));

@@ -11,6 +11,7 @@
 
 #include "kiln/ir/op_traits.h"
 #include "kiln/ir/shape_inference.h"
+#include "kiln/ir/sharding.h"
 
 namespace kiln::ir {
 namespace {
@@ -226,6 +227,10 @@ absl::Status Verify(const Graph& graph) {
     }
     absl::Status s = CheckLiteral(n, i);
     if (!s.ok()) return s;
+    if (n.has_attr(kShardingAttr)) {
+      absl::StatusOr<Sharding> sharding = ShardingOf(n);
+      if (!sharding.ok()) return NodeError(n, i, std::string(sharding.status().message()));
+    }
     if (n.opcode() == Opcode::kParameter) {
       s = CheckParameterAttrs(n, i);
       if (!s.ok()) return s;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kiln/base/env.h"
+#include "kiln/base/status.h"
 #include "kiln/tensor/safetensors.h"
 
 namespace kiln::nn {
@@ -234,6 +235,43 @@ absl::Status Gpt::ExportHuggingFace(const ParamStore& params, const std::string&
     return absl::Status(
         s.code(), "GPT-2 export: cannot write " + config_path + ": " + std::string(s.message()));
   return WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+}
+
+absl::StatusOr<std::map<std::string, ir::Sharding>> Gpt::TensorParallelShardings(
+    int64_t model_ranks, const std::string& axis) const {
+  KILN_RETURN_IF_ERROR(Validate());
+  const int64_t m = model_ranks;
+  if (m < 1 || config_.heads % m != 0 || (4 * config_.dim) % m != 0 || config_.vocab_size % m != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallel over ", m, " ranks needs heads (", config_.heads, "), 4 * dim (",
+        4 * config_.dim, ") and vocab_size (", config_.vocab_size, ") divisible by ", m));
+  auto split = [&](int rank, int dim, int64_t groups) {
+    ir::Sharding s = ir::Sharding::Replicated(rank);
+    s.dims[dim].axis = axis;
+    s.dims[dim].groups = groups;
+    return s;
+  };
+  std::map<std::string, ir::Sharding> out;
+  out[wte_.weight_name()] = split(2, 0, 1);  // vocabulary
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const std::string p = absl::StrCat("transformer.h.", i, ".");
+    out[p + "attn.c_attn.weight"] = split(2, 1, 3);  // whole heads of q, k and v
+    out[p + "attn.c_attn.bias"] = split(1, 0, 3);
+    out[p + "attn.c_proj.weight"] = split(2, 0, 1);  // row
+    out[p + "mlp.c_fc.weight"] = split(2, 1, 1);     // column
+    out[p + "mlp.c_fc.bias"] = split(1, 0, 1);
+    out[p + "mlp.c_proj.weight"] = split(2, 0, 1);  // row
+  }
+  std::map<std::string, ir::Sharding> checked;
+  for (const ParamSpec& spec : Params()) {
+    auto it = out.find(spec.name);
+    if (it == out.end()) continue;
+    KILN_RETURN_IF_ERROR(ir::CheckSharding(it->second, ir::Type{spec.dtype, spec.shape}, m));
+    checked.insert(*it);
+  }
+  if (checked.size() != out.size())
+    return absl::InternalError("TensorParallelShardings: a layout names no parameter");
+  return checked;
 }
 
 }  // namespace kiln::nn

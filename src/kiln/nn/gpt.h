@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kiln/ir/builder.h"
+#include "kiln/ir/sharding.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/model.h"
 #include "kiln/nn/params.h"
@@ -69,6 +70,14 @@ class Gpt : public Model {
 
   const GptConfig& config() const { return config_; }
   int64_t seq_len() const { return config_.seq_len > 0 ? config_.seq_len : config_.context; }
+
+  // Megatron tensor-parallel layouts of Params() over `model_ranks` ranks of mesh axis `axis`
+  // (ir/sharding.h; docs/distributed.md "Tensor parallel"): c_attn split by column in whole heads
+  // of each of q, k and v ("3*model"), c_fc by column, both c_proj by row, and the (tied)
+  // embedding by vocabulary; norms, biases after a row split and wpe replicated. Only split
+  // parameters are listed. InvalidArgument when heads, 4 * dim or vocab_size do not divide.
+  absl::StatusOr<std::map<std::string, ir::Sharding>> TensorParallelShardings(
+      int64_t model_ranks, const std::string& axis = "model") const;
 
   // Takes a Hugging Face GPT-2 state dict (e.g. read from model.safetensors) and returns the
   // parameters in Params() order, as f32. Accepts names with or without the "transformer."

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/autodiff/grad.h"
+#include "kiln/ir/printer.h"
 #include "kiln/nn/train_step.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/reference/reference_backend.h"
@@ -297,7 +298,8 @@ TEST(GptTest, TrainStepHoldsOneVocabSizedBuffer) {
     ++values;
   }
   EXPECT_GE(values, 2);  // logits, logit gradient
-  EXPECT_EQ(offsets.size(), 1u) << values << " vocab-sized values in the arena";
+  EXPECT_EQ(offsets.size(), 1u) << values << " vocab-sized values in the arena\n"
+                                << ir::PrintGraph(exe.graph());
 }
 
 // The tied embedding's gradient (the LM head's dW plus the token gather's scatter) scatters the

@@ -10,8 +10,10 @@
 #include "kiln/autodiff/graph_copy.h"
 #include "kiln/base/status.h"
 #include "kiln/compiler/compile.h"
+#include "kiln/compiler/passes/spmd_partitioner.h"
 #include "kiln/nn/internal/train_step_zero.h"
 #include "kiln/nn/model.h"
+#include "kiln/runtime/shard_collectives.h"
 
 namespace kiln::nn {
 namespace {
@@ -168,6 +170,42 @@ absl::StatusOr<ir::Graph> BuildZeroGradientGraph(const ir::Graph& loss, const Pa
   return b.Build();
 }
 
+// Tensor parallel: annotates the step graph's parameters and optimizer state with
+// options.shardings (a state tensor like its parameter) and partitions it.
+absl::StatusOr<ir::Graph> PartitionStep(const ir::Graph& step, const std::vector<ParamSpec>& specs,
+                                        const ParamStore& initial, const TrainStepOptions& options,
+                                        std::map<std::string, ir::Sharding>* tensor_shardings) {
+  auto* shard = dynamic_cast<runtime::ShardCollectives*>(options.collectives);
+  if (shard == nullptr || shard->num_shards() != options.model_parallel)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TrainStep: model_parallel = ", options.model_parallel,
+        " needs collectives that implement runtime::ShardCollectives over as many ranks, got ",
+        shard == nullptr ? std::string("none") : std::to_string(shard->num_shards())));
+  if (options.model_rank < 0 || options.model_rank >= options.model_parallel)
+    return absl::InvalidArgumentError(absl::StrCat("TrainStep: model_rank ", options.model_rank,
+                                                   " is not below model_parallel ",
+                                                   options.model_parallel));
+  for (const auto& [name, s] : options.shardings) {
+    if (!initial.Contains(name))
+      return absl::InvalidArgumentError(
+          absl::StrCat("TrainStep: a sharding names '", name, "', which is no parameter"));
+  }
+  for (const ParamSpec& spec : specs) {
+    auto it = options.shardings.find(spec.name);
+    if (it == options.shardings.end()) continue;
+    (*tensor_shardings)[spec.name] = it->second;
+    for (const ParamSpec& st : OptimizerStateSpecs(options.optimizer, {spec}))
+      (*tensor_shardings)[st.name] = it->second;
+  }
+  ir::Graph annotated = step;
+  KILN_RETURN_IF_ERROR(Annotate(compiler::AnnotateParameters(annotated, *tensor_shardings),
+                                "TrainStep: tensor parallel"));
+  absl::StatusOr<ir::Graph> local =
+      compiler::PartitionSpmd(annotated, {.mesh = {"model", options.model_parallel}});
+  if (!local.ok()) return Annotate(local.status(), "TrainStep: partitioning the step");
+  return *std::move(local);
+}
+
 }  // namespace
 
 std::vector<std::vector<int>> GradientBuckets(const std::vector<int64_t>& grad_bytes,
@@ -215,12 +253,33 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
     loss = &low_precision_loss;
   }
   int buckets = 0;
+  TrainStepOptions build_options = options;
+  if (options.model_parallel > 1) {
+    // One data-parallel bucket per gradient: a concatenation of differently split gradients
+    // would be gathered whole by the partitioner.
+    build_options.first_bucket_bytes = 0;
+    build_options.bucket_bytes = 0;
+  }
   ir::Graph step_graph;
+  std::map<std::string, ir::Sharding> tensor_shardings;
+  if (options.model_parallel < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: model_parallel must be >= 1, got ", options.model_parallel));
+  }
   if (options.shard_state) {
+    if (options.model_parallel > 1) {
+      return absl::UnimplementedError(
+          "TrainStep: shard_state (ZeRO-1) with tensor parallelism (model_parallel > 1) is not "
+          "built yet; use one of them");
+    }
     KILN_RETURN_IF_ERROR(CheckZeroOptions(initial, options));
     KILN_ASSIGN_OR_RETURN(step_graph, BuildZeroGradientGraph(*loss, initial, options));
   } else {
-    KILN_ASSIGN_OR_RETURN(step_graph, BuildStepGraph(*loss, initial, options, &buckets));
+    KILN_ASSIGN_OR_RETURN(step_graph, BuildStepGraph(*loss, initial, build_options, &buckets));
+    if (options.model_parallel > 1) {
+      KILN_ASSIGN_OR_RETURN(
+          step_graph, PartitionStep(step_graph, param_specs, initial, options, &tensor_shardings));
+    }
   }
 
   std::unique_ptr<TrainStep> t(new TrainStep());
@@ -235,10 +294,23 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   t->exe_ = std::move(exe).value();
   t->num_buckets_ = buckets;
-  if (options.data_parallel > 1) t->exe_->set_collectives(options.collectives);
+  if (options.data_parallel > 1 || options.model_parallel > 1)
+    t->exe_->set_collectives(options.collectives);
   const ir::Graph& g = t->exe_->graph();
 
-  KILN_ASSIGN_OR_RETURN(t->state_, ZerosLike(OptimizerStateSpecs(options.optimizer, param_specs)));
+  t->tensor_shardings_ = std::move(tensor_shardings);
+  std::vector<ParamSpec> state_specs = OptimizerStateSpecs(options.optimizer, param_specs);
+  for (ParamSpec& spec : state_specs) {
+    auto it = t->tensor_shardings_.find(spec.name);
+    if (it != t->tensor_shardings_.end())
+      spec.shape = compiler::sharding::LocalType({spec.dtype, spec.shape}, it->second,
+                                                 {"model", options.model_parallel})
+                       .shape;
+  }
+  KILN_ASSIGN_OR_RETURN(t->state_, ZerosLike(state_specs));
+  if (options.model_parallel > 1) {
+    KILN_ASSIGN_OR_RETURN(initial, t->Sharded(initial, initial));
+  }
   t->params_ = std::move(initial);
   t->step_tensor_ = Tensor(DType::kS64, Shape{});
   t->rng_seed_ = Tensor(DType::kS64, Shape{});
@@ -395,6 +467,68 @@ const Tensor* TrainStep::last_output(const std::string& name) const {
     if (extra_names_[i] == name) return &extra_outputs_[i];
   }
   return nullptr;
+}
+
+ir::Sharding TrainStep::ShardingOfTensor(const std::string& name, int rank) const {
+  auto it = tensor_shardings_.find(name);
+  return it != tensor_shardings_.end() ? it->second : ir::Sharding::Replicated(rank);
+}
+
+absl::StatusOr<ParamStore> TrainStep::Gathered(const ParamStore& local) const {
+  if (options_.model_parallel <= 1) return local.Clone();
+  auto* shard = dynamic_cast<runtime::ShardCollectives*>(options_.collectives);
+  const compiler::sharding::Mesh mesh{"model", options_.model_parallel};
+  ParamStore full;
+  for (int i = 0; i < local.size(); ++i) {
+    const std::string& name = local.names()[i];
+    const Tensor& t = local.value(i);
+    auto it = tensor_shardings_.find(name);
+    if (it == tensor_shardings_.end()) {
+      KILN_RETURN_IF_ERROR(full.Add(name, t.Clone()));
+      continue;
+    }
+    Tensor all(t.dtype(), Shape{options_.model_parallel * t.num_elements()});
+    KILN_RETURN_IF_ERROR(
+        Annotate(shard->ShardAllGather(t.raw_data(), all.raw_data(), t.num_elements(), t.dtype()),
+                 absl::StrCat("gathering '", name, "'")));
+    std::vector<Tensor> shards;
+    for (int r = 0; r < options_.model_parallel; ++r) {
+      Tensor one(t.dtype(), t.shape());
+      std::memcpy(one.raw_data(), static_cast<const uint8_t*>(all.raw_data()) + r * t.byte_size(),
+                  static_cast<size_t>(t.byte_size()));
+      shards.push_back(std::move(one));
+    }
+    KILN_ASSIGN_OR_RETURN(Tensor whole, compiler::Unshard(shards, it->second, mesh));
+    KILN_RETURN_IF_ERROR(full.Add(name, std::move(whole)));
+  }
+  return full;
+}
+
+absl::StatusOr<ParamStore> TrainStep::Sharded(const ParamStore& full,
+                                              const ParamStore& like) const {
+  const compiler::sharding::Mesh mesh{"model", options_.model_parallel};
+  ParamStore out;
+  for (const std::string& name : like.names()) {
+    KILN_ASSIGN_OR_RETURN(Tensor t, full.Get(name));
+    auto it = tensor_shardings_.find(name);
+    if (it != tensor_shardings_.end()) {
+      KILN_ASSIGN_OR_RETURN(t, compiler::ShardOf(t, it->second, mesh, options_.model_rank));
+    }
+    KILN_RETURN_IF_ERROR(out.Add(name, std::move(t)));
+  }
+  return out;
+}
+
+absl::StatusOr<ParamStore> TrainStep::FullParams() const { return Gathered(params_); }
+
+absl::StatusOr<ParamStore> TrainStep::FullOptimizerState() const { return Gathered(state_); }
+
+absl::Status TrainStep::RestoreFull(const ParamStore& params, const ParamStore& optimizer_state,
+                                    int64_t step) {
+  if (options_.model_parallel <= 1) return Restore(params, optimizer_state, step);
+  KILN_ASSIGN_OR_RETURN(ParamStore p, Sharded(params, params_));
+  KILN_ASSIGN_OR_RETURN(ParamStore s, Sharded(optimizer_state, state_));
+  return Restore(p, s, step);
 }
 
 }  // namespace kiln::nn

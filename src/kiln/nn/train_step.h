@@ -55,10 +55,21 @@
 // parameters. Per element the gradient mean and the update are those of the unsharded step; only
 // the norm sums in another order. Needs f32 parameters and options.collectives implementing
 // ShardedCollectives (dist::CommunicatorCollectives does) when D > 1.
+//
+// Tensor parallel: with options.model_parallel = M > 1 the parameters named in
+// options.shardings (e.g. nn::Gpt::TensorParallelShardings, Megatron's layouts) are split over
+// M ranks. The whole step graph (forward, backward, clipping, update) is annotated, the
+// optimizer state like its parameter, and partitioned (compiler::PartitionSpmd) into the
+// per-rank program before compiling: each rank holds and updates only its shards, and the
+// program's collectives (the partitioner's all-reduces, all-gathers) run over the model ranks.
+// The loss and grad_norm outputs are replicated, so they equal the one-process step's. With
+// D > 1 as well (a data x model mesh) every gradient is its own data-parallel bucket (buckets
+// of concatenated shards would need regathering).
 #ifndef KILN_NN_TRAIN_STEP_H_
 #define KILN_NN_TRAIN_STEP_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +78,7 @@
 #include "absl/status/statusor.h"
 #include "kiln/compiler/passes/mixed_precision.h"
 #include "kiln/ir/graph.h"
+#include "kiln/ir/sharding.h"
 #include "kiln/nn/optim.h"
 #include "kiln/nn/params.h"
 #include "kiln/runtime/executable.h"
@@ -89,6 +101,15 @@ struct TrainStepOptions {
   // this rank is shard data_rank (0 <= data_rank < data_parallel).
   bool shard_state = false;
   int data_rank = 0;
+  // Tensor parallel (see the header comment): the parameters named in `shardings`
+  // (ir/sharding.h, over mesh axis "model") are split over model_parallel ranks. `collectives`
+  // must then also implement runtime::ShardCollectives over those ranks (num_shards() ==
+  // model_parallel; dist::MeshCollectives for a data x model mesh); model_rank is this rank's
+  // place among them, used only to cut the initial values (the program is the same on every
+  // rank).
+  int model_parallel = 1;
+  int model_rank = 0;
+  std::map<std::string, ir::Sharding> shardings;
 };
 
 // What ZeRO-1 needs besides the all-reduce (f32 only); dist::CommunicatorCollectives implements
@@ -141,6 +162,17 @@ class TrainStep {
   // copied into the resident buffers.
   absl::Status Restore(const ParamStore& params, const ParamStore& optimizer_state, int64_t step);
 
+  // Tensor parallel: params() and optimizer_state() hold this rank's shards; these gather the
+  // whole tensors (a collective over the model ranks: every one of them must call it) and
+  // restore from whole tensors (each rank keeps its shards). With model_parallel 1 they are
+  // copies of params() / optimizer_state() and Restore.
+  absl::StatusOr<ParamStore> FullParams() const;
+  absl::StatusOr<ParamStore> FullOptimizerState() const;
+  absl::Status RestoreFull(const ParamStore& params, const ParamStore& optimizer_state,
+                           int64_t step);
+  // The sharding of parameter or optimizer-state tensor `name` (replicated when not split).
+  ir::Sharding ShardingOfTensor(const std::string& name, int rank) const;
+
   const ParamStore& params() const { return params_; }
   const ParamStore& optimizer_state() const { return state_; }
   // Where each optimizer_state() tensor lies in the whole state tensor of its name: the whole
@@ -178,6 +210,8 @@ class TrainStep {
   void ZeroMetrics(StepMetrics& m) const;
   // Points the input/output tables at the parameter and state buffers.
   void Bind();
+  absl::StatusOr<ParamStore> Gathered(const ParamStore& local) const;
+  absl::StatusOr<ParamStore> Sharded(const ParamStore& full, const ParamStore& like) const;
 
   TrainStepOptions options_;
   std::unique_ptr<runtime::Executable> exe_;
@@ -202,6 +236,8 @@ class TrainStep {
   bool ran_ = false;
   double compile_seconds_ = 0;
   int num_buckets_ = 0;
+  // Tensor parallel: the sharding of every split parameter and optimizer-state tensor.
+  std::map<std::string, ir::Sharding> tensor_shardings_;
   std::vector<StatePiece> state_pieces_;
   std::unique_ptr<Zero> zero_;
 

@@ -25,13 +25,6 @@ absl::StatusOr<Mesh> ResolveMesh(const MeshConfig& config, int ranks, int64_t ba
         ") x model (", m.model, ") must equal the number of ranks (", ranks, "): set --workers ",
         static_cast<int64_t>(std::max(m.data, 1)) * m.model, " or change mesh.data / mesh.model"));
   }
-  if (m.model > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "mesh.model = ", m.model,
-        ": tensor parallelism is not built yet (it needs sharding annotations on the parameters, "
-        "a sharding propagation pass and the SPMD partitioner that inserts the all-gather / "
-        "reduce-scatter / all-reduce ops; issue 10). Use mesh.model: 1 (data parallel)"));
-  }
   if (batch_size % m.data != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.batch_size (", batch_size, ") must be divisible by mesh.data (", m.data,

@@ -29,8 +29,8 @@ struct MeshCoords {
 };
 
 // The mesh of `config` over `ranks` processes: data 0 means ranks / model. InvalidArgument when
-// data x model != ranks (naming both) or when batch_size is not divisible by data; Unimplemented
-// for model > 1 (tensor parallelism is not built yet).
+// data x model != ranks (naming both) or when batch_size is not divisible by data. model > 1 is
+// tensor parallel (the Trainer refuses models without tensor-parallel layouts).
 absl::StatusOr<Mesh> ResolveMesh(const MeshConfig& config, int ranks, int64_t batch_size);
 
 MeshCoords CoordsOf(const Mesh& mesh, int rank);

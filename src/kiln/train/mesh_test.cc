@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -43,9 +44,11 @@ TEST(MeshTest, ErrorsNameWhatIsWrong) {
   EXPECT_THAT(msg({.data = 3, .model = 1}, 2, 60), HasSubstr("data (3) x model (1)"));
   EXPECT_THAT(msg({.data = 3, .model = 1}, 2, 60), HasSubstr("number of ranks (2)"));
   EXPECT_THAT(msg({}, 2, 63), HasSubstr("data.batch_size (63) must be divisible by mesh.data (2)"));
-  absl::Status tp = ResolveMesh({.data = 2, .model = 2}, 4, 64).status();
-  EXPECT_EQ(tp.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(tp.message()), HasSubstr("tensor parallelism is not built yet"));
+  absl::StatusOr<Mesh> tp = ResolveMesh({.data = 2, .model = 2}, 4, 64);  // tensor parallel
+  ASSERT_TRUE(tp.ok()) << tp.status();
+  EXPECT_EQ(tp->model, 2);
+  EXPECT_EQ(CoordsOf(*tp, 3).data, 1);
+  EXPECT_EQ(CoordsOf(*tp, 3).model, 1);
   EXPECT_THAT(msg({.data = 0, .model = 3}, 2, 64), HasSubstr("model (3)"));
 }
 
@@ -296,6 +299,71 @@ TEST(DataParallelTrainerTest, MeshErrorsAreClear) {
   c.data.batch_size = 33;
   runs = RunRanks(2, c);
   EXPECT_THAT(std::string(runs[1].result.status().message()), HasSubstr("divisible"));
+  // Tensor parallel needs a model with layouts (the GPT).
+  c = Config(root + "/y", 5);
+  c.mesh.model = 2;
+  runs = RunRanks(2, c);
+  ASSERT_FALSE(runs[0].result.ok());
+  EXPECT_EQ(runs[0].result.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(runs[0].result.status().message()), HasSubstr("gpt model only"));
+}
+
+// Tensor parallel: the GPT example on a {data: 2, model: 2} mesh of thread ranks tracks one
+// process, rank 0's checkpoint holds whole tensors, a resume continues on every rank, and that
+// checkpoint restores into one process.
+TrainConfig GptConfig(const std::string& out, int64_t steps, int model) {
+  absl::StatusOr<TrainConfig> c = LoadTrainConfig(
+      std::string(KILN_SOURCE_DIR) + "/examples/gpt_text.yaml",
+      {"output_dir=" + out, "steps=" + std::to_string(steps), "eval_every=5", "eval_batches=1",
+       "checkpoint_every=5", "log_every=1", "data.batch_size=8", "data.seq_len=16",
+       "mesh.model=" + std::to_string(model), "schedule.warmup_steps=2"});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+TEST(TensorParallelTrainerTest, MeshTwoByTwoTracksOneProcessAndCheckpointsWholeTensors) {
+  const std::string root = kiln::test_support::MakeTempDir("kiln_mesh_tp_test");
+  auto cpu = runtime::MakeCpuBackend();
+  absl::StatusOr<std::unique_ptr<Trainer>> one =
+      Trainer::Create(GptConfig(root + "/one", 10, 1), {.backend = cpu.get()});
+  ASSERT_TRUE(one.ok()) << one.status();
+  absl::StatusOr<TrainResult> ref = (*one)->Run();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+
+  const std::string out = root + "/tp";
+  std::vector<RankRun> runs = RunRanks(4, GptConfig(out, 10, 2));
+  for (int r = 0; r < 4; ++r)
+    ASSERT_TRUE(runs[r].result.ok()) << r << ": " << runs[r].result.status();
+  ASSERT_EQ(runs[0].result->losses.size(), 10u);
+  double worst = 0;
+  for (size_t s = 0; s < 10; ++s) {
+    EXPECT_EQ(runs[0].result->losses[s], runs[3].result->losses[s]);
+    const double a = ref->losses[s], b = runs[0].result->losses[s];
+    worst = std::max(worst, std::abs(a - b) / std::abs(a));
+  }
+  EXPECT_LT(worst, 1e-5);
+  std::cout << "largest relative loss difference over 10 steps, {data: 2, model: 2}: " << worst
+            << "\n";
+  std::ifstream f(out + "/run.json");
+  nlohmann::json info = nlohmann::json::parse(f);
+  EXPECT_EQ(info["mesh"]["model"], 2);
+  EXPECT_EQ(info["ranks"][3]["model"], 1);
+
+  // Resume on the same mesh: every rank continues from rank 0's (whole-tensor) checkpoint.
+  std::vector<RankRun> more = RunRanks(4, GptConfig(out, 15, 2));
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(more[r].result.ok()) << more[r].result.status();
+  EXPECT_EQ(more[2].start_step, 10);
+  ASSERT_EQ(more[0].result->losses.size(), 5u);
+  EXPECT_EQ(more[0].result->losses, more[3].result->losses);
+
+  // The tensor-parallel checkpoint restores into one process, which continues the same run.
+  absl::StatusOr<std::unique_ptr<Trainer>> solo =
+      Trainer::Create(GptConfig(out, 20, 1), {.backend = cpu.get()});
+  ASSERT_TRUE(solo.ok()) << solo.status();
+  EXPECT_EQ((*solo)->start_step(), 15);
+  absl::StatusOr<TrainResult> rest = (*solo)->Run();
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(rest->losses.size(), 5u);
 }
 
 }  // namespace

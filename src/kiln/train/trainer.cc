@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -194,7 +195,9 @@ absl::Status Trainer::Compile() {
   KILN_ASSIGN_OR_RETURN(ir::Graph loss, model_->TrainLossGraph(local_batch));
   KILN_ASSIGN_OR_RETURN(nn::ParamStore params, nn::InitParams(model_->Params(), c.seed));
   nn::TrainStepOptions step_opts;
-  if (mesh_.data > 1) {
+  if (tensor_parallel()) {
+    KILN_RETURN_IF_ERROR(SetUpTensorParallel(step_opts, params));
+  } else if (mesh_.data > 1) {
     collectives_ = std::make_unique<dist::CommunicatorCollectives>(*options_.comm);
     step_opts.data_parallel = mesh_.data;
     step_opts.collectives = collectives_.get();
@@ -281,14 +284,15 @@ absl::Status Trainer::Resume() {
     }
     return absl::OkStatus();
   };
-  KILN_RETURN_IF_ERROR(fill(step_->params(), &p));
+  KILN_RETURN_IF_ERROR(fill(tensor_parallel() ? full_params_ : step_->params(), &p));
   if (zero) {
     KILN_ASSIGN_OR_RETURN(s, ReadStatePieces(ck->path));
   } else {
-    KILN_RETURN_IF_ERROR(fill(step_->optimizer_state(), &s));
+    KILN_RETURN_IF_ERROR(fill(tensor_parallel() ? full_state_ : step_->optimizer_state(), &s));
   }
-  KILN_RETURN_IF_ERROR(
-      Annotate(step_->Restore(p, s, ck->step), absl::StrCat("restoring ", ck->path)));
+  KILN_RETURN_IF_ERROR(Annotate(
+      tensor_parallel() ? step_->RestoreFull(p, s, ck->step) : step_->Restore(p, s, ck->step),
+      absl::StrCat("restoring ", ck->path)));
   if (ck->metadata.contains("data"))
     KILN_RETURN_IF_ERROR(data_.train->Restore(ck->metadata["data"]));
   std::string old_hash = ck->metadata.value("config_hash", std::string());
@@ -318,11 +322,27 @@ absl::Status Trainer::InitFrom() {
     return absl::OkStatus();
   }
   if (f.checkpoint.empty()) return absl::OkStatus();
-  KILN_ASSIGN_OR_RETURN(InitFromResult r, LoadInitFrom(f, step_->params(), run_dir_->env()));
+  // Tensor parallel: checked against and loaded as whole tensors (the other ranks get them in
+  // SyncFromChief), and this rank keeps its shards.
+  KILN_ASSIGN_OR_RETURN(
+      InitFromResult r,
+      LoadInitFrom(f, tensor_parallel() ? full_params_ : step_->params(), run_dir_->env()));
   for (const std::string& n : r.notes) notes_.push_back(n);
   // Parameters only: the optimizer state stays zero and the run starts at step 0.
-  KILN_RETURN_IF_ERROR(Annotate(step_->Restore(r.params, step_->optimizer_state(), 0),
-                                absl::StrCat("init_from ", r.checkpoint)));
+  if (tensor_parallel()) {
+    for (int i = 0; i < r.params.size(); ++i) {
+      Tensor* to = full_params_.Find(r.params.names()[i]);
+      if (to == nullptr || to->byte_size() != r.params.value(i).byte_size())
+        return absl::InternalError("init_from: parameter '" + r.params.names()[i] + "' differs");
+      std::memcpy(to->raw_data(), r.params.value(i).raw_data(),
+                  static_cast<size_t>(to->byte_size()));
+    }
+    KILN_RETURN_IF_ERROR(Annotate(step_->RestoreFull(full_params_, full_state_, 0),
+                                  absl::StrCat("init_from ", r.checkpoint)));
+  } else {
+    KILN_RETURN_IF_ERROR(Annotate(step_->Restore(r.params, step_->optimizer_state(), 0),
+                                  absl::StrCat("init_from ", r.checkpoint)));
+  }
   notes_.push_back(r.Summary());
   init_from_info_ = r.ToJson();
   init_from_fresh_ = true;
@@ -369,7 +389,7 @@ absl::Status Trainer::WriteRunInfo() {
   info["run_id"] = run_id_;
   info["backend"] = options_.backend->name();
   info["model"] = model_->Describe();
-  info["parameters"] = step_->params().num_elements();
+  info["parameters"] = (tensor_parallel() ? full_params_ : step_->params()).num_elements();
   info["start_step"] = start_step_;
   info["compile_seconds"] = compile_seconds_;
   info["precision"] = config_.precision;
@@ -397,13 +417,18 @@ absl::Status Trainer::WriteRunInfo() {
 
 NamedTensors Trainer::ParamTensors() const {
   NamedTensors tensors;
-  const nn::ParamStore& p = step_->params();
+  const nn::ParamStore& p = tensor_parallel() ? full_params_ : step_->params();
   for (int i = 0; i < p.size(); ++i) tensors.emplace_back(p.names()[i], p.value(i));
   return tensors;
 }
 
 NamedTensors Trainer::CheckpointTensors() const {
   NamedTensors tensors = ParamTensors();
+  if (tensor_parallel()) {  // the whole tensors RefreshFull gathered
+    for (int i = 0; i < full_state_.size(); ++i)
+      tensors.emplace_back(full_state_.names()[i], full_state_.value(i));
+    return tensors;
+  }
   const nn::ParamStore& s = step_->optimizer_state();
   const auto& pieces = step_->state_pieces();
   for (int i = 0; i < s.size(); ++i) {
@@ -423,8 +448,10 @@ std::string Trainer::LastSavedPath() const {
 absl::Status Trainer::Save(bool sync) {
   // Never commit a diverged state as a result: the run stops instead (Run checks the loss and
   // gradients every step; this catches an update that overflowed the parameters silently).
-  bool finite = AllFinite(step_->params()) && AllFinite(step_->optimizer_state());
-  if (mesh_.ranks > 1) {  // with shard_state each rank checks only its own state: agree
+  bool finite = tensor_parallel()
+                    ? AllFinite(full_params_) && AllFinite(full_state_)
+                    : AllFinite(step_->params()) && AllFinite(step_->optimizer_state());
+  if (sharded_saves()) {  // with shard_state each rank checks only its own state: agree
     KILN_ASSIGN_OR_RETURN(bool any_bad, AnyRank(!finite, "agreeing that the state is finite"));
     finite = !any_bad;
   }
@@ -443,7 +470,7 @@ absl::Status Trainer::Save(bool sync) {
       {"model_dims",
        {{"features", data_.shape.features}, {"num_classes", data_.shape.num_classes}}}};
   auto scope = profiler_.Scope("checkpoint", sync ? "save" : "save_async");
-  if (mesh_.ranks > 1) {  // every rank writes its own pieces; synchronous (collectives)
+  if (sharded_saves()) {  // every rank writes its own pieces; synchronous (collectives)
     KILN_RETURN_IF_ERROR(SaveShards(meta));
   } else if (sync) {
     KILN_RETURN_IF_ERROR(ckpt_->Save(step_->step(), CheckpointTensors(), meta));
@@ -455,7 +482,7 @@ absl::Status Trainer::Save(bool sync) {
 }
 
 absl::StatusOr<EvalResult> Trainer::Evaluate(int64_t max_batches) {
-  return evaluator_->Run(step_->params(), max_batches);
+  return evaluator_->Run(tensor_parallel() ? full_params_ : step_->params(), max_batches);
 }
 
 absl::Status Trainer::WriteMetrics(int64_t step, const std::map<std::string, double>& scalars) {
@@ -519,7 +546,8 @@ absl::StatusOr<TrainResult> Trainer::Run() {
                         start_step_));
   } else {
     Log(absl::StrFormat("model %s, %d parameters; train step compiled in %.2fs; steps %d..%d",
-                        model_->Describe(), step_->params().num_elements(),
+                        model_->Describe(),
+                        (tensor_parallel() ? full_params_ : step_->params()).num_elements(),
                         step_->compile_seconds(), start_step_ + 1, c.steps));
   }
   KILN_RETURN_IF_ERROR(EvaluateInitFrom());
@@ -675,6 +703,7 @@ absl::Status Trainer::MaybeEvaluate(int64_t number, Loop& loop, TrainResult& res
   // Every rank evaluates (rank 0 alone writes the result): a rank 0 evaluating alone would keep
   // the others waiting in the next collective, past its timeout for a long evaluation.
   if (c.eval_every <= 0 || number % c.eval_every != 0) return absl::OkStatus();
+  if (tensor_parallel()) KILN_RETURN_IF_ERROR(RefreshFull());
   auto s = profiler_.Scope("eval", "evaluate");
   KILN_ASSIGN_OR_RETURN(EvalResult e, Evaluate(c.eval_batches));
   KILN_RETURN_IF_ERROR(WriteMetrics(number, EvalScalars(e)));
@@ -689,10 +718,14 @@ absl::Status Trainer::MaybeEvaluate(int64_t number, Loop& loop, TrainResult& res
 
 absl::Status Trainer::MaybeCheckpoint(int64_t number) {
   const TrainConfig& c = config_;
-  if (c.checkpoint_every <= 0 || number % c.checkpoint_every != 0 || number >= c.steps ||
-      (!chief() && mesh_.ranks == 1)) {
+  if (c.checkpoint_every <= 0 || number % c.checkpoint_every != 0 || number >= c.steps) {
     return absl::OkStatus();
   }
+  // Tensor parallel: every rank sends its shards; rank 0 saves the whole tensors.
+  if (tensor_parallel()) KILN_RETURN_IF_ERROR(RefreshFull());
+  // Sharded saves: every rank writes its pieces. Otherwise (one process, tensor parallel) rank 0
+  // saves the whole tensors.
+  if (!chief() && !sharded_saves()) return absl::OkStatus();
   // The step is blocked only for the host copy (and for the previous save, if still writing);
   // the write itself is reported once it has finished, at the next save.
   const SaveInfo previous = ckpt_->last_save_info();
@@ -713,9 +746,11 @@ absl::Status Trainer::Finish(Loop& loop, TrainResult& result) {
   const TrainConfig& c = config_;
   profiler_.set_enabled(false);
   step_->mutable_executable().set_thunk_observer(nullptr);
+  if (tensor_parallel()) KILN_RETURN_IF_ERROR(RefreshFull());  // for the final save and eval
   if (!chief()) {  // rank 0 commits, evaluates and writes the run's files
     // The final sharded save, as rank 0 decides below (both track last_saved_step_).
-    if (last_saved_step_ != step_->step()) KILN_RETURN_IF_ERROR(Save(/*sync=*/true));
+    if (sharded_saves() && last_saved_step_ != step_->step())
+      KILN_RETURN_IF_ERROR(Save(/*sync=*/true));
     result.final_step = step_->step();
     result.checkpoint = absl::StrCat(config_.output_dir, "/checkpoints/step_", step_->step());
     return metrics_->Close();

@@ -168,6 +168,14 @@ class Trainer {
   absl::Status SyncFromChief();
   absl::Status GatherRanks();
   absl::Status TakeShare();
+  // Tensor parallel: the train step's options for this rank of the mesh, and the whole tensors
+  // gathered from every model rank's shards (a collective: every rank calls it).
+  absl::Status SetUpTensorParallel(nn::TrainStepOptions& step_opts, const nn::ParamStore& initial);
+  absl::Status RefreshFull();
+  bool tensor_parallel() const { return mesh_.model > 1; }
+  // Checkpoints in pieces, every rank writing its own (a data-parallel mesh); a tensor-parallel run
+  // gathers whole tensors for rank 0 to save instead.
+  bool sharded_saves() const { return mesh_.ranks > 1 && !tensor_parallel(); }
   // True on every rank when any rank's `stop` is (a 4-byte max all-reduce, once per step).
   absl::StatusOr<bool> AgreeToStop(bool stop);
   absl::StatusOr<bool> AnyRank(bool flag, const std::string& what);
@@ -219,7 +227,11 @@ class Trainer {
   MeshCoords coords_;
   int rank_ = 0;
   Tensor x_local_, x_local_flat_, y_local_;
-  std::unique_ptr<dist::CommunicatorCollectives> collectives_;
+  std::unique_ptr<runtime::Collectives> collectives_;
+  // Tensor parallel (mesh_.model > 1): the train step holds this rank's shards; these are the
+  // whole parameters and optimizer state, gathered (RefreshFull, every rank) before rank 0
+  // checkpoints and before evaluations, and what checkpoints restore into.
+  nn::ParamStore full_params_, full_state_;
   nlohmann::json ranks_info_;
   nlohmann::json init_from_info_;  // run.json's "init_from" (null: none)
   bool init_from_fresh_ = false;   // weights loaded by init_from, not yet evaluated

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
+#include "kiln/dist/mesh_collectives.h"
+#include "kiln/nn/gpt.h"
 #include "kiln/nn/train_step.h"
 #include "kiln/train/trainer.h"
 
@@ -74,6 +76,12 @@ absl::Status Trainer::SyncFromChief() {
   completed_step_ = state.value("completed_step", int64_t{-1});
   restored_from_ = state.value("restored_from", std::string());
   init_from_fresh_ = state.value("init_from_fresh", false);
+  if (tensor_parallel()) {
+    // The broadcast wrote the whole tensors; each rank keeps its shards of them.
+    KILN_RETURN_IF_ERROR(step_->RestoreFull(full_params_, full_state_, start_step_));
+    if (!state["data"].is_null()) KILN_RETURN_IF_ERROR(data_.train->Restore(state["data"]));
+    return absl::OkStatus();
+  }
   nn::ParamStore state_pieces;
   if (zero && !restored_from_.empty()) {
     KILN_ASSIGN_OR_RETURN(state_pieces, ReadStatePieces(restored_from_));
@@ -131,7 +139,7 @@ absl::StatusOr<bool> Trainer::AnyRank(bool flag, const std::string& what) {
 }
 
 absl::Status Trainer::OpenCheckpointsForShards() {
-  if (mesh_.ranks == 1) return absl::OkStatus();
+  if (!sharded_saves()) return absl::OkStatus();
   CheckpointOptions copts;
   copts.keep_last = config_.keep_last;
   copts.keep_every = config_.keep_every;
@@ -202,6 +210,48 @@ absl::StatusOr<nn::ParamStore> Trainer::ReadStatePieces(const std::string& check
     KILN_RETURN_IF_ERROR(out.Add(like.names()[i], *std::move(t)));
   }
   return out;
+}
+
+// Tensor parallel (docs/distributed.md "Tensor parallel"): Megatron's layouts of the model, the
+// mesh's collectives (data group: the gradient all-reduce; model group: the partitioner's), and
+// the whole tensors the checkpoints and evaluations use.
+absl::Status Trainer::SetUpTensorParallel(nn::TrainStepOptions& step_opts,
+                                          const nn::ParamStore& initial) {
+  const auto* gpt = dynamic_cast<const nn::Gpt*>(model_.get());
+  if (gpt == nullptr)
+    return absl::UnimplementedError(
+        absl::StrCat("mesh.model = ", mesh_.model,
+                     ": tensor-parallel layouts exist for the gpt model only, not ",
+                     config_.model.kind, "; use mesh.model: 1 (data parallel)"));
+  KILN_ASSIGN_OR_RETURN(step_opts.shardings, gpt->TensorParallelShardings(mesh_.model));
+  collectives_ = std::make_unique<dist::MeshCollectives>(*options_.comm, mesh_.data, mesh_.model);
+  step_opts.collectives = collectives_.get();
+  step_opts.data_parallel = mesh_.data;
+  step_opts.model_parallel = mesh_.model;
+  step_opts.model_rank = coords_.model;
+  full_params_ = initial.Clone();
+  KILN_ASSIGN_OR_RETURN(full_state_, nn::ZerosLike(nn::OptimizerStateSpecs(
+                                         BuildOptimizerConfig(config_), model_->Params())));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RefreshFull() {
+  KILN_ASSIGN_OR_RETURN(nn::ParamStore p, step_->FullParams());
+  KILN_ASSIGN_OR_RETURN(nn::ParamStore s, step_->FullOptimizerState());
+  // Into the existing buffers: a checkpoint's staging and restore point at them.
+  for (int i = 0; i < p.size(); ++i) {
+    Tensor* to = full_params_.Find(p.names()[i]);
+    if (to == nullptr || to->byte_size() != p.value(i).byte_size())
+      return absl::InternalError("RefreshFull: parameter '" + p.names()[i] + "' differs");
+    std::memcpy(to->raw_data(), p.value(i).raw_data(), static_cast<size_t>(to->byte_size()));
+  }
+  for (int i = 0; i < s.size(); ++i) {
+    Tensor* to = full_state_.Find(s.names()[i]);
+    if (to == nullptr || to->byte_size() != s.value(i).byte_size())
+      return absl::InternalError("RefreshFull: optimizer state '" + s.names()[i] + "' differs");
+    std::memcpy(to->raw_data(), s.value(i).raw_data(), static_cast<size_t>(to->byte_size()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::TakeShare() {

@@ -1,6 +1,7 @@
 #include "kiln/compiler/passes/fusion.h"
 
 #include <algorithm>
+#include <functional>
 #include <queue>
 #include <utility>
 #include <vector>
@@ -367,9 +368,91 @@ bool AlreadyFused(const ir::Graph& graph, const std::vector<int>& order,
   return true;
 }
 
+// Generators: loop-fusible nodes that read no stored tensor of their own size, only
+// broadcast_in_dim views (of smaller tensors) and other generators, at most kMaxGeneratorDepth
+// deep: a one-hot (convert(compare(broadcast(iota), broadcast(labels)))) or a mask. Recomputing
+// one in every fusion group that reads it costs a few instructions per element; sharing it would
+// store and reload a tensor of its size. So each fusible user of a generator (a same-shaped loop
+// op, or a loop reduction) gets its own copy of the generator's chain; the original stays with
+// the users that would read it from memory anyway (and the graph outputs), or else with the first
+// fusible user. Returns whether it copied anything; a second run finds nothing to copy.
+constexpr int kMaxGeneratorDepth = 4;
+
+bool IsGenerator(const ir::Graph& g, int id, int depth, std::vector<signed char>& memo) {
+  if (memo[id] >= 0) return memo[id] != 0 && depth <= kMaxGeneratorDepth;
+  const ir::Node& n = g.node(id);
+  bool gen = depth <= kMaxGeneratorDepth && IsLoopFusible(g, n);
+  const int64_t size = n.type().shape.num_elements();
+  for (int op : n.operands()) {
+    if (!gen) break;
+    const ir::Node& o = g.node(op);
+    if (o.opcode() == Opcode::kBroadcastInDim) {
+      gen = g.node(o.operand(0)).type().shape.num_elements() < size;
+    } else {
+      gen = o.type().shape.num_elements() == size && IsGenerator(g, op, depth + 1, memo);
+    }
+  }
+  // Memoized only at depth 1 (a deeper "no" may be a depth limit, not the node's nature).
+  if (depth == 1) memo[id] = gen ? 1 : 0;
+  return gen;
+}
+
+absl::StatusOr<bool> CopyGenerators(ir::Graph& graph, const FusionOptions& options) {
+  const ir::Graph& g = graph;
+  const int n = g.num_nodes();
+  std::vector<signed char> memo(n, -1);
+  std::vector<std::vector<int>> users(n);
+  std::vector<char> is_output(n, 0);
+  for (const ir::Node& node : g.nodes())
+    for (int op : node.operands()) users[op].push_back(node.id());
+  for (const ir::Output& o : g.outputs()) is_output[o.node] = 1;
+  auto fusible_user = [&](int gen, int user) {
+    const ir::Node& u = g.node(user);
+    if (options.fuse_reductions && IsLoopReduction(g, u)) return true;
+    return IsLoopFusible(g, u) && u.type().shape == g.node(gen).type().shape;
+  };
+  GraphEditor e(g);
+  // A copy of generator `id`'s chain (generators copied, everything else shared) placed before
+  // `before`.
+  std::function<int(int, int)> copy = [&](int id, int before) {
+    const ir::Node& node = g.node(id);
+    std::vector<int> ops;
+    for (int op : node.operands())
+      ops.push_back(g.node(op).opcode() == Opcode::kBroadcastInDim ? op : copy(op, before));
+    e.set_position(before);
+    return e.AddCopy(node, std::move(ops), node.attrs());
+  };
+  bool copied = false;
+  for (const ir::Node& node : g.nodes()) {
+    const int id = node.id();
+    if (users[id].size() + is_output[id] < 2 || !IsGenerator(g, id, 1, memo)) continue;
+    std::vector<int> fusible;
+    bool stays = is_output[id] != 0;
+    for (int u : users[id]) {
+      if (!fusible_user(id, u)) {
+        stays = true;
+      } else if (std::find(fusible.begin(), fusible.end(), u) == fusible.end()) {
+        fusible.push_back(u);
+      }
+    }
+    for (size_t k = stays ? 0 : 1; k < fusible.size(); ++k) {
+      const int u = fusible[k];
+      const int c = copy(id, u);
+      const std::vector<int> ops = e.operands_of(u);
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i)
+        if (ops[i] == id) KILN_RETURN_IF_ERROR(e.SetOperand(u, i, c));
+      copied = true;
+    }
+  }
+  if (!copied) return false;
+  KILN_ASSIGN_OR_RETURN(graph, std::move(e).Build());
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
+  KILN_ASSIGN_OR_RETURN(const bool copied, CopyGenerators(graph, options_));
   const ir::Graph& g = graph;
   GroupFormer former(g, options_);
   former.OutputFusions();
@@ -391,7 +474,7 @@ absl::StatusOr<bool> FusionPass::Run(ir::Graph& graph) {
   std::vector<int64_t> want(g.num_nodes(), -1);
   for (int i = 0; i < g.num_nodes(); ++i)
     if (groups.group_of[i] >= 0) want[i] = number[groups.group_of[i]];
-  if (AlreadyFused(g, order, want, table)) return false;
+  if (AlreadyFused(g, order, want, table)) return copied;
 
   GraphEditor e(g);
   e.set_dead_code(GraphEditor::DeadCode::kKeep);

@@ -21,9 +21,13 @@
 // conv_epilogue for output fusions, loop, or reduction for a loop group with a reduce_sum sink.
 // IR text shows the table as `fusion <id> kind=<kind>` lines before the nodes.
 // A node joins the groups of its operands that have its shape; groups merge through it. A group
-// member used outside the group (or as a graph output) is one of the group's outputs: fusion never
-// duplicates work (multi-output fusion instead of recomputing a producer), so no expensive
-// producer is ever computed twice. broadcast_in_dim nodes are left unmarked: a backend reads
+// member used outside the group (or as a graph output) is one of the group's outputs: fusion does
+// not duplicate work (multi-output fusion instead of recomputing a producer), so no expensive
+// producer is ever computed twice. The one exception is a generator: a chain of at most 4
+// loop-fusible ops that reads only broadcast_in_dim views of smaller tensors (a one-hot
+// compare(broadcast(iota), broadcast(labels)), a mask). Each group that reads one gets its own
+// copy, recomputed in registers, instead of one group storing it and the others reloading a
+// tensor of its size. broadcast_in_dim nodes are left unmarked: a backend reads
 // their operand through a broadcasting view inside the kernel and materializes the broadcast only
 // for consumers outside fusion groups. Even a single node forms a group: the fused loop has no
 // per-op library dispatch.

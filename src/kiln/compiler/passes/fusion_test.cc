@@ -377,5 +377,48 @@ TEST(Fusion, RewritesAStaleGroupTable) {
     })");
 }
 
+// A generator (here a one-hot: a compare of broadcast views, converted) read by two groups is
+// copied into each of them instead of being stored by one and reloaded by the other: the
+// cross-entropy gradient reads the one-hot after a reduction that also reads it.
+TEST(Fusion, GeneratorsAreCopiedIntoEachGroupThatReadsThem) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[2,4]
+      %l = parameter() {index=1, name="l"} : f32[2]
+      %io = iota() {dimension=0} : f32[4]
+      %bi = broadcast_in_dim(%io) {broadcast_dimensions=[1], shape=[2,4]}
+      %bl = broadcast_in_dim(%l) {broadcast_dimensions=[0], shape=[2,4]}
+      %eq = compare(%bi, %bl) {direction="eq"}
+      %oh = convert(%eq) : f32[2,4]
+      %m = mul(%x, %oh)
+      %p = reduce_sum(%m) {dimensions=[1]}
+      %bp = broadcast_in_dim(%p) {broadcast_dimensions=[0], shape=[2,4]}
+      %d = sub(%x, %bp)
+      %gr = sub(%d, %oh)
+      return p=%p, g=%gr
+    })",
+                R"(
+    graph @g {
+      fusion 0 kind=reduction
+      fusion 1 kind=loop
+      %0 = parameter() {index=0, name="x"} : f32[2,4]
+      %1 = parameter() {index=1, name="l"} : f32[2]
+      %2 = iota() {dimension=0} : f32[4]
+      %3 = broadcast_in_dim(%2) {broadcast_dimensions=[1], shape=[2,4]}
+      %4 = broadcast_in_dim(%1) {broadcast_dimensions=[0], shape=[2,4]}
+      %5 = compare(%3, %4) {direction="eq", fusion=0}
+      %6 = convert(%5) {fusion=0} : f32[2,4]
+      %7 = mul(%0, %6) {fusion=0}
+      %8 = reduce_sum(%7) {dimensions=[1], fusion=0}
+      %9 = broadcast_in_dim(%8) {broadcast_dimensions=[0], shape=[2,4]}
+      %10 = sub(%0, %9) {fusion=1}
+      %11 = compare(%3, %4) {direction="eq", fusion=1}
+      %12 = convert(%11) {fusion=1} : f32[2,4]
+      %13 = sub(%10, %12) {fusion=1}
+      return p=%8, g=%13
+    })");
+}
+
 }  // namespace
 }  // namespace kiln::compiler

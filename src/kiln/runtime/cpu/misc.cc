@@ -1,10 +1,14 @@
 // Rarely-hot ops: random_bits and the collectives (all_reduce through RunContext::collectives).
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/philox.h"
 #include "kiln/runtime/cpu/internal/common.h"
+#include "kiln/runtime/shard_collectives.h"
 
 namespace kiln::runtime::cpu {
 
@@ -48,23 +52,19 @@ LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
         });
       });
     }
-    // all_reduce: the operand copied into the result, then summed in place over the ranks
-    // through the run's Collectives (RunContext), when it has them for more than one rank. A
-    // failure (a peer gone: DeadlineExceeded) stops the run. all_gather / reduce_scatter stay
-    // identities over one replica (the partitioner that makes them real is not built yet).
+    // all_reduce (sum, data parallel): the operand copied into the result, then summed in place
+    // over the ranks through the run's Collectives (RunContext), when it has them for more than
+    // one rank. A failure (a peer gone: DeadlineExceeded) stops the run. The SPMD partitioner's
+    // collectives (all_reduce over a mesh axis or with reduction max, all_gather /
+    // reduce_scatter over more than one replica) run through the run's ShardCollectives
+    // (runtime/shard_collectives.h); over one replica they are copies.
     case ir::Opcode::kAllReduce:
     case ir::Opcode::kAllGather:
     case ir::Opcode::kReduceScatter: {
-      if (n.opcode() != ir::Opcode::kAllReduce && n.attr_int("replicas") != 1)
-        return Unimplemented(
-            n, absl::StrCat("the cpu backend runs one replica; this op has replicas = ",
-                            n.attr_int("replicas")));
-      if (n.opcode() == ir::Opcode::kAllReduce && n.has_attr("reduction") &&
-          n.attr_str("reduction") != "sum")
-        return Unimplemented(n, "unknown reduction '" + n.attr_str("reduction") + "'");
       int in = n.operand(0), out = n.id();
       int64_t bytes = n.type().byte_size();
-      if (n.opcode() == ir::Opcode::kAllReduce) {
+      const bool sum = n.opcode() == ir::Opcode::kAllReduce && !runtime::IsShardAllReduce(n);
+      if (sum) {
         const DType dtype = n.type().dtype;
         const int64_t count = n.type().shape.num_elements();
         std::string what = absl::StrCat("all_reduce %", n.id());
@@ -76,8 +76,18 @@ LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
           if (!s.ok()) ctx.status = absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
         });
       }
-      return MakeFnThunk(n, "copy", [=](RunContext& ctx) {
-        std::memcpy(ctx.buffers[out], ctx.buffers[in], bytes);
+      if (n.opcode() != ir::Opcode::kAllReduce && n.attr_int("replicas") == 1)
+        return MakeFnThunk(n, "copy", [=](RunContext& ctx) {
+          std::memcpy(ctx.buffers[out], ctx.buffers[in], bytes);
+        });
+      const ir::Type in_type = lc.operand_type(n, 0);
+      auto scratch = std::make_shared<std::vector<uint8_t>>(
+          static_cast<size_t>(std::max(bytes, in_type.byte_size())));
+      const ir::Node node = n;
+      return MakeFnThunk(n, "collective", [=](RunContext& ctx) {
+        if (bytes == 0) return;
+        runtime::RunShardCollective(node, in_type, ctx.buffers[in], ctx.buffers[out],
+                                    scratch->data(), ctx);
       });
     }
     default:

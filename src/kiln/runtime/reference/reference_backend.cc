@@ -1,11 +1,13 @@
 #include "kiln/runtime/reference/reference_backend.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "kiln/base/status.h"
 #include "kiln/compiler/buffer_plan.h"
 #include "kiln/runtime/reference/kernels.h"
+#include "kiln/runtime/shard_collectives.h"
 
 namespace kiln::runtime {
 namespace reference {
@@ -47,6 +49,36 @@ class KernelThunk : public Thunk {
   int64_t count_;
 };
 
+// all_gather / reduce_scatter over more than one replica and all_reduce over a mesh axis or
+// with reduction max: the SPMD partitioner's collectives, run through the run's ShardCollectives
+// (shard_collectives.h).
+class ShardCollectiveThunk : public Thunk {
+ public:
+  ShardCollectiveThunk(const ir::Node& n, const ir::Type& in_type)
+      : node_(n),
+        in_type_(in_type),
+        name_(std::string(ir::OpcodeName(n.opcode())) + " %" + std::to_string(n.id())),
+        scratch_(static_cast<size_t>(std::max(n.type().byte_size(), in_type.byte_size()))) {}
+  void Run(RunContext& ctx) override {
+    if (node_.type().byte_size() == 0) return;
+    RunShardCollective(node_, in_type_, ctx.buffers[node_.operand(0)], ctx.buffers[node_.id()],
+                       scratch_.data(), ctx);
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  ir::Node node_;
+  ir::Type in_type_;
+  std::string name_;
+  std::vector<uint8_t> scratch_;
+};
+
+bool IsShardCollective(const ir::Node& n) {
+  if (n.opcode() == ir::Opcode::kAllReduce) return IsShardAllReduce(n);
+  return (n.opcode() == ir::Opcode::kAllGather || n.opcode() == ir::Opcode::kReduceScatter) &&
+         n.attr_int("replicas") != 1;
+}
+
 class ReferenceBackend : public Backend {
  public:
   std::string name() const override { return "reference"; }
@@ -74,6 +106,10 @@ class ReferenceBackend : public Backend {
       const ir::Node& n = m.graph.node(k.members.back());
       std::vector<ir::Type> types;
       for (int o : n.operands()) types.push_back(m.graph.node(o).type());
+      if (IsShardCollective(n)) {
+        thunks.push_back(std::make_unique<ShardCollectiveThunk>(n, types[0]));
+        continue;
+      }
       KILN_ASSIGN_OR_RETURN(Kernel kernel, MakeKernel(n, types));
       thunks.push_back(std::make_unique<KernelThunk>(n, std::move(kernel)));
     }

@@ -9,8 +9,8 @@
 //   KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, exe->Run({x}));
 //
 // Compile verifies the graph, then makes one thunk per non-source node, named "<op> %<id>".
-// Unsupported dtypes (f8 outside data movement and convert, integers in transcendental ops) and
-// collectives over more than one replica are InvalidArgument at compile time.
+// Unsupported dtypes (f8 outside data movement and convert, integers in transcendental ops) are
+// InvalidArgument at compile time; collectives run through the run's (Shard)Collectives.
 #ifndef KILN_RUNTIME_REFERENCE_REFERENCE_BACKEND_H_
 #define KILN_RUNTIME_REFERENCE_REFERENCE_BACKEND_H_
 

@@ -541,9 +541,13 @@ TEST(ReferenceBackendTest, CompileRejectsWhatItCannotRun) {
     b.Output("y", AllGather(x, 0, 2));
     auto g = b.Build();
     ASSERT_TRUE(g.ok()) << g.status();
+    // An all_gather over 2 replicas compiles (the SPMD partitioner's programs use them) and runs
+    // through the run's ShardCollectives; without them the run fails, naming the op.
     auto exe = MakeReferenceBackend()->Compile(*g);
-    EXPECT_EQ(exe.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(exe.status().message(), HasSubstr("replicas"));
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    auto run = (*exe)->Run({Tensor(DType::kF32, Shape{2})});
+    EXPECT_EQ(run.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(run.status().message(), HasSubstr("all_gather %1: runs over 2 ranks"));
   }
   {
     // A hand-built graph that does not verify is an error, not a crash.
