@@ -9,6 +9,9 @@
 //   xent_grad    p * scale - onehot over [4,128,50257] with [4,128] and [50257] broadcasts
 //   sumsq        sum(g * g) over [50257,768] into one value: the clipping norm of the embedding
 //   xent         cross_entropy over [4,128,50257] logits (log-sum-exp per row minus the label's)
+//   xent_train   the mean loss and its logits gradient as autodiff writes them (the train step's
+//                LM-head loss: cross_entropy, then exp(logits - lse) - onehot in one fused pass);
+//                bytes counted: the logits read once and the gradient written once
 //   gelu         GELU (tanh form) over the MLP's [4,128,3072] activations
 //   gelu_grad    its backward as autodiff writes it, with the bias gradient's column sum
 // Prints per kernel the median time, GB/s of the bytes it reads and writes, and that as a share of
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "bench/timing.h"
+#include "kiln/autodiff/grad.h"
 #include "kiln/base/memory.h"
 #include "kiln/base/status.h"
 #include "kiln/ir/builder.h"
@@ -108,6 +112,16 @@ ir::Graph Xent(int64_t b0, int64_t b1, int64_t v) {
   Value labels = b.Parameter("labels", DType::kS32, {b0, b1});
   b.Output("loss", ir::SparseCrossEntropy(logits, labels));
   return b.Build().value();
+}
+
+// The LM head's loss as the train step differentiates it: mean cross-entropy and d/dlogits.
+ir::Graph XentTrain(int64_t b0, int64_t b1, int64_t v) {
+  ir::Builder b("xent_train");
+  Value logits = b.Parameter("logits", DType::kF32, {b0, b1, v});
+  Value labels = b.Parameter("labels", DType::kS32, {b0, b1});
+  b.Output("loss", ir::ReduceSum(ir::SparseCrossEntropy(logits, labels), {0, 1}) *
+                       (1.0 / static_cast<double>(b0 * b1)));
+  return autodiff::Grad(b.Build().value(), {"logits"}).value();
 }
 
 ir::Graph XentGrad(int64_t b0, int64_t b1, int64_t v) {
@@ -216,6 +230,7 @@ int main(int argc, char** argv) {
   cases.push_back({"xent_grad", XentGrad(4, 128, 50257), {}});
   cases.push_back({"sumsq", SumSquares(50257, 768), {}});
   cases.push_back({"xent", Xent(4, 128, 50257), {}});
+  cases.push_back({"xent_train", XentTrain(4, 128, 50257), {}});
   cases.push_back({"gelu", Gelu(4, 128, 3072), {}});
   cases.push_back({"gelu_grad", GeluGrad(4, 128, 3072), {}});
   std::vector<double> memcpy_bw;
