@@ -66,7 +66,7 @@ Value DecomposeRmsNorm(Value x, Value gamma, double epsilon) {
 // above 2^24 rounds to a value that is still >= num_classes, so it matches nothing as before),
 // which the loop fusion takes: the one-hot of a cross-entropy gradient over a 50257-word
 // vocabulary then costs no pass over memory of its own.
-Value OneHot(Value labels, int64_t num_classes, DType dtype) {
+Value LabelHit(Value labels, int64_t num_classes) {
   ir::Builder* b = labels.builder();
   std::vector<int64_t> dims = labels.shape().dims();
   std::vector<int64_t> bd(dims.size());
@@ -78,8 +78,12 @@ Value OneHot(Value labels, int64_t num_classes, DType dtype) {
   const DType index_type = exact_in_f32 ? DType::kF32 : labels.dtype();
   Value classes = ir::BroadcastInDim(b->Iota(index_type, Shape{num_classes}, 0), shape, {last});
   Value as_index = labels.dtype() == index_type ? labels : ir::Convert(labels, index_type);
-  Value hit = ir::Eq(classes, ir::BroadcastInDim(as_index, shape, bd));
-  return ir::Select(hit, b->Scalar(1.0, dtype), b->Scalar(0.0, dtype));
+  return ir::Eq(classes, ir::BroadcastInDim(as_index, shape, bd));
+}
+
+Value OneHot(Value labels, int64_t num_classes, DType dtype) {
+  ir::Builder* b = labels.builder();
+  return ir::Select(LabelHit(labels, num_classes), b->Scalar(1.0, dtype), b->Scalar(0.0, dtype));
 }
 
 Value ValidLabels(Value labels, int64_t num_classes) {

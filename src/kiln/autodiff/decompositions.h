@@ -38,6 +38,8 @@ ir::Value DecomposeAttention(ir::Value q, ir::Value k, ir::Value v, bool causal,
 // scale * q k^T, with masked (k > q + Sk - Sq) entries set to -inf when causal: [..., Sq, Sk].
 ir::Value AttentionScores(ir::Value q, ir::Value k, bool causal, double scale);
 // 1 where the class index equals the label, else 0, in `dtype`: labels [...] -> [..., C].
+// The bool [..., num_classes] "class == label" of OneHot, before it becomes 1 / 0.
+ir::Value LabelHit(ir::Value labels, int64_t num_classes);
 ir::Value OneHot(ir::Value labels, int64_t num_classes, DType dtype);
 // True where 0 <= label < num_classes: labels [...] -> bool [...].
 ir::Value ValidLabels(ir::Value labels, int64_t num_classes);

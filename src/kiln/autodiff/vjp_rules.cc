@@ -176,15 +176,18 @@ StatusOr<Cotangents> CrossEntropyVjp(const VjpArgs& a) {
     // f32: softmax(x) = exp(x - lse(x)), with each row's log-sum-exp recovered from the forward's
     // output (loss = lse - x[label]) plus the label's logit. The gradient is then one loop-fused
     // pass over the logits (read once, written once, in place when they die here) instead of a
-    // softmax kernel and a second [rows, classes] buffer. The label's logit is a masked row sum
-    // (a loop reduction: one read of the logits), not a gather from the flattened logits, so that
-    // a vocabulary-split (tensor-parallel) logits tensor stays split: the sum partitions into a
-    // local sum and one all-reduce of a value per row. lse is off by at most an f32 rounding of
-    // the loss (a relative error of ~1e-7 in each probability). Rows with an invalid label have a
-    // meaningless lse (their exp may overflow): they are zeroed by the final select, as their loss
-    // is.
+    // softmax kernel and a second [rows, classes] buffer. The label's logit is written as a
+    // masked row sum, sum(select(class == label, logits, 0)), not a gather from the flattened
+    // logits, so that a vocabulary-split (tensor-parallel) logits tensor stays split: the sum
+    // partitions into a local sum and one all-reduce of a value per row. Where the logits are
+    // whole, the algebraic simplifier turns that sum back into a gather of one logit per row
+    // (docs/compiler.md), so no pass over the logits is spent on it. lse is off by at most an f32
+    // rounding of the loss (a relative error of ~1e-7 in each probability). Rows with an invalid
+    // label have a meaningless lse (their exp may overflow): they are zeroed by the final select,
+    // as their loss is.
     Value onehot = OneHot(labels, classes, logits.dtype());
-    Value picked = ir::ReduceSum(logits * onehot, {last});
+    Value picked =
+        ir::ReduceSum(ir::Select(LabelHit(labels, classes), logits, Zero(logits)), {last});
     Value lse = a.out + picked;
     Value p = ir::Exp(logits - BroadcastReduced(lse, logits.shape(), {last}));
     Value grad = (p - onehot) * BroadcastReduced(g, logits.shape(), {last});

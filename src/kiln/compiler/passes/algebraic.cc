@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <unordered_map>
@@ -69,6 +70,7 @@ class Simplifier {
   std::optional<int> Pad(const ir::Node& n);
   absl::StatusOr<std::optional<int>> AddOfPads(const ir::Node& n);
   absl::StatusOr<std::optional<int>> AddOfScatter(const ir::Node& n);
+  absl::StatusOr<std::optional<int>> LabelPick(const ir::Node& n);
 
   GraphEditor& e_;
   std::unordered_map<const Tensor*, std::optional<double>> splat_;
@@ -127,6 +129,8 @@ absl::StatusOr<std::optional<int>> Simplifier::Simplify(const ir::Node& n) {
     // ---- pad ----
     case Opcode::kPad:
       return Pad(n);
+    case Opcode::kReduceSum:
+      return LabelPick(n);
     default:
       return std::nullopt;
   }
@@ -247,6 +251,85 @@ absl::StatusOr<std::optional<int>> Simplifier::AddOfScatter(const ir::Node& n) {
     return r;
   }
   return std::nullopt;
+}
+
+// reduce_sum(select(broadcast(iota[C]) == broadcast(L), x, 0), last dim), with x [..., C] and L
+// integer labels [...] (or their exact f32 conversion): the masked row sum that picks each row's
+// label logit (autodiff's cross-entropy gradient) becomes a gather of one element per row,
+// select(0 <= L < C, x.flat[row * C + L], 0): one read per row instead of a pass over x. Exact
+// up to the sign of a zero (a -0.0 logit sums to +0.0), as add(x, 0) -> x. A tensor-parallel
+// program keeps the sum: its local iota is offset (a shard of the classes), so the rule does not
+// match.
+absl::StatusOr<std::optional<int>> Simplifier::LabelPick(const ir::Node& n) {
+  const ir::Node& sel = OpNode(n, 0);
+  const ir::Type& xt = sel.type();
+  const int rank = xt.shape.rank();
+  if (sel.opcode() != Opcode::kSelect || rank < 1 || !IsFloating(xt.dtype) ||
+      n.attr_ints("dimensions") != std::vector<int64_t>{rank - 1} || !IsZero(Op(sel, 2)) ||
+      e_.type(Op(sel, 1)).shape != xt.shape)
+    return std::nullopt;
+  const ir::Node& hit = OpNode(sel, 0);
+  if (hit.opcode() != Opcode::kCompare || hit.attr_str("direction") != "eq") return std::nullopt;
+  const int64_t classes = xt.shape.dim(rank - 1);
+  std::vector<int64_t> lead_dims(rank - 1);
+  std::iota(lead_dims.begin(), lead_dims.end(), int64_t{0});
+  int labels = -1;  // the integer labels
+  bool iota_found = false;
+  for (int side = 0; side < 2; ++side) {
+    const ir::Node& b = OpNode(hit, side);
+    if (b.opcode() != Opcode::kBroadcastInDim || b.type().shape != xt.shape) return std::nullopt;
+    const std::vector<int64_t> bd = b.attr_ints("broadcast_dimensions");
+    const ir::Node& src = e_.operand_node(b.id(), 0);
+    if (bd == std::vector<int64_t>{rank - 1} && src.opcode() == Opcode::kIota &&
+        src.type().shape == Shape{classes} && !iota_found) {
+      iota_found = true;
+      continue;
+    }
+    if (bd != lead_dims || labels >= 0) return std::nullopt;
+    int l = src.id();
+    if (src.opcode() == Opcode::kConvert && IsInteger(e_.type(e_.operand(l, 0)).dtype) &&
+        src.type().dtype == DType::kF32 && classes <= (int64_t{1} << 24))
+      l = e_.operand(l, 0);  // labels converted to f32: exact for every class index
+    if (!IsInteger(e_.type(l).dtype)) return std::nullopt;
+    labels = l;
+  }
+  if (!iota_found || labels < 0) return std::nullopt;
+  int64_t rows = 1;
+  for (int d = 0; d < rank - 1; ++d) rows *= xt.shape.dim(d);
+  if (rows == 0 || classes == 0) return std::nullopt;
+  const DType it =
+      rows * classes <= std::numeric_limits<int32_t>::max() ? DType::kS32 : DType::kS64;
+  const ir::Type idx_type{it, Shape{rows}};
+  int l = labels;
+  if (e_.type(l).shape != Shape{rows}) {
+    KILN_ASSIGN_OR_RETURN(l,
+                          e_.Add(Opcode::kReshape, {l}, {{"shape", std::vector<int64_t>{rows}}}));
+  }
+  if (e_.type(l).dtype != it) {
+    KILN_ASSIGN_OR_RETURN(l, e_.Add(Opcode::kConvert, {l}, {}, idx_type));
+  }
+  KILN_ASSIGN_OR_RETURN(int zero, e_.AddSplat(0, idx_type));
+  KILN_ASSIGN_OR_RETURN(int top, e_.AddSplat(static_cast<double>(classes - 1), idx_type));
+  KILN_ASSIGN_OR_RETURN(int width, e_.AddSplat(static_cast<double>(classes), idx_type));
+  KILN_ASSIGN_OR_RETURN(int ge,
+                        e_.Add(Opcode::kCompare, {l, zero}, {{"direction", std::string("ge")}}));
+  KILN_ASSIGN_OR_RETURN(int le,
+                        e_.Add(Opcode::kCompare, {l, top}, {{"direction", std::string("le")}}));
+  KILN_ASSIGN_OR_RETURN(int valid, e_.Add(Opcode::kLogicalAnd, {ge, le}));
+  KILN_ASSIGN_OR_RETURN(int lo, e_.Add(Opcode::kMax, {l, zero}));
+  KILN_ASSIGN_OR_RETURN(int col, e_.Add(Opcode::kMin, {lo, top}));
+  KILN_ASSIGN_OR_RETURN(int row, e_.Add(Opcode::kIota, {}, {{"dimension", int64_t{0}}}, idx_type));
+  KILN_ASSIGN_OR_RETURN(int base, e_.Add(Opcode::kMul, {row, width}));
+  KILN_ASSIGN_OR_RETURN(int index, e_.Add(Opcode::kAdd, {base, col}));
+  KILN_ASSIGN_OR_RETURN(int flat, e_.Add(Opcode::kReshape, {Op(sel, 1)},
+                                         {{"shape", std::vector<int64_t>{rows * classes}}}));
+  KILN_ASSIGN_OR_RETURN(int picked, e_.Add(Opcode::kGather, {flat, index}, {{"axis", int64_t{0}}}));
+  KILN_ASSIGN_OR_RETURN(int none, e_.AddSplat(0, e_.type(picked)));
+  KILN_ASSIGN_OR_RETURN(int r, e_.Add(Opcode::kSelect, {valid, picked, none}));
+  if (e_.type(r).shape != n.type().shape) {
+    KILN_ASSIGN_OR_RETURN(r, e_.Add(Opcode::kReshape, {r}, {{"shape", n.type().shape.dims()}}));
+  }
+  return r;
 }
 
 // add(pad(x), pad(y)) where both pad with 0 along one dim d only and x's slot ends where y's

@@ -24,6 +24,10 @@
 // - select(p, a, a)                                        -> a
 // - select(p, 1, 0) with p bool                            -> convert(p)
 // - slice(x) of the full range with stride 1               -> x
+// - reduce_sum(select(broadcast(iota[C]) == broadcast(L), x, 0)) over x's last dim [..., C],
+//   L integer labels (or their f32 convert)                -> select(0 <= L < C, gather of
+//   x.flat[row * C + L], 0): the label logit of each row (the cross-entropy gradient's) in one
+//   read per row instead of a pass over x
 // What it leaves alone: x * 0 for floats (NaN * 0 and inf * 0 are NaN), x - x, x / x, 0 - x
 // (sign of zero), any other convert pair (f32 -> bf16 -> f32 rounds), and everything else.
 // Exactness: every rewrite gives bit-identical results except that the sign of a zero result may

@@ -455,5 +455,46 @@ TEST(Algebraic, AddOfAScatterIntoZerosScattersIntoTheOtherOperand) {
     })");
 }
 
+// The label-pick rule (reduce_sum of select(iota == labels, x, 0) -> a gather) needs exactly that
+// form: an iota offset by a shard start (a tensor-parallel program), float labels that need not
+// be integers, or a sum over another dim stay as they are. (cpu_backend_test checks the rewrite
+// and its results.)
+TEST(Algebraic, LabelPickNeedsAWholeIotaAndIntegerLabels) {
+  AlgebraicSimplifierPass pass;
+  ExpectUnchanged(pass, R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[2,6]
+      %1 = parameter() {index=1, name="l"} : s32[2]
+      %2 = iota() {dimension=0} : f32[6]
+      %3 = constant() {value=6.0} : f32[]
+      %4 = broadcast_in_dim(%3) {broadcast_dimensions=[], shape=[6]}
+      %5 = add(%2, %4)
+      %6 = broadcast_in_dim(%5) {broadcast_dimensions=[1], shape=[2,6]}
+      %7 = convert(%1) : f32[2]
+      %8 = broadcast_in_dim(%7) {broadcast_dimensions=[0], shape=[2,6]}
+      %9 = compare(%6, %8) {direction="eq"}
+      %10 = constant() {value=0.0} : f32[]
+      %11 = broadcast_in_dim(%10) {broadcast_dimensions=[], shape=[2,6]}
+      %12 = select(%9, %0, %11)
+      %13 = reduce_sum(%12) {dimensions=[1]}
+      return p=%13
+    })");
+  ExpectUnchanged(pass, R"(
+    graph @g {
+      %0 = parameter() {index=0, name="x"} : f32[2,6]
+      %1 = parameter() {index=1, name="l"} : f32[2]
+      %2 = iota() {dimension=0} : f32[6]
+      %3 = broadcast_in_dim(%2) {broadcast_dimensions=[1], shape=[2,6]}
+      %4 = broadcast_in_dim(%1) {broadcast_dimensions=[0], shape=[2,6]}
+      %5 = compare(%3, %4) {direction="eq"}
+      %6 = constant() {value=0.0} : f32[]
+      %7 = broadcast_in_dim(%6) {broadcast_dimensions=[], shape=[2,6]}
+      %8 = select(%5, %0, %7)
+      %9 = reduce_sum(%8) {dimensions=[1]}
+      %10 = reduce_sum(%8) {dimensions=[0]}
+      return p=%9, q=%10
+    })");
+}
+
 }  // namespace
 }  // namespace kiln::compiler

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -624,6 +625,50 @@ TEST(CpuBackendOptimizeTest, PipelineRunsUnlessDisabled) {
   auto p = (*plain)->Run({in});
   ASSERT_TRUE(a.ok() && p.ok());
   EXPECT_TRUE((*a)[0].BitwiseEquals((*p)[0]));
+}
+
+// The masked row sum that picks each row's label logit (autodiff's cross-entropy gradient) runs
+// as a gather of one logit per row (the algebraic pass's label-pick rule), with the masked sum's
+// results: 0 for labels outside [0, C), and an inf elsewhere in a row does not leak in.
+TEST(CpuBackendOptimizeTest, LabelPickRunsAsAGather) {
+  ir::Builder b("pick");
+  ir::Value x = b.Parameter("x", DType::kF32, {2, 3, 6});
+  ir::Value labels = b.Parameter("labels", DType::kS32, {2, 3});
+  const Shape s{2, 3, 6};
+  ir::Value classes = ir::BroadcastInDim(b.Iota(DType::kF32, Shape{6}, 0), s, {2});
+  ir::Value hit = ir::Eq(classes, ir::BroadcastInDim(ir::Convert(labels, DType::kF32), s, {0, 1}));
+  b.Output("picked", ir::ReduceSum(ir::Select(hit, x, b.Scalar(0.0, DType::kF32)), {2}));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto cpu = MakeCpuBackend()->Compile(*g);
+  auto ref = MakeReferenceBackend()->Compile(*g);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  if (!DisabledByEnv("algebraic")) {
+    int gathers = 0, sums = 0;
+    for (const ir::Node& n : (*cpu)->graph().nodes()) {
+      gathers += n.opcode() == ir::Opcode::kGather;
+      sums += n.opcode() == ir::Opcode::kReduceSum;
+    }
+    EXPECT_EQ(gathers, 1);
+    EXPECT_EQ(sums, 0);
+  }
+  std::vector<float> xv(36);
+  for (int i = 0; i < 36; ++i) xv[i] = 0.25f * static_cast<float>(i) - 4.f;
+  xv[4] = std::numeric_limits<float>::infinity();  // row 0, not its label
+  xv[6 + 1] = -0.f;                                // row 1's label logit
+  const std::vector<int32_t> lv = {2, 1, -1, 5, 6, 0};
+  std::vector<Tensor> in = {Tensor::FromVector<float>(s, xv),
+                            Tensor::FromVector<int32_t>(Shape{2, 3}, lv)};
+  auto a = (*cpu)->Run(in);
+  auto want = (*ref)->Run(in);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int r = 0; r < 6; ++r) {
+    const double expect = lv[r] < 0 || lv[r] >= 6 ? 0.0 : xv[r * 6 + lv[r]];
+    EXPECT_EQ((*a)[0].GetDouble(r), expect) << "row " << r;
+    EXPECT_EQ((*want)[0].GetDouble(r), expect) << "row " << r;
+  }
 }
 
 // Reshapes are aliases of their operand's buffer (no copy, no arena bytes), including chains of
