@@ -297,8 +297,8 @@ absl::StatusOr<LoadedRun> LoadRun(const TrainConfig& c, const LoadOptions& o) {
   const std::string hash = ConfigHash(c);
   const std::string old_hash = ck.metadata.value("config_hash", std::string());
   if (old_hash != hash) {
-    run.notes.push_back(absl::StrCat("note: config hash changed since ", ck.path, " (", old_hash,
-                                     " -> ", hash, ")"));
+    run.notes.push_back(
+        absl::StrCat("config hash changed since ", ck.path, " (", old_hash, " -> ", hash, ")"));
   }
   run.step = ck.step;
   run.restored_from = ck.path;
