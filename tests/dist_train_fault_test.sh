@@ -40,9 +40,9 @@ if [ -z "$victim" ]; then
   exit 1
 fi
 sleep 1  # a few steps in
-if [ "$mode" = restart ]; then  # and past the first checkpoint
+if [ "$mode" = restart ]; then  # and past the first committed checkpoint (not a step_N.tmp-* save in flight)
   i=0
-  while [ $i -lt 300 ] && ! ls "$out/run/checkpoints" 2>/dev/null | grep -q step_; do
+  while [ $i -lt 300 ] && ! ls "$out/run/checkpoints" 2>/dev/null | grep -qE '^step_[0-9]+$'; do
     sleep 0.1
     i=$((i + 1))
   done
