@@ -362,7 +362,8 @@ TEST(ShardCollectives, GatherScatterAndMaxAlongAnInnerDim) {
 // global batch. Data rank d takes rows [d B/D, (d+1) B/D) of every batch.
 struct TrainRun {
   std::vector<float> losses;
-  nn::ParamStore params;  // whole tensors after the last step
+  nn::ParamStore params;                   // whole tensors after the last step
+  dist::MeshCollectives::Traffic traffic;  // of the training steps (before FullParams)
 };
 
 // AdamW divides by the root of the squared gradients, so a gradient that is zero in exact
@@ -432,7 +433,9 @@ TrainRun TrainMesh(int data, int model, int steps, int64_t batch, bool adamw) {
       status[r] = [&]() -> absl::Status {
         nn::Gpt gpt(TinyGpt(2));
         std::unique_ptr<runtime::Backend> backend = MakeBackend(true);
-        dist::MeshCollectives collectives(*comms[r], data, model);
+        KILN_ASSIGN_OR_RETURN(std::unique_ptr<dist::MeshCollectives> mesh,
+                              dist::MeshCollectives::Create(*comms[r], data, model));
+        dist::MeshCollectives& collectives = *mesh;
         nn::TrainStepOptions o = Optimizer(adamw);
         o.data_parallel = data;
         o.model_parallel = model;
@@ -447,6 +450,7 @@ TrainRun TrainMesh(int data, int model, int steps, int64_t batch, bool adamw) {
           KILN_ASSIGN_OR_RETURN(nn::StepMetrics m, step->Run({&xs, &ys}));
           runs[r].losses.push_back(m.loss);
         }
+        runs[r].traffic = mesh->traffic();
         KILN_ASSIGN_OR_RETURN(runs[r].params, step->FullParams());
         // The local shards really are shards.
         const Tensor* w = step->params().Find("transformer.h.0.mlp.c_fc.weight");
@@ -490,6 +494,30 @@ TEST(TensorParallelTraining, ModelTwoTracksOneProcess) {
 TEST(TensorParallelTraining, DataTwoModelTwoTracksOneProcess) {
   ExpectSameTraining(TrainMesh(/*data=*/2, /*model=*/2, /*steps=*/6, /*batch=*/4, false),
                      TrainOneProcess(6, 4, false), /*check_params=*/true);
+}
+
+// One communicator per mesh axis: on {data: 2, model: 2} every model-axis collective runs among 2
+// ranks and the gradient all-reduce among 2, where one world all-gather per collective (the
+// former MeshCollectives) made every rank receive (N-1) = 3 times each payload.
+TEST(TensorParallelTraining, AxisCommunicatorsMoveOnlyTheirGroupsBytes) {
+  const int steps = 2;
+  TrainRun run = TrainMesh(/*data=*/2, /*model=*/2, steps, /*batch=*/4, false);
+  const auto& t = run.traffic;
+  ASSERT_GT(t.model.calls, 0);
+  ASSERT_GT(t.data.calls, 0);
+  const int64_t world_gather = 3 * (t.model.payload_bytes + t.data.payload_bytes);
+  const int64_t axes = t.model.received_bytes + t.data.received_bytes;
+  std::printf(
+      "bytes per step per rank, {data: 2, model: 2}: model axis %lld collectives, %lld payload "
+      "bytes; data axis %lld collectives, %lld payload bytes; received %lld (axis communicators) "
+      "vs %lld (world all-gathers): %.2fx less\n",
+      static_cast<long long>(t.model.calls / steps),
+      static_cast<long long>(t.model.payload_bytes / steps),
+      static_cast<long long>(t.data.calls / steps),
+      static_cast<long long>(t.data.payload_bytes / steps), static_cast<long long>(axes / steps),
+      static_cast<long long>(world_gather / steps),
+      static_cast<double>(world_gather) / static_cast<double>(axes));
+  EXPECT_LT(axes * 2, world_gather);
 }
 
 TEST(TensorParallelTraining, AdamWLossesTrackOneProcess) {
