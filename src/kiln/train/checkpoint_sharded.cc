@@ -266,12 +266,23 @@ absl::Status CheckpointManager::WriteRankFiles(int64_t step, int rank, const std
                                                const std::vector<TensorPiece>& pieces,
                                                SaveInfo* info) {
   // Group the pieces into shard files by the byte budget, keeping their order. A rank may hold
-  // several pieces of one tensor (a tensor-parallel split of K groups: one per group); a
-  // safetensors key is unique in its file, so a name already in the file starts the next one.
+  // several pieces of one tensor (a tensor-parallel split of K groups: one per group), and a
+  // safetensors key is unique in its file: the k-th piece of a name goes to the k-th run of
+  // files (every first piece in order, then every second, ...), so K groups take K files, not
+  // one per piece.
+  std::vector<size_t> order(pieces.size());
+  {
+    std::map<std::string, int> seen;
+    std::vector<int> occurrence(pieces.size());
+    for (size_t i = 0; i < pieces.size(); ++i) occurrence[i] = seen[pieces[i].name]++;
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return occurrence[a] < occurrence[b]; });
+  }
   std::vector<std::vector<size_t>> groups;
   std::set<std::string> group_names;
   uint64_t group_bytes = 0;
-  for (size_t i = 0; i < pieces.size(); ++i) {
+  for (size_t i : order) {
     const uint64_t b =
         static_cast<uint64_t>(pieces[i].slice.num_elements()) * DTypeSize(pieces[i].dtype);
     if (groups.empty() || (!groups.back().empty() && group_bytes + b > options_.shard_bytes) ||
