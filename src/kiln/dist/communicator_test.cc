@@ -359,6 +359,12 @@ TEST(ThreadCommunicatorSplitTest, MismatchedCallsFailOnEveryRank) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status[0].message()), HasSubstr("op Split vs AllReduce"));
   EXPECT_THAT(std::string(status[1].message()), HasSubstr("op AllReduce vs Split"));
+  // Every rank saw the mismatch: the next Split on both works.
+  RunRanks(comms, [&](int r, Communicator& c) {
+    auto g = c.Split(0, r);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE((*g)->Barrier().ok());
+  });
 }
 
 // A dead member of a group: its peers in that group time out (DeadlineExceeded) and that group

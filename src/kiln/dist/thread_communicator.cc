@@ -60,7 +60,7 @@ struct Group {
   std::vector<Post> posts;
   bool broken = false;
   std::string broken_reason;
-  // Split: the groups being handed out, by (the split's sequence number, color); the last
+  // Split: the groups being handed out, by (the generation of the Split call, color); the last
   // member to take its group removes the entry.
   struct Pending {
     std::shared_ptr<Group> group;
@@ -151,7 +151,6 @@ class ThreadCommunicator final : public Communicator {
     post.kind = OpKind::kSplit;
     post.color = color;
     post.key = key;
-    const uint64_t seq = splits_++;
     std::string bad;
     std::shared_ptr<Group> group;
     int new_rank = 0;
@@ -170,7 +169,8 @@ class ThreadCommunicator final : public Communicator {
           for (size_t i = 0; i < members.size(); ++i)
             if (members[i].second == rank()) new_rank = static_cast<int>(i);
           std::lock_guard<std::mutex> lock(group_->mu);
-          auto [it, fresh] = group_->splits.try_emplace({seq, color});
+          // Between the two rendezvous of a call the generation is the same on every rank.
+          auto [it, fresh] = group_->splits.try_emplace({group_->generation, color});
           if (fresh) {
             it->second.group = std::make_shared<Group>(static_cast<int>(members.size()));
             it->second.takers_left = static_cast<int>(members.size());
@@ -265,7 +265,6 @@ class ThreadCommunicator final : public Communicator {
   std::shared_ptr<Group> group_;
   std::vector<uint8_t> scratch_;
   std::vector<Post> seen_;  // every rank's post of the current call (read between rendezvous)
-  uint64_t splits_ = 0;     // Split calls so far: the same count on every rank
 };
 
 }  // namespace
