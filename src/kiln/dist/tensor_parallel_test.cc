@@ -496,6 +496,46 @@ TEST(TensorParallelTraining, DataTwoModelTwoTracksOneProcess) {
                      TrainOneProcess(6, 4, false), /*check_params=*/true);
 }
 
+// The groups of a {data: 2, model: 3} mesh: world rank r is model rank r % 3 of its row and data
+// rank r / 3 of its column; each axis reduces over its own group only. A world of the wrong size
+// is refused.
+TEST(MeshCollectivesTest, EachAxisReducesOverItsOwnGroup) {
+  const int data = 2, model = 3, n = data * model;
+  std::vector<std::unique_ptr<dist::Communicator>> comms =
+      dist::MakeThreadCommunicators(n, std::chrono::milliseconds(5000));
+  std::vector<float> along_model(n), along_data(n);
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = [&]() -> absl::Status {
+        KILN_ASSIGN_OR_RETURN(std::unique_ptr<dist::MeshCollectives> mesh,
+                              dist::MeshCollectives::Create(*comms[r], data, model));
+        if (mesh->model_rank() != r % model || mesh->data_rank() != r / model ||
+            mesh->num_shards() != model || mesh->size() != data)
+          return absl::InternalError("wrong coordinates");
+        along_model[r] = along_data[r] = static_cast<float>(1 << r);
+        KILN_RETURN_IF_ERROR(mesh->ShardAllReduce(&along_model[r], 1, DType::kF32, false));
+        return mesh->AllReduceSum(&along_data[r], 1, DType::kF32);
+      }();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    EXPECT_EQ(along_model[r], static_cast<float>(7 << (3 * (r / model)))) << "rank " << r;
+    EXPECT_EQ(along_data[r], static_cast<float>((1 << (r % model)) + (1 << (r % model + 3))))
+        << "rank " << r;
+  }
+  std::vector<std::unique_ptr<dist::Communicator>> three = dist::MakeThreadCommunicators(3);
+  absl::StatusOr<std::unique_ptr<dist::MeshCollectives>> bad =
+      dist::MeshCollectives::Create(*three[0], 2, 2);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.status().message()).find("needs 4 ranks, the world has 3"),
+            std::string::npos)
+      << bad.status();
+}
+
 // One communicator per mesh axis: on {data: 2, model: 2} every model-axis collective runs among 2
 // ranks and the gradient all-reduce among 2, where one world all-gather per collective (the
 // former MeshCollectives) made every rank receive (N-1) = 3 times each payload.
