@@ -6,10 +6,17 @@
 #     uninterrupted one-process run over steps 21-30 within 1e-4 relative (largest difference
 #     printed); `kiln eval` and `kiln export` read the sharded run. A constant schedule, so that
 #     runs of 20 and 30 steps train alike.
+#   tp: the same for a tensor-parallel run (CONFIG: the GPT): a {data: 2, model: 2} run (4 ranks)
+#     checkpoints step 20 in pieces (each rank its share of its shards); it resumes in one
+#     process, as 2 data-parallel ranks and as {data: 1, model: 2} (4 ranks -> 2), and a 2-rank
+#     data-parallel checkpoint resumes as {data: 2, model: 2}: each tracks the one-process run over
+#     steps 21-30 within 1e-4; `kiln eval` and `kiln export` read the tensor-parallel run.
 #   kill_save: a 2-rank ZeRO-1 run checkpointing every step; rank 1 SIGKILLed mid-run (most of a
 #     step is its save): the job ends within 10 s, every committed checkpoint verifies
 #     (`kiln eval` of each), and rerunning the command resumes from the newest.
-# usage: dist_sharded_ckpt_test.sh reshard|kill_save KILN CONFIG OUTDIR LIMIT_S
+#     $DIST_KILL_ARGS replaces the job's "--workers 2 --set optimizer.shard_state=true" (e.g.
+#     "--workers 4 --set mesh.data=2 --set mesh.model=2": a tensor-parallel job).
+# usage: dist_sharded_ckpt_test.sh reshard|tp|kill_save KILN CONFIG OUTDIR LIMIT_S
 # Exits 77 when mpirun is absent; every run is bounded by timeout(1) and --job-timeout.
 set -u
 mode=$1 kiln=$2 config=$3 out=$4 limit=$5
@@ -72,11 +79,44 @@ if [ "$mode" = reshard ]; then
   exit 0
 fi
 
+if [ "$mode" = tp ]; then
+  mesh="--set mesh.data=2 --set mesh.model=2"
+  run ref --set steps=30
+  # shellcheck disable=SC2086
+  run src --workers 4 --set steps=20 $mesh
+  grep -q '"format_version": 2' "$out/src/checkpoints/step_20/manifest.json" ||
+    fail "the tensor-parallel checkpoint is not sharded"
+  for r in 0 1 2 3; do
+    ls "$out/src/checkpoints/step_20" | grep -q "^rank-0000$r-shard" || fail "rank $r wrote no shard"
+  done
+  run dp2 --workers 2 --set steps=20
+  for target in to_one to_dp2 to_tp2 dp_to_tp; do
+    case $target in
+      dp_to_tp) cp -r "$out/dp2" "$out/$target" ;;
+      *) cp -r "$out/src" "$out/$target" ;;
+    esac
+    : >"$out/$target.log"
+  done
+  run to_one --set steps=30
+  run to_dp2 --workers 2 --set steps=30
+  run to_tp2 --workers 2 --set steps=30 --set mesh.model=2
+  # shellcheck disable=SC2086
+  run dp_to_tp --workers 4 --set steps=30 $mesh
+  for target in to_one to_dp2 to_tp2 dp_to_tp; do compare $target; done
+  timeout -k 5 "$limit" "$kiln" eval "$out/src" >"$out/eval.log" 2>&1 || { cat "$out/eval.log"; fail "kiln eval of the tensor-parallel run"; }
+  grep -q "step 20: held-out loss" "$out/eval.log" || { cat "$out/eval.log"; fail "kiln eval output"; }
+  timeout -k 5 "$limit" "$kiln" export "$out/src" --out "$out/export" >"$out/export.log" 2>&1 ||
+    { cat "$out/export.log"; fail "kiln export of the tensor-parallel run"; }
+  echo "dist_sharded_ckpt_test: PASS"
+  exit 0
+fi
+
 # kill_save
+job_args=${DIST_KILL_ARGS:---workers 2 --set optimizer.shard_state=true}
 flags="--set steps=1000000 --set checkpoint_every=1 --set keep_last=2 --set log_every=1000 --set eval_every=0"
 # shellcheck disable=SC2086
-timeout -k 5 120 "$kiln" train "$config" --workers 2 --job-timeout 120 --collective-timeout 5 \
-  --set optimizer.shard_state=true $flags --output-dir "$out/run" >"$out/log" 2>&1 &
+timeout -k 5 120 "$kiln" train "$config" $job_args --job-timeout 120 --collective-timeout 5 \
+  $flags --output-dir "$out/run" >"$out/log" 2>&1 &
 job=$!
 victim=""
 cleanup() { kill -9 "$job" 2>/dev/null; [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; }
@@ -131,8 +171,8 @@ echo "killed during the save of $tmp (try $tries); $n committed checkpoints veri
 [ ! -e "$out/run/checkpoints/$tmp" ] || fail "$tmp was committed without rank 1"
 last=$(ls "$out/run/checkpoints" | sed -n 's/^step_\([0-9]*\)$/\1/p' | sort -n | tail -1)
 # shellcheck disable=SC2086
-timeout -k 5 "$limit" "$kiln" train "$config" --workers 2 --job-timeout "$limit" \
-  --set optimizer.shard_state=true $flags --set steps=$((last + 3)) --output-dir "$out/run" \
+timeout -k 5 "$limit" "$kiln" train "$config" $job_args --job-timeout "$limit" \
+  $flags --set steps=$((last + 3)) --output-dir "$out/run" \
   >"$out/resume.log" 2>&1 || { cat "$out/resume.log"; fail "the rerun exited non-zero"; }
 grep -q "resumed from .*step_$last" "$out/resume.log" || { cat "$out/resume.log"; fail "the rerun did not resume from step $last"; }
 echo "the rerun resumed from step $last and finished"

@@ -134,6 +134,16 @@ absl::Status Communicator::Barrier() {
   return DoBarrier();
 }
 
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key) {
+  return DoSplit(color, key);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::DoSplit(int color, int key) {
+  (void)color;
+  (void)key;
+  return absl::UnimplementedError("Split: this communicator cannot be split into groups");
+}
+
 absl::Status Communicator::AllReduce(Tensor& data, ReduceOp op) {
   return AllReduce(data.raw_data(), data.num_elements(), data.dtype(), op);
 }

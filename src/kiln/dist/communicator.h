@@ -40,14 +40,29 @@
 //
 // A size-1 communicator is the identity and costs a few comparisons (no copy for in-place ops).
 // A Communicator is used by one thread at a time.
+//
+// Groups (MPI_Comm_split): Split(color, key) is a collective over this communicator that returns
+// a new communicator over the ranks that passed the same color, ordered by key (ties by rank()).
+// A data x model mesh splits its world into one communicator per mesh axis (mesh_collectives.h):
+//
+//   // on world rank r of a {data: D, model: M} mesh, at coordinates (r / M, r % M):
+//   KILN_ASSIGN_OR_RETURN(auto row, world->Split(/*color=*/r / M, /*key=*/r % M));  // M ranks
+//   KILN_ASSIGN_OR_RETURN(auto col, world->Split(/*color=*/r % M, /*key=*/r / M));  // D ranks
+//
+// The new communicator has this one's timeout (and is broken by its own timeouts alone) and
+// may outlive it. Colors must be >= 0: a negative color fails the call on every rank with
+// InvalidArgument naming the rank (the colors are exchanged first, within the timeout, so a dead
+// peer is DeadlineExceeded here too).
 #ifndef KILN_DIST_COMMUNICATOR_H_
 #define KILN_DIST_COMMUNICATOR_H_
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kiln/tensor/dtype.h"
 #include "kiln/tensor/tensor.h"
 
@@ -86,6 +101,9 @@ class Communicator {
   absl::Status Broadcast(void* data, int64_t count, DType dtype, int root);
   // Returns once every rank has called it.
   absl::Status Barrier();
+  // A communicator over the ranks that pass the same `color` (>= 0), in order of `key`, then of
+  // rank() (see the header comment). Collective over this communicator, also at size 1.
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key);
 
   // Tensors: the same ops on a tensor's storage (any shape; element counts must agree).
   absl::Status AllReduce(Tensor& data, ReduceOp op);
@@ -107,6 +125,8 @@ class Communicator {
                                    DType dtype) = 0;
   virtual absl::Status DoBroadcast(void* data, int64_t count, DType dtype, int root) = 0;
   virtual absl::Status DoBarrier() = 0;
+  // Called at any size. The default is Unimplemented, naming the implementation's lack.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key);
 
  private:
   int rank_;

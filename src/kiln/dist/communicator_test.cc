@@ -270,5 +270,161 @@ TEST(ThreadCommunicatorTest, SizeOneIsTheIdentity) {
   EXPECT_TRUE(out.BitwiseEquals(before));
 }
 
+// Split: a 2 x 3 mesh of 6 ranks, rank r at (r / 3, r % 3). Rows (color r / 3) and columns
+// (color r % 3) each reduce among their own members only, in key order.
+TEST(ThreadCommunicatorSplitTest, RowsAndColumnsSumWithinTheirGroupOnly) {
+  const int n = 6, model = 3;
+  auto comms = MakeThreadCommunicators(n, std::chrono::milliseconds(5000));
+  std::vector<std::unique_ptr<Communicator>> rows(n), cols(n);
+  std::vector<float> row_sum(n), col_sum(n);
+  std::vector<std::vector<float>> col_gather(n, std::vector<float>(2));
+  RunRanks(comms, [&](int r, Communicator& c) {
+    auto row = c.Split(r / model, r % model);
+    auto col = c.Split(r % model, r / model);
+    ASSERT_TRUE(row.ok()) << row.status();
+    ASSERT_TRUE(col.ok()) << col.status();
+    rows[r] = *std::move(row);
+    cols[r] = *std::move(col);
+    EXPECT_EQ(rows[r]->size(), model);
+    EXPECT_EQ(rows[r]->rank(), r % model);
+    EXPECT_EQ(cols[r]->size(), n / model);
+    EXPECT_EQ(cols[r]->rank(), r / model);
+    EXPECT_EQ(rows[r]->timeout(), std::chrono::milliseconds(5000));
+    row_sum[r] = static_cast<float>(1 << r);  // each rank's own bit: the sum names the members
+    col_sum[r] = static_cast<float>(1 << r);
+    EXPECT_TRUE(rows[r]->AllReduce(&row_sum[r], 1, DType::kF32, ReduceOp::kSum).ok());
+    EXPECT_TRUE(cols[r]->AllReduce(&col_sum[r], 1, DType::kF32, ReduceOp::kSum).ok());
+    const float mine = static_cast<float>(r);
+    EXPECT_TRUE(cols[r]->AllGather(&mine, col_gather[r].data(), 1, DType::kF32).ok());
+  });
+  for (int r = 0; r < n; ++r) {
+    const int d = r / model, m = r % model;
+    EXPECT_EQ(row_sum[r], static_cast<float>(7 << (3 * d))) << "rank " << r;  // 3 ranks of row d
+    EXPECT_EQ(col_sum[r], static_cast<float>((1 << m) + (1 << (m + 3)))) << "rank " << r;
+    EXPECT_EQ(col_gather[r], (std::vector<float>{static_cast<float>(m), static_cast<float>(m + 3)}))
+        << "rank " << r;
+  }
+  // The groups outlive the world communicators and stay independent: one row's collective does
+  // not wait for the other row.
+  comms.clear();
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> status(model);
+  for (int m = 0; m < model; ++m)
+    threads.emplace_back([&, m] { status[m] = rows[m]->Barrier(); });  // row 0 only
+  for (auto& t : threads) t.join();
+  for (int m = 0; m < model; ++m) EXPECT_TRUE(status[m].ok()) << status[m];
+}
+
+TEST(ThreadCommunicatorSplitTest, KeysOrderTheGroupAndTiesKeepRankOrder) {
+  const int n = 4;
+  auto comms = MakeThreadCommunicators(n);
+  std::vector<int> new_rank(n, -1);
+  std::vector<std::vector<int32_t>> gathered(n, std::vector<int32_t>(n));
+  RunRanks(comms, [&](int r, Communicator& c) {
+    // One group; keys 1, 0, 1, 0: order rank 1, rank 3 (key 0), then rank 0, rank 2 (key 1).
+    auto g = c.Split(7, r % 2 == 0 ? 1 : 0);
+    ASSERT_TRUE(g.ok()) << g.status();
+    new_rank[r] = (*g)->rank();
+    const int32_t me = r;
+    EXPECT_TRUE((*g)->AllGather(&me, gathered[r].data(), 1, DType::kS32).ok());
+  });
+  EXPECT_EQ(new_rank, (std::vector<int>{2, 0, 3, 1}));
+  for (int r = 0; r < n; ++r) EXPECT_EQ(gathered[r], (std::vector<int32_t>{1, 3, 0, 2}));
+}
+
+TEST(ThreadCommunicatorSplitTest, ANegativeColorFailsOnEveryRank) {
+  auto comms = MakeThreadCommunicators(3);
+  std::vector<absl::Status> status(3);
+  RunRanks(comms,
+           [&](int r, Communicator& c) { status[r] = c.Split(r == 1 ? -2 : 0, r).status(); });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << status[r];
+    EXPECT_THAT(std::string(status[r].message()), HasSubstr("rank 1 passed color -2"));
+  }
+  // Nothing was split and the world still works.
+  RunRanks(comms, [&](int r, Communicator& c) { EXPECT_TRUE(c.Barrier().ok()); });
+}
+
+TEST(ThreadCommunicatorSplitTest, MismatchedCallsFailOnEveryRank) {
+  auto comms = MakeThreadCommunicators(2);
+  std::vector<absl::Status> status(2);
+  RunRanks(comms, [&](int r, Communicator& c) {
+    if (r == 0) {
+      status[r] = c.Split(0, 0).status();
+    } else {
+      float x = 1;
+      status[r] = c.AllReduce(&x, 1, DType::kF32, ReduceOp::kSum);
+    }
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status[0].message()), HasSubstr("op Split vs AllReduce"));
+  EXPECT_THAT(std::string(status[1].message()), HasSubstr("op AllReduce vs Split"));
+  // Every rank saw the mismatch: the next Split on both works.
+  RunRanks(comms, [&](int r, Communicator& c) {
+    auto g = c.Split(0, r);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE((*g)->Barrier().ok());
+  });
+}
+
+// A dead member of a group: its peers in that group time out (DeadlineExceeded) and that group
+// is broken; the other group, and the world, are not.
+TEST(ThreadCommunicatorSplitTest, ADeadPeerTimesOutInItsGroupOnly) {
+  const int n = 4;
+  auto comms = MakeThreadCommunicators(n, std::chrono::milliseconds(300));
+  std::vector<std::unique_ptr<Communicator>> groups(n);
+  RunRanks(comms, [&](int r, Communicator& c) {
+    auto g = c.Split(r / 2, r);
+    ASSERT_TRUE(g.ok()) << g.status();
+    groups[r] = *std::move(g);
+  });
+  std::vector<absl::Status> status(n);
+  std::vector<double> ms(n, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    if (r == 1) continue;  // rank 1 (group 0) is dead
+    threads.emplace_back([&, r] {
+      float x = 1;
+      const auto start = std::chrono::steady_clock::now();
+      status[r] = groups[r]->AllReduce(&x, 1, DType::kF32, ReduceOp::kSum);
+      ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(status[0].code(), absl::StatusCode::kDeadlineExceeded) << status[0];
+  EXPECT_THAT(std::string(status[0].message()), HasSubstr("on rank 0 of 2"));
+  EXPECT_GE(ms[0], 300 - 5);
+  EXPECT_LT(ms[0], 300 + 1000);
+  EXPECT_TRUE(status[2].ok()) << status[2];
+  EXPECT_TRUE(status[3].ok()) << status[3];
+  float y = 1;
+  EXPECT_EQ(groups[1]->AllReduce(&y, 1, DType::kF32, ReduceOp::kSum).code(),
+            absl::StatusCode::kFailedPrecondition);
+  RunRanks(comms, [&](int r, Communicator& c) { EXPECT_TRUE(c.Barrier().ok()); });
+}
+
+TEST(ThreadCommunicatorSplitTest, SizeOneAndSingletonGroups) {
+  auto one = MakeThreadCommunicators(1);
+  auto g = one[0]->Split(0, 0);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)->size(), 1);
+  auto comms = MakeThreadCommunicators(3);
+  std::vector<float> v(3);
+  RunRanks(comms, [&](int r, Communicator& c) {
+    auto s = c.Split(r, 0);  // every rank alone
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ((*s)->size(), 1);
+    EXPECT_EQ((*s)->rank(), 0);
+    v[r] = static_cast<float>(r + 1);
+    EXPECT_TRUE((*s)->AllReduce(&v[r], 1, DType::kF32, ReduceOp::kSum).ok());
+    // Nested: a split of a split.
+    auto t = (*s)->Split(0, 0);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE((*t)->Barrier().ok());
+  });
+  EXPECT_EQ(v, (std::vector<float>{1, 2, 3}));
+}
+
 }  // namespace
 }  // namespace kiln::dist

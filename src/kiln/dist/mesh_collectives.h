@@ -1,25 +1,27 @@
-// The collectives of a data x model mesh (docs/distributed.md "Tensor parallel") over one world
-// Communicator: runtime::Collectives over the data-parallel ranks (the train step's gradient
-// all-reduce) and runtime::ShardCollectives over the model-parallel ranks (the SPMD
-// partitioner's collectives), rank r of the world at data coordinate r / model and model
-// coordinate r % model (train/mesh.h).
+// The collectives of a data x model mesh (docs/distributed.md "Tensor parallel"), over one
+// communicator per mesh axis split from the world (Communicator::Split, MPI_Comm_split):
+// runtime::Collectives over this rank's data-parallel group (the D ranks of its model column:
+// the train step's gradient all-reduce) and runtime::ShardCollectives over its model-parallel
+// group (the M ranks of its data row: the SPMD partitioner's collectives). World rank r sits at
+// data coordinate r / model and model coordinate r % model (train/mesh.h); each group is ordered
+// by the other coordinate, so a group's rank is the rank's coordinate along that axis.
 //
-//   MeshCollectives collectives(*world, /*data=*/2, /*model=*/2);
-//   exe->set_collectives(&collectives);
+//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<MeshCollectives> collectives,
+//                         MeshCollectives::Create(*world, /*data=*/2, /*model=*/2));
+//   exe->set_collectives(collectives.get());
 //
-// Each collective over a group is one all-gather over the whole world, after which every rank
-// combines its group's buffers in group rank order (the order of communicator.h, so results are
-// deterministic and equal on every rank of a group). That moves world-size times the bytes a
-// communicator split per group would (MPI_Comm_split): correct, not lean; the meshes it serves
-// (a few ranks on one host) are small. Every rank of the world must issue the same collectives
-// in the same order, which ranks running one program do. A group of one rank is the identity
-// and issues nothing.
+// A group collective moves only its group's bytes (the reductions run in group rank order,
+// communicator.h: deterministic, the same bits on every rank of a group), and a collective over
+// one axis never waits for the ranks of another group. A group of one rank is the identity. The
+// groups keep the world's timeout: a dead or hung peer is DeadlineExceeded within it, never a
+// hang, and breaks that group (the job must then end).
 #ifndef KILN_DIST_MESH_COLLECTIVES_H_
 #define KILN_DIST_MESH_COLLECTIVES_H_
 
 #include <cstdint>
-#include <vector>
+#include <memory>
 
+#include "absl/status/statusor.h"
 #include "kiln/dist/communicator.h"
 #include "kiln/runtime/executable.h"
 #include "kiln/runtime/shard_collectives.h"
@@ -28,32 +30,49 @@ namespace kiln::dist {
 
 class MeshCollectives final : public runtime::Collectives, public runtime::ShardCollectives {
  public:
-  // world.size() must be data * model (checked by the caller's mesh, train::ResolveMesh).
-  MeshCollectives(Communicator& world, int data, int model);
+  // Collective over `world` (two Splits; every world rank must call it): InvalidArgument unless
+  // data, model >= 1 and world.size() == data * model. `world` is not kept.
+  static absl::StatusOr<std::unique_ptr<MeshCollectives>> Create(Communicator& world, int data,
+                                                                 int model);
 
   // Over the data-parallel ranks (same model coordinate).
-  int size() const override { return static_cast<int>(data_group_.size()); }
+  int size() const override { return data_->size(); }
   absl::Status AllReduceSum(void* data, int64_t count, DType dtype) override;
 
   // Over the model-parallel ranks (same data coordinate).
-  int num_shards() const override { return static_cast<int>(model_group_.size()); }
+  int num_shards() const override { return model_->size(); }
   absl::Status ShardAllGather(const void* send, void* recv, int64_t send_count,
                               DType dtype) override;
   absl::Status ShardReduceScatterSum(const void* send, void* recv, int64_t recv_count,
                                      DType dtype) override;
   absl::Status ShardAllReduce(void* data, int64_t count, DType dtype, bool max) override;
 
-  // Host-side helpers for the trainer: this rank's position in its model group.
-  int model_rank() const { return model_index_; }
+  // This rank's position in its model group (its model coordinate) and data group.
+  int model_rank() const { return model_->rank(); }
+  int data_rank() const { return data_->rank(); }
+  Communicator& data_group() { return *data_; }
+  Communicator& model_group() { return *model_; }
+
+  // What this rank's collectives over each axis amounted to so far: calls; payload bytes (an
+  // all-reduce's buffer, what an all-gather sends, what a reduce-scatter sends: group size times
+  // what it receives); and the bytes this rank receives for them in a group of G ranks at the
+  // bandwidth-optimal counts, which a ring and the OpenMPI communicator's rank-order exchange
+  // move for all but small buffers: all-reduce 2 (G-1)/G of the buffer, all-gather (G-1) times
+  // the send, reduce-scatter (G-1)/G of the send (docs/distributed.md "Bytes per step").
+  struct AxisTraffic {
+    int64_t calls = 0, payload_bytes = 0, received_bytes = 0;
+  };
+  struct Traffic {
+    AxisTraffic data, model;
+  };
+  const Traffic& traffic() const { return traffic_; }
 
  private:
-  // Every world rank's `count` elements at `send`, into scratch_ (world rank order).
-  absl::Status GatherWorld(const void* send, int64_t count, DType dtype);
+  MeshCollectives(std::unique_ptr<Communicator> data, std::unique_ptr<Communicator> model)
+      : data_(std::move(data)), model_(std::move(model)) {}
 
-  Communicator& world_;
-  std::vector<int> data_group_, model_group_;  // world ranks, in group rank order
-  int model_index_ = 0;
-  std::vector<uint8_t> scratch_;
+  std::unique_ptr<Communicator> data_, model_;
+  Traffic traffic_;
 };
 
 }  // namespace kiln::dist

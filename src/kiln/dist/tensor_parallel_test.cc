@@ -362,7 +362,8 @@ TEST(ShardCollectives, GatherScatterAndMaxAlongAnInnerDim) {
 // global batch. Data rank d takes rows [d B/D, (d+1) B/D) of every batch.
 struct TrainRun {
   std::vector<float> losses;
-  nn::ParamStore params;  // whole tensors after the last step
+  nn::ParamStore params;                   // whole tensors after the last step
+  dist::MeshCollectives::Traffic traffic;  // of the training steps (before FullParams)
 };
 
 // AdamW divides by the root of the squared gradients, so a gradient that is zero in exact
@@ -432,7 +433,9 @@ TrainRun TrainMesh(int data, int model, int steps, int64_t batch, bool adamw) {
       status[r] = [&]() -> absl::Status {
         nn::Gpt gpt(TinyGpt(2));
         std::unique_ptr<runtime::Backend> backend = MakeBackend(true);
-        dist::MeshCollectives collectives(*comms[r], data, model);
+        KILN_ASSIGN_OR_RETURN(std::unique_ptr<dist::MeshCollectives> mesh,
+                              dist::MeshCollectives::Create(*comms[r], data, model));
+        dist::MeshCollectives& collectives = *mesh;
         nn::TrainStepOptions o = Optimizer(adamw);
         o.data_parallel = data;
         o.model_parallel = model;
@@ -447,6 +450,7 @@ TrainRun TrainMesh(int data, int model, int steps, int64_t batch, bool adamw) {
           KILN_ASSIGN_OR_RETURN(nn::StepMetrics m, step->Run({&xs, &ys}));
           runs[r].losses.push_back(m.loss);
         }
+        runs[r].traffic = mesh->traffic();
         KILN_ASSIGN_OR_RETURN(runs[r].params, step->FullParams());
         // The local shards really are shards.
         const Tensor* w = step->params().Find("transformer.h.0.mlp.c_fc.weight");
@@ -490,6 +494,70 @@ TEST(TensorParallelTraining, ModelTwoTracksOneProcess) {
 TEST(TensorParallelTraining, DataTwoModelTwoTracksOneProcess) {
   ExpectSameTraining(TrainMesh(/*data=*/2, /*model=*/2, /*steps=*/6, /*batch=*/4, false),
                      TrainOneProcess(6, 4, false), /*check_params=*/true);
+}
+
+// The groups of a {data: 2, model: 3} mesh: world rank r is model rank r % 3 of its row and data
+// rank r / 3 of its column; each axis reduces over its own group only. A world of the wrong size
+// is refused.
+TEST(MeshCollectivesTest, EachAxisReducesOverItsOwnGroup) {
+  const int data = 2, model = 3, n = data * model;
+  std::vector<std::unique_ptr<dist::Communicator>> comms =
+      dist::MakeThreadCommunicators(n, std::chrono::milliseconds(5000));
+  std::vector<float> along_model(n), along_data(n);
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = [&]() -> absl::Status {
+        KILN_ASSIGN_OR_RETURN(std::unique_ptr<dist::MeshCollectives> mesh,
+                              dist::MeshCollectives::Create(*comms[r], data, model));
+        if (mesh->model_rank() != r % model || mesh->data_rank() != r / model ||
+            mesh->num_shards() != model || mesh->size() != data)
+          return absl::InternalError("wrong coordinates");
+        along_model[r] = along_data[r] = static_cast<float>(1 << r);
+        KILN_RETURN_IF_ERROR(mesh->ShardAllReduce(&along_model[r], 1, DType::kF32, false));
+        return mesh->AllReduceSum(&along_data[r], 1, DType::kF32);
+      }();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    EXPECT_EQ(along_model[r], static_cast<float>(7 << (3 * (r / model)))) << "rank " << r;
+    EXPECT_EQ(along_data[r], static_cast<float>((1 << (r % model)) + (1 << (r % model + 3))))
+        << "rank " << r;
+  }
+  std::vector<std::unique_ptr<dist::Communicator>> three = dist::MakeThreadCommunicators(3);
+  absl::StatusOr<std::unique_ptr<dist::MeshCollectives>> bad =
+      dist::MeshCollectives::Create(*three[0], 2, 2);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.status().message()).find("needs 4 ranks, the world has 3"),
+            std::string::npos)
+      << bad.status();
+}
+
+// One communicator per mesh axis: on {data: 2, model: 2} every model-axis collective runs among 2
+// ranks and the gradient all-reduce among 2, where one world all-gather per collective (the
+// former MeshCollectives) made every rank receive (N-1) = 3 times each payload.
+TEST(TensorParallelTraining, AxisCommunicatorsMoveOnlyTheirGroupsBytes) {
+  const int steps = 2;
+  TrainRun run = TrainMesh(/*data=*/2, /*model=*/2, steps, /*batch=*/4, false);
+  const auto& t = run.traffic;
+  ASSERT_GT(t.model.calls, 0);
+  ASSERT_GT(t.data.calls, 0);
+  const int64_t world_gather = 3 * (t.model.payload_bytes + t.data.payload_bytes);
+  const int64_t axes = t.model.received_bytes + t.data.received_bytes;
+  std::printf(
+      "bytes per step per rank, {data: 2, model: 2}: model axis %lld collectives, %lld payload "
+      "bytes; data axis %lld collectives, %lld payload bytes; received %lld (axis communicators) "
+      "vs %lld (world all-gathers): %.2fx less\n",
+      static_cast<long long>(t.model.calls / steps),
+      static_cast<long long>(t.model.payload_bytes / steps),
+      static_cast<long long>(t.data.calls / steps),
+      static_cast<long long>(t.data.payload_bytes / steps), static_cast<long long>(axes / steps),
+      static_cast<long long>(world_gather / steps),
+      static_cast<double>(world_gather) / static_cast<double>(axes));
+  EXPECT_LT(axes * 2, world_gather);
 }
 
 TEST(TensorParallelTraining, AdamWLossesTrackOneProcess) {

@@ -1,9 +1,12 @@
 #include "kiln/dist/thread_communicator.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
@@ -16,7 +19,7 @@ absl::string_view AV(std::string_view v) { return absl::string_view(v.data(), v.
 
 using Clock = std::chrono::steady_clock;
 
-enum class OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
+enum class OpKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier, kSplit };
 
 const char* OpName(OpKind k) {
   switch (k) {
@@ -30,6 +33,8 @@ const char* OpName(OpKind k) {
       return "Broadcast";
     case OpKind::kBarrier:
       return "Barrier";
+    case OpKind::kSplit:
+      return "Split";
   }
   return "?";
 }
@@ -42,6 +47,7 @@ struct Post {
   DType dtype = DType::kF32;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
+  int color = 0, key = 0;  // Split
 };
 
 struct Group {
@@ -54,6 +60,13 @@ struct Group {
   std::vector<Post> posts;
   bool broken = false;
   std::string broken_reason;
+  // Split: the groups being handed out, by (the generation of the Split call, color); the last
+  // member to take its group removes the entry.
+  struct Pending {
+    std::shared_ptr<Group> group;
+    int takers_left = 0;
+  };
+  std::map<std::pair<uint64_t, int>, Pending> splits;
 };
 
 // The first argument in which `p` differs from `q`, or "" when they agree.
@@ -130,6 +143,48 @@ class ThreadCommunicator final : public Communicator {
         post, 0, [](const std::vector<const void*>&) {}, [] {});
   }
 
+  // Every rank posts its color and key; each then finds its group's members in the posts (the
+  // same on every rank) and takes the group state shared by them, created by whichever member
+  // comes first.
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key) override {
+    Post post;
+    post.kind = OpKind::kSplit;
+    post.color = color;
+    post.key = key;
+    std::string bad;
+    std::shared_ptr<Group> group;
+    int new_rank = 0;
+    KILN_RETURN_IF_ERROR(Run(
+        post, 0,
+        [&](const std::vector<const void*>&) {
+          std::vector<std::pair<int, int>> members;  // (key, rank) of this rank's color
+          for (int r = 0; r < size(); ++r) {
+            const Post& p = seen_[r];
+            if (p.color < 0 && bad.empty())
+              bad = absl::StrCat("rank ", r, " passed color ", p.color, "; colors must be >= 0");
+            if (p.color == color) members.emplace_back(p.key, r);
+          }
+          if (!bad.empty()) return;
+          std::sort(members.begin(), members.end());
+          for (size_t i = 0; i < members.size(); ++i)
+            if (members[i].second == rank()) new_rank = static_cast<int>(i);
+          std::lock_guard<std::mutex> lock(group_->mu);
+          // Between the two rendezvous of a call the generation is the same on every rank.
+          auto [it, fresh] = group_->splits.try_emplace({group_->generation, color});
+          if (fresh) {
+            it->second.group = std::make_shared<Group>(static_cast<int>(members.size()));
+            it->second.takers_left = static_cast<int>(members.size());
+          }
+          group = it->second.group;
+          if (--it->second.takers_left == 0) group_->splits.erase(it);
+        },
+        [] {}));
+    if (!bad.empty()) return absl::InvalidArgumentError(absl::StrCat("Split: ", bad));
+    auto comm = std::make_unique<ThreadCommunicator>(std::move(group), new_rank);
+    comm->set_timeout(timeout());
+    return comm;
+  }
+
  private:
   // Posts `post`, waits for every rank, checks the posts agree, runs `read` on every rank's input
   // buffer, waits until every rank has read, then runs `write` (which touches only this rank's
@@ -144,6 +199,7 @@ class ThreadCommunicator final : public Communicator {
       std::unique_lock<std::mutex> lock(group_->mu);
       group_->posts[rank()] = post;
       KILN_RETURN_IF_ERROR(Rendezvous(lock, deadline, op, bytes));
+      seen_ = group_->posts;
       for (int r = 0; r < size(); ++r) {
         in[r] = group_->posts[r].send;
         if (mismatch.empty() && r != rank()) {
@@ -208,6 +264,7 @@ class ThreadCommunicator final : public Communicator {
 
   std::shared_ptr<Group> group_;
   std::vector<uint8_t> scratch_;
+  std::vector<Post> seen_;  // every rank's post of the current call (read between rendezvous)
 };
 
 }  // namespace

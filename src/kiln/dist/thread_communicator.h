@@ -14,6 +14,8 @@
 // at the first rendezvous: a mismatch (op, count, dtype, reduction, root) fails the call on every
 // rank with InvalidArgument. A rank that does not arrive within the timeout breaks the group: the
 // waiting ranks get DeadlineExceeded, every later call FailedPrecondition.
+// Split posts each rank's color and key the same way; each group it returns shares a new group
+// state (its own rendezvous, timeout and broken flag) among its members.
 #ifndef KILN_DIST_THREAD_COMMUNICATOR_H_
 #define KILN_DIST_THREAD_COMMUNICATOR_H_
 

@@ -144,7 +144,9 @@ class CheckpointManager {
   // moment leaves every committed checkpoint intact; every rank returns the same outcome (its
   // own error, or Aborted naming the failure elsewhere). Synchronous: collectives run on the
   // caller's thread. Ranks other than 0 may use a read_only manager (they never commit or
-  // clean up). The pieces of one tensor, over all ranks, must tile it (checked when read).
+  // clean up). The pieces of one tensor, over all ranks, must tile it (checked when read). A rank
+  // may pass several pieces of one tensor only as disjoint boxes (a tensor-parallel split of K
+  // groups); anything else is InvalidArgument on that rank (it writes nothing; nothing commits).
   absl::Status SaveSharded(int64_t step, const std::vector<TensorPiece>& pieces,
                            const nlohmann::json& metadata, dist::Communicator& comm);
 

@@ -79,6 +79,24 @@ absl::Status ReadEntry(Env* env, const std::string& dir, const Manifest& m, cons
   return absl::OkStatus();
 }
 
+// Why `p` may not join the other pieces of its name that one rank saves (`same`), or "": a rank
+// may hold several disjoint boxes of one tensor (a tensor-parallel split of K groups), of one
+// dtype and whole shape; a flat range stands alone.
+std::string PieceClash(const std::vector<const TensorPiece*>& same, const TensorPiece& p) {
+  for (const TensorPiece* q : same) {
+    if (q->slice.flat || p.slice.flat) return "a flat range must be its tensor's only piece";
+    if (q->dtype != p.dtype || !(q->global_shape == p.global_shape))
+      return "they differ in dtype or whole shape";
+    bool overlap = q->slice.offsets.size() == p.slice.offsets.size();
+    for (size_t d = 0; overlap && d < p.slice.offsets.size(); ++d) {
+      overlap = p.slice.offsets[d] < q->slice.offsets[d] + q->slice.sizes[d] &&
+                q->slice.offsets[d] < p.slice.offsets[d] + p.slice.sizes[d];
+    }
+    if (overlap) return absl::StrCat(q->slice.ToString(), " and ", p.slice.ToString(), " overlap");
+  }
+  return "";
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -247,16 +265,33 @@ absl::Status CheckpointManager::LoadPieces(const std::string& dir, Checkpoint& o
 absl::Status CheckpointManager::WriteRankFiles(int64_t step, int rank, const std::string& tmp_dir,
                                                const std::vector<TensorPiece>& pieces,
                                                SaveInfo* info) {
-  // Group the pieces into shard files by the byte budget, keeping their order.
+  // Group the pieces into shard files by the byte budget, keeping their order. A rank may hold
+  // several pieces of one tensor (a tensor-parallel split of K groups: one per group), and a
+  // safetensors key is unique in its file: the k-th piece of a name goes to the k-th run of
+  // files (every first piece in order, then every second, ...), so K groups take K files, not
+  // one per piece.
+  std::vector<size_t> order(pieces.size());
+  {
+    std::map<std::string, int> seen;
+    std::vector<int> occurrence(pieces.size());
+    for (size_t i = 0; i < pieces.size(); ++i) occurrence[i] = seen[pieces[i].name]++;
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return occurrence[a] < occurrence[b]; });
+  }
   std::vector<std::vector<size_t>> groups;
+  std::set<std::string> group_names;
   uint64_t group_bytes = 0;
-  for (size_t i = 0; i < pieces.size(); ++i) {
+  for (size_t i : order) {
     const uint64_t b =
         static_cast<uint64_t>(pieces[i].slice.num_elements()) * DTypeSize(pieces[i].dtype);
-    if (groups.empty() || (!groups.back().empty() && group_bytes + b > options_.shard_bytes)) {
+    if (groups.empty() || (!groups.back().empty() && group_bytes + b > options_.shard_bytes) ||
+        group_names.count(pieces[i].name) > 0) {
       groups.emplace_back();
+      group_names.clear();
       group_bytes = 0;
     }
+    group_names.insert(pieces[i].name);
     groups.back().push_back(i);
     group_bytes += b;
     info->bytes += b;
@@ -383,20 +418,22 @@ absl::Status CheckpointManager::SaveSharded(int64_t step, const std::vector<Tens
   if (local.ok() && step < 0) {
     local = absl::InvalidArgumentError(absl::StrCat("checkpoint step ", step, " < 0"));
   }
-  std::set<std::string> names;
+  std::map<std::string, std::vector<const TensorPiece*>> names;
   for (const TensorPiece& p : pieces) {
     if (!local.ok()) break;
+    std::vector<const TensorPiece*>& same = names[p.name];
     if (p.name.empty() || p.name == "__metadata__") {
       local =
           absl::InvalidArgumentError(absl::StrCat("checkpoint: bad tensor name '", p.name, "'"));
-    } else if (!names.insert(p.name).second) {
+    } else if (const std::string clash = PieceClash(same, p); !clash.empty()) {
       local = absl::InvalidArgumentError(
-          absl::StrCat("checkpoint: two pieces of '", p.name, "' on one rank"));
+          absl::StrCat("checkpoint: pieces of '", p.name, "' on one rank: ", clash));
     } else if (absl::Status c = p.slice.Check(p.global_shape); !c.ok()) {
       local = Annotate(c, "checkpoint: tensor '" + p.name + "'");
     } else if (p.data == nullptr && p.slice.num_elements() > 0) {
       local = absl::InvalidArgumentError("checkpoint: piece of '" + p.name + "' has no data");
     }
+    same.push_back(&p);
   }
   nlohmann::json stamped;
   if (local.ok() && rank == 0) {

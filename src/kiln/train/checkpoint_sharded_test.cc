@@ -247,6 +247,39 @@ TEST_F(ShardedCheckpointTest, PiecesThatDoNotTileAreDataLoss) {
   EXPECT_THAT(c->notes[0], HasSubstr("skipped step_2"));
 }
 
+// A tensor-parallel split of K groups: each of 2 ranks holds 2 column blocks of emb (block r of
+// each half), saved as 2 boxes of one name, which go to separate shard files. Overlapping boxes
+// on one rank are refused (InvalidArgument on that rank) and nothing is committed.
+TEST_F(ShardedCheckpointTest, ARankMayHoldSeveralDisjointBoxesOfOneTensor) {
+  auto groups = [&](int r) {
+    std::vector<TensorPiece> out;
+    for (int q = 0; q < 2; ++q) {
+      const TensorSlice box = TensorSlice::Box({0, q * 4 + r * 2}, {5, 2});
+      staged_[r * 2 + q] = Expected(Find("emb"), box);
+      out.push_back({"emb", DType::kF32, Shape{5, 8}, box, staged_[r * 2 + q].raw_data()});
+    }
+    return out;
+  };
+  for (const absl::Status& s : SaveOnRanks(4, 2, nullptr, groups)) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(mem_->FileExists("/ck/step_4/rank-00001-shard-00001-of-00002.safetensors"));
+  auto r = CheckpointReader::Open("/ck/step_4", mem_.get());
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<Tensor> e = (*r)->ReadSlice("emb", TensorSlice::Whole(Shape{5, 8}));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ExpectEqual(*e, Find("emb"));
+
+  auto overlapping = [&](int r) {
+    std::vector<TensorPiece> out = groups(r);
+    if (r == 1) out[1].slice = TensorSlice::Box({0, 3}, {5, 2});
+    return out;
+  };
+  std::vector<absl::Status> st = SaveOnRanks(5, 2, nullptr, overlapping);
+  EXPECT_EQ(st[1].code(), absl::StatusCode::kInvalidArgument) << st[1];
+  EXPECT_THAT(std::string(st[1].message()), HasSubstr("[0:5, 2:4] and [0:5, 3:5] overlap"));
+  EXPECT_FALSE(st[0].ok());
+  EXPECT_FALSE(mem_->FileExists("/ck/step_5"));
+}
+
 TEST_F(ShardedCheckpointTest, DamagedPieceIsDataLoss) {
   for (const absl::Status& s : SaveOnRanks(3, 2)) ASSERT_TRUE(s.ok()) << s;
   const std::string file = "/ck/step_3/rank-00001-shard-00000-of-00001.safetensors";

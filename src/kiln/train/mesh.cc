@@ -60,4 +60,28 @@ absl::Status SliceBatch(const Tensor& global, int index, int parts, Tensor& loca
   return absl::OkStatus();
 }
 
+std::vector<TensorParallelBox> TensorParallelBoxes(const ir::Sharding& sharding, const Shape& local,
+                                                   int model, int model_rank, Shape* whole) {
+  std::vector<int64_t> dims = local.dims();
+  const int d = sharding.split_dim();
+  if (d < 0 || d >= static_cast<int>(dims.size())) {
+    *whole = local;
+    return {{TensorSlice::Whole(local), TensorSlice::Whole(local)}};
+  }
+  const int64_t groups = std::max<int64_t>(1, sharding.dims[d].groups);
+  const int64_t block = dims[d] / groups;  // of one group, on one rank
+  dims[d] *= model;
+  *whole = Shape(dims);
+  std::vector<TensorParallelBox> boxes;
+  for (int64_t q = 0; q < groups; ++q) {
+    TensorParallelBox b{TensorSlice::Whole(*whole), TensorSlice::Whole(local)};
+    b.global.offsets[d] = q * block * model + model_rank * block;
+    b.global.sizes[d] = block;
+    b.local.offsets[d] = q * block;
+    b.local.sizes[d] = block;
+    boxes.push_back(std::move(b));
+  }
+  return boxes;
+}
+
 }  // namespace kiln::train

@@ -10,10 +10,14 @@
 #ifndef KILN_TRAIN_MESH_H_
 #define KILN_TRAIN_MESH_H_
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kiln/ir/sharding.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/train/config.h"
+#include "kiln/train/tensor_slice.h"
 
 namespace kiln::train {
 
@@ -38,6 +42,18 @@ MeshCoords CoordsOf(const Mesh& mesh, int rank);
 // local = rows [index * n, (index + 1) * n) of `global` along dimension 0, n = global rows /
 // parts; `local` must have n rows and the same dtype and row shape (InvalidArgument otherwise).
 absl::Status SliceBatch(const Tensor& global, int index, int parts, Tensor& local);
+
+// Tensor parallel: where the shard of a tensor that the rank at model coordinate `model_rank` of
+// `model` holds lies in the whole tensor. `local` is the shard's shape under `sharding`
+// (ir/sharding.h); `whole` receives the whole tensor's. One box per group of the split dimension
+// (a `K*model` split holds block model_rank of each of the K groups: K boxes), each with the
+// place it has in the local shard; a replicated tensor is one box, the whole of it.
+struct TensorParallelBox {
+  TensorSlice global;  // in the whole tensor
+  TensorSlice local;   // in the local shard
+};
+std::vector<TensorParallelBox> TensorParallelBoxes(const ir::Sharding& sharding, const Shape& local,
+                                                   int model, int model_rank, Shape* whole);
 
 }  // namespace kiln::train
 

@@ -448,10 +448,9 @@ std::string Trainer::LastSavedPath() const {
 absl::Status Trainer::Save(bool sync) {
   // Never commit a diverged state as a result: the run stops instead (Run checks the loss and
   // gradients every step; this catches an update that overflowed the parameters silently).
-  bool finite = tensor_parallel()
-                    ? AllFinite(full_params_) && AllFinite(full_state_)
-                    : AllFinite(step_->params()) && AllFinite(step_->optimizer_state());
-  if (sharded_saves()) {  // with shard_state each rank checks only its own state: agree
+  // What this rank holds (tensor parallel: its shards; with shard_state: its state pieces).
+  bool finite = AllFinite(step_->params()) && AllFinite(step_->optimizer_state());
+  if (sharded_saves()) {  // each rank checks only what it holds: agree
     KILN_ASSIGN_OR_RETURN(bool any_bad, AnyRank(!finite, "agreeing that the state is finite"));
     finite = !any_bad;
   }
@@ -721,10 +720,8 @@ absl::Status Trainer::MaybeCheckpoint(int64_t number) {
   if (c.checkpoint_every <= 0 || number % c.checkpoint_every != 0 || number >= c.steps) {
     return absl::OkStatus();
   }
-  // Tensor parallel: every rank sends its shards; rank 0 saves the whole tensors.
-  if (tensor_parallel()) KILN_RETURN_IF_ERROR(RefreshFull());
-  // Sharded saves: every rank writes its pieces. Otherwise (one process, tensor parallel) rank 0
-  // saves the whole tensors.
+  // Sharded saves (any mesh of more than one rank, tensor parallel included): every rank writes
+  // its pieces. One process saves the whole tensors.
   if (!chief() && !sharded_saves()) return absl::OkStatus();
   // The step is blocked only for the host copy (and for the previous save, if still writing);
   // the write itself is reported once it has finished, at the next save.
@@ -746,7 +743,10 @@ absl::Status Trainer::Finish(Loop& loop, TrainResult& result) {
   const TrainConfig& c = config_;
   profiler_.set_enabled(false);
   step_->mutable_executable().set_thunk_observer(nullptr);
-  if (tensor_parallel()) KILN_RETURN_IF_ERROR(RefreshFull());  // for the final save and eval
+  // Tensor parallel: the whole tensors for rank 0's final evaluation (every rank takes part; the
+  // condition is the same on every rank). The final save is in pieces, of the shards.
+  if (tensor_parallel() && !result.preempted && !loop.evaluated_last)
+    KILN_RETURN_IF_ERROR(RefreshFull());
   if (!chief()) {  // rank 0 commits, evaluates and writes the run's files
     // The final sharded save, as rank 0 decides below (both track last_saved_step_).
     if (sharded_saves() && last_saved_step_ != step_->step())

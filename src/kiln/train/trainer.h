@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -86,7 +87,7 @@ struct TrainerOptions {
   // rank 0 takes OUTDIR's lock and writes config.yaml, run.json, metrics, events, checkpoints
   // and traces, and logs (every rank runs the eval_every evaluations, so that none waits for
   // rank 0's in a collective; rank 0 alone the final one); the others resume from what rank 0
-  // restored (broadcast).
+  // restored (broadcast; tensor parallel: each reads its own shards of that checkpoint).
   dist::Communicator* comm = nullptr;
   std::string host;
 };
@@ -173,9 +174,9 @@ class Trainer {
   absl::Status SetUpTensorParallel(nn::TrainStepOptions& step_opts, const nn::ParamStore& initial);
   absl::Status RefreshFull();
   bool tensor_parallel() const { return mesh_.model > 1; }
-  // Checkpoints in pieces, every rank writing its own (a data-parallel mesh); a tensor-parallel run
-  // gathers whole tensors for rank 0 to save instead.
-  bool sharded_saves() const { return mesh_.ranks > 1 && !tensor_parallel(); }
+  // Checkpoints in pieces, every rank writing its own (any mesh of more than one rank: data
+  // parallel, tensor parallel or both).
+  bool sharded_saves() const { return mesh_.ranks > 1; }
   // True on every rank when any rank's `stop` is (a 4-byte max all-reduce, once per step).
   absl::StatusOr<bool> AgreeToStop(bool stop);
   absl::StatusOr<bool> AnyRank(bool flag, const std::string& what);
@@ -184,7 +185,12 @@ class Trainer {
   // reads its optimizer state pieces from the checkpoint resumed from (ReadStatePieces).
   absl::Status OpenCheckpointsForShards();
   absl::Status SaveShards(const nlohmann::json& meta);
+  // Tensor parallel: this rank's share of the pieces of `store` (its shards), copied into `owned`.
+  void TensorParallelPieces(const nn::ParamStore& store, std::deque<Tensor>& owned,
+                            std::vector<TensorPiece>& pieces) const;
   absl::StatusOr<nn::ParamStore> ReadStatePieces(const std::string& checkpoint_dir);
+  // Tensor parallel: this rank's shards, read from `checkpoint_dir` into the train step.
+  absl::Status ReadOwnShards(const std::string& checkpoint_dir);
   bool AsyncSaveAhead() const;
   // Run, per step.
   absl::StatusOr<nn::StepMetrics> Step(int64_t number, Loop& loop);
@@ -229,8 +235,8 @@ class Trainer {
   Tensor x_local_, x_local_flat_, y_local_;
   std::unique_ptr<runtime::Collectives> collectives_;
   // Tensor parallel (mesh_.model > 1): the train step holds this rank's shards; these are the
-  // whole parameters and optimizer state, gathered (RefreshFull, every rank) before rank 0
-  // checkpoints and before evaluations, and what checkpoints restore into.
+  // whole parameters and optimizer state, gathered (RefreshFull, every rank) before evaluations,
+  // and what rank 0 restores a checkpoint into (checkpoints are written in pieces, SaveShards).
   nn::ParamStore full_params_, full_state_;
   nlohmann::json ranks_info_;
   nlohmann::json init_from_info_;  // run.json's "init_from" (null: none)

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
@@ -57,6 +58,32 @@ absl::Status Trainer::SyncFromChief() {
   }
   std::string text = chief() ? state.dump() : std::string();
   KILN_RETURN_IF_ERROR(Annotate(BroadcastString(comm, text), "sharing rank 0's resume state"));
+  if (!chief()) {
+    state = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (state.is_discarded() || !state.is_object()) {
+      return absl::InternalError("rank 0's resume state is not a JSON object");
+    }
+    run_id_ = state.value("run_id", std::string());
+    start_step_ = state.value("start_step", int64_t{0});
+    last_saved_step_ = state.value("last_saved_step", int64_t{-1});
+    completed_step_ = state.value("completed_step", int64_t{-1});
+    restored_from_ = state.value("restored_from", std::string());
+    init_from_fresh_ = state.value("init_from_fresh", false);
+  }
+  if (tensor_parallel() && !restored_from_.empty()) {
+    // Every rank reads its own shards from the checkpoint rank 0 resumed from (nothing is
+    // broadcast); the ranks then agree that all of them could.
+    absl::Status read = chief() ? absl::OkStatus() : ReadOwnShards(restored_from_);
+    KILN_ASSIGN_OR_RETURN(bool failed,
+                          AnyRank(!read.ok(), "agreeing that every rank read its shards"));
+    if (!read.ok()) return read;
+    if (failed)
+      return absl::AbortedError(absl::StrCat("another rank could not read its shards from ",
+                                             restored_from_, " (see that rank's error)"));
+    if (!chief() && !state["data"].is_null())
+      KILN_RETURN_IF_ERROR(data_.train->Restore(state["data"]));
+    return absl::OkStatus();
+  }
   // With shard_state each rank holds its own optimizer state pieces: only the parameters are
   // rank 0's; every rank reads its state from the checkpoint below.
   const bool zero = step_->shard_state();
@@ -66,18 +93,9 @@ absl::Status Trainer::SyncFromChief() {
         Annotate(comm.Broadcast(t, 0), absl::StrCat("broadcasting '", name, "' from rank 0")));
   }
   if (chief()) return absl::OkStatus();
-  state = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (state.is_discarded() || !state.is_object()) {
-    return absl::InternalError("rank 0's resume state is not a JSON object");
-  }
-  run_id_ = state.value("run_id", std::string());
-  start_step_ = state.value("start_step", int64_t{0});
-  last_saved_step_ = state.value("last_saved_step", int64_t{-1});
-  completed_step_ = state.value("completed_step", int64_t{-1});
-  restored_from_ = state.value("restored_from", std::string());
-  init_from_fresh_ = state.value("init_from_fresh", false);
   if (tensor_parallel()) {
-    // The broadcast wrote the whole tensors; each rank keeps its shards of them.
+    // A fresh start or init_from: the broadcast wrote the whole tensors; each rank keeps its
+    // shards of them.
     KILN_RETURN_IF_ERROR(step_->RestoreFull(full_params_, full_state_, start_step_));
     if (!state["data"].is_null()) KILN_RETURN_IF_ERROR(data_.train->Restore(state["data"]));
     return absl::OkStatus();
@@ -92,6 +110,41 @@ absl::Status Trainer::SyncFromChief() {
       start_step_));
   if (!state["data"].is_null()) KILN_RETURN_IF_ERROR(data_.train->Restore(state["data"]));
   return absl::OkStatus();
+}
+
+// Tensor parallel: this rank's shards of every parameter and optimizer-state tensor, read as
+// boxes (TensorParallelBoxes) from whatever pieces of `checkpoint_dir` cover them (a checkpoint
+// of any mesh, sharded or not), into the train step. full_params_ / full_state_ keep their
+// values until the next RefreshFull (every evaluation starts with one).
+absl::Status Trainer::ReadOwnShards(const std::string& checkpoint_dir) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                        CheckpointReader::Open(checkpoint_dir, run_dir_->env()));
+  auto read = [&](const nn::ParamStore& like, nn::ParamStore& out) -> absl::Status {
+    for (int i = 0; i < like.size(); ++i) {
+      const std::string& name = like.names()[i];
+      const Tensor& resident = like.value(i);
+      Tensor local(resident.dtype(), resident.shape());
+      const ir::Sharding sharding = step_->ShardingOfTensor(name, resident.shape().rank());
+      Shape whole;
+      for (const TensorParallelBox& box :
+           TensorParallelBoxes(sharding, resident.shape(), mesh_.model, coords_.model, &whole)) {
+        absl::StatusOr<Tensor> piece = reader->ReadSlice(name, box.global);
+        if (!piece.ok())
+          return Annotate(piece.status(), absl::StrCat("restoring this rank's shard of '", name,
+                                                       "' from ", checkpoint_dir));
+        CopyOverlap(SliceRuns(box.local, resident.shape()), piece->raw_data(),
+                    SliceRuns(TensorSlice::Whole(resident.shape()), resident.shape()),
+                    local.raw_data(), DTypeSize(resident.dtype()));
+      }
+      KILN_RETURN_IF_ERROR(out.Add(name, std::move(local)));
+    }
+    return absl::OkStatus();
+  };
+  nn::ParamStore p, s;
+  KILN_RETURN_IF_ERROR(read(step_->params(), p));
+  KILN_RETURN_IF_ERROR(read(step_->optimizer_state(), s));
+  return Annotate(step_->Restore(p, s, start_step_),
+                  absl::StrCat("restoring this rank's shards from ", checkpoint_dir));
 }
 
 // Every rank's host, pid and mesh coordinates, in rank order, for run.json.
@@ -152,14 +205,14 @@ absl::Status Trainer::OpenCheckpointsForShards() {
 // This rank's pieces: the flat shard mesh_.data cuts out of the parameters (every rank holds them
 // all: each writes 1/D), and of the optimizer state (with shard_state, exactly the pieces it
 // holds; without, the same cut of the whole state), so that the ranks together write each tensor
-// once.
+// once. Tensor parallel: see TensorParallelPieces.
 absl::Status Trainer::SaveShards(const nlohmann::json& meta) {
-  if (mesh_.model > 1) {
-    // The data-parallel cut below assumes every rank of a data coordinate holds the whole
-    // parameters; a tensor-parallel rank holds slices (TensorSlice::Box pieces) instead.
-    return absl::UnimplementedError(
-        "sharded checkpoints of a tensor-parallel run (mesh.model > 1): each model rank must save "
-        "its parameter slices as TensorSlice::Box pieces (Trainer::SaveShards); not built yet");
+  if (tensor_parallel()) {
+    std::deque<Tensor> owned;  // the pieces' bytes, alive for the call
+    std::vector<TensorPiece> pieces;
+    TensorParallelPieces(step_->params(), owned, pieces);
+    TensorParallelPieces(step_->optimizer_state(), owned, pieces);
+    return ckpt_->SaveSharded(step_->step(), pieces, meta, *options_.comm);
   }
   const int d = static_cast<int>(coords_.data), n = static_cast<int>(mesh_.data);
   std::vector<TensorPiece> pieces;
@@ -190,6 +243,43 @@ absl::Status Trainer::SaveShards(const nlohmann::json& meta) {
     cut(s, shapes);
   }
   return ckpt_->SaveSharded(step_->step(), pieces, meta, *options_.comm);
+}
+
+// Tensor parallel: a rank holds, of each tensor split along a dimension, its model coordinate's
+// block of every group of that dimension (TensorParallelBoxes); the D ranks of its model column
+// hold the same blocks, and every rank holds the replicated tensors. Each holder writes a share
+// of the rows (dimension 0) of every block it holds: replica i of R writes rows
+// [i n / R, (i + 1) n / R), so the ranks together write every element once and the data-axis
+// replicas nothing twice. The pieces are boxes of the whole tensor (copied out of the local
+// shard into `owned`, since a block of an inner dimension is not contiguous in it).
+void Trainer::TensorParallelPieces(const nn::ParamStore& store, std::deque<Tensor>& owned,
+                                   std::vector<TensorPiece>& pieces) const {
+  for (int i = 0; i < store.size(); ++i) {
+    const std::string& name = store.names()[i];
+    const Tensor& local = store.value(i);
+    const ir::Sharding sharding = step_->ShardingOfTensor(name, local.shape().rank());
+    const bool split = sharding.split_dim() >= 0;
+    const int replicas = split ? mesh_.data : mesh_.ranks;
+    const int index = split ? coords_.data : rank_;
+    Shape whole;
+    for (TensorParallelBox box :
+         TensorParallelBoxes(sharding, local.shape(), mesh_.model, coords_.model, &whole)) {
+      if (local.shape().rank() == 0) {
+        if (index != 0) continue;  // a scalar: the first replica writes it
+      } else {
+        const int64_t rows = box.global.sizes[0];
+        const int64_t lo = rows * index / replicas, hi = rows * (index + 1) / replicas;
+        if (hi == lo) continue;
+        box.global.offsets[0] += lo;
+        box.local.offsets[0] += lo;
+        box.global.sizes[0] = box.local.sizes[0] = hi - lo;
+      }
+      Tensor& piece = owned.emplace_back(local.dtype(), box.global.PieceShape());
+      CopyOverlap(SliceRuns(TensorSlice::Whole(local.shape()), local.shape()), local.raw_data(),
+                  SliceRuns(box.local, local.shape()), piece.raw_data(), DTypeSize(local.dtype()));
+      pieces.push_back({name, local.dtype(), whole, box.global, piece.raw_data()});
+    }
+  }
 }
 
 // With shard_state: this rank's optimizer state pieces, read from whatever pieces (or whole
@@ -224,7 +314,10 @@ absl::Status Trainer::SetUpTensorParallel(nn::TrainStepOptions& step_opts,
                      ": tensor-parallel layouts exist for the gpt model only, not ",
                      config_.model.kind, "; use mesh.model: 1 (data parallel)"));
   KILN_ASSIGN_OR_RETURN(step_opts.shardings, gpt->TensorParallelShardings(mesh_.model));
-  collectives_ = std::make_unique<dist::MeshCollectives>(*options_.comm, mesh_.data, mesh_.model);
+  // One communicator per mesh axis: the model group's collectives run among the M ranks of this
+  // data row, the gradient all-reduce among the D ranks of this model column.
+  KILN_ASSIGN_OR_RETURN(collectives_,
+                        dist::MeshCollectives::Create(*options_.comm, mesh_.data, mesh_.model));
   step_opts.collectives = collectives_.get();
   step_opts.data_parallel = mesh_.data;
   step_opts.model_parallel = mesh_.model;

@@ -322,6 +322,34 @@ MpiCommunicator::~MpiCommunicator() {
   if (!broken_ && !finalized && handle_->comm != MPI_COMM_NULL) MPI_Comm_free(&handle_->comm);
 }
 
+bool MpiCommunicator::broken() const { return broken_ || g_any_broken.load(); }
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DoSplit(int color, int key) {
+  const int32_t mine[2] = {color, key};
+  std::vector<int32_t> all(2 * static_cast<size_t>(size()));
+  KILN_RETURN_IF_ERROR(handle_->Run(*this, "Split", 8 * size(), [&](MPI_Request* request) {
+    return MPI_Iallgather(mine, 2, MPI_INT32_T, all.data(), 2, MPI_INT32_T, handle_->comm, request);
+  }));
+  for (int r = 0; r < size(); ++r) {
+    if (all[2 * r] < 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("Split: rank ", r, " passed color ", all[2 * r], "; colors must be >= 0"));
+  }
+  auto handle = std::make_unique<Handle>();
+  const int rc = MPI_Comm_split(handle_->comm, color, key, &handle->comm);
+  if (rc != MPI_SUCCESS)
+    return absl::InternalError(
+        absl::StrCat("MPI_Comm_split on rank ", rank(), ": ", MpiErrorString(rc)));
+  MPI_Comm_set_errhandler(handle->comm, MPI_ERRORS_RETURN);
+  int new_rank = 0, new_size = 1;
+  MPI_Comm_rank(handle->comm, &new_rank);
+  MPI_Comm_size(handle->comm, &new_size);
+  std::unique_ptr<MpiCommunicator> comm(new MpiCommunicator(new_rank, new_size, std::move(handle)));
+  comm->set_timeout(timeout());
+  comm->reduction_ = reduction_;
+  return comm;
+}
+
 void MpiCommunicator::Abort(int code) {
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] honest

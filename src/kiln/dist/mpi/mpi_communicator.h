@@ -10,8 +10,9 @@
 // MPI is initialised once per process, by the first Create (MPI_Init_thread, MPI_THREAD_SERIALIZED:
 // a communicator is used by one thread at a time), and finalised at exit unless a collective timed
 // out (MPI_Finalize could wait forever on the collective still in flight; mpirun then ends the
-// job). Each communicator owns a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN, so MPI errors
-// come back as Internal statuses instead of aborting the process.
+// job). Each communicator owns a duplicate of MPI_COMM_WORLD (or, from Split, an MPI_Comm_split
+// of its parent's) with MPI_ERRORS_RETURN, so MPI errors come back as Internal statuses instead of
+// aborting the process.
 //
 // Timeouts: every collective is made of nonblocking MPI calls (MPI_Isend/MPI_Irecv for the
 // rank-order reductions, else MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather,
@@ -67,8 +68,10 @@ class MpiCommunicator final : public Communicator {
       MpiReduction reduction = MpiReduction::kRankOrder);
   ~MpiCommunicator() override;
 
-  // True after a collective timed out: every later call returns FailedPrecondition.
-  bool broken() const { return broken_; }
+  // True after a collective of this communicator timed out (every later call on it returns
+  // FailedPrecondition), or one of any other communicator of this process (one split from it):
+  // either way the job must end (Abort).
+  bool broken() const;
   // Ends the whole job (MPI_Abort on MPI_COMM_WORLD with `code`): what a rank does after a
   // DeadlineExceeded, so that no peer waits for it.
   [[noreturn]] void Abort(int code);
@@ -80,6 +83,10 @@ class MpiCommunicator final : public Communicator {
   absl::Status DoAllGather(const void* send, void* recv, int64_t send_count, DType dtype) override;
   absl::Status DoBroadcast(void* data, int64_t count, DType dtype, int root) override;
   absl::Status DoBarrier() override;
+  // The colors and keys are exchanged first (MPI_Iallgather, bounded by the timeout, so that a
+  // dead peer is DeadlineExceeded and a negative color InvalidArgument on every rank), then
+  // MPI_Comm_split, which has no nonblocking form, runs among ranks known to be at the call.
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key) override;
 
  private:
   struct Handle;  // the MPI_Comm, kept out of this header

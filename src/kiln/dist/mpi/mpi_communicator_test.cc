@@ -4,6 +4,7 @@
 //   dist_mpi_test                  the ops (GoogleTest)
 //   dist_mpi_test --dead_peer      rank 1 never joins: rank 0 must get DeadlineExceeded in ~1 s
 //   dist_mpi_test --crashed_peer   rank 1 exits at once: mpirun must end the job
+//   dist_mpi_test --dead_peer_split  as --dead_peer, on a communicator split from the world
 #include "kiln/dist/mpi/mpi_communicator.h"
 
 #include <chrono>
@@ -177,6 +178,40 @@ TEST(MpiCommunicatorTest, BadArgumentsReturnInvalidArgumentWithoutJoining) {
   EXPECT_TRUE(g_comm->Barrier().ok());  // nobody joined anything above
 }
 
+// Split over 2 real processes: reversed keys reverse the group's order; singletons are the
+// identity; a negative color on one rank fails on both (the colors are exchanged first).
+TEST(MpiCommunicatorTest, SplitFormsGroupsInKeyOrder) {
+  for (MpiReduction reduction : {MpiReduction::kRankOrder, MpiReduction::kMpi}) {
+    MpiCommunicator* c = For(reduction);
+    auto reversed = c->Split(0, -c->rank());
+    ASSERT_TRUE(reversed.ok()) << reversed.status();
+    EXPECT_EQ((*reversed)->size(), c->size());
+    EXPECT_EQ((*reversed)->rank(), c->size() - 1 - c->rank());
+    const int32_t me = c->rank();
+    std::vector<int32_t> all(c->size());
+    ASSERT_TRUE((*reversed)->AllGather(&me, all.data(), 1, DType::kS32).ok());
+    for (int i = 0; i < c->size(); ++i) EXPECT_EQ(all[i], c->size() - 1 - i);
+    std::vector<Tensor> in = AllInputs(DType::kF32, 3001);
+    Tensor data = in[c->rank()].Clone();
+    ASSERT_TRUE((*reversed)->AllReduce(data, ReduceOp::kSum).ok());
+    Tensor want = in[c->rank()].Clone();
+    ASSERT_TRUE(c->AllReduce(want, ReduceOp::kSum).ok());
+    if (c->size() == 2) EXPECT_TRUE(data.BitwiseEquals(want));  // x0 + x1 == x1 + x0
+
+    auto alone = c->Split(c->rank(), 0);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ((*alone)->size(), 1);
+    Tensor own = in[c->rank()].Clone();
+    ASSERT_TRUE((*alone)->AllReduce(own, ReduceOp::kSum).ok());
+    EXPECT_TRUE(own.BitwiseEquals(in[c->rank()]));
+
+    absl::Status bad = c->Split(c->rank() == 1 ? -1 : 0, 0).status();
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(bad.message()), HasSubstr("rank 1 passed color -1"));
+    EXPECT_TRUE(c->Barrier().ok());
+  }
+}
+
 int DeadPeer() {
   g_comm->set_timeout(std::chrono::milliseconds(1000));
   if (g_comm->rank() != 0) {
@@ -197,6 +232,35 @@ int DeadPeer() {
                   after.code() == absl::StatusCode::kFailedPrecondition;
   std::printf("dead-peer: %s: rank 0 got [%s] after %.0f ms; the next call got [%s]\n",
               ok ? "PASS" : "FAIL", s.ToString().c_str(), ms, after.ToString().c_str());
+  std::fflush(stdout);
+  g_comm->Abort(ok ? 0 : 1);
+}
+
+// As DeadPeer, on a communicator split from the world: the timeout holds on it, and the world
+// communicator reports the job broken (broken() is what the CLI checks before aborting).
+int DeadPeerSplit() {
+  g_comm->set_timeout(std::chrono::milliseconds(1000));
+  auto group = g_comm->Split(0, g_comm->rank());
+  if (!group.ok()) {
+    std::printf("dead-peer-split: FAIL: Split: %s\n", group.status().ToString().c_str());
+    std::fflush(stdout);
+    g_comm->Abort(1);
+  }
+  if (g_comm->rank() != 0) {
+    std::printf("dead-peer-split: rank %d not joining\n", g_comm->rank());
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::_Exit(0);
+  }
+  std::vector<float> data(1 << 16, 1.0f);
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = (*group)->AllReduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const bool ok =
+      s.code() == absl::StatusCode::kDeadlineExceeded && ms >= 990 && ms < 3000 && g_comm->broken();
+  std::printf("dead-peer-split: %s: rank 0 got [%s] after %.0f ms; world broken: %d\n",
+              ok ? "PASS" : "FAIL", s.ToString().c_str(), ms, g_comm->broken() ? 1 : 0);
   std::fflush(stdout);
   g_comm->Abort(ok ? 0 : 1);
 }
@@ -237,6 +301,7 @@ int main(int argc, char** argv) {
   kiln::dist::g_mpi = mpi->get();
   if (mode == "--dead_peer") return kiln::dist::DeadPeer();
   if (mode == "--crashed_peer") return kiln::dist::CrashedPeer();
+  if (mode == "--dead_peer_split") return kiln::dist::DeadPeerSplit();
   int32_t failed = RUN_ALL_TESTS() != 0;
   // Both ranks exit with the same code: any rank's failure fails the job.
   if (!kiln::dist::g_comm->AllReduce(&failed, 1, kiln::DType::kS32, kiln::dist::ReduceOp::kMax)
