@@ -46,8 +46,8 @@ std::string VerdictLine(const ProfileVerdict& v, const ProfileInputs& in,
       // average cannot be hidden by a deeper queue; a faster one that still leaves the step
       // waiting is bursty.
       const double compute = (in.step_seconds - in.input_seconds) / steps;
-      const bool slower = in.produce_seconds > 0 &&
-                          in.produce_seconds / std::max(in.workers, 1) >= compute;
+      const bool slower =
+          in.produce_seconds > 0 && in.produce_seconds / std::max(in.workers, 1) >= compute;
       return absl::StrFormat(
           "input-bound: %.0f%% of step time waiting for data; %s", 100 * v.input_share,
           in.produce_seconds <= 0
