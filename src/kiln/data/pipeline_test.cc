@@ -783,6 +783,22 @@ TEST(DatasetSourceTest, ReadsAnImportedCsvWithItsSplit) {
     }
   }
   EXPECT_EQ(seen.size(), 40u);
+  // Shuffled train batches of the import: the same bytes from 1, 2 and 4 workers.
+  PipelineConfig c;
+  c.source = "dataset:/ds";
+  c.batch_size = 4;
+  c.seed = 3;
+  c.prefetch = 0;
+  auto ref = InputPipeline::Create(c, &env);
+  ASSERT_TRUE(ref.ok());
+  const std::vector<std::string> want = Bytes(**ref, 20);  // 2+ epochs of 7 batches
+  for (int workers : {1, 2, 4}) {
+    c.prefetch = 2;
+    c.workers = workers;
+    auto p = InputPipeline::Create(c, &env);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(Bytes(**p, 20), want) << workers << " workers";
+  }
   PipelineConfig bad;
   bad.source = "dataset:/nowhere";
   EXPECT_FALSE(InputPipeline::Create(bad, &env).ok());
