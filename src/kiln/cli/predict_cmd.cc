@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "kiln/base/env.h"
 #include "kiln/base/status.h"
 #include "kiln/cli/backends.h"
+#include "kiln/cli/input_normalization.h"
 #include "kiln/cli/internal/csv_fields.h"
 #include "kiln/compiler/artifact.h"
 #include "kiln/data/digits.h"
@@ -343,13 +345,23 @@ absl::StatusOr<PredictResult> RunPredict(const PredictOptions& o, std::ostream& 
   absl::StatusOr<std::map<std::string, Tensor>> inputs =
       csv_in ? ReadCsvInput(o.input, l, &n) : ReadTensorInput(o.input, l, a, &n);
   if (!inputs.ok()) return inputs.status();
+  // The normalization the input pipeline applied in training (data.augment.normalize), which
+  // the program does not contain: applied to the raw inputs unless they come normalized.
+  absl::StatusOr<std::optional<InputNormalization>> norm = InputNormalizationOf(a);
+  if (!norm.ok()) return Annotate(norm.status(), "loading artifact " + o.artifact);
+  PredictResult result;
+  if (norm->has_value() && !o.no_normalize) {
+    const InputNormalization& nz = **norm;
+    absl::Status s = nz.Apply(inputs->at(nz.input));
+    if (!s.ok()) return Annotate(s, "--input " + o.input);
+    result.normalized = true;
+  }
 
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Backend> backend, MakeBackendByName(o.backend));
   absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = backend->Compile(a.program);
   if (!exe.ok()) return Annotate(exe.status(), "compiling the artifact's program");
 
   const std::vector<TensorSpec>& specs = a.signature.outputs;
-  PredictResult result;
   std::vector<Tensor> outs;
   if (n == 0) {
     KILN_ASSIGN_OR_RETURN(std::vector<Tensor> args, a.BindInputs(*inputs));
@@ -418,6 +430,7 @@ absl::StatusOr<PredictResult> RunPredict(const PredictOptions& o, std::ostream& 
   out << "predicted " << rows << (rows == 1 ? " example" : " examples") << " in " << result.batches
       << (result.batches == 1 ? " run" : " runs");
   if (n > 0) out << " of batch " << l.batch;
+  if (result.normalized) out << " (inputs normalized as in training: data.augment.normalize)";
   out << "; wrote " << absl::StrJoin(names, ", ") << " to " << o.output << "\n";
   return result;
 }
@@ -451,6 +464,9 @@ PredictCommand::PredictCommand(CLI::App& app) {
   cmd_->add_option("--output", options_.output,
                    "Write the outputs here (.csv or .safetensors, replaced) instead of printing "
                    "them as CSV");
+  cmd_->add_flag("--no-normalize", options_.no_normalize,
+                 "--input is already normalized: do not apply the artifact's input_normalization "
+                 "(the training pipeline's data.augment.normalize)");
   cmd_->add_option("--backend", options_.backend, "Backend: cpu (oneDNN) or reference")
       ->check(CLI::IsMember(BackendNames()))
       ->capture_default_str();

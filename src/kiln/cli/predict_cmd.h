@@ -10,9 +10,11 @@
 // row, the runtime inputs' values flattened and concatenated in signature order (a first line
 // with no number in it is a header and skipped). N examples run in batches of the artifact's
 // batch size (the leading dimension of its inputs), the last one padded with zeros and its
-// outputs trimmed. Outputs: CSV (a header, then one row per example; columns `name` for one value
-// per example, `name_0`, `name_1`, ... for several) or, for an --output ending in .safetensors,
-// one tensor per output of shape [N, ...].
+// outputs trimmed. An artifact of a model trained with data.augment.normalize records it
+// (input_normalization.h) and its inputs are normalized that way first (--no-normalize: they
+// come normalized already). Outputs: CSV (a header, then one row per example; columns `name` for
+// one value per example, `name_0`, `name_1`, ... for several) or, for an --output ending in
+// .safetensors, one tensor per output of shape [N, ...].
 //
 // `kiln predict RUN_OR_EXPORT --input-dir STUDIES --out results.jsonl|.csv [--dataset DIR]
 // [--deadline 10m] [--threads N]` classifies every DICOM file under STUDIES (a batch job: decode
@@ -42,6 +44,9 @@ struct PredictOptions {
   std::string input;     // .safetensors, .csv or .csv.gz
   std::string output;    // empty: CSV on `out`; else .csv or .safetensors (replaced if present)
   std::string backend = "cpu";
+  // The inputs are already normalized: skip the artifact's input_normalization (the training
+  // pipeline's data.augment.normalize, which kiln export records; input_normalization.h).
+  bool no_normalize = false;
   // Bulk classification of DICOM studies (predict_studies.cc): every file under input_dir,
   // decoded as `kiln data import dicom` decoded the model's training data (`dataset`, or the
   // run's data.source), one result line per study in `out` (.jsonl or .csv).
@@ -66,7 +71,8 @@ int RunPredictStudies(const PredictOptions& o, std::ostream& out, std::ostream& 
 
 struct PredictResult {
   int64_t examples = 0;
-  int64_t batches = 0;  // executable runs
+  int64_t batches = 0;      // executable runs
+  bool normalized = false;  // the artifact's input_normalization was applied to the inputs
 };
 
 // Errors name what was wrong: the artifact (LoadArtifact's messages), an input tensor that is

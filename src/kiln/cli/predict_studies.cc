@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "kiln/base/env.h"
 #include "kiln/base/status.h"
 #include "kiln/cli/backends.h"
+#include "kiln/cli/input_normalization.h"
 #include "kiln/cli/predict_cmd.h"
 #include "kiln/compiler/artifact.h"
 #include "kiln/data/dataset_manifest.h"
@@ -119,9 +121,13 @@ class Model {
   int64_t classes() const { return classes_; }
   // x: f32 [batch, features]; returns the logits, f32 [batch, classes].
   virtual absl::StatusOr<Tensor> Logits(const Tensor& x) = 0;
+  // The training pipeline's data.augment.normalize (input_normalization.h), applied after the
+  // dataset's own normalization; nullopt when it trained without one.
+  const std::optional<InputNormalization>& normalization() const { return norm_; }
 
  protected:
   int64_t batch_ = 0, features_ = 0, classes_ = 0;
+  std::optional<InputNormalization> norm_;
 };
 
 // Index of output "logits" in `outputs`, checked to be f32 [batch, classes].
@@ -154,6 +160,7 @@ class ArtifactModel final : public Model {
           "artifact ", dir, " must take one f32 [batch, features] input (an image classifier)"));
     }
     m->input_ = in[0].name;
+    KILN_ASSIGN_OR_RETURN(m->norm_, InputNormalizationOf(m->a_));
     m->batch_ = in[0].shape.dim(0);
     m->features_ = in[0].shape.dim(1);
     std::vector<std::string> names;
@@ -196,6 +203,7 @@ class RunModel final : public Model {
     absl::StatusOr<train::LoadedRun> run = train::LoadRun(config, lo);
     if (!run.ok()) return Annotate(run.status(), "loading run " + config.output_dir);
     m->run_ = *std::move(run);
+    m->norm_ = InputNormalizationOf(config, "x");
     KILN_ASSIGN_OR_RETURN(ir::Graph g, m->run_.model->PredictGraph(batch));
     KILN_ASSIGN_OR_RETURN(m->backend_, MakeBackendByName(backend));
     absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = m->backend_->Compile(g);
@@ -397,6 +405,13 @@ int RunPredictStudies(const PredictOptions& o, std::ostream& out, std::ostream& 
         " classes; the dataset ", dataset, " has ", pre->height, "x", pre->width, "x",
         pre->channels, " = ", f, " pixels and ", pre->labels.size(), " labels")));
   }
+  if (const std::optional<InputNormalization>& nz = model->normalization();
+      nz && (nz->channels != pre->channels || nz->height * nz->width * nz->channels != f)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("the model was trained with data.augment.normalize for ", nz->channels, "x",
+                     nz->height, "x", nz->width, " inputs, but the dataset ", dataset, " gives ",
+                     pre->channels, "x", pre->height, "x", pre->width)));
+  }
   absl::StatusOr<std::vector<std::string>> files = ListStudies(o.input_dir);
   if (!files.ok()) return fail(files.status());
   const int64_t n = static_cast<int64_t>(files->size());
@@ -434,6 +449,7 @@ int RunPredictStudies(const PredictOptions& o, std::ostream& out, std::ostream& 
             static_cast<float>(((*px)[p * pre->channels + c] - pre->mean[c]) * pre->inv_std[c]);
       }
     }
+    if (model->normalization()) model->normalization()->ApplyToExample(s.x.data());
     return s;
   };
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/cli/app.h"
+#include "kiln/cli/input_normalization.h"
 #include "kiln/cli/internal/test_util.h"
 #include "kiln/cli/predict_cmd.h"
 #include "kiln/compiler/artifact.h"
@@ -140,6 +142,100 @@ TEST_F(PredictTest, SafetensorsInAndOut) {
   const std::string csv_out = ::testing::TempDir() + "/y.csv";
   ASSERT_TRUE(Predict(WriteTemp("rows2.csv", Csv()), csv_out).ok());
   ExpectCsvMatches(ReadFile(csv_out));
+}
+
+// An artifact of a model trained with data.augment.normalize records it; predict applies it to
+// the raw inputs exactly as the training pipeline did (and not with --no-normalize).
+TEST_F(PredictTest, AppliesTheRecordedInputNormalization) {
+  InputNormalization nz{.input = "x", .channels = 2, .height = 1, .width = 2};
+  nz.mean = {0.5, -1.0};
+  nz.std = {2.0, 0.25};
+  Tensor normalized = X().Clone();
+  ASSERT_TRUE(nz.Apply(normalized).ok());
+  // Row 0 is {0.5, -1 | 2, 0.25}: channel 0 (v - 0.5) / 2, channel 1 (v + 1) / 0.25.
+  EXPECT_EQ(normalized.data<float>()[0], 0.0f);
+  EXPECT_EQ(normalized.data<float>()[1], -0.75f);
+  EXPECT_EQ(normalized.data<float>()[2], 12.0f);
+  EXPECT_EQ(normalized.data<float>()[3], 5.0f);
+
+  nn::MlpClassifier model({.in_features = kFeatures, .hidden = {5}, .num_classes = kClasses});
+  absl::StatusOr<ir::Graph> g = model.PredictGraph(kBatch);
+  ASSERT_TRUE(g.ok());
+  const std::string dir = ::testing::TempDir() + "/kiln_predict_normalized";
+  fs::remove_all(dir);
+  compiler::ArtifactOptions ao;
+  ao.metadata[kInputNormalizationKey] = nz.ToJson();
+  ASSERT_TRUE(compiler::WriteArtifact(dir, *g, weights_, ao).ok());
+  absl::StatusOr<ir::Graph> all = model.PredictGraph(kRows.size());
+  ASSERT_TRUE(all.ok());
+  auto exe = runtime::MakeReferenceBackend()->Compile(*all);
+  ASSERT_TRUE(exe.ok());
+  std::map<std::string, Tensor> in = weights_;
+  in["x"] = normalized;
+  auto want = (*exe)->RunNamed(in);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  const std::string raw = ::testing::TempDir() + "/raw.safetensors";
+  ASSERT_TRUE(WriteSafetensors(raw, {{"x", X()}}).ok());
+  PredictOptions o;
+  o.artifact = dir;
+  o.input = raw;
+  o.output = ::testing::TempDir() + "/normalized_out.safetensors";
+  o.backend = "reference";
+  std::ostringstream printed;
+  absl::StatusOr<PredictResult> r = RunPredict(o, printed);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->normalized);
+  EXPECT_THAT(printed.str(), HasSubstr("inputs normalized as in training"));
+  auto y = ReadSafetensors(o.output);
+  ASSERT_TRUE(y.ok());
+  EXPECT_TRUE(y->at("logits").BitwiseEquals(want->at("logits")));
+  // CSV rows are normalized the same way.
+  o.input = WriteTemp("raw_rows.csv", Csv());
+  ASSERT_TRUE(RunPredict(o, printed).ok());
+  y = ReadSafetensors(o.output);
+  ASSERT_TRUE(y.ok());
+  EXPECT_TRUE(y->at("logits").BitwiseEquals(want->at("logits")));
+  // Inputs that come normalized already.
+  o.input = raw;
+  o.no_normalize = true;
+  r = RunPredict(o, printed);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->normalized);
+  y = ReadSafetensors(o.output);
+  ASSERT_TRUE(y.ok());
+  EXPECT_TRUE(y->at("logits").BitwiseEquals(logits_));
+
+  // A model trained with the normalization gives it at export (what kiln export records).
+  train::TrainConfig config;
+  config.model.channels = 2;
+  config.model.height = 1;
+  config.model.width = 2;
+  EXPECT_FALSE(InputNormalizationOf(config, "x").has_value());
+  config.data.augment.mean = nz.mean;
+  config.data.augment.std = nz.std;
+  std::optional<InputNormalization> from_config = InputNormalizationOf(config, "x");
+  ASSERT_TRUE(from_config.has_value());
+  EXPECT_EQ(from_config->ToJson(), nz.ToJson());
+
+  // A malformed record, or one that does not fit the input, is an error naming the key.
+  for (const std::string& bad :
+       {std::string("{\"layout\": \"chw\"}"), std::string("[1]"),
+        std::string(R"({"input": "x", "layout": "chw", "shape": [3, 1, 2], "mean": [0, 0, 0],
+                        "std": [1, 1, 1]})"),
+        std::string(R"({"input": "x", "layout": "chw", "shape": [2, 1, 2], "mean": [0, 0],
+                        "std": [1, 0]})"),
+        std::string(R"({"input": "w", "layout": "chw", "shape": [2, 1, 2], "mean": [0, 0],
+                        "std": [1, 1]})")}) {
+    SCOPED_TRACE(bad);
+    fs::remove_all(dir);
+    ao.metadata[kInputNormalizationKey] = bad;
+    ASSERT_TRUE(compiler::WriteArtifact(dir, *g, weights_, ao).ok());
+    o.no_normalize = false;
+    r = RunPredict(o, printed);
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(r.status().message(), HasSubstr("input_normalization"));
+  }
 }
 
 TEST_F(PredictTest, BadCsvNamesFileLineAndColumn) {

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -23,6 +24,7 @@
 #include "kiln/base/status.h"
 #include "kiln/cli/app.h"
 #include "kiln/cli/backends.h"
+#include "kiln/cli/input_normalization.h"
 #include "kiln/compiler/artifact.h"
 #include "kiln/dist/launch.h"
 #ifdef KILN_HAVE_MPI
@@ -739,6 +741,18 @@ int TrainCommands::RunExport(std::ostream& out, std::ostream& err) {
                  {"step", std::to_string(run->step)},
                  {"config_hash", train::ConfigHash(*config)},
                  {"kiln_version", KilnVersion()}};
+  // data.augment.normalize is the input pipeline's, outside the program: record it for kiln
+  // predict to apply to raw inputs (input_normalization.h). It applies to the f32 image input.
+  std::vector<std::string> weight_names;
+  for (const auto& [name, t] : weights) weight_names.push_back(name);
+  for (const compiler::TensorSpec& in :
+       compiler::SignatureOf(*program, weight_names).RuntimeInputs()) {
+    if (in.dtype != DType::kF32) continue;
+    if (std::optional<InputNormalization> n = InputNormalizationOf(*config, in.name)) {
+      ao.metadata[kInputNormalizationKey] = n->ToJson();
+    }
+    break;
+  }
   absl::Status s = WriteExport(export_out_, out_exists, "kiln", [&](const std::string& dir) {
     return compiler::WriteArtifact(dir, *program, weights, ao);
   });

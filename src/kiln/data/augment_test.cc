@@ -6,8 +6,10 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/base/mem_env.h"
@@ -187,10 +189,13 @@ class AugmentedPipelineTest : public ::testing::Test {
 };
 
 TEST_F(AugmentedPipelineTest, RowsAreTheDrawsOfTheirExampleAndResumeRepeatsThem) {
-  for (int prefetch : {0, 2, kAutoPrefetch}) {
-    SCOPED_TRACE(prefetch);
+  // (prefetch, workers): every row is its example's draw whichever thread augmented it.
+  for (auto [prefetch, workers] :
+       std::vector<std::pair<int, int>>{{0, 1}, {2, 1}, {kAutoPrefetch, 1}, {2, 2}, {1, 4}}) {
+    SCOPED_TRACE(absl::StrCat("prefetch ", prefetch, " workers ", workers));
     PipelineConfig c = cfg_;
     c.prefetch = prefetch;
+    c.workers = workers;
     auto p = InputPipeline::Create(c, env_.get());
     ASSERT_TRUE(p.ok()) << p.status();
     Tensor x(DType::kF32, (*p)->feature_type().shape), y(DType::kS32, (*p)->label_type().shape);

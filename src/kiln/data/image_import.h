@@ -58,6 +58,12 @@ struct ImportSummary {
   int64_t units = 0;  // tokens for text, else examples
   // Wall time of the import's main phases, in order (e.g. {"tokenizer", 2.1}).
   std::vector<std::pair<std::string, double>> phase_seconds;
+  // Text imports, the "tokenize and write" phase: CPU seconds of the whole process, and of the
+  // calling thread outside its parallel loops (the part no thread count speeds up). CPU time
+  // hardly depends on what else runs on the machine, so serial / total bounds the speedup that
+  // more threads can give (Amdahl) even where the wall times cannot show it.
+  double tokenize_cpu_seconds = 0;
+  double tokenize_serial_cpu_seconds = 0;
 };
 
 absl::StatusOr<ImportSummary> ImportImages(Env* env, const ImageImportOptions& options,

@@ -82,8 +82,15 @@ class Source {
   int64_t size() const { return size_; }
   const TensorSpec& x_spec() const { return x_spec_; }  // one example, no batch dimension
   const TensorSpec& y_spec() const { return y_spec_; }
-  // Copies example i into x_dst / y_dst (x_spec / y_spec bytes). Called from one thread at a time.
-  virtual absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst) = 0;
+  // What one fetching thread keeps between calls (open files, scratch buffers): each thread that
+  // calls Fetch passes its own, from NewReader (nullptr for sources that need none).
+  struct Reader {
+    virtual ~Reader() = default;
+  };
+  virtual std::unique_ptr<Reader> NewReader() const { return nullptr; }
+  // Copies example i into x_dst / y_dst (x_spec / y_spec bytes). Thread-safe: any number of
+  // threads may fetch at once, each with its own `reader`.
+  virtual absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst, Reader* reader) const = 0;
   // Identifies the data (not the config): changes when the files or arrays change shape/count.
   virtual std::string FingerprintMaterial() const = 0;
   // Record sources: files and where each file's examples start (size files + 1). Empty otherwise.
@@ -127,7 +134,7 @@ class ArraySource final : public Source {
     return std::unique_ptr<Source>(std::move(s));
   }
 
-  absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst) override {
+  absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst, Reader*) const override {
     const int64_t xb = x_spec_.shape.num_elements() * DTypeSize(x_spec_.dtype);
     const int64_t yb = y_spec_.shape.num_elements() * DTypeSize(y_spec_.dtype);
     std::memcpy(x_dst, static_cast<const uint8_t*>(x_.raw_data()) + i * xb, xb);
@@ -190,7 +197,6 @@ class RecordSource final : public Source {
         s->offsets_.push_back(off);
       }
       s->file_starts_.push_back(static_cast<int64_t>(s->offsets_.size()));
-      s->readers_.emplace_back(nullptr);
     }
     s->size_ = static_cast<int64_t>(s->offsets_.size());
     if (s->size_ == 0)
@@ -199,21 +205,34 @@ class RecordSource final : public Source {
     return std::unique_ptr<Source>(std::move(s));
   }
 
-  absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst) override {
+  // A fetching thread's open files (opened on first use) and record buffer.
+  struct FileReaders final : Reader {
+    std::vector<std::unique_ptr<RecordReader>> files;
+    std::string scratch;
+  };
+  std::unique_ptr<Reader> NewReader() const override {
+    auto r = std::make_unique<FileReaders>();
+    r->files.resize(files_.size());
+    return r;
+  }
+
+  absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst, Reader* reader) const override {
+    auto& fr = *static_cast<FileReaders*>(reader);
+    std::string& rec = fr.scratch;
     const int f = FileOf(i);
-    if (!readers_[f]) {
-      KILN_ASSIGN_OR_RETURN(readers_[f], RecordReader::Open(env_, files_[f]));
+    if (!fr.files[f]) {
+      KILN_ASSIGN_OR_RETURN(fr.files[f], RecordReader::Open(env_, files_[f]));
     }
-    RecordReader& r = *readers_[f];
+    RecordReader& r = *fr.files[f];
     const uint64_t off = offsets_[i];
     r.Seek(off);
-    absl::StatusOr<bool> got = r.Read(&scratch_);
+    absl::StatusOr<bool> got = r.Read(&rec);
     // Fast path: a record whose safetensors header is byte-identical to the first record's (the
     // usual case: WriteRecordShards writes them all alike) has its tensors at the same offsets.
-    if (got.ok() && *got && !fast_header_.empty() && scratch_.size() == fast_size_ &&
-        std::memcmp(scratch_.data(), fast_header_.data(), fast_header_.size()) == 0) {
-      std::memcpy(x_dst, scratch_.data() + fast_x_, fast_x_bytes_);
-      std::memcpy(y_dst, scratch_.data() + fast_y_, fast_y_bytes_);
+    if (got.ok() && *got && !fast_header_.empty() && rec.size() == fast_size_ &&
+        std::memcmp(rec.data(), fast_header_.data(), fast_header_.size()) == 0) {
+      std::memcpy(x_dst, rec.data() + fast_x_, fast_x_bytes_);
+      std::memcpy(y_dst, rec.data() + fast_y_, fast_y_bytes_);
       return absl::OkStatus();
     }
     const std::string where = absl::StrCat(files_[f], " record at offset ", off);
@@ -224,7 +243,7 @@ class RecordSource final : public Source {
     }
     if (!*got) return absl::DataLossError(absl::StrCat(where, ": the file ends before it"));
     Tensor x, y;
-    KILN_RETURN_IF_ERROR(ParseExample(scratch_, where, &x, &y));
+    KILN_RETURN_IF_ERROR(ParseExample(rec, where, &x, &y));
     KILN_RETURN_IF_ERROR(CheckExampleType(x, x_spec_, "x", where));
     KILN_RETURN_IF_ERROR(CheckExampleType(y, y_spec_, "y", where));
     std::memcpy(x_dst, x.raw_data(), x.byte_size());
@@ -321,8 +340,6 @@ class RecordSource final : public Source {
   std::vector<std::string> files_;
   std::vector<int64_t> file_starts_;
   std::vector<uint64_t> offsets_;  // of every record, by global index
-  std::vector<std::unique_ptr<RecordReader>> readers_;
-  std::string scratch_;
 };
 
 // "text:PATH": the file's bytes are the tokens (byte-level tokenizer, vocabulary 256). The text is
@@ -463,7 +480,7 @@ class DatasetSource final : public Source {
 
   int64_t presplit_train() const override { return n_train_; }
 
-  absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst) override {
+  absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst, Reader*) const override {
     const ExampleDataset& ds = i < n_train_ ? *train_ : *held_;
     KILN_ASSIGN_OR_RETURN(ExampleBatch b,
                           ds.ReadBatch({i < n_train_ ? i : i - n_train_ + held_offset_}));
@@ -622,6 +639,11 @@ int AutoPrefetchDepth(int current, int max_depth, double produce_max, double pro
   return std::max(current, std::min(want, max_depth));
 }
 
+int AutoWorkers() {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores / 2, 1, 8);
+}
+
 double HeldOutHash(uint64_t split_seed, int64_t index) {
   const uint64_t h = SplitMix64(split_seed ^ SplitMix64(static_cast<uint64_t>(index) + 1));
   return static_cast<double>(h >> 11) * 0x1.0p-53;
@@ -646,19 +668,32 @@ class InputPipeline::Impl {
   int64_t last_real = 0;
   absl::Status sticky;
 
-  // Producer position and the order cache (producer thread only, or the caller when prefetch=0
-  // or while the thread is stopped).
+  // The next batch to hand to a worker (under mu; the caller's own when prefetch = 0 or while
+  // the workers are stopped).
   int64_t p_epoch = 0, p_pos = 0;
-  // Two epochs' orders: a wrapped batch reads the end of one and the start of the next.
+  // The order cache, shared by the workers (under order_mu): two epochs' orders, since a wrapped
+  // batch reads the end of one and the start of the next. A worker holds a reference to the
+  // orders it reads, so replacing one never pulls it from under a batch being produced.
+  std::mutex order_mu;
   int64_t order_epoch[2] = {-1, -1};
-  std::vector<int64_t> order[2];
+  std::shared_ptr<const std::vector<int64_t>> order[2];
 
-  // Augmentation (augment.h) on the producing thread; scratch for one example.
+  // Augmentation (augment.h) on the producing threads (const: each worker has its own scratch).
   std::optional<Augmenter> augmenter;
-  std::vector<float> aug_scratch;
+
+  // What one producing thread owns: its source reader (open files) and augmentation scratch.
+  struct Worker {
+    std::unique_ptr<Source::Reader> reader;
+    std::vector<float> aug_scratch;
+  };
+  Worker caller;  // the caller's thread, with prefetch = 0
+  std::vector<Worker> workers;
+  int num_workers = 1;  // threads producing batches when prefetch > 0 (PipelineConfig::workers)
 
   // Prefetch queue: `slots` has room for the most batches the queue may hold (never
-  // reallocated: the producer keeps a reference into it), the first `active` have their tensors.
+  // reallocated: a worker keeps a reference into it), the first `active` have their tensors.
+  // With W workers the queue has depth + W - 1 slots: each worker beyond the first has one batch
+  // of its own in production, so `depth` batches can still be ready ahead.
   struct Slot {
     Tensor x, y;
     int64_t real = 0;
@@ -667,6 +702,7 @@ class InputPipeline::Impl {
   std::vector<Slot> slots;
   int active = 0;
   bool auto_prefetch = false;
+  int depth() const { return active - (num_workers - 1); }
   // Auto sizing (kAutoPrefetch): the producer's batch times (under mu) and the consumer's time
   // between Next() calls, over a window of kAutoWindow batches.
   static constexpr int kAutoWindow = 16;
@@ -678,20 +714,27 @@ class InputPipeline::Impl {
   bool have_last_return = false;
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<int> ready, free_slots;
+  // Batches are numbered in the order they are handed out (next_seq); a finished one waits in
+  // `done` (number -> slot) until the consumer reaches its number (deliver_seq), so batches come
+  // out in order whichever worker finished first.
+  std::deque<int> free_slots;
+  std::map<int64_t, int> done;
+  int64_t next_seq = 0, deliver_seq = 0;
+  bool halted = false;  // a batch failed: hand out no more (the consumer stops at that one)
   bool stop = false;
-  std::thread thread;
+  std::vector<std::thread> threads;
 
   ~Impl() { StopThread(); }
 
   int64_t M() const { return static_cast<int64_t>(ids.size()); }
   bool wrap() const { return config.remainder == "wrap"; }
 
-  const std::vector<int64_t>& OrderOf(int64_t e) {
+  std::shared_ptr<const std::vector<int64_t>> OrderOf(int64_t e) {
+    std::lock_guard<std::mutex> lock(order_mu);
     for (int k = 0; k < 2; ++k)
       if (order_epoch[k] == e) return order[k];
     const int k = order_epoch[0] < order_epoch[1] ? 0 : 1;  // replace the older one
-    order[k] = ComputeOrder(e);
+    order[k] = std::make_shared<const std::vector<int64_t>>(ComputeOrder(e));
     order_epoch[k] = e;
     return order[k];
   }
@@ -743,8 +786,9 @@ class InputPipeline::Impl {
 
   // Fills the batch at (e, pos) into x, y (already of x_type / y_type); *real = rows that are
   // examples. Wrap: rows past the epoch's end come from the start of the next epoch's order.
-  absl::Status Produce(int64_t e, int64_t pos, Tensor& x, Tensor& y, int64_t* real) {
-    const std::vector<int64_t>* ord = &OrderOf(e);
+  // A pure function of (e, pos): any worker, in any order, fills the same bytes.
+  absl::Status Produce(int64_t e, int64_t pos, Tensor& x, Tensor& y, int64_t* real, Worker& w) {
+    std::shared_ptr<const std::vector<int64_t>> ord = OrderOf(e);
     const int64_t B = config.batch_size;
     const int64_t xb = x_type.shape.num_elements() / B * DTypeSize(x_type.dtype);
     const int64_t y_elems = y_type.shape.num_elements() / B;
@@ -754,17 +798,17 @@ class InputPipeline::Impl {
     *real = 0;
     for (int64_t r = 0, p = pos; r < B; ++r, ++p) {
       if (p >= M() && wrap()) {
-        ord = &OrderOf(++e);
+        ord = OrderOf(++e);
         p = 0;
       }
       if (p < M()) {
-        KILN_RETURN_IF_ERROR(source->Fetch((*ord)[p], xd + r * xb, yd + r * yb));
+        KILN_RETURN_IF_ERROR(source->Fetch((*ord)[p], xd + r * xb, yd + r * yb, w.reader.get()));
         if (augmenter.has_value()) {
           float* row = reinterpret_cast<float*>(xd + r * xb);
           if (config.split == "held_out") {
-            augmenter->ApplyEval(row, aug_scratch.data());
+            augmenter->ApplyEval(row, w.aug_scratch.data());
           } else {
-            augmenter->ApplyTrain(row, config.seed, e, (*ord)[p], aug_scratch.data());
+            augmenter->ApplyTrain(row, config.seed, e, (*ord)[p], w.aug_scratch.data());
           }
         }
         ++*real;
@@ -789,32 +833,48 @@ class InputPipeline::Impl {
     }
   }
 
-  void Loop() {
+  Worker NewWorker() const {
+    Worker w;
+    w.reader = source->NewReader();
+    if (augmenter.has_value()) w.aug_scratch.assign(static_cast<size_t>(augmenter->floats()), 0);
+    return w;
+  }
+
+  // Worker k: takes the next batch number and position and a free slot, produces the batch
+  // outside the lock, and files it under its number.
+  void Loop(int k) {
+    Worker& w = workers[k];
     while (true) {
       int slot;
+      int64_t seq, e, p;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || !free_slots.empty(); });
+        cv.wait(lock, [&] { return stop || (!halted && !free_slots.empty()); });
         if (stop) return;
         slot = free_slots.front();
         free_slots.pop_front();
+        seq = next_seq++;
+        e = p_epoch;
+        p = p_pos;
+        Advance(p_epoch, p_pos);
       }
       Slot& s = slots[slot];
       const auto t0 = std::chrono::steady_clock::now();
-      s.status = Produce(p_epoch, p_pos, s.x, s.y, &s.real);
+      absl::Status status = Produce(e, p, s.x, s.y, &s.real, w);
       const double took =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const bool failed = !s.status.ok();
-      if (!failed) Advance(p_epoch, p_pos);
       {
         std::lock_guard<std::mutex> lock(mu);
-        ready.push_back(slot);
+        // The consumer sees an error when it reaches this batch; every batch before it was
+        // handed out already, so it gets those first, and nothing after it is produced.
+        if (!status.ok()) halted = true;
+        s.status = std::move(status);
+        done[seq] = slot;
         win_produce_max = std::max(win_produce_max, took);
         produce_sum += took;
         ++produce_n;
       }
       cv.notify_all();
-      if (failed) return;  // the consumer sees the error when it reaches this batch
     }
   }
 
@@ -822,22 +882,25 @@ class InputPipeline::Impl {
     if (config.prefetch <= 0) return;
     p_epoch = epoch;
     p_pos = pos;
-    ready.clear();
+    done.clear();
+    next_seq = deliver_seq = 0;
+    halted = false;
     free_slots.clear();
     for (int i = 0; i < active; ++i) free_slots.push_back(i);
     have_last_return = false;  // a restore is not a step
     stop = false;
-    thread = std::thread([this] { Loop(); });
+    for (int k = 0; k < num_workers; ++k) threads.emplace_back([this, k] { Loop(k); });
   }
 
   void StopThread() {
-    if (!thread.joinable()) return;
+    if (threads.empty()) return;
     {
       std::lock_guard<std::mutex> lock(mu);
       stop = true;
     }
     cv.notify_all();
-    thread.join();
+    for (std::thread& t : threads) t.join();
+    threads.clear();
   }
 
   json ConfigJson() const {
@@ -877,9 +940,11 @@ class InputPipeline::Impl {
       win_produce_max = 0;
     }
     const double step = win_gap_sum / static_cast<double>(win_n);
-    const int want =
-        AutoPrefetchDepth(active, static_cast<int>(slots.size()), produce_max, produce_mean, step,
-                          win_gap_sum > 0 ? win_wait / win_gap_sum : 0);
+    // W workers finish a batch every produce_mean / W seconds on average.
+    const int extra = num_workers - 1;
+    const int want = extra + AutoPrefetchDepth(depth(), static_cast<int>(slots.size()) - extra,
+                                               produce_max, produce_mean / num_workers, step,
+                                               win_gap_sum > 0 ? win_wait / win_gap_sum : 0);
     if (want > active) {
       for (int k = active; k < want; ++k) AllocateSlot(k);
       {
@@ -928,6 +993,9 @@ absl::Status CheckConfig(const PipelineConfig& config) {
   if ((config.prefetch < 0 && config.prefetch != kAutoPrefetch) || config.prefetch > 1024)
     return absl::InvalidArgumentError(
         absl::StrCat("data.prefetch must be auto or in [0, 1024], got ", config.prefetch));
+  if ((config.workers < 1 && config.workers != kAutoWorkers) || config.workers > kMaxWorkers)
+    return absl::InvalidArgumentError(absl::StrCat("data.workers must be auto or in [1, ",
+                                                   kMaxWorkers, "], got ", config.workers));
   return absl::OkStatus();
 }
 
@@ -993,7 +1061,13 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const Pipel
     KILN_ASSIGN_OR_RETURN(Augmenter a,
                           Augmenter::Create(config.augment, src.x_spec().shape.num_elements()));
     impl->augmenter.emplace(std::move(a));
-    impl->aug_scratch.assign(static_cast<size_t>(src.x_spec().shape.num_elements()), 0.0f);
+  }
+  impl->num_workers = config.workers == kAutoWorkers ? AutoWorkers() : config.workers;
+  impl->caller = impl->NewWorker();
+  if (config.prefetch != 0) {
+    for (int k = 0; k < impl->num_workers; ++k) impl->workers.push_back(impl->NewWorker());
+  } else {
+    impl->num_workers = 1;  // the caller produces each batch itself
   }
   int max_slots = config.prefetch;
   if (config.prefetch == kAutoPrefetch) {
@@ -1004,8 +1078,10 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const Pipel
     max_slots = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / batch_bytes, 2, 16));
     impl->config.prefetch = 2;  // the starting depth (> 0: the thread runs)
   }
-  impl->slots.resize(static_cast<size_t>(std::max(max_slots, 0)));
-  impl->active = impl->auto_prefetch ? 2 : max_slots;
+  // Each worker beyond the first gets a slot of its own (see Impl::Slot).
+  const int extra = impl->num_workers - 1;
+  impl->slots.resize(static_cast<size_t>(std::max(max_slots, 0) + (max_slots > 0 ? extra : 0)));
+  impl->active = (impl->auto_prefetch ? 2 : max_slots) + (max_slots > 0 ? extra : 0);
   for (int i = 0; i < impl->active; ++i) impl->AllocateSlot(i);
   impl->StartThread();
   return std::unique_ptr<InputPipeline>(new InputPipeline(std::move(impl)));
@@ -1024,8 +1100,9 @@ int64_t InputPipeline::examples_per_epoch() const { return impl_->M(); }
 int64_t InputPipeline::batches_per_epoch() const { return impl_->bpe; }
 int InputPipeline::prefetch_depth() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->config.prefetch > 0 ? impl_->active : 0;
+  return impl_->config.prefetch > 0 ? impl_->depth() : 0;
 }
+int InputPipeline::workers() const { return impl_->config.prefetch > 0 ? impl_->num_workers : 0; }
 double InputPipeline::mean_produce_seconds() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->produce_n > 0 ? impl_->produce_sum / static_cast<double>(impl_->produce_n) : 0;
@@ -1044,7 +1121,7 @@ absl::Status InputPipeline::Next(Tensor& x, Tensor& y) {
                      ", expected ", m.x_type.ToString(), " and ", m.y_type.ToString()));
   int64_t real = 0;
   if (m.config.prefetch <= 0) {
-    absl::Status s = m.Produce(m.epoch, m.pos, x, y, &real);
+    absl::Status s = m.Produce(m.epoch, m.pos, x, y, &real, m.caller);
     if (!s.ok()) {
       m.sticky = s;
       return s;
@@ -1062,9 +1139,10 @@ absl::Status InputPipeline::Next(Tensor& x, Tensor& y) {
     int slot;
     {
       std::unique_lock<std::mutex> lock(m.mu);
-      m.cv.wait(lock, [&] { return !m.ready.empty(); });
-      slot = m.ready.front();
-      m.ready.pop_front();
+      m.cv.wait(lock, [&] { return m.done.count(m.deliver_seq) > 0; });
+      auto it = m.done.find(m.deliver_seq++);
+      slot = it->second;
+      m.done.erase(it);
     }
     const SteadyClock::time_point got = SteadyClock::now();
     m.win_wait += std::chrono::duration<double>(got - enter).count();

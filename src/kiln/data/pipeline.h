@@ -1,7 +1,7 @@
 // The training input pipeline: reads examples from a safetensors file, TFRecord shards or the
 // digits CSV, keeps this host's share (per-host sharding) and one split (train / held_out),
-// shuffles deterministically by (seed, epoch), batches with locked shapes, prefetches batches on a
-// background thread, and saves / restores its position so a resumed run sees exactly the batches
+// shuffles deterministically by (seed, epoch), batches with locked shapes, produces batches ahead
+// on worker threads, and saves / restores its position so a resumed run sees exactly the batches
 // an uninterrupted one would have seen.
 //
 //   PipelineConfig cfg;
@@ -89,21 +89,34 @@
 // it starts at 2 batches and, after every 16 batches Next() returned, sets the depth to
 // 1 + ceil(longest batch production in the window / mean time between Next() calls), at least
 // 2, one more if Next() waited in the window although production was on average faster than the
-// consumer (bursts), never shrinking, at most 16 batches and 256 MiB of batches (and at least 2).
+// consumer (bursts; with W workers a batch is finished every mean production time / W), never
+// shrinking, at most 16 batches and 256 MiB of batches (and at least 2).
 // A deeper queue absorbs slow batches (a shard opening, a page-cache miss); it cannot help when
 // production is slower than the step on average: then the profile's verdict says input-bound.
 // The depth never changes which batches come out, only when they are ready.
 //
+// Workers: with prefetch > 0, `workers` = W threads produce batches (reading, decoding and
+// augmenting every example of a batch), each a whole batch at a time: batch numbers and
+// positions are handed out in order, each batch is a pure function of (epoch, position) (the
+// order of an epoch is shared, augmentation draws are keyed by example, every worker has its own
+// open files), and finished batches wait until the consumer reaches their number, so the
+// batches are bit-identical for any W and any timing. The queue then holds depth + W - 1
+// batches (each extra worker has one in production). kAutoWorkers (`data.workers: auto`) is
+// AutoWorkers(): half the cores, 1 to 8. workers = 1 is one producer thread, as before workers
+// existed. With prefetch = 0 the caller produces every batch itself and workers does not apply.
+//
 // Augmentation (augment.h, PipelineConfig::augment): random crop, flip and normalization of
-// f32 CHW features, on the producing thread; the train split gets the random draws, keyed by
+// f32 CHW features, on the worker threads; the train split gets the random draws, keyed by
 // (seed, epoch, global example index) so a resumed pipeline repeats them exactly; the held_out
 // split gets the centre crop and normalization only.
 //
 // Errors: a bad source is InvalidArgument / NotFound at Create; a record that fails its CRC or
 // does not parse is DataLoss naming the file and the record's byte offset (found at Create, which
-// indexes every shard, or at Next). After Next fails, it keeps returning the same error.
+// indexes every shard, or at Next). A batch that fails in a worker is returned by the Next that
+// reaches it (the batches before it come out first; no batch after it is produced). After Next
+// fails, it keeps returning the same error.
 //
-// Thread-safety: one thread calls Next / SaveState / RestoreState; the prefetch thread is private.
+// Thread-safety: one thread calls Next / SaveState / RestoreState; the worker threads are private.
 #ifndef KILN_DATA_PIPELINE_H_
 #define KILN_DATA_PIPELINE_H_
 
@@ -125,6 +138,9 @@ namespace kiln::data {
 
 // PipelineConfig::prefetch: size the prefetch queue from measured times (see above).
 inline constexpr int kAutoPrefetch = -1;
+// PipelineConfig::workers: AutoWorkers() threads; at most kMaxWorkers.
+inline constexpr int kAutoWorkers = -1;
+inline constexpr int kMaxWorkers = 64;
 
 struct PipelineConfig {
   // "safetensors:PATH", "records:GLOB_OR_DIR", "dataset:DIR", "tokens:DIR", "digits:PATH",
@@ -143,7 +159,8 @@ struct PipelineConfig {
   // A split with fewer than batch_size examples gives batches of all of them (feature_type()
   // then has that batch size): for evaluating a small held-out split whole.
   bool shrink_batch = false;
-  int prefetch = 2;       // batches prepared ahead on a background thread; 0: none; kAutoPrefetch
+  int prefetch = 2;       // batches prepared ahead on the workers; 0: none; kAutoPrefetch
+  int workers = 1;        // threads producing batches (prefetch > 0); kAutoWorkers
   AugmentConfig augment;  // off unless it asks for something (augment.h)
   int shard_index = 0;    // per-host sharding: keep examples i % num_shards == shard_index
   int num_shards = 1;
@@ -199,6 +216,8 @@ class InputPipeline {
   // (0 before it measured any).
   int prefetch_depth() const;
   double mean_produce_seconds() const;
+  // Threads producing batches (0 without prefetch: the caller's thread produces them).
+  int workers() const;
   double mean_step_seconds() const;
 
   // Small JSON (docs/formats.md "Dataset records and iterator state"): source fingerprint,
@@ -217,11 +236,15 @@ class InputPipeline {
 };
 
 // The kAutoPrefetch rule (see the top of this file): the depth after a window in which the
-// slowest batch took `produce_max` seconds to produce, the mean `produce_mean`, the consumer
+// slowest batch took `produce_max` seconds to produce, a batch was finished every
+// `produce_mean` seconds on average (the mean production time / workers), the consumer
 // `step` seconds between Next() calls on average and waited `wait_share` of that time. Never
 // below `current`, never above `max_depth`.
 int AutoPrefetchDepth(int current, int max_depth, double produce_max, double produce_mean,
                       double step, double wait_share);
+
+// kAutoWorkers: half the cores (std::thread::hardware_concurrency), at least 1, at most 8.
+int AutoWorkers();
 
 // The hash behind the train / held_out split: a value in [0, 1) for example `index`.
 double HeldOutHash(uint64_t split_seed, int64_t index);

@@ -410,6 +410,145 @@ TEST_F(PipelineTest, BadPayloadFoundWhileReading) {
   EXPECT_EQ(p->Next(x, y).code(), absl::StatusCode::kDataLoss);  // sticky
 }
 
+// The bytes of the next `n` batches.
+std::vector<std::string> Bytes(InputPipeline& p, int n) {
+  std::vector<std::string> out;
+  Tensor x(p.feature_type().dtype, p.feature_type().shape);
+  Tensor y(p.label_type().dtype, p.label_type().shape);
+  for (int b = 0; b < n; ++b) {
+    absl::Status s = p.Next(x, y);
+    EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) break;
+    out.push_back(std::string(static_cast<const char*>(x.raw_data()), x.byte_size()) +
+                  std::string(static_cast<const char*>(y.raw_data()), y.byte_size()));
+  }
+  return out;
+}
+
+TEST_F(PipelineTest, AnyWorkerCountGivesTheSameBatches) {
+  for (const char* src : {"safetensors:/d/all.safetensors", "records:/d/shards"}) {
+    for (int64_t buffer : {0, 7}) {
+      for (const char* rem : {"drop", "pad"}) {
+        PipelineConfig c = Config(src);
+        c.shuffle_buffer = buffer;
+        c.remainder = rem;
+        c.prefetch = 0;
+        const std::vector<std::string> ref = Bytes(*Make(c), 33);  // 3+ epochs, caller-produced
+        for (int prefetch : {1, 3, kAutoPrefetch}) {
+          for (int workers : {1, 2, 4}) {
+            SCOPED_TRACE(absl::StrCat(src, " buffer=", buffer, " ", rem, " prefetch=", prefetch,
+                                      " workers=", workers));
+            c.prefetch = prefetch;
+            c.workers = workers;
+            auto p = Make(c);
+            EXPECT_EQ(p->workers(), workers);
+            EXPECT_EQ(Bytes(*p, 33), ref);
+            if (prefetch > 0) EXPECT_EQ(p->prefetch_depth(), prefetch);  // not counting workers
+          }
+        }
+      }
+    }
+  }
+  PipelineConfig c = Config("records:/d/shards");
+  c.workers = kAutoWorkers;
+  EXPECT_EQ(Make(c)->workers(), AutoWorkers());
+  EXPECT_GE(AutoWorkers(), 1);
+  EXPECT_LE(AutoWorkers(), 8);
+  c.prefetch = 0;
+  EXPECT_EQ(Make(c)->workers(), 0);  // the caller produces
+  for (int bad : {0, -2, 65}) {
+    c.workers = bad;
+    EXPECT_THAT(InputPipeline::Create(c, env_.get()).status().message(),
+                HasSubstr("data.workers must be auto or in [1, 64]"));
+  }
+}
+
+TEST_F(PipelineTest, ResumeMidEpochAcrossWorkerCounts) {
+  PipelineConfig c = Config("records:/d/shards");
+  c.shuffle_buffer = 7;
+  c.prefetch = 0;
+  const std::vector<std::string> ref = Bytes(*Make(c), 30);
+  for (int k : {4, 10, 13}) {  // mid-epoch (10 batches per epoch), at an epoch's start, past it
+    SCOPED_TRACE(k);
+    c.prefetch = 3;
+    c.workers = 4;
+    auto a = Make(c);
+    EXPECT_EQ(Bytes(*a, k), std::vector<std::string>(ref.begin(), ref.begin() + k));
+    const std::string state = a->SaveState();
+    // The saved pipeline continues (the batches its workers had ready are not lost)...
+    EXPECT_EQ(Bytes(*a, 8), std::vector<std::string>(ref.begin() + k, ref.begin() + k + 8));
+    // ...and a pipeline with other workers, moved elsewhere first, restores to the same batches.
+    for (int workers : {1, 2}) {
+      c.workers = workers;
+      c.prefetch = 2;
+      auto b = Make(c);
+      Bytes(*b, 5);
+      ASSERT_TRUE(b->RestoreState(state).ok());
+      EXPECT_EQ(Bytes(*b, 8), std::vector<std::string>(ref.begin() + k, ref.begin() + k + 8));
+    }
+  }
+}
+
+TEST_F(PipelineTest, ErrorInAWorkerNamesTheRecordAndDoesNotHang) {
+  // 40 examples, batches of 4 in source order; record 17's payload is garbage behind valid
+  // framing, so Create indexes it and the worker producing batch 4 (records 16..19) fails.
+  std::string file;
+  for (int i = 0; i < 40; ++i) {
+    Tensor x(DType::kF32, Shape{3}), y(DType::kS32, Shape{});
+    y.data<int32_t>()[0] = i;
+    auto rec = SerializeExample(x, y);
+    ASSERT_TRUE(rec.ok());
+    file += FrameRecord(i == 17 ? std::string("not a safetensors blob") : *rec);
+  }
+  ASSERT_TRUE(env_->CreateDir("/bad").ok());
+  ASSERT_TRUE(WriteStringToFile(env_.get(), file, "/bad/x.tfrecord").ok());
+  for (int workers : {1, 2, 4}) {
+    for (int prefetch : {1, 4, kAutoPrefetch}) {
+      SCOPED_TRACE(absl::StrCat("workers=", workers, " prefetch=", prefetch));
+      PipelineConfig c = Config("records:/bad", 4);
+      c.shuffle = false;
+      c.workers = workers;
+      c.prefetch = prefetch;
+      auto p = Make(c);
+      ASSERT_NE(p, nullptr);
+      Tensor x(DType::kF32, Shape{4, 3}), y(DType::kS32, Shape{4});
+      for (int b = 0; b < 4; ++b) {
+        ASSERT_TRUE(p->Next(x, y).ok()) << "batch " << b;
+        EXPECT_EQ(y.data<int32_t>()[0], 4 * b);
+      }
+      absl::Status s = p->Next(x, y);
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+      EXPECT_THAT(s.message(), HasSubstr("/bad/x.tfrecord record at offset"));
+      EXPECT_EQ(p->Next(x, y).message(), s.message());  // sticky
+      // A restore to the start clears it and reads the good batches again.
+      const std::string start = Make(c)->SaveState();
+      ASSERT_TRUE(p->RestoreState(start).ok());
+      ASSERT_TRUE(p->Next(x, y).ok());
+      EXPECT_EQ(y.data<int32_t>()[0], 0);
+    }  // destroying the pipeline stops its workers (a hang would time the test out)
+  }
+  // A shard damaged after Create indexed it: the CRC check while reading names the record.
+  PipelineConfig c = Config("records:/d/shards");
+  c.shuffle = false;
+  c.workers = 4;
+  c.prefetch = 1;
+  auto p = Make(c);
+  ASSERT_NE(p, nullptr);
+  const std::string path = "/d/shards/data-00003-of-00004.tfrecord";
+  auto bytes = ReadFileToString(env_.get(), path);
+  ASSERT_TRUE(bytes.ok());
+  std::string bad = *bytes;
+  // In the middle of the shard (about example 90, batch 9). The 4 batches in flight before the
+  // first Next read only shards 0 and 1, so no worker has opened this one yet.
+  bad[bad.size() / 2] ^= 0x40;
+  ASSERT_TRUE(WriteStringToFile(env_.get(), bad, path).ok());
+  Tensor x(DType::kF32, Shape{10, 3}), y(DType::kS32, Shape{10});
+  absl::Status s;
+  for (int b = 0; b < 10 && s.ok(); ++b) s = p->Next(x, y);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("data-00003-of-00004.tfrecord record at offset"));
+}
+
 TEST_F(PipelineTest, RecordOfAnotherTypeIsDataLoss) {
   std::string file;
   for (int i = 0; i < 4; ++i) {
@@ -644,6 +783,22 @@ TEST(DatasetSourceTest, ReadsAnImportedCsvWithItsSplit) {
     }
   }
   EXPECT_EQ(seen.size(), 40u);
+  // Shuffled train batches of the import: the same bytes from 1, 2 and 4 workers.
+  PipelineConfig c;
+  c.source = "dataset:/ds";
+  c.batch_size = 4;
+  c.seed = 3;
+  c.prefetch = 0;
+  auto ref = InputPipeline::Create(c, &env);
+  ASSERT_TRUE(ref.ok());
+  const std::vector<std::string> want = Bytes(**ref, 20);  // 2+ epochs of 7 batches
+  for (int workers : {1, 2, 4}) {
+    c.prefetch = 2;
+    c.workers = workers;
+    auto p = InputPipeline::Create(c, &env);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(Bytes(**p, 20), want) << workers << " workers";
+  }
   PipelineConfig bad;
   bad.source = "dataset:/nowhere";
   EXPECT_FALSE(InputPipeline::Create(bad, &env).ok());

@@ -32,6 +32,7 @@ class PipelineBatcher final : public Batcher {
   }
   int64_t epoch() const override { return csv_ ? p_->epoch_of_last_batch() : p_->epoch(); }
   int prefetch_depth() const override { return p_->prefetch_depth(); }
+  int workers() const override { return p_->workers(); }
   double mean_produce_seconds() const override { return p_->mean_produce_seconds(); }
 
  private:
@@ -164,6 +165,7 @@ PipelineConfig TrainPipelineConfig(const SourceConfig& c, bool csv) {
   pc.shuffle_buffer = csv ? 0 : c.shuffle_buffer;
   pc.remainder = c.remainder;
   pc.prefetch = c.prefetch;
+  pc.workers = c.workers;
   pc.augment = c.augment;
   pc.held_out_fraction = c.held_out_fraction;
   pc.split = "train";

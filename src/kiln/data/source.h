@@ -43,6 +43,8 @@ class Batcher {
   // (pipeline.h); 0 when unknown.
   virtual int prefetch_depth() const { return 0; }
   virtual double mean_produce_seconds() const { return 0; }
+  // Threads producing batches (0: the caller's own, or unknown).
+  virtual int workers() const { return 0; }
 };
 
 // The held-out batches of one evaluation, in a fixed order.
@@ -98,6 +100,7 @@ struct SourceConfig {
   std::string remainder = "drop";
   int64_t shuffle_buffer = 0;  // pipeline sources only: a plain CSV path always permutes fully
   int prefetch = 2;            // kAutoPrefetch (pipeline.h): sized from measured times
+  int workers = 1;             // threads producing train batches; kAutoWorkers (pipeline.h)
   // Image augmentation of the features (augment.h): train batches get the random draws, held-out
   // batches the centre crop and normalization.
   AugmentConfig augment;

@@ -1,9 +1,13 @@
 #include "kiln/data/text_import.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -26,6 +30,21 @@ namespace kiln::data {
 namespace {
 
 constexpr int kUnkId = 0, kBosId = 1, kEosId = 2, kPadId = 3;
+
+double CpuSeconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// ParallelFor that adds the calling thread's CPU time inside it to *inside: what the calling
+// thread spends outside every such loop is the import's serial part.
+void TimedParallelFor(int threads, int64_t n, const std::function<void(int64_t)>& fn,
+                      double* inside) {
+  const double t0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
+  ParallelFor(threads, n, fn);
+  *inside += CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - t0;
+}
 
 absl::Status CheckTextOptions(const TextImportOptions& o) {
   if (o.corpus.empty()) return absl::InvalidArgumentError("no corpus files given");
@@ -538,7 +557,7 @@ absl::StatusOr<DatasetManifest> TextManifest(const TextImportOptions& o,
 // Writes the windows of seq_len + 1 tokens starting every seq_len tokens of `stream` (encoded
 // in parallel, in blocks, written in order); returns how many.
 absl::StatusOr<int64_t> PackWindows(const std::vector<int64_t>& stream, int64_t seq_len,
-                                    int threads, ShardWriter& w) {
+                                    int threads, ShardWriter& w, double* parallel_cpu) {
   const int64_t tokens = static_cast<int64_t>(stream.size());
   const int64_t window = seq_len + 1;
   const int64_t records = tokens >= window ? (tokens - 1) / seq_len : 0;
@@ -546,14 +565,17 @@ absl::StatusOr<int64_t> PackWindows(const std::vector<int64_t>& stream, int64_t 
   std::vector<std::string> payloads(std::min(rblock, records));
   for (int64_t b = 0; b < records; b += rblock) {
     const int64_t n = std::min(rblock, records - b);
-    ParallelFor(threads, n, [&](int64_t i) {
-      const int64_t start = (b + i) * seq_len;
-      Example ex;
-      ex.features["tokens"] = Feature::Int64s(
-          std::vector<int64_t>(stream.begin() + start, stream.begin() + start + window));
-      payloads[i].clear();
-      EncodeExampleTo(ex, &payloads[i]);
-    });
+    TimedParallelFor(
+        threads, n,
+        [&](int64_t i) {
+          const int64_t start = (b + i) * seq_len;
+          Example ex;
+          ex.features["tokens"] = Feature::Int64s(
+              std::vector<int64_t>(stream.begin() + start, stream.begin() + start + window));
+          payloads[i].clear();
+          EncodeExampleTo(ex, &payloads[i]);
+        },
+        parallel_cpu);
     for (int64_t i = 0; i < n; ++i) KILN_RETURN_IF_ERROR(w.Write(payloads[i]));
   }
   return records;
@@ -609,32 +631,54 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
   const int64_t window = o.seq_len + 1;
 
   int64_t docs_done = 0;
+  double parallel_cpu = 0;  // the calling thread's CPU time inside the parallel loops
+  const double cpu0 = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
+  const double main0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
+  const std::thread::id caller = std::this_thread::get_id();
+  const int unk_id = sp->unk_id();
   auto produce = [&](size_t index, ShardWriter& w, nlohmann::json* state) -> absl::Status {
     const std::vector<int64_t>& group = shard_docs[index];
     const int64_t g = static_cast<int64_t>(group.size());
     std::vector<std::vector<int>> ids(g);
     std::vector<std::string> errors(g);
-    const int64_t block = std::max<int64_t>(256, g / 20);
-    for (int64_t b = 0; b < g; b += block) {
-      const int64_t n = std::min(block, g - b);
-      ParallelFor(threads, n,
-                  [&](int64_t i) { errors[b + i] = sp->Encode(docs[group[b + i]], &ids[b + i]); });
-      docs_done += n;
-      if (progress) progress({"tokenize", docs_done, d, "documents"});
-    }
-    std::vector<int64_t> stream;
+    std::vector<int64_t> unk_of(g, 0);
+    // One loop over the shard's documents (taken one at a time, so long and short documents
+    // balance; no barrier until the shard is encoded); the calling thread reports progress.
+    std::atomic<int64_t> encoded{0};
+    const int64_t done_before = docs_done;
+    TimedParallelFor(
+        threads, g,
+        [&](int64_t i) {
+          errors[i] = sp->Encode(docs[group[i]], &ids[i]);
+          for (int t : ids[i]) unk_of[i] += t == unk_id;
+          const int64_t n = encoded.fetch_add(1, std::memory_order_relaxed) + 1;
+          if (progress && (n & 255) == 0 && std::this_thread::get_id() == caller)
+            progress({"tokenize", done_before + n, d, "documents"});
+        },
+        &parallel_cpu);
+    docs_done += g;
+    if (progress) progress({"tokenize", docs_done, d, "documents"});
+    // The stream: every document's tokens then EOS, copied in parallel to offsets known ahead.
+    std::vector<int64_t> start(g + 1, 0);
     int64_t unk = 0;
     for (int64_t i = 0; i < g; ++i) {
       if (!errors[i].empty())
         return absl::InternalError("SentencePiece could not encode a document: " + errors[i]);
-      for (int t : ids[i]) {
-        stream.push_back(t);
-        unk += t == sp->unk_id();
-      }
-      stream.push_back(kEosId);
+      start[i + 1] = start[i] + static_cast<int64_t>(ids[i].size()) + 1;
+      unk += unk_of[i];
     }
+    std::vector<int64_t> stream(start[g]);
+    TimedParallelFor(
+        threads, g,
+        [&](int64_t i) {
+          std::copy(ids[i].begin(), ids[i].end(), stream.begin() + start[i]);
+          stream[start[i + 1] - 1] = kEosId;
+          std::vector<int>().swap(ids[i]);
+        },
+        &parallel_cpu);
     const int64_t tokens = static_cast<int64_t>(stream.size());
-    KILN_ASSIGN_OR_RETURN(const int64_t records, PackWindows(stream, o.seq_len, threads, w));
+    KILN_ASSIGN_OR_RETURN(const int64_t records,
+                          PackWindows(stream, o.seq_len, threads, w, &parallel_cpu));
     const int64_t used = records > 0 ? records * o.seq_len + 1 : 0;
     *state = {{"documents", g},
               {"tokens", tokens},
@@ -653,6 +697,8 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
                             &sync_seconds));
 
   lap("tokenize and write");
+  summary.tokenize_cpu_seconds = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
+  summary.tokenize_serial_cpu_seconds = CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - main0 - parallel_cpu;
   summary.phase_seconds.back().second -= sync_seconds;
   summary.phase_seconds.emplace_back("fsync shards", sync_seconds);
   KILN_ASSIGN_OR_RETURN(DatasetManifest m,

@@ -7,7 +7,10 @@
 //
 // Without CORPUS files it generates a 6 MB multilingual corpus (German, Russian, Chinese and
 // English words, '%'-separated documents). Run it on a quiet machine: on a shared one the ratio
-// says more about the neighbours than about the code.
+// says more about the neighbours than about the code. It also prints what CPU time shows even on
+// a busy machine: the process's CPU seconds per run at each thread count (equal when threads
+// add no work) and the serial part (the calling thread outside the parallel loops), whose share
+// of the 1-thread CPU time s bounds the speedup on T idle cores to 1 / (s + (1 - s) / T).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -75,7 +78,8 @@ int main(int argc, char** argv) {
   o.seq_len = 128;
   o.sample_lines = 20000;
   o.shards = 4;
-  std::vector<std::vector<double>> secs(max_threads + 1);
+  std::vector<std::vector<double>> secs(max_threads + 1), cpu(max_threads + 1),
+      serial(max_threads + 1);
   int64_t tokens = 0;
   for (int rep = 0; rep <= reps; ++rep) {
     for (int t = 1; t <= max_threads; ++t) {
@@ -99,6 +103,8 @@ int main(int argc, char** argv) {
       for (const auto& [phase, sec] : s->phase_seconds) {
         if (phase == "tokenize and write") secs[t].push_back(sec);
       }
+      cpu[t].push_back(s->tokenize_cpu_seconds);
+      serial[t].push_back(s->tokenize_serial_cpu_seconds);
     }
   }
   std::printf("tokenize and write, %lld tokens, %d runs each (alternating):\n",
@@ -110,6 +116,19 @@ int main(int argc, char** argv) {
         t, m, *std::min_element(secs[t].begin(), secs[t].end()),
         *std::max_element(secs[t].begin(), secs[t].end()), tokens / m / 1e6, Median(secs[1]) / m);
   }
+  std::printf("CPU time (median; hardly changed by other load on the machine):\n");
+  const double c1 = Median(cpu[1]), s1 = Median(serial[1]);
+  for (int t = 1; t <= max_threads; ++t) {
+    std::printf("  %d thread(s): %.3f CPU s per run (%.2fx of 1 thread), serial part %.3f s\n", t,
+                Median(cpu[t]), c1 > 0 ? Median(cpu[t]) / c1 : 0.0, Median(serial[t]));
+  }
+  const double share = c1 > 0 ? s1 / c1 : 0;
+  std::printf("  serial share of the 1-thread CPU time %.2f%%: at most", 100 * share);
+  for (int t = 2; t <= max_threads; ++t) {
+    std::printf(" %.2fx on %d idle cores%s", 1 / (share + (1 - share) / t), t,
+                t < max_threads ? "," : "");
+  }
+  std::printf(" (Amdahl)\n");
   (void)env->DeleteDir(dir);
   return 0;
 }

@@ -196,6 +196,27 @@ absl::Status PrefetchFromYaml(YAML::Node node, int* out) {
   return absl::OkStatus();
 }
 
+// data.workers: `auto` (-1) or a number of threads, 1..64.
+absl::Status WorkersFromYaml(YAML::Node node, int* out) {
+  if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
+  if (node.IsScalar() && node.Scalar() == "auto") {
+    *out = -1;
+    return absl::OkStatus();
+  }
+  try {
+    *out = node.as<int>();
+  } catch (const std::exception&) {
+    YAML::Emitter e;
+    e << YAML::Flow << node;
+    return KeyError("data.workers",
+                    absl::StrCat("expected auto or a number of threads, got '", e.c_str(), "'"));
+  }
+  if (*out < 1 || *out > 64) {
+    return KeyError("data.workers", absl::StrCat("must be auto or in [1, 64], got ", *out));
+  }
+  return absl::OkStatus();
+}
+
 // data.augment: {random_crop: {size: [H, W], padding: P}, flip_horizontal: B,
 // normalize: {mean: [...], std: [...]}}.
 absl::Status AugmentFromYaml(YAML::Node node, AugmentSection* a) {
@@ -276,6 +297,7 @@ absl::Status FromYaml(YAML::Node root, TrainConfig* c) {
     KILN_RETURN_IF_ERROR(s.GetEnum("remainder", {"drop", "wrap", "pad"}, &c->data.remainder));
     KILN_RETURN_IF_ERROR(s.Get("shuffle_buffer", &c->data.shuffle_buffer));
     KILN_RETURN_IF_ERROR(PrefetchFromYaml(s.Child("prefetch"), &c->data.prefetch));
+    KILN_RETURN_IF_ERROR(WorkersFromYaml(s.Child("workers"), &c->data.workers));
     KILN_RETURN_IF_ERROR(AugmentFromYaml(s.Child("augment"), &c->data.augment));
     KILN_RETURN_IF_ERROR(s.Get("num_classes", &c->data.num_classes));
     KILN_RETURN_IF_ERROR(s.Get("seq_len", &c->data.seq_len));
@@ -491,6 +513,10 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   KILN_RETURN_IF_ERROR(NonNegative("data.shuffle_buffer", c.data.shuffle_buffer));
   if (c.data.prefetch < -1) {
     return KeyError("data.prefetch", absl::StrCat("must be auto or >= 0, got ", c.data.prefetch));
+  }
+  if (c.data.workers != -1 && (c.data.workers < 1 || c.data.workers > 64)) {
+    return KeyError("data.workers",
+                    absl::StrCat("must be auto or in [1, 64], got ", c.data.workers));
   }
   KILN_RETURN_IF_ERROR(ValidateAugment(c));
   KILN_RETURN_IF_ERROR(NonNegative("data.num_classes", c.data.num_classes));
@@ -799,6 +825,14 @@ std::string EmitYaml(const TrainConfig& c, bool hash_form) {
     }
   } else {
     e << YAML::Key << "prefetch" << YAML::Value << c.data.prefetch;
+  }
+  // workers changes who produces the batches, never which: not hashed.
+  if (!hash_form) {
+    if (c.data.workers == -1) {
+      e << YAML::Key << "workers" << YAML::Value << "auto";
+    } else {
+      e << YAML::Key << "workers" << YAML::Value << c.data.workers;
+    }
   }
   e << YAML::Key << "num_classes" << YAML::Value << c.data.num_classes;
   if (!hash_form || c.data.seq_len != 0 || c.model.kind == "gpt") {

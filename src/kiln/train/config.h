@@ -77,6 +77,9 @@ struct DataConfig {
   // Batches prepared ahead on a background thread; -1 = `auto` (the default): sized from the
   // measured step and input times (data/pipeline.h).
   int prefetch = -1;
+  // Threads producing the training batches (reading, decoding, augmenting); -1 = `auto` (the
+  // default: half the cores, 1 to 8). Never changes which batches come out (data/pipeline.h).
+  int workers = -1;
   AugmentSection augment;
   int64_t num_classes = 0;  // 0: infer (CSV labels; digits: 10)
   // text: sources (model.kind gpt): tokens per training window; each example is a non-overlapping

@@ -358,6 +358,24 @@ TEST(ConfigTest, PrefetchAutoIsTheDefaultAndHashesAsTwo) {
               HasSubstr("data.prefetch: expected auto or a number of batches, got 'lots'"));
 }
 
+TEST(ConfigTest, WorkersAutoIsTheDefaultAndIsNotHashed) {
+  absl::StatusOr<TrainConfig> c = ParseTrainConfig(kBase, "t.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->data.workers, -1);
+  EXPECT_THAT(ConfigToYaml(*c), HasSubstr("workers: auto"));
+  absl::StatusOr<TrainConfig> four = ParseTrainConfig(kBase, "t.yaml", {"data.workers=4"});
+  ASSERT_TRUE(four.ok());
+  EXPECT_EQ(four->data.workers, 4);
+  EXPECT_EQ(ConfigHash(*c), ConfigHash(*four));  // who produces the batches, not which
+  absl::StatusOr<TrainConfig> back = ParseTrainConfig(ConfigToYaml(*four), "resolved.yaml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data.workers, 4);
+  EXPECT_THAT(ParseTrainConfig(kBase, "t.yaml", {"data.workers=0"}).status().message(),
+              HasSubstr("data.workers: must be auto or in [1, 64], got 0"));
+  EXPECT_THAT(ParseTrainConfig(kBase, "t.yaml", {"data.workers=many"}).status().message(),
+              HasSubstr("data.workers: expected auto or a number of threads, got 'many'"));
+}
+
 TEST(ConfigTest, AugmentParsesValidatesAgainstTheModelAndRoundTrips) {
   const std::vector<std::string> aug = {
       "model.kind=vit", "model.height=8", "model.width=8",

@@ -42,17 +42,20 @@ std::string VerdictLine(const ProfileVerdict& v, const ProfileInputs& in,
   const double steps = static_cast<double>(std::max<int64_t>(in.steps, 1));
   switch (v.bound) {
     case Bound::kInput: {
-      // With one producing thread, a producer slower than the step on average cannot be hidden
-      // by a deeper queue; a faster one that still leaves the step waiting is bursty.
+      // W workers finish a batch every produce_seconds / W: a pipeline slower than the step on
+      // average cannot be hidden by a deeper queue; a faster one that still leaves the step
+      // waiting is bursty.
       const double compute = (in.step_seconds - in.input_seconds) / steps;
-      const bool slower = in.produce_seconds > 0 && in.produce_seconds >= compute;
+      const bool slower =
+          in.produce_seconds > 0 && in.produce_seconds / std::max(in.workers, 1) >= compute;
       return absl::StrFormat(
           "input-bound: %.0f%% of step time waiting for data; %s", 100 * v.input_share,
           in.produce_seconds <= 0
               ? "raise data.prefetch (or set it to auto) or simplify decoding and augmentation"
           : slower
               ? "the pipeline needs longer per batch than the step computes, which no prefetch "
-                "depth hides: simplify decoding and augmentation, or read fewer bytes per example"
+                "depth hides: raise data.workers (if cores are free), simplify decoding and "
+                "augmentation, or read fewer bytes per example"
               : "production keeps up on average but comes in bursts: a deeper data.prefetch "
                 "absorbs them");
     }
@@ -168,9 +171,15 @@ ProfileVerdict ClassifyProfile(const std::vector<KernelStat>& kernels, const Pro
                                            "ms/step)",
                                            100 * v.input_share, 1e3 * in.input_seconds / steps));
   if (in.produce_seconds > 0) {
-    absl::StrAppend(&v.text, absl::StrFormat("; the pipeline produces a batch in %.3f ms on its "
-                                             "thread",
-                                             1e3 * in.produce_seconds));
+    if (in.workers > 1) {
+      absl::StrAppend(&v.text, absl::StrFormat("; the pipeline produces a batch in %.3f ms on each "
+                                               "of its %d worker threads",
+                                               1e3 * in.produce_seconds, in.workers));
+    } else {
+      absl::StrAppend(&v.text, absl::StrFormat("; the pipeline produces a batch in %.3f ms on its "
+                                               "thread",
+                                               1e3 * in.produce_seconds));
+    }
   }
   if (in.prefetch_depth > 0) {
     absl::StrAppend(&v.text, absl::StrFormat(", prefetch queue %d batches", in.prefetch_depth));

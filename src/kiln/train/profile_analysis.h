@@ -42,9 +42,11 @@ struct ProfileInputs {
   double matmul_peak = 0;       // FLOP/s of a bare square f32 matmul on this backend; 0: unknown
   double memcpy_bandwidth = 0;  // bytes/s (read + written) of a large parallel memcpy; 0: unknown
   // The input pipeline (data/pipeline.h): batches its prefetch queue holds (0: none or unknown)
-  // and its mean time to produce one batch on its thread (0: unknown).
+  // and its mean time to produce one batch on one worker thread (0: unknown), with `workers`
+  // threads producing batches side by side (0: unknown, counted as 1).
   int prefetch_depth = 0;
   double produce_seconds = 0;
+  int workers = 0;
 };
 
 // The thresholds of the classification (docs/train.md lists them; tests pin them).

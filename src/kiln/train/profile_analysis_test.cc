@@ -133,10 +133,16 @@ TEST(ClassifyProfileTest, InputWaitAtTheThresholdWins) {
   in.produce_seconds = 0.9;
   in.prefetch_depth = 4;
   v = ClassifyProfile(k, in, t);
-  EXPECT_THAT(v.text, HasSubstr("which no prefetch depth hides"));
+  EXPECT_THAT(v.text, HasSubstr("which no prefetch depth hides: raise data.workers"));
   EXPECT_THAT(v.text, HasSubstr("input: 29.0% of step time waiting for data (290.000 ms/step); "
                                 "the pipeline produces a batch in 900.000 ms on its thread, "
                                 "prefetch queue 4 batches"));
+  // Two workers finish a batch every 0.45 s, faster than the compute: bursts, not a slow pipeline.
+  in.workers = 2;
+  v = ClassifyProfile(k, in, t);
+  EXPECT_THAT(v.text, HasSubstr("comes in bursts"));
+  EXPECT_THAT(v.text, HasSubstr("900.000 ms on each of its 2 worker threads"));
+  in.workers = 1;
   in.produce_seconds = 0.1;
   EXPECT_THAT(ClassifyProfile(k, in, t).text, HasSubstr("comes in bursts"));
   // Not input-bound: the share is still printed.

@@ -12,6 +12,7 @@ data::SourceConfig SourceConfigFor(const TrainConfig& c, bool language_model) {
   sc.remainder = c.data.remainder;
   sc.shuffle_buffer = c.data.shuffle_buffer;
   sc.prefetch = c.data.prefetch;  // -1 = data::kAutoPrefetch
+  sc.workers = c.data.workers;    // -1 = data::kAutoWorkers
   const AugmentSection& a = c.data.augment;
   if (a.enabled()) {
     sc.augment.channels = c.model.channels;

@@ -269,7 +269,8 @@ absl::Status Trainer::ReportProfile(double total, double input, double compute, 
                    .matmul_peak = peak.ok() ? *peak : 0,
                    .memcpy_bandwidth = MemcpyBandwidth(),
                    .prefetch_depth = data_.train->prefetch_depth(),
-                   .produce_seconds = data_.train->mean_produce_seconds()};
+                   .produce_seconds = data_.train->mean_produce_seconds(),
+                   .workers = data_.train->workers()};
   std::vector<KernelStat> kernels;
   for (Row& r : rows) kernels.push_back(std::move(r.stat));
   const ProfileVerdict v = ClassifyProfile(kernels, in);
