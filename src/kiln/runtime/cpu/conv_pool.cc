@@ -1,8 +1,10 @@
 // oneDNN convolutions (forward, backward data, backward weights) and pooling (max/avg forward,
 // avg backward). Convolutions let oneDNN pick its blocked layouts (format `any`) and reorder the
-// plain NCHW/OIHW tensors in and out through the workspace; bf16 runs natively where the ISA has
-// it, otherwise in f32 behind the same reorders. Pooling runs on the plain layout (memory-bound).
-// max_pool2d_grad is a loop (pool_loops.cc): the gradient must go to the first max, exactly.
+// plain NCHW/OIHW tensors in and out through the workspace; a forward convolution's filter, when
+// bound constant, is reordered once at bind time and kept (pre-packed); bf16 runs natively where
+// the ISA has it, otherwise in f32 behind the same reorders. Pooling runs on the plain layout
+// (memory-bound). max_pool2d_grad is a loop (pool_loops.cc): the gradient must go to the first max,
+// exactly.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -102,7 +104,11 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
     if (compute != dt::f32 && IsRefImpl(pd)) return Unimplemented(n, "reference bf16/f16 conv");
     b.NameImpl(pd);
     KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
-    KILN_ASSIGN_OR_RETURN(int wei, b.Input(n.operand(1), wei_user, pd.weights_desc()));
+    // A bound constant filter is reordered into the primitive's blocked layout once, when it is
+    // bound, instead of on every run (ConstantInput).
+    KILN_ASSIGN_OR_RETURN(int wei, lc.options.prepack_weights
+                                       ? b.ConstantInput(n.operand(1), wei_user, pd.weights_desc())
+                                       : b.Input(n.operand(1), wei_user, pd.weights_desc()));
     std::vector<std::pair<int, int>> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}};
     if (has_bias) {
       KILN_ASSIGN_OR_RETURN(int bias, b.Input(ep->bias, bias_user, WithType(bias_user, compute)));
