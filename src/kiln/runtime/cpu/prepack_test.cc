@@ -170,7 +170,8 @@ TEST(Prepack, ConvolutionFilterIsReorderedOnce) {
     int64_t B, C, O, H;
   };
   uint32_t seed = 100;
-  for (const Case& c : std::vector<Case>{{2, 16, 16, 8}, {4, 16, 32, 8}, {3, 32, 32, 4}}) {
+  for (const Case& c : std::vector<Case>{
+           {2, 16, 16, 8}, {4, 16, 32, 8}, {3, 32, 32, 4}, {2, 1, 16, 8}, {2, 3, 8, 5}}) {
     const std::string what = "conv B=" + std::to_string(c.B) + " C=" + std::to_string(c.C) +
                              " O=" + std::to_string(c.O) + " H=" + std::to_string(c.H);
     std::vector<Tensor> in = {Random(Shape{c.B, c.C, c.H, c.H}, seed++),
