@@ -19,7 +19,7 @@
 // Compute (serve_compute.h): Kiln against ONNX Runtime on the same weights, and int8 against f32.
 //
 //   build/bench/serve_bench [--seconds 2] [--rounds 3] [--threads 2] [--out bench/out/serve.json]
-//                           [--skip-serve] [--skip-compute]
+//                           [--skip-serve] [--skip-compute] [--profile]
 #include <omp.h>
 #include <signal.h>
 
@@ -398,7 +398,7 @@ int Main(int argc, char** argv) {
   double seconds = 2;
   int rounds = 3, threads = 2;
   std::string out_path = "bench/out/serve.json";
-  bool serve = true, compute = true;
+  bool serve = true, compute = true, profile = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -414,6 +414,8 @@ int Main(int argc, char** argv) {
       serve = false;
     } else if (a == "--skip-compute") {
       compute = false;
+    } else if (a == "--profile") {
+      profile = true;
     } else {
       fprintf(stderr, "serve_bench: unknown flag '%s'\n", a.c_str());
       return 2;
@@ -431,6 +433,7 @@ int Main(int argc, char** argv) {
     bench::ComputeBenchOptions co;
     co.threads = threads;
     co.rounds = std::max(rounds, 3) + 2;
+    co.profile = profile;
     out["compute"] = bench::RunComputeBench(co);
   }
   std::ofstream f(out_path);

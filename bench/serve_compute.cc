@@ -153,6 +153,21 @@ struct KilnRun {
     return exe->RunInto(in, out);  // warm-up
   }
 
+  // Per thunk (in run order): its name and mean microseconds per run over `runs` runs.
+  json Profile(int runs) {
+    std::vector<double> ns(exe->num_thunks(), 0.0);
+    exe->set_thunk_observer(
+        [&](int t, int64_t start, int64_t end) { ns[t] += static_cast<double>(end - start); });
+    const double t0 = Seconds();
+    for (int r = 0; r < runs; ++r) (void)exe->RunInto(in, out);
+    const double total_us = (Seconds() - t0) * 1e6 / runs;
+    exe->set_thunk_observer(nullptr);
+    json kernels = json::array();
+    for (int t = 0; t < exe->num_thunks(); ++t)
+      kernels.push_back({{"name", exe->thunk(t).name()}, {"us", ns[t] / 1e3 / runs}});
+    return {{"run_us", total_us}, {"kernels", kernels}};
+  }
+
   // Microseconds per run, for `seconds` (at least 5 runs).
   std::vector<double> Time(double seconds) {
     std::vector<double> us;
@@ -230,6 +245,46 @@ absl::StatusOr<cli::Int8Program> Quantize(runtime::Backend& backend, const ir::G
     scales.push_back(cli::SymmetricScale(absmax));
   }
   return cli::RewriteInt8(g, weights, sites, scales);
+}
+
+// ORT's profile file (a Chrome trace: one "Node" event per kernel run, "dur" in microseconds,
+// args.op_name) summed per node name and divided by the number of model runs.
+json SummarizeOrtProfile(const std::string& path) {
+  std::ifstream f(path);
+  json trace = json::parse(f, nullptr, false);
+  if (trace.is_discarded() || !trace.is_array()) return {{"error", "cannot parse " + path}};
+  std::map<std::string, std::pair<std::string, double>> by_node;  // name -> (op, total us)
+  std::vector<std::string> order;
+  int runs = 0;
+  for (const json& e : trace) {
+    const std::string cat = e.value("cat", ""), name = e.value("name", "");
+    if (cat == "Session" && name == "model_run") ++runs;
+    if (cat != "Node" || name.size() < 12 || name.substr(name.size() - 12) != "_kernel_time")
+      continue;
+    const std::string node = name.substr(0, name.size() - 12);
+    std::string op = e.contains("args") ? e["args"].value("op_name", "") : "";
+    if (!by_node.count(node)) order.push_back(node);
+    by_node[node].first = op;
+    by_node[node].second += e.value("dur", 0.0);
+  }
+  json kernels = json::array();
+  for (const std::string& n : order)
+    kernels.push_back({{"name", n + " (" + by_node[n].first + ")"},
+                       {"us", by_node[n].second / std::max(runs, 1)}});
+  return {{"runs", runs}, {"kernels", kernels}};
+}
+
+void PrintProfile(const char* who, const json& p) {
+  if (!p.contains("kernels")) {
+    printf("  %s profile: %s\n", who, p.value("error", std::string("none")).c_str());
+    return;
+  }
+  double sum = 0;
+  for (const json& k : p["kernels"]) sum += k["us"].get<double>();
+  printf("  %s per-kernel profile (mean us per run; kernels sum to %.1f us):\n", who, sum);
+  for (const json& k : p["kernels"])
+    printf("    %9.1f us %5.1f%%  %s\n", k["us"].get<double>(),
+           sum > 0 ? 100 * k["us"].get<double>() / sum : 0.0, k["name"].get<std::string>().c_str());
 }
 
 std::string Fmt(const char* f, double v) {
@@ -447,6 +502,25 @@ json RunComputeBench(const ComputeBenchOptions& o) {
              i8r_col.c_str(), diff_col.c_str());
       if (row.contains("ort_skipped"))
         printf("  ort skipped: %s\n", row["ort_skipped"].get<std::string>().c_str());
+      if (o.profile) {
+        json prof = {{"kiln", f32.Profile(o.profile_runs)}};
+        PrintProfile("kiln", prof["kiln"]);
+        if (have_ort) {
+          // A second session with ORT's profiler on, so the timed one ran without it.
+          const std::string prefix = o.work_dir + "/ort_profile_" + name;
+          json r = peer->Call({{"cmd", "profile"},
+                               {"path", onnx},
+                               {"threads", o.threads},
+                               {"prefix", prefix},
+                               {"input", in_path},
+                               {"shape", {batch, mc.features}},
+                               {"iters", o.profile_runs}});
+          prof["ort"] = r.value("ok", false) ? SummarizeOrtProfile(r.value("file", ""))
+                                             : json{{"error", r.value("error", "failed")}};
+          PrintProfile("ort", prof["ort"]);
+        }
+        row["profile"] = prof;
+      }
       fflush(stdout);
       rows.push_back(row);
     }

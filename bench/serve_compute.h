@@ -24,6 +24,11 @@ struct ComputeBenchOptions {
   std::string peer = "bench/ort/peer.js";
   std::string exporter = "bench/ort/export_onnx.py";
   std::string python = "/usr/bin/python3";
+  // Where time goes: after each row's timing, Kiln's per-kernel times (the executable's thunk
+  // observer over `profile_runs` runs) and ORT's per-node times (a second session of the same
+  // model with ORT's own profiler on), printed and stored under the row's "profile".
+  bool profile = false;
+  int profile_runs = 20;
 };
 
 // One JSON object per row ({"model", "batch", "kiln_us", "ort_us", "ratio", ...}); rows whose peer

@@ -47,6 +47,29 @@ async function handle(msg) {
     }
     return {ok: true, us};
   }
+  if (msg.cmd === 'profile') {
+    // A throwaway session with ORT's profiler on: `iters` runs after one warm-up run, then the
+    // profile (a Chrome trace JSON) is written and its path returned.
+    const s = await ort.InferenceSession.create(msg.path, {
+      intraOpNumThreads: msg.threads || 2,
+      interOpNumThreads: 1,
+      executionMode: 'sequential',
+      graphOptimizationLevel: 'all',
+      enableProfiling: true,
+      profileFilePrefix: msg.prefix,
+    });
+    const raw = fs.readFileSync(msg.input);
+    const data = new Float32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4);
+    const feeds = {[s.inputNames[0]]: new ort.Tensor('float32', data, msg.shape)};
+    for (let i = 0; i < msg.iters; ++i) await s.run(feeds);
+    await s.endProfiling();
+    const path = require('path');
+    const dir = path.dirname(msg.prefix), base = path.basename(msg.prefix);
+    const files = fs.readdirSync(dir).filter((f) => f.startsWith(base) && f.endsWith('.json'));
+    files.sort((a, b) => fs.statSync(path.join(dir, b)).mtimeMs - fs.statSync(path.join(dir, a)).mtimeMs);
+    if (files.length === 0) return {ok: false, error: `no profile written under ${msg.prefix}`};
+    return {ok: true, file: path.join(dir, files[0])};
+  }
   if (msg.cmd === 'quit') process.exit(0);
   return {ok: false, error: `unknown command '${msg.cmd}'`};
 }

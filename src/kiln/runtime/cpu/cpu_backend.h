@@ -45,6 +45,12 @@ struct CpuBackendOptions {
   // Use Kiln's loops instead of oneDNN for ops that have both (eltwise unary, binary arithmetic,
   // softmax, log_softmax, layer_norm, convert, matmul, avg/max pooling). For tests of the loops.
   bool prefer_loops = false;
+  // Pre-pack weights that Executable::BindConstantParameters fixes (Thunk::PrepareConstants):
+  // small-batch f32 matmuls run the packed gemv kernel (internal/gemv.h), larger ones a oneDNN
+  // matmul created for its own blocked weight layout (format `any`), and forward convolutions keep
+  // their filter reordered into the primitive's layout; each once, at bind time, not per run. Off:
+  // bound weights run the same kernels as unbound ones (for tests and A/B benchmarks).
+  bool prepack_weights = true;
   // Run compiler::Optimize before lowering. Off: lower the graph exactly as given.
   bool optimize = true;
   // Run the loop fusion pass last (with optimize): chains of cheap elementwise ops become one

@@ -203,9 +203,15 @@ std::unique_ptr<Thunk> SgemmMatmul(const ir::Node& n, const DotPlan& p, const Ep
   });
 }
 
+// `pack_weights`: the variant that runs while the weight is bound constant. The primitive is
+// created with the weight's layout left to oneDNN (format `any`: its blocked layout), and the
+// weight is reordered into that layout once, when it is bound (DnnlThunkBuilder::ConstantInput),
+// instead of oneDNN copying the plain weight into it on every call. Unimplemented when the weight
+// is not a strided view of its node, or oneDNN would run its reference kernel.
 absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmulImpl(const ir::Node& n, LowerContext& lc,
                                                         const DotPlan& p, bool force_copy,
-                                                        const Epilogue& ep) {
+                                                        const Epilogue& ep,
+                                                        bool pack_weights = false) {
   const ir::Type& lt = lc.operand_type(n, 0);
   const ir::Type& rt = lc.operand_type(n, 1);
   DType odt = n.type().dtype;
@@ -218,7 +224,9 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmulImpl(const ir::Node& n, Lower
   const std::vector<int64_t>* rg[3] = {&p.rhs.batch, &p.rhs.contract, &p.rhs.free};
   OperandView lv = MakeView(p.lhs_dims, lt.dtype, lg, force_copy);
   OperandView rv = MakeView(p.rhs_dims, rt.dtype, rg, force_copy);
-  if (PreferSgemm(p, lt.dtype, lv, rv, ep)) return SgemmMatmul(n, p, ep);
+  if (pack_weights && (!rv.in_place || p.B != 1))
+    return Unimplemented(n, "pre-packed weights need a 2-D strided weight view");
+  if (!pack_weights && PreferSgemm(p, lt.dtype, lv, rv, ep)) return SgemmMatmul(n, p, ep);
   bool batched = p.B > 1;
   std::vector<int64_t> dst_dims =
       batched ? std::vector<int64_t>{p.B, p.M, p.N} : std::vector<int64_t>{p.M, p.N};
@@ -231,7 +239,14 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmulImpl(const ir::Node& n, Lower
   for (auto compute : {user_dt, dnnl::memory::data_type::f32}) {
     DnnlThunkBuilder b(lc, n, "onednn matmul" + ep.label);
     KILN_ASSIGN_OR_RETURN(int src, OperandMemory(b, n.operand(0), lv, user_dt, compute, batched));
-    KILN_ASSIGN_OR_RETURN(int wei, OperandMemory(b, n.operand(1), rv, user_dt, compute, batched));
+    int wei = -1;
+    dnnl::memory::desc wei_md;  // what the primitive is created with
+    if (pack_weights) {
+      wei_md = dnnl::memory::desc({p.K, p.N}, compute, dnnl::memory::format_tag::any);
+    } else {
+      KILN_ASSIGN_OR_RETURN(wei, OperandMemory(b, n.operand(1), rv, user_dt, compute, batched));
+      wei_md = b.Desc(wei);
+    }
     dnnl::memory::desc dst_md = PlainDesc(dst_dims, compute);
     int bias = -1, residual = -1;
     dnnl::primitive_attr attr = DnnlThunkBuilder::Attr();
@@ -251,10 +266,10 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmulImpl(const ir::Node& n, Lower
     dnnl::matmul::primitive_desc pd;
     try {
       if (bias >= 0) {
-        dnnl::matmul::desc desc(b.Desc(src), b.Desc(wei), b.Desc(bias), dst_md);
+        dnnl::matmul::desc desc(b.Desc(src), wei_md, b.Desc(bias), dst_md);
         pd = dnnl::matmul::primitive_desc(desc, attr, lc.cpu->engine());
       } else {
-        dnnl::matmul::desc desc(b.Desc(src), b.Desc(wei), dst_md);
+        dnnl::matmul::desc desc(b.Desc(src), wei_md, dst_md);
         pd = dnnl::matmul::primitive_desc(desc, attr, lc.cpu->engine());
       }
     } catch (const dnnl::error&) {
@@ -264,8 +279,14 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmulImpl(const ir::Node& n, Lower
     if (IsRefImpl(pd)) {
       // Narrow floats: compute in f32 instead. Strided operands: copy them to plain layouts.
       if (compute != dnnl::memory::data_type::f32) continue;
+      if (pack_weights) return Unimplemented(n, "oneDNN has only its reference matmul here");
       if (!force_copy && (lv.in_place || rv.in_place))
         return OneDnnMatmulImpl(n, lc, p, /*force_copy=*/true, ep);
+    }
+    if (pack_weights) {
+      // The weight as the node holds it ([K, N] with the view's strides), in the node's dtype.
+      dnnl::memory::desc user({p.K, p.N}, user_dt, {rv.strides[1], rv.strides[2]});
+      KILN_ASSIGN_OR_RETURN(wei, b.ConstantInput(n.operand(1), user, pd.weights_desc()));
     }
     b.NameImpl(pd);
     KILN_ASSIGN_OR_RETURN(int dst, b.Output(out_node, PlainDesc(dst_dims, user_dt), dst_md));
@@ -280,8 +301,66 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmulImpl(const ir::Node& n, Lower
   return Unimplemented(n, "oneDNN matmul");
 }
 
-// The oneDNN matmul, wrapped for small f32 batches in the packed-weight kernel (gemv.cc), which
-// takes over when the weight is bound constant; oneDNN runs otherwise.
+// Whether node `id` can be fixed for the executable's life (Executable::BindConstantParameters):
+// a constant, or a parameter no output is computed in place of (a training step's weights are
+// updated in place, so they never are), seen through reshapes. Only for such weights is a
+// pre-packed variant worth building.
+bool MayBeConstant(const ir::Graph& g, int id) {
+  while (g.node(id).opcode() == ir::Opcode::kReshape) id = g.node(id).operand(0);
+  const ir::Node& n = g.node(id);
+  if (n.opcode() == ir::Opcode::kConstant) return true;
+  if (n.opcode() != ir::Opcode::kParameter) return false;
+  const int64_t index = n.attr_int("index");
+  for (const ir::Output& o : g.outputs())
+    if (o.in_place_of == index) return false;
+  return true;
+}
+
+// Runs `packed` (a matmul over the pre-packed weight) while the weight is bound constant, and
+// `fallback` (the same matmul on the plain weight) otherwise: a training step, an unbound run, or
+// a run handed another weight buffer than the one packed.
+class ConstantWeightThunk : public Thunk {
+ public:
+  ConstantWeightThunk(int weight, std::unique_ptr<Thunk> packed, std::unique_ptr<Thunk> fallback)
+      : weight_(weight), packed_(std::move(packed)), fallback_(std::move(fallback)) {}
+
+  std::string name() const override { return live_ ? packed_->name() : fallback_->name(); }
+
+  absl::Status PrepareConstants(const RunContext& ctx) override {
+    live_ = false;
+    packed_from_ = nullptr;
+    KILN_RETURN_IF_ERROR(fallback_->PrepareConstants(ctx));
+    KILN_RETURN_IF_ERROR(packed_->PrepareConstants(ctx));
+    if (IsConstant(ctx) && ctx.buffers[weight_] != nullptr) {
+      live_ = true;
+      packed_from_ = ctx.buffers[weight_];
+    }
+    return absl::OkStatus();
+  }
+
+  void Run(RunContext& ctx) override {
+    if (live_ && ctx.buffers[weight_] == packed_from_ && IsConstant(ctx)) {
+      packed_->Run(ctx);
+    } else {
+      fallback_->Run(ctx);
+    }
+  }
+
+ private:
+  bool IsConstant(const RunContext& ctx) const {
+    return weight_ < static_cast<int>(ctx.constant.size()) && ctx.constant[weight_];
+  }
+
+  int weight_;
+  std::unique_ptr<Thunk> packed_, fallback_;
+  bool live_ = false;
+  const void* packed_from_ = nullptr;
+};
+
+// The oneDNN matmul, wrapped for small f32 batches in the packed-weight kernel (gemv.cc), and
+// for larger ones (or epilogues the kernel lacks) in a oneDNN matmul over the weight pre-packed
+// into oneDNN's blocked layout; either takes over when the weight is bound constant, and the plain
+// oneDNN matmul runs otherwise.
 absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerContext& lc,
                                                     const DotPlan& p, bool force_copy,
                                                     const Epilogue& ep = {}) {
@@ -291,7 +370,18 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerCont
   const bool f32 =
       lt.dtype == DType::kF32 && rt.dtype == DType::kF32 && n.type().dtype == DType::kF32;
   const bool act_ok = !ep.has_act || (ep.act == dnnl::algorithm::eltwise_relu && ep.alpha == 0.f);
-  if (!f32 || !act_ok || p.B != 1 || p.M < 1 || p.M > kGemvMaxRows || p.N < 1) return onednn;
+  const bool gemv_ok = f32 && act_ok && p.B == 1 && p.M >= 1 && p.M <= kGemvMaxRows && p.N >= 1;
+  if (!lc.options.prepack_weights) return onednn;
+  if (!gemv_ok) {
+    if (!MayBeConstant(lc.graph, n.operand(1))) return onednn;
+    LowerResult packed = OneDnnMatmulImpl(n, lc, p, force_copy, ep, /*pack_weights=*/true);
+    if (!packed.ok()) {
+      if (packed.status().code() == absl::StatusCode::kUnimplemented) return onednn;
+      return packed.status();
+    }
+    return std::unique_ptr<Thunk>(
+        new ConstantWeightThunk(n.operand(1), std::move(*packed), std::move(onednn)));
+  }
   const std::vector<int64_t>* lg[3] = {&p.lhs.batch, &p.lhs.free, &p.lhs.contract};
   const std::vector<int64_t>* rg[3] = {&p.rhs.batch, &p.rhs.contract, &p.rhs.free};
   OperandView lv = MakeView(p.lhs_dims, lt.dtype, lg, /*force_copy=*/false);

@@ -192,9 +192,16 @@ std::unique_ptr<Thunk> ReduceThunk(const ir::Node& n, LowerContext& lc,
       ParallelFor(KO, grain, [&](int64_t b, int64_t e) {
         Odometer ko;
         ko.Seek(kept, b);
+        if (RO == 1) {  // one contiguous run per output (e.g. a global average pool's H x W)
+          for (int64_t o = b; o < e; ++o) {
+            y[o] = R::Store(R::Run(x + ko.offset, J, R::Init()));
+            ko.Next(kept);
+          }
+          return;
+        }
+        Odometer r;  // outside the loop: its index array is not re-zeroed for every output
         for (int64_t o = b; o < e; ++o) {
           Acc acc = R::Init();
-          Odometer r;
           r.Seek(router, 0);
           for (int64_t ri = 0; ri < RO; ++ri) {
             acc = R::Run(x + ko.offset + r.offset, J, acc);

@@ -102,20 +102,28 @@ absl::Status DnnlStatus(const ir::Node& n, const std::function<void()>& fn) {
 class DnnlThunk : public Thunk {
  public:
   DnnlThunk(std::string name, std::shared_ptr<CpuContext> cpu,
-            std::vector<DnnlThunkBuilder::Mem> mems, std::vector<DnnlThunkBuilder::Step> steps)
+            std::vector<DnnlThunkBuilder::Mem> mems, std::vector<DnnlThunkBuilder::Step> steps,
+            std::vector<DnnlThunkBuilder::Pack> packs)
       : name_(std::move(name)),
         cpu_(std::move(cpu)),
         mems_(std::move(mems)),
-        steps_(std::move(steps)) {}
+        steps_(std::move(steps)) {
+    for (const DnnlThunkBuilder::Pack& p : packs) packs_.push_back({p, nullptr, nullptr, false});
+  }
 
   void Run(RunContext& ctx) override {
     uint8_t* ws = cpu_->workspace();
-    for (auto& m : mems_) {
-      void* p = m.node >= 0 ? ctx.buffers[m.node] : static_cast<void*>(ws + m.offset);
-      dnnl_memory_set_data_handle(m.memory.get(), p);
+    Bind(ctx, ws);
+    for (LivePack& p : packs_) {
+      // The kept copy is used only for the very buffer it was made from, while still constant.
+      const int node = p.spec.node;
+      p.live = p.buffer && ctx.buffers[node] == p.packed_from &&
+               node < static_cast<int>(ctx.constant.size()) && ctx.constant[node];
+      if (p.live) dnnl_memory_set_data_handle(mems_[p.spec.to].memory.get(), p.buffer.get());
     }
     dnnl_stream_t stream = cpu_->stream().get();
     for (auto& s : steps_) {
+      if (s.pack >= 0 && packs_[s.pack].live) continue;
       if (s.loop) {
         s.loop(ctx, ws);
       } else {
@@ -124,13 +132,67 @@ class DnnlThunk : public Thunk {
       }
     }
   }
-  std::string name() const override { return name_; }
+
+  std::string name() const override {
+    int live = 0;
+    for (const LivePack& p : packs_) live += p.buffer != nullptr;
+    if (live == 0) return name_;
+    return name_.substr(0, name_.size() - 1) + ", weights pre-packed)";
+  }
+
+  // Runs each ConstantInput reorder whose node is constant now, once, into a buffer of its own.
+  absl::Status PrepareConstants(const RunContext& ctx) override {
+    for (LivePack& p : packs_) {
+      p.buffer.reset();
+      p.packed_from = nullptr;
+      p.live = false;
+    }
+    if (packs_.empty() || ctx.constant.empty()) return absl::OkStatus();
+    uint8_t* ws = cpu_->workspace();
+    Bind(ctx, ws);
+    for (LivePack& p : packs_) {
+      const int node = p.spec.node;
+      if (node >= static_cast<int>(ctx.constant.size()) || !ctx.constant[node] ||
+          ctx.buffers[node] == nullptr)
+        continue;
+      const dnnl::memory& to = mems_[p.spec.to].memory;
+      std::shared_ptr<uint8_t> buffer = AllocatePopulated(
+          AlignUp(static_cast<int64_t>(to.get_desc().get_size())), kBufferAlignment);
+      dnnl_memory_set_data_handle(to.get(), buffer.get());
+      const DnnlThunkBuilder::Step& s = steps_[p.spec.step];
+      dnnl_status_t st = dnnl_primitive_execute(s.prim.get(), cpu_->stream().get(),
+                                                static_cast<int>(s.args.size()), s.args.data());
+      if (st == dnnl_success) st = dnnl_stream_wait(cpu_->stream().get());
+      if (st != dnnl_success)
+        return absl::InternalError(name_ +
+                                   ": pre-packing a constant weight failed (oneDNN status " +
+                                   std::to_string(static_cast<int>(st)) + ")");
+      p.buffer = std::move(buffer);
+      p.packed_from = ctx.buffers[node];
+    }
+    return absl::OkStatus();
+  }
 
  private:
+  struct LivePack {
+    DnnlThunkBuilder::Pack spec;
+    std::shared_ptr<uint8_t> buffer;  // the packed copy, while the node is constant
+    const void* packed_from;          // the buffer it was packed from
+    bool live;                        // this run reads `buffer` and skips the reorder
+  };
+
+  void Bind(const RunContext& ctx, uint8_t* ws) {
+    for (auto& m : mems_) {
+      void* p = m.node >= 0 ? ctx.buffers[m.node] : static_cast<void*>(ws + m.offset);
+      dnnl_memory_set_data_handle(m.memory.get(), p);
+    }
+  }
+
   std::string name_;
   std::shared_ptr<CpuContext> cpu_;
   std::vector<DnnlThunkBuilder::Mem> mems_;
   std::vector<DnnlThunkBuilder::Step> steps_;
+  std::vector<LivePack> packs_;
 };
 
 DnnlThunkBuilder::DnnlThunkBuilder(LowerContext& lc, const ir::Node& n, std::string how)
@@ -163,6 +225,21 @@ int DnnlThunkBuilder::TempMemory(const dnnl::memory::desc& md) {
 absl::StatusOr<int> DnnlThunkBuilder::Input(int node, const dnnl::memory::desc& user,
                                             const dnnl::memory::desc& want) {
   return Reorder(NodeMemory(node, user), want);
+}
+
+absl::StatusOr<int> DnnlThunkBuilder::ConstantInput(int node, const dnnl::memory::desc& user,
+                                                    const dnnl::memory::desc& want) {
+  const int from = NodeMemory(node, user);
+  KILN_ASSIGN_OR_RETURN(int to, Reorder(from, want));
+  if (to == from) return to;  // the layout it has is the one wanted: nothing to pack
+  Pack p;
+  p.node = node;
+  p.from = from;
+  p.to = to;
+  p.step = static_cast<int>(steps_.size()) - 1;  // the reorder Reorder just added
+  steps_.back().pack = static_cast<int>(packs_.size());
+  packs_.push_back(p);
+  return to;
 }
 
 absl::StatusOr<int> DnnlThunkBuilder::Reorder(int from, const dnnl::memory::desc& want) {
@@ -227,7 +304,8 @@ absl::StatusOr<std::unique_ptr<Thunk>> DnnlThunkBuilder::Finish() {
   post_steps_.clear();
   name_ += ")";
   lc_.cpu->RequireWorkspace(layout_.size());
-  return std::unique_ptr<Thunk>(new DnnlThunk(name_, lc_.cpu, std::move(mems_), std::move(steps_)));
+  return std::unique_ptr<Thunk>(
+      new DnnlThunk(name_, lc_.cpu, std::move(mems_), std::move(steps_), std::move(packs_)));
 }
 
 // ---------------------------------------------------------------------------------------------

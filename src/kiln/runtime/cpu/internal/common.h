@@ -329,6 +329,13 @@ class DnnlThunkBuilder {
   // inserting a reorder (layout and/or dtype) into a temporary when they differ.
   absl::StatusOr<int> Input(int node, const dnnl::memory::desc& user,
                             const dnnl::memory::desc& want);
+  // As Input, for an operand that may be fixed for the executable's life (a weight): when
+  // `node` is constant at Thunk::PrepareConstants (Executable::BindConstantParameters), the
+  // reorder into `want` runs once then, into a buffer the thunk keeps, and every later run reads
+  // that buffer and skips the reorder (pre-packed weights). While `node` is not constant, or when
+  // a run is handed another buffer than the one packed, it reorders on every run as Input does.
+  absl::StatusOr<int> ConstantInput(int node, const dnnl::memory::desc& user,
+                                    const dnnl::memory::desc& want);
   // A reorder of memory `from` into a temporary of layout/dtype `want` (no-op when equal).
   absl::StatusOr<int> Reorder(int from, const dnnl::memory::desc& want);
   dnnl::memory::desc Desc(int mem) const { return mems_[mem].memory.get_desc(); }
@@ -366,6 +373,12 @@ class DnnlThunkBuilder {
     dnnl::primitive prim;
     std::vector<dnnl_exec_arg_t> args;
     std::function<void(RunContext&, uint8_t*)> loop;
+    int pack = -1;  // the reorder of packs_[pack]: skipped while that pack is live
+  };
+  // A ConstantInput's reorder of node `node` (memory `from`) into memory `to` (a workspace
+  // temporary, or the kept buffer while the pack is live); steps_[step] is the reorder.
+  struct Pack {
+    int node = -1, from = -1, to = -1, step = -1;
   };
   friend class DnnlThunk;
 
@@ -375,6 +388,7 @@ class DnnlThunkBuilder {
   std::vector<Mem> mems_;
   std::vector<Step> steps_;
   std::vector<Step> post_steps_;
+  std::vector<Pack> packs_;
   absl::Status status_;
 };
 
