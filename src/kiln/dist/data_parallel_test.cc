@@ -1,6 +1,8 @@
 // A data-parallel train step on thread communicators (no MPI) against the one-process step: D
 // ranks with B/D examples each track one process with the global batch B, on the cpu and the
-// reference backends, with one bucket or several; the gradient buckets; a rank that never joins.
+// reference backends, with one bucket or several; the gradient buckets; a rank that never joins;
+// the asynchronous all-reduce (bit-identical to the synchronous path, in flight while a backward
+// kernel runs, its failure the step's error).
 #include <atomic>
 #include <cmath>
 #include <cstring>
