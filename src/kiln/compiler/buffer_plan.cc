@@ -282,9 +282,29 @@ BufferPlan PlanBuffers(const ir::Graph& graph, const ExecutionPlan* schedule,
   for (const ir::Node& node : graph.nodes())
     in_arena[node.id()] = NeedsArena(node) && (!schedule || schedule->in_arena[node.id()]);
 
+  // An asynchronous collective (ExecutionPlan::done_step) reads its operands and writes its
+  // result on another thread from its step until its wait, right before the kernel at its done
+  // step: no kernel before that step may write over them. Its result lives to its readers, after
+  // the wait, already; each operand is kept live to the done step. An operand the collective is
+  // the last reader of may still be taken by the collective itself in place (one buffer, then,
+  // whose lifetime is the union); any other reader in the window could take it in place, so for
+  // those operands the extension comes first.
+  std::vector<std::pair<int, int64_t>> async_reads;  // (operand, done step)
+  if (schedule != nullptr && !schedule->done_step.empty()) {
+    for (const ir::Node& node : graph.nodes()) {
+      const int done = schedule->done_step[node.id()];
+      if (done < 0) continue;
+      for (int op : view.reads(node.id())) {
+        async_reads.push_back({op, done});
+        if (last_use[op] > view.step(node.id()))
+          last_use[op] = std::max<int64_t>(last_use[op], done);
+      }
+    }
+  }
   std::vector<int> buffer(n);
   for (int i = 0; i < n; ++i) buffer[i] = i;
   if (options.in_place) buffer = InPlaceMerges(view, last_use, in_arena, &plan.in_place_reuses);
+  for (const auto& [op, done] : async_reads) last_use[op] = std::max(last_use[op], done);
 
   const std::vector<Interval> intervals = BufferIntervals(view, buffer, last_use, in_arena);
   plan.lower_bound_bytes = PeakLiveBytes(intervals);

@@ -35,6 +35,11 @@
 // The two values then form one buffer whose lifetime is the union of theirs; a chain of in-place
 // ops is one buffer. Each dying operand is taken by at most one result.
 //
+// Asynchronous collectives (ExecutionPlan::done_step, BackendTraits::async_collectives): the
+// operands of one stay live until its wait (the step of its first reader), so no kernel that runs
+// while it is in flight is given their bytes; its result is live from its start to its last
+// reader anyway.
+//
 // Packing: the buffers (after in-place merging) are packed best-fit, largest first, so two buffers
 // share bytes only when their lifetimes do not overlap. Best-fit-decreasing alone can miss the
 // lower bound (sizes 3,4,4,2,4 on a chain pack into 10 units, bound 8), so a second packing in
@@ -85,9 +90,9 @@ struct BufferPlanOptions {
 };
 
 // `schedule`: how the backend runs the graph (compiler/execution_plan.h): liveness is taken from
-// its steps and reads, and only what it keeps in the arena gets a buffer. It need only fill
-// `step`, `reads` and `in_arena`. Null: one kernel per node in id order, every node that is not a
-// parameter or constant in the arena.
+// its steps and reads (and done_step, when filled), and only what it keeps in the arena gets a
+// buffer. It need only fill `step`, `reads` and `in_arena`. Null: one kernel per node in id order,
+// every node that is not a parameter or constant in the arena.
 BufferPlan PlanBuffers(const ir::Graph& graph, const ExecutionPlan* schedule = nullptr,
                        const BufferPlanOptions& options = {});
 

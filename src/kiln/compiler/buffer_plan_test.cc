@@ -417,3 +417,84 @@ TEST(BufferPlanTest, InPlaceColumnIsTheDocumentedRule) {
 
 }  // namespace
 }  // namespace kiln::compiler
+
+namespace kiln::compiler {
+namespace {
+
+bool SharesBytes(const BufferPlan& plan, const ir::Graph& g, int a, int b) {
+  const int64_t ea = plan.offsets[a] + g.node(a).type().byte_size();
+  const int64_t eb = plan.offsets[b] + g.node(b).type().byte_size();
+  return plan.offsets[a] >= 0 && plan.offsets[b] >= 0 && plan.offsets[a] < eb &&
+         plan.offsets[b] < ea;
+}
+
+// An asynchronous all_reduce %c of %a is in flight from its step until its wait, before %d (its
+// first reader): the kernels between (%b, %e) run meanwhile and must not get %a's bytes, which
+// the communication thread still reads (and %c's, which it writes). Synchronously, %a dies at %c
+// and %b takes its bytes: the test would catch a planner that forgot the window.
+TEST(BufferPlanAsync, KernelsInFlightWindowNeverGetTheCollectivesBuffers) {
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async);
+    Graph g;
+    const int p = Param(g, 0, 1024);
+    const int a = Unary(g, p, 1024);
+    const int c = g.AddNode(Opcode::kAllReduce, {a}, Type{DType::kF32, Shape{1024}}, {});
+    const int b = Unary(g, p, 1024);
+    const int e = Unary(g, b, 1024);
+    const int d = Binary(g, c, e, 1024);
+    g.AddOutput("d", d);
+    BackendTraits traits;
+    traits.async_collectives = async;
+    ExecutionPlan plan = PlanExecution(g, traits);
+    EXPECT_EQ(plan.done_step[c], async ? d : -1);
+    BufferPlan bp = PlanBuffers(g, &plan);
+    if (!async) {
+      EXPECT_TRUE(SharesBytes(bp, g, a, b) || SharesBytes(bp, g, a, e));
+      continue;
+    }
+    for (int k : {b, e}) {
+      EXPECT_FALSE(SharesBytes(bp, g, a, k)) << "%" << k << " reuses the operand in flight";
+      EXPECT_FALSE(SharesBytes(bp, g, c, k)) << "%" << k << " reuses the result in flight";
+    }
+  }
+}
+
+// A reader of the operand inside the window (%x = neg(%a)) may not take it in place while the
+// communication thread reads it; synchronously it does.
+TEST(BufferPlanAsync, NoInPlaceReuseOfAnOperandInFlight) {
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async);
+    Graph g;
+    const int p = Param(g, 0, 256);
+    const int a = Unary(g, p, 256);
+    const int c = g.AddNode(Opcode::kAllReduce, {a}, Type{DType::kF32, Shape{256}}, {});
+    const int x = Unary(g, a, 256);
+    const int d = Binary(g, c, x, 256);
+    g.AddOutput("d", d);
+    BackendTraits traits;
+    traits.async_collectives = async;
+    ExecutionPlan plan = PlanExecution(g, traits);
+    BufferPlan bp = PlanBuffers(g, &plan);
+    EXPECT_EQ(SharesBytes(bp, g, a, x), !async);
+    EXPECT_FALSE(SharesBytes(bp, g, a, c));
+  }
+}
+
+// A collective whose value is a graph output is waited for at the end of the run.
+TEST(BufferPlanAsync, AnOutputIsWaitedForAtTheEnd) {
+  Graph g;
+  const int p = Param(g, 0, 64);
+  const int a = Unary(g, p, 64);
+  const int c = g.AddNode(Opcode::kAllReduce, {a}, Type{DType::kF32, Shape{64}}, {});
+  const int b = Unary(g, p, 64);
+  g.AddOutput("c", c);
+  g.AddOutput("b", b);
+  ExecutionPlan plan = PlanExecution(g, BackendTraits{.async_collectives = true});
+  EXPECT_EQ(plan.done_step[c], g.num_nodes());
+  EXPECT_EQ(plan.done_step[a], -1);
+  BufferPlan bp = PlanBuffers(g, &plan);
+  EXPECT_FALSE(SharesBytes(bp, g, a, b));
+}
+
+}  // namespace
+}  // namespace kiln::compiler

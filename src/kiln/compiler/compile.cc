@@ -44,7 +44,8 @@ std::string JoinNames(const std::vector<std::string>& names) {
 std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
   // disabled_passes may also name the optional passes this configuration leaves out.
   PipelineOptions pipeline_options = options.pipeline;
-  pipeline_options.optional_pass_names = {FusionPass().name(), RematPass().name()};
+  pipeline_options.optional_pass_names = {FusionPass().name(), RematPass().name(),
+                                          OverlapCollectivesPass().name()};
   auto p = std::make_unique<Pipeline>("optimize", std::move(pipeline_options));
   p->Add<DecomposePass>(options.keep_composite);
   std::vector<std::unique_ptr<Pass>> simplify;
@@ -59,6 +60,9 @@ std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
     p->Add<RematPass>(options.remat, options.traits);
   // Last: it only reorders, and keeps fusion groups contiguous.
   p->Add<SchedulePass>(options.traits);
+  // Then, for a backend that runs collectives asynchronously: start each as early and wait as
+  // late as the graph allows (only reorders, after the memory schedule).
+  if (options.traits.async_collectives) p->Add<OverlapCollectivesPass>(options.traits);
   return p;
 }
 
@@ -66,6 +70,7 @@ std::vector<std::string> AllPassNames() {
   CompileOptions all;
   all.fuse_loops = true;
   all.remat.enabled = true;
+  all.traits.async_collectives = true;
   return DefaultPipeline(all)->PassNames();
 }
 

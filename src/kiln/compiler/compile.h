@@ -14,6 +14,8 @@
 //   fusion                    loop fusion groups (only with CompileOptions::fuse_loops)
 //   remat                     rematerialization (only with CompileOptions::remat enabled)
 //   schedule                  memory-minimizing node order (passes/schedule.h)
+//   overlap-collectives       asynchronous collectives started early, waited for late (only
+//                             with BackendTraits::async_collectives; passes/schedule.h)
 // The input is verified first; see pipeline.h for verification after each pass, disabling passes
 // by name and IR dumps. The compiler reads no environment: the kiln CLI turns KILN_DISABLE_PASSES,
 // KILN_VERIFY_EACH_PASS and KILN_DUMP_IR into PipelineOptions once (ApplyPipelineVariables).

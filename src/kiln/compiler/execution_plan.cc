@@ -189,7 +189,11 @@ std::vector<char> PlanInPlaceOutputs(const ir::Graph& graph, const ExecutionPlan
   }
   for (int r = 0; r < n; ++r)
     if (plan.kernel_of[r] >= 0)
-      for (int b : plan.reads[r]) last_read[b] = std::max(last_read[b], plan.step[r]);
+      for (int b : plan.reads[r]) {
+        // An asynchronous collective reads its operand until its wait.
+        const int until = plan.done_step[r] >= 0 ? plan.done_step[r] : plan.step[r];
+        last_read[b] = std::max(last_read[b], until);
+      }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const ir::Output& o = outputs[i];
     const int param = o.in_place_of >= 0 ? graph.ParameterWithIndex(o.in_place_of) : -1;
@@ -317,8 +321,29 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
     else
       plan.in_arena[id] = 1;
   }
+  // Asynchronous collectives: each is waited for before the first kernel that reads it.
+  plan.done_step.assign(n, -1);
+  if (traits.async_collectives) {
+    for (const ExecutionPlan::Kernel& k : plan.kernels) {
+      const int id = k.members.back();
+      if (k.kind == Kind::kNode && IsAsyncCollective(graph.node(id)) && !plan.hoisted[id])
+        plan.done_step[id] = is_output[id] ? n : -2;  // -2: the first reader, found below
+    }
+    for (const ExecutionPlan::Kernel& k : plan.kernels)  // in graph order: the first reader
+      for (int m : k.members)
+        for (int b : plan.reads[m])
+          if (plan.done_step[b] == -2 || (plan.done_step[b] > plan.step[m] && b != m))
+            plan.done_step[b] = plan.step[m];
+    for (int id = 0; id < n; ++id)
+      if (plan.done_step[id] == -2) plan.done_step[id] = n;  // read by nothing that runs
+  }
   plan.in_place_outputs = PlanInPlaceOutputs(graph, plan);
   return plan;
+}
+
+bool IsAsyncCollective(const ir::Node& node) {
+  return node.opcode() == Opcode::kAllReduce && !node.has_attr("axis") &&
+         (!node.has_attr("reduction") || node.attr_str("reduction") == "sum");
 }
 
 }  // namespace kiln::compiler

@@ -46,7 +46,20 @@ struct BackendTraits {
   // Whether the backend can run a fusion group of this kind (members in graph order) as one
   // kernel. Null: every group the fusion pass forms.
   std::function<bool(const ir::Graph&, ir::FusionKind, const std::vector<int>& members)> can_fuse;
+  // Runs asynchronous collectives (IsAsyncCollective) asynchronously: started at their own step,
+  // waited for right before the first kernel that reads the result (ExecutionPlan::done_step),
+  // with the kernels between running while they are in flight. The buffer planner keeps their
+  // operands and results where no kernel of that window writes, and the pipeline adds the
+  // overlap-collectives pass (passes/schedule.h), which starts each one as early and waits as
+  // late as the graph allows.
+  bool async_collectives = false;
 };
+
+// The collectives a backend with BackendTraits::async_collectives runs asynchronously: the
+// data-parallel gradient all_reduce (sum over the data ranks: no `axis`). The SPMD partitioner's
+// collectives (an `axis`, reduction max, all_gather, reduce_scatter) are read at once and run
+// synchronously.
+bool IsAsyncCollective(const ir::Node& node);
 
 // The compiler's default memory model: fusion groups as one kernel each, every value in the arena.
 inline BackendTraits PlainTraits() { return {}; }
@@ -126,6 +139,12 @@ struct ExecutionPlan {
   // node whose opcode may overwrite those operands (ir::InPlaceOperands). Otherwise the
   // executable computes the output elsewhere and copies it over the input at the end of the run.
   std::vector<char> in_place_outputs;
+
+  // Per node, with traits.async_collectives: for an asynchronous collective that runs, the step
+  // of the first kernel reading its value (its wait goes right before that kernel), or
+  // num_nodes() when only the end of the run reads it (a graph output); -1 for every other node.
+  // Its operands' buffers and its result's stay untouched by every kernel before that step.
+  std::vector<int> done_step;
 
   // False when some fusion group of the graph is not contiguous (planned node by node): a graph
   // rewritten after the fusion pass, which the schedule pass leaves as it is.

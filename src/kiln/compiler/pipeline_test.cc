@@ -235,7 +235,7 @@ TEST(Pipeline, UnknownPassInVariablesIsAnErrorListingTheKnownOnes) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("(KILN_DISABLE_PASSES=cse,csee)"));
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("the passes are decompose, simplify, algebraic, constant-fold, cse, "
-                        "transpose-fold, dce, fusion, remat, schedule"));
+                        "transpose-fold, dce, fusion, remat, schedule, overlap-collectives"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("unset KILN_DISABLE_PASSES"));
 
   // Names of passes another configuration has are accepted (one list, many pipelines): the
@@ -459,6 +459,11 @@ TEST(Pipeline, DefaultPipelineOrder) {
   EXPECT_THAT(DefaultPipeline(with_fusion)->PassNames(),
               ElementsAre("decompose", "simplify", "algebraic", "constant-fold", "cse",
                           "transpose-fold", "dce", "fusion", "schedule"));
+  CompileOptions async;
+  async.traits.async_collectives = true;  // a backend that overlaps collectives
+  EXPECT_THAT(DefaultPipeline(async)->PassNames(),
+              ElementsAre("decompose", "simplify", "algebraic", "constant-fold", "cse",
+                          "transpose-fold", "dce", "schedule", "overlap-collectives"));
 }
 
 }  // namespace

@@ -1,9 +1,14 @@
 // A data-parallel train step on thread communicators (no MPI) against the one-process step: D
 // ranks with B/D examples each track one process with the global batch B, on the cpu and the
-// reference backends, with one bucket or several; the gradient buckets; a rank that never joins.
+// reference backends, with one bucket or several; the gradient buckets; a rank that never joins;
+// the asynchronous all-reduce (bit-identical to the synchronous path, in flight while a backward
+// kernel runs, its failure the step's error).
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -50,8 +55,10 @@ nn::TrainStepOptions Options() {
   return o;
 }
 
-std::unique_ptr<runtime::Backend> Backend(bool cpu) {
-  return cpu ? runtime::MakeCpuBackend() : runtime::MakeReferenceBackend();
+std::unique_ptr<runtime::Backend> Backend(bool cpu, bool async = true) {
+  runtime::CpuBackendOptions o;
+  o.async_collectives = async;
+  return cpu ? runtime::MakeCpuBackend(o) : runtime::MakeReferenceBackend();
 }
 
 struct Result {
@@ -81,7 +88,8 @@ Result OneProcess(bool cpu) {
 // D ranks on threads; rank r trains on examples [r B/D, (r+1) B/D) of each global batch.
 std::vector<Result> DataParallel(bool cpu, int d, int64_t first_bucket, int64_t bucket,
                                  int* buckets, bool shard_state = false,
-                                 nn::TrainStepOptions o = Options()) {
+                                 nn::TrainStepOptions o = Options(), bool async = true,
+                                 int64_t* async_run = nullptr) {
   std::vector<std::unique_ptr<Communicator>> comms = MakeThreadCommunicators(d);
   std::vector<std::unique_ptr<CommunicatorCollectives>> colls;
   std::vector<std::unique_ptr<runtime::Backend>> backends;
@@ -89,7 +97,7 @@ std::vector<Result> DataParallel(bool cpu, int d, int64_t first_bucket, int64_t 
   nn::MlpClassifier model = Model();
   for (int r = 0; r < d; ++r) {  // compiled here, one at a time: only the runs are concurrent
     colls.push_back(std::make_unique<CommunicatorCollectives>(*comms[r]));
-    backends.push_back(Backend(cpu));
+    backends.push_back(Backend(cpu, async));
     o.data_parallel = d;
     o.collectives = colls[r].get();
     o.shard_state = shard_state;
@@ -121,6 +129,7 @@ std::vector<Result> DataParallel(bool cpu, int d, int64_t first_bucket, int64_t 
     });
   }
   for (std::thread& t : threads) t.join();
+  if (async_run != nullptr) *async_run = steps[0]->executable().async_collectives_run();
   return results;
 }
 
@@ -327,6 +336,187 @@ TEST(DataParallelStepErrors, APeerThatNeverJoinsTimesOut) {
   EXPECT_EQ(m.status().code(), absl::StatusCode::kDeadlineExceeded) << m.status();
   EXPECT_THAT(std::string(m.status().message()), HasSubstr("all_reduce"));
   EXPECT_EQ((*step)->step(), 0);
+  EXPECT_GE((*step)->executable().async_collectives_run(), 1);  // it ran asynchronously
+}
+
+}  // namespace
+}  // namespace kiln::dist
+
+namespace kiln::dist {
+namespace {
+
+// The asynchronous path (the cpu backend's default) gives the bits of the synchronous one (the
+// collectives in their thunks, as before), on 2 and 4 thread ranks with several buckets, and two
+// asynchronous runs give the same bits.
+TEST(DataParallelOverlap, AsyncIsBitIdenticalToSync) {
+  for (int d : {2, 4}) {
+    SCOPED_TRACE(d);
+    int buckets = 0;
+    int64_t async_run = 0, sync_run = 0;
+    std::vector<Result> sync =
+        DataParallel(true, d, 96, 100, &buckets, false, Options(), false, &sync_run);
+    std::vector<Result> a1 =
+        DataParallel(true, d, 96, 100, &buckets, false, Options(), true, &async_run);
+    std::vector<Result> a2 = DataParallel(true, d, 96, 100, &buckets, false, Options(), true);
+    ASSERT_EQ(sync.size(), d);
+    ASSERT_EQ(a1.size(), d);
+    ASSERT_EQ(a2.size(), d);
+    EXPECT_EQ(buckets, 3);
+    EXPECT_EQ(sync_run, 0);                  // no communication thread
+    EXPECT_EQ(async_run, kSteps * buckets);  // every bucket on it
+    for (int r = 0; r < d; ++r) {
+      EXPECT_EQ(a1[r].losses, sync[r].losses);
+      EXPECT_EQ(a1[r].norms, sync[r].norms);
+      EXPECT_TRUE(SameBits(a1[r].params, sync[r].params)) << "rank " << r;
+      EXPECT_TRUE(SameBits(a1[r].params, a2[r].params)) << "rank " << r;
+    }
+  }
+}
+
+// Collectives over 2 "ranks" in one thread: the peer is a mirror (the sum is 2x), so a test
+// needs no second thread; it can hold an all-reduce until the step's thread has run a kernel
+// (a backward kernel that ran while the all-reduce was in flight), or fail one.
+class ProbeCollectives : public runtime::Collectives {
+ public:
+  int size() const override { return 2; }
+  absl::Status AllReduceSum(void* data, int64_t count, DType dtype) override {
+    const int call = calls_++;
+    if (call == fail_call_) return absl::UnavailableError("injected failure");
+    if (call == 0 && hold_first_) {
+      // Held until a kernel started after this all-reduce's start thunk has finished on the
+      // step's thread. Bounded: on a synchronous path that never happens, and the step fails.
+      const auto deadline = std::chrono::steady_clock::now() + hold_limit_;
+      while (kernels_after_start_.load() == 0) {
+        if (std::chrono::steady_clock::now() > deadline)
+          return absl::DeadlineExceededError("no kernel ran while the all-reduce was in flight");
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      held_until_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now().time_since_epoch())
+                           .count();
+    }
+    EXPECT_EQ(dtype, DType::kF32);
+    float* x = static_cast<float*>(data);
+    for (int64_t i = 0; i < count; ++i) x[i] = x[i] + x[i];
+    return absl::OkStatus();
+  }
+  // The thunk observer: counts kernels that ran after the first start thunk.
+  void Observe(const std::string& thunk) {
+    if (thunk.find("(start)") != std::string::npos) {
+      started_ = true;
+      return;
+    }
+    if (started_ && thunk.find("(wait)") == std::string::npos) ++kernels_after_start_;
+  }
+
+  std::atomic<int> calls_{0};
+  int fail_call_ = -1;
+  bool hold_first_ = false;
+  std::chrono::milliseconds hold_limit_{10000};
+  bool started_ = false;
+  std::atomic<int> kernels_after_start_{0};
+  int64_t held_until_ns_ = 0;
+};
+
+struct ProbeStep {
+  std::unique_ptr<runtime::Backend> backend;
+  std::unique_ptr<nn::TrainStep> step;
+};
+
+ProbeStep MakeProbeStep(ProbeCollectives& c, bool async) {
+  ProbeStep p;
+  p.backend = Backend(true, async);
+  nn::MlpClassifier model = Model();
+  nn::TrainStepOptions o = Options();
+  o.data_parallel = 2;
+  o.collectives = &c;
+  o.first_bucket_bytes = 96;  // 3 buckets: {fc1 bias, fc1 weight}, {fc0 bias}, {fc0 weight}
+  o.bucket_bytes = 100;
+  auto step =
+      nn::TrainStep::Create(*p.backend, *model.LossGraph(4), *nn::InitParams(model.Params(), 7), o);
+  EXPECT_TRUE(step.ok()) << step.status();
+  if (step.ok()) p.step = *std::move(step);
+  return p;
+}
+
+// The first bucket's all-reduce is held on the communication thread until the step's thread has
+// finished a kernel after starting it: the step completes, so a kernel of the backward pass ran
+// while the all-reduce was in flight, and the profile's timestamps show it (the kernel ended
+// between the collective's start and its end on the communication thread). The synchronous path,
+// held the same way, cannot progress and fails (so the check can fail).
+TEST(DataParallelOverlap, AnAllReduceIsInFlightWhileABackwardKernelRuns) {
+  ProbeCollectives c;
+  c.hold_first_ = true;
+  ProbeStep p = MakeProbeStep(c, true);
+  ASSERT_NE(p.step, nullptr);
+  runtime::Executable& exe = p.step->mutable_executable();
+  std::vector<std::pair<int64_t, int64_t>> kernel_times;
+  std::vector<std::string> kernel_names;
+  exe.set_thunk_observer([&](int i, int64_t start, int64_t end) {
+    c.Observe(exe.thunk(i).name());
+    kernel_times.push_back({start, end});
+    kernel_names.push_back(exe.thunk(i).name());
+  });
+  std::vector<std::tuple<std::string, int64_t, int64_t>> collectives;
+  // In flight: from its start thunk handing it to the communication thread to its end there.
+  exe.set_collective_observer([&](const std::string& name, int64_t start, int64_t, int64_t end) {
+    collectives.push_back({name, start, end});
+  });
+  Tensor x = Inputs(0, 0, 4), y = Labels(0, 0, 4);
+  auto m = p.step->Run({&x, &y});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_GT(c.kernels_after_start_.load(), 0);
+  ASSERT_EQ(collectives.size(), 3u);
+  const auto& [name, begin, end] = collectives[0];
+  EXPECT_THAT(name, HasSubstr("all_reduce %"));
+  int inside = 0;  // kernels (not start/wait thunks) that ended while it was in flight
+  for (size_t k = 0; k < kernel_times.size(); ++k)
+    if (kernel_names[k].find("all_reduce") == std::string::npos &&
+        kernel_times[k].second >= begin && kernel_times[k].second <= end)
+      ++inside;
+  EXPECT_GE(inside, 1);
+  // The waits come after the backward kernels: the first wait thunk follows every start thunk.
+  int last_start = -1, first_wait = -1;
+  for (int i = 0; i < exe.num_thunks(); ++i) {
+    const std::string t = exe.thunk(i).name();
+    if (t.find("(start)") != std::string::npos) last_start = i;
+    if (t.find("(wait)") != std::string::npos && first_wait < 0) first_wait = i;
+  }
+  EXPECT_LT(last_start, first_wait);
+
+  ProbeCollectives sync_c;
+  sync_c.hold_first_ = true;
+  sync_c.hold_limit_ = std::chrono::milliseconds(300);
+  ProbeStep sync = MakeProbeStep(sync_c, false);
+  ASSERT_NE(sync.step, nullptr);
+  runtime::Executable& sync_exe = sync.step->mutable_executable();
+  sync_exe.set_thunk_observer(
+      [&](int i, int64_t, int64_t) { sync_c.Observe(sync_exe.thunk(i).name()); });
+  auto failed = sync.step->Run({&x, &y});
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDeadlineExceeded) << failed.status();
+}
+
+// A collective that fails on the communication thread (here the second bucket's, while the third
+// is queued behind it) fails the step with its error, naming the all_reduce, at once; nothing is
+// left in flight, so the next step runs normally.
+TEST(DataParallelOverlap, AFailedAsyncAllReduceIsTheStepsError) {
+  ProbeCollectives c;
+  c.fail_call_ = 1;
+  ProbeStep p = MakeProbeStep(c, true);
+  ASSERT_NE(p.step, nullptr);
+  Tensor x = Inputs(0, 0, 4), y = Labels(0, 0, 4);
+  auto start = std::chrono::steady_clock::now();
+  auto m = p.step->Run({&x, &y});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("all_reduce %"));
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("injected failure"));
+  EXPECT_EQ(p.step->step(), 0);
+  const int after_failure = c.calls_.load();
+  EXPECT_EQ(after_failure, 3);  // the third bucket was already queued and ran; nothing after
+  auto next = p.step->Run({&x, &y});
+  EXPECT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(c.calls_.load(), after_failure + 3 + 1);  // 3 buckets and the loss average
 }
 
 }  // namespace

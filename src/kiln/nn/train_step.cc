@@ -89,8 +89,15 @@ absl::StatusOr<std::vector<ParamSpec>> CheckedParamSpecs(const ir::Graph& loss_g
 int AverageGradients(std::vector<ir::Value>& grads, const TrainStepOptions& o) {
   std::vector<int64_t> bytes;
   for (const ir::Value& g : grads) bytes.push_back(g.type().byte_size());
-  const std::vector<std::vector<int>> buckets =
-      GradientBuckets(bytes, o.first_bucket_bytes, o.bucket_bytes);
+  int64_t first_cap = o.first_bucket_bytes, cap = o.bucket_bytes;
+  if (o.min_buckets > 1) {
+    int64_t total = 0;
+    for (int64_t b : bytes) total += b;
+    const int64_t small = std::max(kMinBucketCapBytes, (total + o.min_buckets - 1) / o.min_buckets);
+    first_cap = std::min(first_cap, small);
+    cap = std::min(cap, small);
+  }
+  const std::vector<std::vector<int>> buckets = GradientBuckets(bytes, first_cap, cap);
   const double scale = 1.0 / o.data_parallel;
   for (const std::vector<int>& bucket : buckets) {
     if (bucket.size() == 1) {

@@ -35,9 +35,12 @@
 // order backward produces them), are packed into buckets of at most first_bucket_bytes (the
 // first) and bucket_bytes (the rest; a larger gradient is a bucket of its own): one all_reduce
 // per bucket over the concatenated, flattened gradients, in that fixed order, so every rank
-// issues the same collectives and results repeat bit for bit. The compiler's schedule places
-// each all_reduce after its gradients exist; it runs synchronously on the step's thread (no
-// overlap with the rest of the backward pass yet). options.collectives (size D) executes them;
+// issues the same collectives and results repeat bit for bit (options.min_buckets lowers the
+// caps for a small model). On a backend that runs collectives asynchronously (the cpu backend:
+// compiler::BackendTraits::async_collectives) each all_reduce starts right after its bucket's
+// last gradient, on the executable's communication thread, while the rest of the backward pass
+// runs, and is waited for before the first kernel that reads it (the norm, the update); the
+// reference backend runs them in place, synchronously. options.collectives (size D) executes them;
 // Run also averages the loss over the ranks, so StepMetrics are those of the global batch
 // (grad_norm is, since it is taken after the all-reduce). Other outputs (last_output) stay
 // per-rank.
@@ -97,6 +100,11 @@ struct TrainStepOptions {
   runtime::Collectives* collectives = nullptr;
   int64_t bucket_bytes = 25 << 20;
   int64_t first_bucket_bytes = 1 << 20;
+  // Smaller buckets for a small model, so that there is something to overlap: both caps are
+  // lowered to max(kMinBucketCapBytes, ceil(total gradient bytes / min_buckets)) when that is
+  // smaller (the GPT example's 471 KiB of gradients would otherwise be one bucket, which can only
+  // start after the whole backward pass). 0 or 1: the caps as given.
+  int min_buckets = 4;
   // ZeRO-1 (see the header comment): shard the optimizer state over the data_parallel ranks;
   // this rank is shard data_rank (0 <= data_rank < data_parallel).
   bool shard_state = false;
@@ -131,6 +139,10 @@ struct FlatRange {
 };
 int64_t ShardSize(const std::vector<int64_t>& sizes, int shards);  // ceil(sum / shards)
 std::vector<FlatRange> ShardRanges(const std::vector<int64_t>& sizes, int shards, int shard);
+
+// The smallest bucket cap min_buckets lowers the caps to (64 KiB: below it an all-reduce costs
+// about its latency whatever its size).
+inline constexpr int64_t kMinBucketCapBytes = int64_t{64} << 10;
 
 // The gradient buckets of data-parallel training: indices into the parameter list, in the order
 // the all-reduces are issued (see the header comment).

@@ -35,7 +35,9 @@ Executable::Executable(ir::Graph graph, compiler::BufferPlan plan,
       plan_(std::move(plan)),
       thunks_(std::move(thunks)),
       backend_name_(std::move(backend_name)),
-      arena_(AllocateArena(plan_.arena_bytes)) {
+      arena_(AllocateArena(plan_.arena_bytes)),
+      stream_(std::make_unique<CollectiveStream>()) {
+  ctx_.stream = stream_.get();
   params_ = graph_.parameters();
   ctx_.buffers.assign(graph_.num_nodes(), nullptr);
   for (const ir::Node& n : graph_.nodes()) {
@@ -218,6 +220,13 @@ absl::Status Executable::RunInto(const std::vector<const Tensor*>& inputs,
     }
   }
   absl::Status failed = std::exchange(ctx_.status, absl::OkStatus());
+  // Nothing stays in flight past the run (a failed run stops before some waits): the arena and
+  // the caller's tensors are the caller's again, and so is the communicator.
+  absl::Status in_flight = collective_observer_ ? stream_->WaitAll([this](const CollectiveOp& op) {
+    collective_observer_(op.name(), op.start_ns, op.begin_ns, op.end_ns);
+  })
+                                                : stream_->WaitAll();
+  if (failed.ok()) failed = std::move(in_flight);
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (direct_[i]) continue;
     const ir::Output& o = graph_.outputs()[i];

@@ -22,6 +22,7 @@
 #include "kiln/compiler/compile.h"
 #include "kiln/compiler/execution_plan.h"
 #include "kiln/ir/graph.h"
+#include "kiln/runtime/collective_stream.h"
 #include "kiln/tensor/tensor.h"
 #include "nlohmann/json.hpp"
 
@@ -45,6 +46,10 @@ class Collectives {
 struct RunContext {
   std::vector<void*> buffers;
   Collectives* collectives = nullptr;  // borrowed; null: one replica
+  // The executable's communication thread (collective_stream.h): asynchronous collectives start
+  // on it and are waited for before their first reader; a collective run on the calling thread
+  // Quiesces it first. Never null while an Executable runs.
+  CollectiveStream* stream = nullptr;
   // The first failure of a thunk that can fail (a collective); the run stops after that thunk.
   absl::Status status;
   // Per node: 1 when its value is fixed for the executable's life (a constant, a parameter bound
@@ -122,7 +127,22 @@ class Executable {
 
   // The collectives this executable's collective ops run through (borrowed; null: identities).
   // A failed collective stops the run: RunInto returns its status (the outputs are then garbage).
+  // Collectives the backend runs asynchronously (ExecutionPlan::done_step) run on this
+  // executable's communication thread (collective_stream.h) while the step's kernels go on; every
+  // run ends with none in flight, so callers may use the same collectives between runs.
   void set_collectives(Collectives* collectives) { ctx_.collectives = collectives; }
+
+  // Called at the end of each run, on the calling thread, once per asynchronous collective that
+  // ran in it (start order): its name and steady-clock nanoseconds when the step handed it to the
+  // communication thread, and when that thread began and ended it. For profiles (the time it was
+  // in flight against the wait thunks' time: how much of it the step hid). Null: not reported.
+  using CollectiveObserver = std::function<void(const std::string& name, int64_t start_ns,
+                                                int64_t begin_ns, int64_t end_ns)>;
+  void set_collective_observer(CollectiveObserver observer) {
+    collective_observer_ = std::move(observer);
+  }
+  // Asynchronous collectives run on the communication thread so far (tests).
+  int64_t async_collectives_run() const { return stream_->ops_run(); }
 
  private:
   ir::Graph graph_;
@@ -140,7 +160,9 @@ class Executable {
   std::vector<std::shared_ptr<uint8_t>> staged_;
   int64_t staging_allocated_ = 0;
   ThunkObserver observer_;
-  std::map<int, Tensor> bound_;  // BindConstantParameters: parameter position -> value
+  CollectiveObserver collective_observer_;
+  std::unique_ptr<CollectiveStream> stream_;  // after arena_: destroyed (joined) before it
+  std::map<int, Tensor> bound_;               // BindConstantParameters: parameter position -> value
 };
 
 // A backend turns graphs into executables, through the one compile path: Compile runs

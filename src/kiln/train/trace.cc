@@ -224,6 +224,13 @@ void Profiler::SetThreadName(std::string name) {
   thread_names_[tid] = std::move(name);
 }
 
+int Profiler::NewTrack(std::string name) {
+  const int tid = next_tid.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu_);
+  thread_names_[tid] = std::move(name);
+  return tid;
+}
+
 void Profiler::SetOtherData(std::string key, TraceArg value) {
   std::lock_guard<std::mutex> lock(mu_);
   other_data_[std::move(key)] = std::move(value);

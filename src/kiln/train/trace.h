@@ -121,6 +121,9 @@ class Profiler {
 
   // Names the calling thread's track (recorded even when disabled).
   void SetThreadName(std::string name);
+  // A track of its own, named `name` (a tid no thread gets), for events measured elsewhere and
+  // added with AddComplete(..., tid): the collectives of an executable's communication thread.
+  int NewTrack(std::string name);
   // A key of the trace's "otherData" object (recorded even when disabled; a key set again is
   // replaced), e.g. the profile's memory breakdown: SetOtherData("memory_mib/arena", 412.0).
   void SetOtherData(std::string key, TraceArg value);

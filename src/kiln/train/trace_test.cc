@@ -141,6 +141,27 @@ TEST(ProfilerTest, NestedScopesProduceValidChromeTrace) {
   EXPECT_EQ(counters[0].at("args").at("examples_per_sec"), 1234.5);
 }
 
+// A track of its own for events measured on another thread (a communication thread's
+// collectives): its own tid, named, holding the events added to it.
+TEST(ProfilerTest, NewTrackHoldsEventsAddedToIt) {
+  Profiler p(Profiler::Options{.enabled = true});
+  p.SetThreadName("trainer");
+  const int comm = p.NewTrack("communication");
+  EXPECT_NE(comm, Profiler::CurrentTid());
+  p.AddComplete("collective", "all_reduce %3 f32[8]", 1000, 3000, {}, comm);
+  p.AddComplete("kernel", "all_reduce %3 (wait)", 2000, 3000);
+  json j = json::parse(p.ToJson());
+  bool named = false;
+  for (const json& m : OfPhase(j, "M"))
+    named |= m.at("name") == "thread_name" && m.at("tid") == comm &&
+             m.at("args").at("name") == "communication";
+  EXPECT_TRUE(named);
+  std::vector<json> complete = OfPhase(j, "X");
+  ASSERT_EQ(complete.size(), 2u);
+  for (const json& e : complete)
+    EXPECT_EQ(e.at("tid") == comm, e.at("cat") == "collective") << e.dump();
+}
+
 TEST(ProfilerTest, ThreadSafeAndNestedPerThread) {
   Profiler::Options opt;
   opt.enabled = true;

@@ -599,8 +599,18 @@ absl::StatusOr<nn::StepMetrics> Trainer::Step(int64_t number, Loop& loop) {
       exe.set_thunk_observer([this, &exe](int i, int64_t start_ns, int64_t end_ns) {
         profiler_.AddComplete("kernel", exe.thunk(i).name(), start_ns, end_ns);
       });
+      // Asynchronous collectives (the data-parallel buckets): one event each on the
+      // communication thread's track, from when that thread began it to when it ended, with when
+      // the step started it; against the "(wait)" kernels they say how much the step hid.
+      if (comm_track_ < 0) comm_track_ = profiler_.NewTrack("communication");
+      exe.set_collective_observer([this](const std::string& name, int64_t start_ns,
+                                         int64_t begin_ns, int64_t end_ns) {
+        profiler_.AddComplete("collective", name, begin_ns, end_ns,
+                              {{"started_us", static_cast<double>(start_ns) / 1e3}}, comm_track_);
+      });
     } else {
       exe.set_thunk_observer(nullptr);
+      exe.set_collective_observer(nullptr);
     }
   }
   profiler_.set_enabled(profile_this);
@@ -743,6 +753,7 @@ absl::Status Trainer::Finish(Loop& loop, TrainResult& result) {
   const TrainConfig& c = config_;
   profiler_.set_enabled(false);
   step_->mutable_executable().set_thunk_observer(nullptr);
+  step_->mutable_executable().set_collective_observer(nullptr);
   // Tensor parallel: the whole tensors for rank 0's final evaluation (every rank takes part; the
   // condition is the same on every rank). The final save is in pieces, of the shards.
   if (tensor_parallel() && !result.preempted && !loop.evaluated_last)

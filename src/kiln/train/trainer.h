@@ -225,6 +225,7 @@ class Trainer {
   std::unique_ptr<CheckpointManager> ckpt_;
   std::unique_ptr<MultiSink> metrics_;
   Profiler profiler_;
+  int comm_track_ = -1;            // the profile's track for the communication thread (NewTrack)
   int64_t profile_peak_rss_ = -1;  // VmHWM at the end of the last profiled step (-1: none yet)
   Tensor x_, x_flat_, y_;
   // Multi-process: the mesh, this rank, its share of each batch (data parallel, mesh_.data > 1)

@@ -1,8 +1,10 @@
 #include "kiln/compiler/passes/schedule.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
+#include <queue>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -375,6 +377,97 @@ std::vector<int> MemorySchedule(const ir::Graph& graph, ScheduleReport* report,
 
 absl::StatusOr<bool> SchedulePass::Run(ir::Graph& graph) {
   std::vector<int> order = MemorySchedule(graph, &report_, traits_);
+  bool identity = true;
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) identity &= order[i] == i;
+  if (identity) return false;
+  absl::StatusOr<ir::Graph> reordered = ReorderNodes(graph, order);
+  if (!reordered.ok()) return reordered.status();
+  graph = std::move(*reordered);
+  return true;
+}
+
+std::vector<int> OverlapCollectivesOrder(const ir::Graph& graph, const BackendTraits& traits) {
+  const int n = graph.num_nodes();
+  std::vector<int> identity(n);
+  for (int i = 0; i < n; ++i) identity[i] = i;
+  Model m = BuildModel(graph, PlanExecution(graph, traits));
+  const int num_units = m.num_units;
+  std::vector<int> input(num_units);
+  for (int u = 0; u < num_units; ++u) input[u] = u;
+  if (!m.groups_contiguous || UnitsToNodes(m, input) != identity || !RespectsDeps(m, input))
+    return identity;  // the units cannot be reordered as such, or the input breaks an order dep
+
+  auto single = [&](int u, auto pred) {
+    return m.members[u].size() == 1 && pred(graph.node(m.members[u][0]));
+  };
+  std::vector<char> async(num_units, 0), dependent(num_units, 0), chain(num_units, 0);
+  bool any = false;
+  for (int u = 0; u < num_units; ++u) {
+    async[u] = single(u, [](const ir::Node& x) { return IsAsyncCollective(x); });
+    any |= async[u];
+  }
+  if (!any) return identity;
+  // Units that need an asynchronous collective's result (through any chain of dependencies):
+  // their kernels wait, so they go after every unit that does not (a stable partition: no
+  // independent unit depends on a dependent one, so the order stays valid).
+  for (int u = 0; u < num_units; ++u)
+    for (int d : m.deps[u]) dependent[u] |= async[d] || dependent[d];
+  // Each independent collective starts as soon as its operands exist: it and the data movement
+  // that assembles its operand (the bucket's reshapes and concatenation) are emitted right after
+  // the last unit they depend on.
+  for (int u = 0; u < num_units; ++u) {
+    if (!async[u] || dependent[u]) continue;
+    std::vector<int> stack = {u};
+    chain[u] = 1;
+    while (!stack.empty()) {
+      const int x = stack.back();
+      stack.pop_back();
+      for (int d : m.deps[x]) {
+        if (chain[d] || !single(d, [](const ir::Node& y) {
+              return y.opcode() == ir::Opcode::kReshape || y.opcode() == ir::Opcode::kConcatenate;
+            }))
+          continue;
+        chain[d] = 1;
+        stack.push_back(d);
+      }
+    }
+  }
+  std::vector<int> remaining(num_units, 0);
+  for (int u = 0; u < num_units; ++u)
+    if (chain[u]) remaining[u] = static_cast<int>(m.deps[u].size());
+  std::vector<char> emitted(num_units, 0);
+  std::vector<int> order;
+  order.reserve(num_units);
+  std::priority_queue<int, std::vector<int>, std::greater<int>> ready;  // by input position
+  auto emit = [&](int u) {
+    order.push_back(u);
+    emitted[u] = 1;
+    for (int v : m.users[u])
+      if (chain[v] && --remaining[v] == 0) ready.push(v);
+  };
+  auto flush = [&] {
+    while (!ready.empty()) {
+      const int v = ready.top();
+      ready.pop();
+      emit(v);
+    }
+  };
+  for (int u = 0; u < num_units; ++u)
+    if (chain[u] && remaining[u] == 0) ready.push(u);
+  flush();
+  for (int u = 0; u < num_units; ++u) {
+    if (dependent[u] || chain[u]) continue;
+    emit(u);
+    flush();
+  }
+  for (int u = 0; u < num_units; ++u)
+    if (dependent[u]) emit(u);
+  if (static_cast<int>(order.size()) != num_units) return identity;  // not reached
+  return UnitsToNodes(m, order);
+}
+
+absl::StatusOr<bool> OverlapCollectivesPass::Run(ir::Graph& graph) {
+  std::vector<int> order = OverlapCollectivesOrder(graph, traits_);
   bool identity = true;
   for (int i = 0; i < static_cast<int>(order.size()); ++i) identity &= order[i] == i;
   if (identity) return false;

@@ -82,6 +82,41 @@ class SchedulePass : public Pass {
   ScheduleReport report_;
 };
 
+// Overlap of asynchronous collectives with compute ("overlap-collectives", in the pipeline after
+// "schedule" when BackendTraits::async_collectives): reorders the kernels so that each
+// asynchronous collective (IsAsyncCollective: the data-parallel gradient all-reduce of a bucket)
+// starts right after the last kernel its operand needs (with the reshapes and concatenation that
+// assemble a bucket), and every kernel that needs some collective's result, directly or through
+// others (the optimizer update, the global norm), runs after every kernel that does not (the rest
+// of the backward pass), in the memory schedule's order otherwise. So a bucket's all-reduce is in
+// flight while the rest of the backward pass runs, and each wait (before the first reader, see
+// ExecutionPlan::done_step) comes as late as the graph allows.
+//
+//   %9 = dot_general(...)  # dW of the last layer          %9 = dot_general(...)
+//   %10 = all_reduce(%9)                                    %10 = all_reduce(%9)   # starts now
+//   %11 = mul(%10, %half)  # reads it: waits         ->     %12 = dot_general(...) # dW, earlier
+//   layer %12 = dot_general(...) # dW of an earlier layer         %13 = all_reduce(%12) %13 =
+//   all_reduce(%12)                                   %11 = mul(%10, %half)  # waits for %10
+//
+// The order is the only change (no node changes; the collectives keep their relative order when
+// their operands' producers do), so results are bit-identical to the memory schedule's. Fusion
+// groups stay contiguous; a graph whose groups are not, or that has no asynchronous collective,
+// is left as it is. The memory cost: a bucket's buffers live from its start to the update, and
+// the updates wait for the whole backward pass. Idempotent. Cost: O(n log n) plus the plan.
+std::vector<int> OverlapCollectivesOrder(const ir::Graph& graph,
+                                         const BackendTraits& traits = PlainTraits());
+
+class OverlapCollectivesPass : public Pass {
+ public:
+  explicit OverlapCollectivesPass(BackendTraits traits = PlainTraits())
+      : traits_(std::move(traits)) {}
+  std::string name() const override { return "overlap-collectives"; }
+  absl::StatusOr<bool> Run(ir::Graph& graph) override;
+
+ private:
+  BackendTraits traits_;
+};
+
 // The order SchedulePass would choose (node ids of `graph`), and its report.
 std::vector<int> MemorySchedule(const ir::Graph& graph, ScheduleReport* report = nullptr,
                                 const BackendTraits& traits = PlainTraits());

@@ -266,5 +266,99 @@ TEST(Schedule, RandomGraphsNeverGetWorse) {
   EXPECT_GT(improved, 0);
 }
 
+BackendTraits AsyncTraits() {
+  BackendTraits t;
+  t.async_collectives = true;
+  return t;
+}
+
+// Two buckets: the all-reduce of %u1 starts right after %u1, before the rest of the backward
+// pass (%g2, %g3), so it is in flight while they run; the reader of both (%v) and what follows
+// stay after every kernel that reads no reduced value.
+TEST(OverlapCollectives, StartsEachBucketEarlyAndReadsItLate) {
+  OverlapCollectivesPass pass(AsyncTraits());
+  ExpectRewrite(pass, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[64]
+      %w = parameter() {index=1, name="w"} : f32[64]
+      %g1 = mul(%x, %w)
+      %u1 = mul(%g1, %x)
+      %g2 = exp(%x)
+      %g3 = exp(%g2)
+      %r2 = all_reduce(%g3) {reduction="sum"}
+      %r1 = all_reduce(%u1) {reduction="sum"}
+      %v = add(%r1, %r2)
+      %z = add(%v, %w)
+      return z=%z, loss=%g2
+    })",
+                R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[64]
+      %w = parameter() {index=1, name="w"} : f32[64]
+      %g1 = mul(%x, %w)
+      %u1 = mul(%g1, %x)
+      %r1 = all_reduce(%u1) {reduction="sum"}
+      %g2 = exp(%x)
+      %g3 = exp(%g2)
+      %r2 = all_reduce(%g3) {reduction="sum"}
+      %v = add(%r1, %r2)
+      %z = add(%v, %w)
+      return z=%z, loss=%g2
+    })");
+}
+
+// A bucket of two gradients: the reshapes and the concatenation that assemble it move up with
+// its all-reduce; the slices that read it move down, after the independent %h.
+TEST(OverlapCollectives, MovesTheBucketsAssemblyAndDefersItsReaders) {
+  OverlapCollectivesPass pass(AsyncTraits());
+  ExpectRewrite(pass, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[2,4]
+      %y = parameter() {index=1, name="y"} : f32[8]
+      %a = exp(%x)
+      %b = exp(%y)
+      %h = exp(%b)
+      %ra = reshape(%a) {shape=[8]}
+      %cat = concatenate(%ra, %b) {dimension=0}
+      %s = all_reduce(%cat) {reduction="sum"}
+      %s0 = slice(%s) {start=[0], limit=[8], stride=[1]}
+      %k = exp(%h)
+      %out = add(%s0, %k)
+      return out=%out
+    })",
+                R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[2,4]
+      %y = parameter() {index=1, name="y"} : f32[8]
+      %a = exp(%x)
+      %ra = reshape(%a) {shape=[8]}
+      %b = exp(%y)
+      %cat = concatenate(%ra, %b) {dimension=0}
+      %s = all_reduce(%cat) {reduction="sum"}
+      %h = exp(%b)
+      %k = exp(%h)
+      %s0 = slice(%s) {start=[0], limit=[8], stride=[1]}
+      %out = add(%s0, %k)
+      return out=%out
+    })");
+}
+
+// Only the data-parallel all-reduce is asynchronous: an all_reduce over a mesh axis (the SPMD
+// partitioner's) is read at once and moves nothing; without async traits the pass is not in the
+// pipeline, and a graph without collectives is left alone.
+TEST(OverlapCollectives, LeavesOtherCollectivesAndPlainGraphsAlone) {
+  OverlapCollectivesPass pass(AsyncTraits());
+  ExpectUnchanged(pass, R"(
+    graph @g {
+      %x = parameter() {index=0, name="x"} : f32[64]
+      %g1 = exp(%x)
+      %g2 = exp(%x)
+      %r = all_reduce(%g2) {reduction="sum", axis="model"}
+      %u = add(%r, %g1)
+      return u=%u
+    })");
+  ExpectUnchanged(pass, kTwoChains);
+}
+
 }  // namespace
 }  // namespace kiln::compiler

@@ -36,13 +36,23 @@ absl::Status InitOnce() {
   std::call_once(once, [] {
     int initialized = 0;
     MPI_Initialized(&initialized);
-    if (initialized) return;  // the program initialised MPI itself and finalises it
     int provided = 0;
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
-      status = absl::UnavailableError("MPI_Init_thread failed");
-      return;
+    if (initialized) {  // the program initialised MPI itself and finalises it
+      MPI_Query_thread(&provided);
+    } else {
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+        status = absl::UnavailableError("MPI_Init_thread failed");
+        return;
+      }
+      std::atexit(FinalizeAtExit);
     }
-    std::atexit(FinalizeAtExit);
+    // A step's collectives run on its executable's communication thread (one at a time, and the
+    // main thread's only while that one is idle: runtime/collective_stream.h), which needs
+    // MPI_THREAD_SERIALIZED at least.
+    if (provided < MPI_THREAD_SERIALIZED)
+      status = absl::FailedPreconditionError(
+          absl::StrCat("MPI provides thread level ", provided, ", below MPI_THREAD_SERIALIZED (",
+                       MPI_THREAD_SERIALIZED, "): Kiln calls MPI from a communication thread"));
   });
   return status;
 }

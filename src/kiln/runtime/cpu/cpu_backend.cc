@@ -1,6 +1,7 @@
 #include "kiln/runtime/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -125,6 +126,7 @@ compiler::BackendTraits CpuBackendTraits(const CpuBackendOptions& options) {
   t.alias_reshapes = true;
   t.outputs_outside_arena = true;
   t.hoist_constants = true;
+  t.async_collectives = options.async_collectives;
   const bool prefer_loops = options.prefer_loops;
   t.can_fuse = [prefer_loops](const ir::Graph& g, ir::FusionKind kind,
                               const std::vector<int>& members) {
@@ -222,8 +224,20 @@ class CpuBackend : public Backend {
     }
 
     std::vector<std::unique_ptr<Thunk>> thunks, init_thunks;
+    // Asynchronous collectives' wait thunks, by the step of the kernel they go before.
+    std::map<int, std::vector<std::unique_ptr<Thunk>>> waits;
     for (const compiler::ExecutionPlan::Kernel& k : plan.kernels) {
       const ir::Node& node = graph.node(k.members.back());
+      if (auto w = waits.find(node.id()); w != waits.end()) {
+        for (std::unique_ptr<Thunk>& t : w->second) thunks.push_back(std::move(t));
+        waits.erase(w);
+      }
+      if (k.kind == compiler::ExecutionPlan::KernelKind::kNode && plan.done_step[node.id()] >= 0) {
+        AsyncThunks async = LowerAsyncAllReduce(node, lc);  // misc.cc
+        thunks.push_back(std::move(async.start));
+        waits[plan.done_step[node.id()]].push_back(std::move(async.wait));
+        continue;
+      }
       LowerResult thunk;
       try {
         switch (k.kind) {
@@ -249,6 +263,9 @@ class CpuBackend : public Backend {
       if (!thunk.ok()) return thunk.status();
       if (*thunk) (plan.hoisted[node.id()] ? init_thunks : thunks).push_back(std::move(*thunk));
     }
+    // Waits for results only the end of the run reads (graph outputs).
+    for (auto& [step, ws] : waits)
+      for (std::unique_ptr<Thunk>& t : ws) thunks.push_back(std::move(t));
     ctx->AllocateWorkspace();
     compiler::BufferPlan buffers = m.buffers;
     for (int id = 0; id < n; ++id)

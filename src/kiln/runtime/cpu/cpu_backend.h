@@ -69,6 +69,12 @@ struct CpuBackendOptions {
   // logged as a warning (base/log.h).
   bool remat = false;
   int64_t remat_memory_limit_bytes = 0;
+  // Run the data-parallel gradient all-reduce asynchronously (compiler::IsAsyncCollective): its
+  // thunk hands it to the executable's communication thread (runtime/collective_stream.h) and a
+  // wait thunk before its first reader blocks until it is done, with the kernels between (the
+  // rest of the backward pass, ordered so by the overlap-collectives pass) running meanwhile.
+  // Off: every collective runs synchronously in its thunk, as before (the same bits either way).
+  bool async_collectives = true;
   // The pipeline's debugging options: passes disabled by name, IR dumps, verification after every
   // pass. Read by no one from the environment here: the caller fills them (the kiln CLI from
   // KILN_DISABLE_PASSES / KILN_DUMP_IR / KILN_VERIFY_EACH_PASS, cli/backends.h).

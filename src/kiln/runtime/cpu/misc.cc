@@ -72,6 +72,7 @@ LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
           if (ctx.buffers[out] != ctx.buffers[in])
             std::memcpy(ctx.buffers[out], ctx.buffers[in], bytes);
           if (ctx.collectives == nullptr || ctx.collectives->size() <= 1 || count == 0) return;
+          if (ctx.stream != nullptr) ctx.stream->Quiesce();  // after those in flight, never beside
           absl::Status s = ctx.collectives->AllReduceSum(ctx.buffers[out], count, dtype);
           if (!s.ok()) ctx.status = absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
         });
@@ -86,6 +87,7 @@ LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
       const ir::Node node = n;
       return MakeFnThunk(n, "collective", [=](RunContext& ctx) {
         if (bytes == 0) return;
+        if (ctx.stream != nullptr) ctx.stream->Quiesce();  // after those in flight, never beside
         runtime::RunShardCollective(node, in_type, ctx.buffers[in], ctx.buffers[out],
                                     scratch->data(), ctx);
       });
@@ -93,6 +95,91 @@ LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
     default:
       return Unimplemented(n, "not a misc op");
   }
+}
+
+namespace {
+
+// The all-reduce itself, on the stream's thread: the operand copied into the result, then summed
+// in place over the ranks. The buffer plan keeps both untouched until the wait.
+class AllReduceOp : public CollectiveOp {
+ public:
+  AllReduceOp(const ir::Node& n)
+      : name_(absl::StrCat("all_reduce %", n.id(), " ", n.type().ToString())),
+        what_(absl::StrCat("all_reduce %", n.id())),
+        bytes_(n.type().byte_size()),
+        count_(n.type().shape.num_elements()),
+        dtype_(n.type().dtype) {}
+  absl::Status Execute() override {
+    if (out_ != in_) std::memcpy(out_, in_, static_cast<size_t>(bytes_));
+    absl::Status s = collectives_->AllReduceSum(out_, count_, dtype_);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what_, ": ", s.message()));
+    return absl::OkStatus();
+  }
+  const std::string& name() const override { return name_; }
+
+  // Set by the start thunk before each Start (the stream's mutex orders them for the thread).
+  Collectives* collectives_ = nullptr;
+  const void* in_ = nullptr;
+  void* out_ = nullptr;
+  const std::string name_, what_;
+  const int64_t bytes_, count_;
+  const DType dtype_;
+};
+
+class AllReduceStartThunk : public Thunk {
+ public:
+  AllReduceStartThunk(const ir::Node& n, std::shared_ptr<AllReduceOp> op)
+      : in_(n.operand(0)), out_(n.id()), name_(ThunkName(n, "start")), op_(std::move(op)) {}
+  void Run(RunContext& ctx) override {
+    void* out = ctx.buffers[out_];
+    const void* in = ctx.buffers[in_];
+    if (ctx.collectives == nullptr || ctx.collectives->size() <= 1 || op_->count_ == 0 ||
+        ctx.stream == nullptr) {
+      // One replica: the copy is the result (no stream needed); no stream: run it here.
+      if (out != in) std::memcpy(out, in, static_cast<size_t>(op_->bytes_));
+      if (ctx.collectives == nullptr || ctx.collectives->size() <= 1 || op_->count_ == 0) return;
+      op_->collectives_ = ctx.collectives;
+      op_->in_ = out;
+      op_->out_ = out;
+      absl::Status s = op_->Execute();
+      if (!s.ok()) ctx.status = std::move(s);
+      return;
+    }
+    op_->collectives_ = ctx.collectives;
+    op_->in_ = in;
+    op_->out_ = out;
+    ctx.stream->Start(op_.get());
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  const int in_, out_;
+  const std::string name_;
+  std::shared_ptr<AllReduceOp> op_;
+};
+
+class AllReduceWaitThunk : public Thunk {
+ public:
+  AllReduceWaitThunk(const ir::Node& n, std::shared_ptr<AllReduceOp> op)
+      : name_(ThunkName(n, "wait")), op_(std::move(op)) {}
+  void Run(RunContext& ctx) override {
+    if (ctx.stream == nullptr) return;
+    absl::Status s = ctx.stream->Wait(op_.get());  // OK when it did not start (one replica)
+    if (!s.ok()) ctx.status = std::move(s);
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  const std::string name_;
+  std::shared_ptr<AllReduceOp> op_;
+};
+
+}  // namespace
+
+AsyncThunks LowerAsyncAllReduce(const ir::Node& n, LowerContext&) {
+  auto op = std::make_shared<AllReduceOp>(n);
+  return {std::make_unique<AllReduceStartThunk>(n, op),
+          std::make_unique<AllReduceWaitThunk>(n, op)};
 }
 
 }  // namespace kiln::runtime::cpu

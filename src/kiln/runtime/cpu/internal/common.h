@@ -430,6 +430,13 @@ struct OneDnnEltwiseAlg {
 std::optional<OneDnnEltwiseAlg> OneDnnEltwise(const ir::Node& n);
 std::optional<dnnl::algorithm> OneDnnBinary(ir::Opcode op);
 
+// An asynchronous collective (compiler::IsAsyncCollective, ExecutionPlan::done_step): `start`
+// hands it to the run's CollectiveStream at its own step, `wait` (placed before the first kernel
+// that reads the result) blocks until it ran and stops the run on its error (misc.cc).
+struct AsyncThunks {
+  std::unique_ptr<Thunk> start, wait;
+};
+AsyncThunks LowerAsyncAllReduce(const ir::Node& n, LowerContext& lc);
 LowerResult LowerDotGeneral(const ir::Node& n, LowerContext& lc);  // matmul.cc
 // The oneDNN post-ops of an epilogue fusion group, from the steps the execution plan worked out
 // (compiler::EpilogueSteps): dst = residual + act(head + bias), written to node `out`.
