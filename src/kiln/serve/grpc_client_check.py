@@ -3,12 +3,17 @@ grpc_python_plugin) against `kiln serve --grpc-port`: the interop half of grpc_p
 
   grpc_client_check.py STUBS_DIR GRPC_PORT HTTP_PORT OUT_DIR            answers and errors
   grpc_client_check.py STUBS_DIR GRPC_PORT HTTP_PORT OUT_DIR --drain PID  SIGTERM with 3 queued
+  grpc_client_check.py STUBS_DIR GRPC_PORT HTTP_PORT OUT_DIR --repository REPO
+      the repository RPCs against `kiln serve --model-repository REPO` (REPO/mlp/1 the artifact,
+      REPO/broken/1 empty): index (equal to REST's), reload to a new version, a failed reload
+      that keeps serving, unload, errors
 
 OUT_DIR holds rows.csv (64 pixels a row) and predict.csv (`kiln predict` on those rows).
 """
 import csv
 import json
 import os
+import shutil
 import signal
 import struct
 import sys
@@ -63,6 +68,61 @@ if "--drain" in sys.argv:
         assert resp.id == f"d{i}", resp
     print("SIGTERM drained 3 queued gRPC requests (all OK)")
     sys.exit(0)
+
+def rpc_code(method, req):
+    try:
+        method(req, timeout=60)
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    return grpc.StatusCode.OK, ""
+
+
+def index(ready=False):
+    r = stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=ready), timeout=10)
+    return [(m.name, m.version, m.state) for m in r.models], r
+
+
+def served_version():
+    resp = stub.ModelInfer(request(rows[0], False, "v"), timeout=20)
+    assert abs(logits_of(resp)[0] - float(predicted[0][0])) <= 1e-4 * (1 + abs(float(predicted[0][0])))
+    return resp.model_version
+
+
+if "--repository" in sys.argv:
+    repo = sys.argv[sys.argv.index("--repository") + 1]
+    meta = stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=10)
+    assert "model_repository" in meta.extensions, meta
+    got, full = index()
+    assert got == [("broken", "", "UNAVAILABLE"), ("mlp", "1", "READY")], got
+    assert "manifest.json" in full.models[0].reason, full
+    assert index(ready=True)[0] == [("mlp", "1", "READY")]
+    rest = json.load(urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{http_port}/v2/repository/index", data=b"{}"), timeout=10))
+    assert [(e["name"], e.get("version", ""), e["state"]) for e in rest] == got, (rest, got)
+    assert served_version() == "1"
+    shutil.copytree(f"{repo}/mlp/1", f"{repo}/mlp/2")
+    code, details = rpc_code(stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="mlp"))
+    assert code == grpc.StatusCode.OK, (code, details)
+    assert index(ready=True)[0] == [("mlp", "2", "READY")]
+    assert served_version() == "2"
+    os.makedirs(f"{repo}/mlp/3")  # a broken newer version: the reload fails, 2 keeps serving
+    code, details = rpc_code(stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="mlp"))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "mlp/3" in details, (code, details)
+    assert served_version() == "2"
+    code, details = rpc_code(stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="nope"))
+    assert code == grpc.StatusCode.NOT_FOUND and "no model 'nope'" in details, (code, details)
+    code, details = rpc_code(stub.RepositoryModelUnload,
+                             pb.RepositoryModelUnloadRequest(model_name="mlp"))
+    assert code == grpc.StatusCode.OK, (code, details)
+    code, details = rpc_code(stub.ModelInfer, request(rows[0], False, "gone"))
+    assert code == grpc.StatusCode.NOT_FOUND and details == "unknown model 'mlp'", (code, details)
+    assert index()[0] == [("broken", "", "UNAVAILABLE"), ("mlp", "", "UNAVAILABLE")], index()[0]
+    text = metrics()
+    assert 'kiln_grpc_requests_total{method="RepositoryModelLoad",code="OK"} 1' in text, text
+    print("gRPC repository RPCs: index equals REST's, reload to version 2, a failed reload kept "
+          "version 2 serving, unload, errors as specified")
+    sys.exit(0)
+
 
 assert stub.ServerLive(pb.ServerLiveRequest(), timeout=10).live
 assert stub.ServerReady(pb.ServerReadyRequest(), timeout=10).ready

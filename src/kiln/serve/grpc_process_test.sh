@@ -4,7 +4,7 @@
 # from a short `kiln train` run, exported at batch 2; its gRPC answers (typed and raw contents)
 # must equal REST's and `kiln predict`'s; bad requests get INVALID_ARGUMENT / NOT_FOUND; then a
 # SIGTERM with three gRPC requests queued answers all three and exits 0; a taken or invalid gRPC
-# port is refused with the reason. Skipped (77) without
+# port is refused with the reason; the repository RPCs against `--model-repository`. Skipped (77) without
 # /usr/bin/python3's grpc module or the code generators. Processes killed by PID.
 # Usage: grpc_process_test.sh KILN EXAMPLE_YAML DIGITS_CSV_GZ SRC_ROOT OUT_DIR
 set -eu
@@ -27,10 +27,12 @@ protoc --proto_path="$SRC" --python_out="$OUT/py" --grpc_out="$OUT/py" \
 gzip -dc "$DIGITS" | head -5 | cut -d, -f1-64 > "$OUT/rows.csv"
 "$KILN" predict "$OUT/art" --input "$OUT/rows.csv" > "$OUT/predict.csv"
 
-# Starts `kiln serve` with extra flags; sets PID, PORT and GPORT.
+# Starts `kiln serve` with extra flags (after $SOURCE, what it serves); sets PID, PORT and GPORT.
+SOURCE="--model $OUT/art --name mlp"
 start() {
   rm -f "$OUT/serve.out" "$OUT/serve.err"
-  "$KILN" serve --model "$OUT/art" --name mlp --port 0 --grpc-port 0 --max-batch 8 \
+  # shellcheck disable=SC2086
+  "$KILN" serve $SOURCE --port 0 --grpc-port 0 --max-batch 8 \
     --preferred-batch 4,8 "$@" > "$OUT/serve.out" 2> "$OUT/serve.err" &
   PID=$!
   i=0
@@ -70,3 +72,16 @@ wait "$PID" || RC=$?
 PID=
 [ $RC -eq 0 ] || { echo "kiln serve exited $RC after SIGTERM"; cat "$OUT/serve.err"; exit 1; }
 grep -q 'stopped' "$OUT/serve.out"
+
+# The repository RPCs: `kiln serve --model-repository` with mlp/1 (the artifact) and broken/1
+# (empty); the client adds version 2, breaks version 3, reloads and unloads over gRPC.
+mkdir -p "$OUT/repo/mlp" "$OUT/repo/broken/1"
+cp -r "$OUT/art" "$OUT/repo/mlp/1"
+SOURCE="--model-repository $OUT/repo"
+start --max-queue-delay-us 2000
+timeout 120 $PY "$HERE/grpc_client_check.py" "$OUT/py" "$GPORT" "$PORT" "$OUT" --repository "$OUT/repo"
+kill -TERM "$PID"
+RC=0
+wait "$PID" || RC=$?
+PID=
+[ $RC -eq 0 ] || { echo "kiln serve --model-repository exited $RC after SIGTERM"; cat "$OUT/serve.err"; exit 1; }

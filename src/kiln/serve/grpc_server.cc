@@ -4,8 +4,13 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <list>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/serve/clock.h"
@@ -77,10 +82,39 @@ void FillTensorMetadata(const compiler::TensorSpec& s,
 
 }  // namespace
 
-using RawService = inference::GRPCInferenceService::WithRawCallbackMethod_ModelReady<
-    inference::GRPCInferenceService::WithRawCallbackMethod_ModelMetadata<
-        inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
-            inference::GRPCInferenceService::CallbackService>>>;
+using Grpc = inference::GRPCInferenceService;
+using RawService = Grpc::WithRawCallbackMethod_ModelReady<
+    Grpc::WithRawCallbackMethod_ModelMetadata<Grpc::WithRawCallbackMethod_ModelInfer<
+        Grpc::WithRawCallbackMethod_RepositoryIndex<Grpc::WithRawCallbackMethod_RepositoryModelLoad<
+            Grpc::WithRawCallbackMethod_RepositoryModelUnload<Grpc::CallbackService>>>>>>;
+
+namespace {
+
+using RepositoryParameters =
+    google::protobuf::Map<std::string, inference::ModelRepositoryParameter>;
+
+// Load takes no parameters (Triton's "config" and "file:..." overrides would change what loads:
+// Kiln reads REPO/<model>/config.yaml and the version folders); unload takes Triton's
+// unload_dependents (Kiln has no dependent models). Keys sorted, so the message is stable.
+absl::Status CheckRepositoryParameters(const RepositoryParameters& params, bool unload) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : params) keys.push_back(k);
+  std::sort(keys.begin(), keys.end());
+  for (const std::string& k : keys) {
+    if (unload && k == "unload_dependents") {
+      if (params.at(k).parameter_choice_case() != inference::ModelRepositoryParameter::kBoolParam)
+        return absl::InvalidArgumentError("parameters.unload_dependents: expected a bool_param");
+      continue;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameters.", k, ": not supported",
+                     unload ? " (only unload_dependents)"
+                            : " (a load reads REPO/<model>/config.yaml and its version folders)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 class GrpcServer::Service final : public RawService {
  public:
@@ -193,7 +227,123 @@ class GrpcServer::Service final : public RawService {
     return reactor;
   }
 
+  // The model-repository extension, over the same ModelRepository as REST's /v2/repository/*.
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
+                                            const grpc::ByteBuffer* bytes,
+                                            grpc::ByteBuffer* out) override {
+    inference::RepositoryIndexRequest req;
+    if (absl::Status p = ParseRequest(bytes, &req); !p.ok())
+      return Reply(ctx, "RepositoryIndex", ToGrpc(p));
+    absl::StatusOr<ModelRepository*> repo = Repository(req.repository_name());
+    if (!repo.ok()) return Reply(ctx, "RepositoryIndex", ToGrpc(repo.status()));
+    inference::RepositoryIndexResponse resp;
+    for (const ModelRepository::IndexEntry& e : (*repo)->Index(req.ready())) {
+      inference::RepositoryIndexResponse::ModelIndex* m = resp.add_models();
+      m->set_name(e.name);
+      m->set_version(e.version);
+      m->set_state(e.state);
+      m->set_reason(e.reason);
+    }
+    Serialize(resp, out);
+    return Reply(ctx, "RepositoryIndex", grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* ctx,
+                                                const grpc::ByteBuffer* bytes,
+                                                grpc::ByteBuffer* out) override {
+    inference::RepositoryModelLoadRequest req;
+    return LoadOrUnload<inference::RepositoryModelLoadResponse>(ctx, bytes, out, &req, false);
+  }
+
+  grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext* ctx,
+                                                  const grpc::ByteBuffer* bytes,
+                                                  grpc::ByteBuffer* out) override {
+    inference::RepositoryModelUnloadRequest req;
+    return LoadOrUnload<inference::RepositoryModelUnloadResponse>(ctx, bytes, out, &req, true);
+  }
+
+  // Waits for the loads and unloads still running (after the server stopped taking calls).
+  void JoinJobs() {
+    std::list<Job> jobs;
+    {
+      std::lock_guard<std::mutex> lock(jobs_mu_);
+      jobs.swap(jobs_);
+    }
+    for (Job& j : jobs) j.thread.join();
+  }
+  ~Service() override { JoinJobs(); }
+
  private:
+  // The server's repository, if `name` is empty or names it (its folder as given, or the
+  // folder's last component): FailedPrecondition without one, NotFound for another name.
+  absl::StatusOr<ModelRepository*> Repository(const std::string& name) {
+    ModelRepository* repo = server_->repository();
+    if (repo == nullptr)
+      return absl::FailedPreconditionError(
+          "this server has no model repository (--model-repository)");
+    std::string root = repo->root();
+    while (root.size() > 1 && root.back() == '/') root.pop_back();
+    const std::string base = root.substr(root.find_last_of('/') + 1);
+    if (!name.empty() && name != repo->root() && name != root && name != base)
+      return absl::NotFoundError(absl::StrCat("unknown repository '", name,
+                                              "' (this server serves one: ", repo->root(), ")"));
+    return repo;
+  }
+
+  // Load and unload compile or stop models (seconds), so they run on a thread of their own and
+  // answer from there; no gRPC thread waits. Unknown models are NOT_FOUND; a load that fails
+  // for its files or config is FAILED_PRECONDITION (the versions serving keep serving).
+  template <typename Response, typename Request>
+  grpc::ServerUnaryReactor* LoadOrUnload(grpc::CallbackServerContext* ctx,
+                                         const grpc::ByteBuffer* bytes, grpc::ByteBuffer* out,
+                                         Request* req, bool unload) {
+    const char* method = unload ? "RepositoryModelUnload" : "RepositoryModelLoad";
+    const int64_t start_us = RealClock::Get()->NowMicros();
+    if (absl::Status p = ParseRequest(bytes, req); !p.ok()) return Reply(ctx, method, ToGrpc(p));
+    InferenceServer::LogEntry log;
+    log.model = req->model_name();
+    absl::StatusOr<ModelRepository*> repo = Repository(req->repository_name());
+    if (!repo.ok()) return Reply(ctx, method, ToGrpc(repo.status()), start_us, log);
+    if (req->model_name().empty())
+      return Reply(ctx, method, ToGrpc(absl::InvalidArgumentError("model_name: missing")), start_us,
+                   log);
+    if (absl::Status p = CheckRepositoryParameters(req->parameters(), unload); !p.ok())
+      return Reply(ctx, method, ToGrpc(p), start_us, log);
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    ReapJobs();
+    Job& job = jobs_.emplace_back();
+    std::atomic<bool>* done = &job.done;
+    job.thread = std::thread([this, ctx, reactor, out, method, start_us, unload, done,
+                              model = req->model_name(), log = std::move(log),
+                              repository = *repo]() mutable {
+      absl::Status s = unload ? repository->Unload(model) : repository->Load(model);
+      if (!s.ok() && s.code() != absl::StatusCode::kNotFound)
+        s = absl::FailedPreconditionError(s.message());
+      if (s.ok()) Serialize(Response(), out);
+      grpc::Status g = ToGrpc(s);
+      Finished(ctx, method, g, start_us, std::move(log));
+      reactor->Finish(std::move(g));
+      done->store(true);
+    });
+    return reactor;
+  }
+
+  struct Job {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  void ReapJobs() {  // under jobs_mu_: joins the jobs that have answered
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      if (it->done.load()) {
+        it->thread.join();
+        it = jobs_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
   // Counts the call and writes its access-log line (remote from `ctx` unless already set).
   void Finished(grpc::CallbackServerContext* ctx, const char* method, const grpc::Status& s,
                 int64_t start_us, InferenceServer::LogEntry log) {
@@ -217,6 +367,8 @@ class GrpcServer::Service final : public RawService {
   }
 
   InferenceServer* const server_;
+  std::mutex jobs_mu_;
+  std::list<Job> jobs_;  // repository loads and unloads, running or answered
 };
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(InferenceServer* server,
@@ -264,6 +416,7 @@ void GrpcServer::Drain(int64_t drain_ms) {
   if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(drain_ms));
   server_->Wait();
+  service_->JoinJobs();
 }
 
 }  // namespace kiln::serve

@@ -1,6 +1,8 @@
 // The Open Inference Protocol's gRPC service, `inference.GRPCInferenceService`
 // (proto/inference.proto: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
-// ModelInfer), on its own port beside an InferenceServer's REST endpoints. It serves the same
+// ModelInfer, and the model-repository extension's RepositoryIndex, RepositoryModelLoad and
+// RepositoryModelUnload over the server's ModelRepository, as REST's /v2/repository/*), on its
+// own port beside an InferenceServer's REST endpoints. It serves the same
 // registry through the same inference path (InferenceServer::SubmitInfer: one batcher, one set
 // of model metrics), on gRPC's callback API so that no gRPC thread waits for a batch. Also the
 // standard health service `grpc.health.v1.Health`, NOT_SERVING once draining.
@@ -14,9 +16,10 @@
 // Errors map to gRPC codes as absl's codes do (they are the same numbers): INVALID_ARGUMENT
 // naming the field, NOT_FOUND for an unknown model or version, UNAVAILABLE for a full queue, a
 // queue timeout or a server shutting down, RESOURCE_EXHAUSTED for an input over
-// ServerOptions::max_input_elements or a message over max_message_bytes; INTERNAL only for a
-// broken invariant. Requests are counted in /metrics as kiln_grpc_requests_total{method,code}
-// and, for ModelInfer, in the model's kiln_inference_* metrics with the REST requests.
+// ServerOptions::max_input_elements or a message over max_message_bytes; FAILED_PRECONDITION for
+// a repository load that failed (or no repository); INTERNAL only for a broken invariant.
+// Requests are counted in /metrics as kiln_grpc_requests_total{method,code} and, for
+// ModelInfer, in the model's kiln_inference_* metrics with the REST requests.
 #ifndef KILN_SERVE_GRPC_SERVER_H_
 #define KILN_SERVE_GRPC_SERVER_H_
 

@@ -4,7 +4,6 @@
 // REST requests batched together in one batch, metrics, and a drain that answers a queued call.
 #include "kiln/serve/grpc_server.h"
 
-#include <google/protobuf/stubs/logging.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -12,6 +11,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -572,6 +573,141 @@ TEST_F(GrpcServerTest, ShutdownAnswersAQueuedCallThenRefuses) {
   EXPECT_FALSE(stub_->ServerLive(ctx2.get(), {}, &live).ok());
 }
 
+// The repository RPCs over the same ModelRepository as REST's /v2/repository/*: the index equals
+// REST's, a reload picks up a new version, a failed reload keeps the old one serving, unload,
+// and the errors (unknown model or repository, parameters, no repository at all).
+TEST_F(GrpcServerTest, RepositoryIndexLoadAndUnload) {
+  const std::string repo = test_support::MakeTempDir("grpc_repo");
+  ASSERT_TRUE(testing::WriteTestMlp(repo + "/mlp/1").ok());
+  std::filesystem::create_directories(repo + "/broken/1");  // no manifest.json
+  ServerOptions o;
+  o.server_version = "test";
+  InferenceServer server(o);
+  ModelConfig defaults;
+  defaults.batching.max_batch_size = 4;
+  ModelRepository repository(repo, defaults, backend_.get(), &server.registry());
+  ASSERT_TRUE(repository.LoadAll().ok());
+  server.set_repository(&repository);
+  ASSERT_TRUE(server.Start().ok());
+  auto grpc = GrpcServer::Start(&server, GrpcServerOptions{});
+  ASSERT_TRUE(grpc.ok()) << grpc.status();
+  auto stub = inference::GRPCInferenceService::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*grpc)->port()), grpc::InsecureChannelCredentials()));
+  auto index = [&](bool ready, const std::string& repository_name = "") {
+    inference::RepositoryIndexRequest q;
+    q.set_ready(ready);
+    q.set_repository_name(repository_name);
+    inference::RepositoryIndexResponse r;
+    auto ctx = Context();
+    grpc::Status s = stub->RepositoryIndex(ctx.get(), q, &r);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    std::string text;  // name/version/state per entry
+    for (const auto& m : r.models())
+      absl::StrAppend(&text, m.name(), "/", m.version(), "/", m.state(),
+                      m.reason().empty() ? "" : "!", " ");
+    return std::make_pair(text, r);
+  };
+  auto load = [&](const std::string& model, bool unload,
+                  const std::map<std::string, std::string>& params = {}) {
+    inference::RepositoryModelLoadRequest q;
+    q.set_model_name(model);
+    for (const auto& [k, v] : params) (*q.mutable_parameters())[k].set_string_param(v);
+    auto ctx = Context();
+    if (!unload) {
+      inference::RepositoryModelLoadResponse r;
+      return stub->RepositoryModelLoad(ctx.get(), q, &r);
+    }
+    inference::RepositoryModelUnloadRequest u;
+    u.set_model_name(model);
+    for (const auto& [k, v] : params) (*u.mutable_parameters())[k].set_bool_param(v == "true");
+    inference::RepositoryModelUnloadResponse r;
+    return stub->RepositoryModelUnload(ctx.get(), u, &r);
+  };
+  auto infer_version = [&]() -> std::string {
+    inference::ModelInferResponse r;
+    auto ctx = Context();
+    grpc::Status s = stub->ModelInfer(ctx.get(), Request("mlp", kRows, false), &r);
+    return s.ok() ? r.model_version() : "error: " + s.error_message();
+  };
+
+  auto [text, full] = index(false);
+  EXPECT_EQ(text, "broken//UNAVAILABLE! mlp/1/READY ");
+  EXPECT_NE(full.models(0).reason().find("manifest.json"), std::string::npos)
+      << full.models(0).reason();
+  EXPECT_EQ(index(true).first, "mlp/1/READY ");
+  EXPECT_EQ(index(true, repo).first, "mlp/1/READY ");
+  // The same index as REST's.
+  json rest = json::parse(
+      testing::TestClient(server.port()).Send("POST", "/v2/repository/index", "{}").body);
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_EQ(rest[0]["reason"], full.models(0).reason());
+  EXPECT_EQ(rest[1]["version"], "1");
+
+  // A new version: the reload serves it (latest 1).
+  ASSERT_TRUE(testing::WriteTestMlp(repo + "/mlp/2").ok());
+  grpc::Status s = load("mlp", false);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(index(false).first, "broken//UNAVAILABLE! mlp/2/READY ");
+  EXPECT_EQ(infer_version(), "2");
+  // A broken newer version: the reload fails naming it, version 2 keeps serving.
+  std::filesystem::create_directories(repo + "/mlp/3");
+  s = load("mlp", false);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("mlp/3"), std::string::npos) << s.error_message();
+  EXPECT_EQ(index(true).first, "mlp/2/READY ");
+  EXPECT_EQ(infer_version(), "2");
+  std::filesystem::remove_all(repo + "/mlp/3");
+
+  // Errors.
+  s = load("nope", false);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), absl::StrCat("no model 'nope' in repository ", repo));
+  s = load("", false);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "model_name: missing");
+  s = load("mlp", false, {{"config", "{}"}});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            "parameters.config: not supported (a load reads REPO/<model>/config.yaml and its "
+            "version folders)");
+  {
+    inference::RepositoryIndexRequest q;
+    q.set_repository_name("elsewhere");
+    inference::RepositoryIndexResponse r;
+    auto ctx = Context();
+    s = stub->RepositoryIndex(ctx.get(), q, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(s.error_message(),
+              absl::StrCat("unknown repository 'elsewhere' (this server serves one: ", repo, ")"));
+  }
+
+  // Unload (unload_dependents is accepted: Kiln has no dependent models), then again.
+  s = load("mlp", true, {{"unload_dependents", "true"}});
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(infer_version(), "error: unknown model 'mlp'");
+  auto [after, after_full] = index(false);
+  EXPECT_EQ(after, "broken//UNAVAILABLE! mlp//UNAVAILABLE! ");
+  EXPECT_EQ(after_full.models(1).reason(), "not loaded");
+  s = load("mlp", true);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), "model 'mlp' is not loaded");
+  const std::string metrics = testing::TestClient(server.port()).Send("GET", "/metrics").body;
+  EXPECT_NE(
+      metrics.find(
+          R"(kiln_grpc_requests_total{method="RepositoryModelLoad",code="FAILED_PRECONDITION"} 1)"),
+      std::string::npos)
+      << metrics;
+  server.Shutdown(2000);
+  grpc->reset();
+
+  // The fixture's server has no repository.
+  inference::RepositoryIndexResponse r;
+  auto ctx = Context();
+  s = stub_->RepositoryIndex(ctx.get(), {}, &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message(), "this server has no model repository (--model-repository)");
+}
+
 TEST_F(GrpcServerTest, SecondServerOnTheSamePortFails) {
   GrpcServerOptions g;
   g.port = grpc_->port();
@@ -579,143 +715,6 @@ TEST_F(GrpcServerTest, SecondServerOnTheSamePortFails) {
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.status().message().find(absl::StrCat("127.0.0.1:", g.port)), std::string::npos)
       << again.status();
-}
-
-// Random and mutated bytes that parse as a ModelInferRequest: the conversion answers OK,
-// InvalidArgument or ResourceExhausted, and never crashes (run once under ASan, docs/serving.md).
-TEST(GrpcConvertTest, MutatedMessagesAreRejectedCleanly) {
-  inference::ModelInferRequest base = Request("mlp", kRows, false);
-  inference::ModelInferRequest raw = Request("mlp", kRows, true);
-  (*raw.mutable_parameters())["priority"].set_int64_param(1);
-  raw.add_outputs()->set_name("logits");
-  const std::string seeds[] = {base.SerializeAsString(), raw.SerializeAsString()};
-  std::mt19937 rng(7);
-  int parsed = 0, accepted = 0;
-  google::protobuf::LogSilencer quiet;  // protobuf logs every string field that is not UTF-8
-  for (int i = 0; i < 20000; ++i) {
-    std::string bytes = seeds[i % 2];
-    const int edits = 1 + rng() % 4;
-    for (int e = 0; e < edits && !bytes.empty(); ++e) {
-      const size_t at = rng() % bytes.size();
-      switch (rng() % 3) {
-        case 0:
-          bytes[at] = static_cast<char>(rng());
-          break;
-        case 1:
-          bytes.erase(at, 1 + rng() % 8);
-          break;
-        default:
-          bytes.insert(at, 1, static_cast<char>(rng()));
-      }
-    }
-    inference::ModelInferRequest req;
-    if (!req.ParseFromString(bytes)) continue;
-    ++parsed;
-    bool raw_out = false;
-    absl::StatusOr<InferBody> body = InferBodyFromProto(req, 1 << 16, &raw_out);
-    if (body.ok()) {
-      ++accepted;
-      continue;
-    }
-    ASSERT_TRUE(body.status().code() == absl::StatusCode::kInvalidArgument ||
-                body.status().code() == absl::StatusCode::kResourceExhausted)
-        << body.status();
-  }
-  EXPECT_GT(parsed, 1000);  // about 8% of the mutations still parse
-  EXPECT_GT(accepted, 0);
-}
-
-// The conversions alone, on every datatype (the served test model only takes FP32).
-TEST(GrpcConvertTest, EveryDatatypeTypedAndRaw) {
-  struct Case {
-    const char* datatype;
-    std::function<void(inference::InferTensorContents*)> fill;  // 3 values
-    std::vector<double> want;
-  };
-  const std::vector<Case> cases = {
-      {"FP32",
-       [](auto* c) {
-         c->add_fp32_contents(1.5f), c->add_fp32_contents(-2), c->add_fp32_contents(0);
-       },
-       {1.5, -2, 0}},
-      {"FP64",
-       [](auto* c) {
-         c->add_fp64_contents(0.1), c->add_fp64_contents(2), c->add_fp64_contents(-3);
-       },
-       {0.1, 2, -3}},
-      {"INT8",
-       [](auto* c) { c->add_int_contents(-128), c->add_int_contents(127), c->add_int_contents(0); },
-       {-128, 127, 0}},
-      {"INT32",
-       [](auto* c) { c->add_int_contents(-70000), c->add_int_contents(5), c->add_int_contents(1); },
-       {-70000, 5, 1}},
-      {"INT64",
-       [](auto* c) {
-         c->add_int64_contents(int64_t{1} << 40), c->add_int64_contents(-1),
-             c->add_int64_contents(2);
-       },
-       {double(int64_t{1} << 40), -1, 2}},
-      {"UINT8",
-       [](auto* c) { c->add_uint_contents(255), c->add_uint_contents(0), c->add_uint_contents(7); },
-       {255, 0, 7}},
-      {"BOOL",
-       [](auto* c) {
-         c->add_bool_contents(true), c->add_bool_contents(false), c->add_bool_contents(true);
-       },
-       {1, 0, 1}},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.datatype);
-    inference::ModelInferRequest req;
-    auto* in = req.add_inputs();
-    in->set_name("t");
-    in->set_datatype(c.datatype);
-    in->add_shape(3);
-    c.fill(in->mutable_contents());
-    bool raw = true;
-    auto body = InferBodyFromProto(req, 100, &raw);
-    ASSERT_TRUE(body.ok()) << body.status();
-    EXPECT_FALSE(raw);
-    const Tensor& t = body->inputs[0].tensor;
-    ASSERT_EQ(t.num_elements(), 3);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(t.GetDouble(i), c.want[i]) << i;
-    // Back out, typed and raw: the same tensor, bit for bit.
-    for (bool raw_out : {false, true}) {
-      inference::ModelInferResponse resp;
-      FillInferResponse("m", "1", "", {{"t", t, false}}, raw_out, &resp);
-      EXPECT_EQ(resp.raw_output_contents_size(), raw_out ? 1 : 0);
-      EXPECT_EQ(resp.outputs(0).datatype(), c.datatype);
-      auto back = TensorFromOutput(resp, 0);
-      ASSERT_TRUE(back.ok()) << back.status();
-      EXPECT_TRUE(back->BitwiseEquals(t));
-    }
-  }
-  // Out of range for the datatype, and FP16 (raw only) sent typed, and answered raw regardless.
-  inference::ModelInferRequest req;
-  auto* in = req.add_inputs();
-  in->set_name("t");
-  in->set_datatype("UINT8");
-  in->add_shape(1);
-  in->mutable_contents()->add_uint_contents(256);
-  bool raw = false;
-  auto body = InferBodyFromProto(req, 100, &raw);
-  EXPECT_EQ(body.status().message(),
-            "inputs[0].contents.uint_contents: element 0 (256) is outside [0, 255] of UINT8");
-  in->set_datatype("FP16");
-  in->mutable_contents()->clear_uint_contents();
-  in->mutable_contents()->add_fp32_contents(1);
-  body = InferBodyFromProto(req, 100, &raw);
-  EXPECT_EQ(body.status().message(),
-            "inputs[0].contents: FP16 has no typed contents: send its bytes in raw_input_contents");
-  in->clear_contents();
-  req.add_raw_input_contents(std::string("\x00\x3c", 2));  // 1.0 in FP16
-  body = InferBodyFromProto(req, 100, &raw);
-  ASSERT_TRUE(body.ok()) << body.status();
-  EXPECT_TRUE(raw);
-  EXPECT_EQ(body->inputs[0].tensor.GetDouble(0), 1.0);
-  inference::ModelInferResponse resp;
-  FillInferResponse("m", "1", "", {{"t", body->inputs[0].tensor, false}}, false, &resp);
-  EXPECT_EQ(resp.raw_output_contents_size(), 1);  // FP16 has no typed field
 }
 
 }  // namespace

@@ -52,6 +52,17 @@ struct HttpServer::Impl {
 
 namespace {
 
+// A request Beast could not parse (bad method, target, version, header field, Content-Length or
+// chunk): the client's error, answered 400 before closing. The stream ending, stalling or
+// breaking off mid-request is not (the connection just closes).
+bool IsMalformed(const beast::error_code& ec) {
+  if (ec.category() != http::make_error_code(http::error::bad_method).category()) return false;
+  return ec != http::error::end_of_stream && ec != http::error::partial_message &&
+         ec != http::error::need_more && ec != http::error::need_buffer &&
+         ec != http::error::end_of_chunk && ec != http::error::buffer_overflow &&
+         ec != http::error::stale_parser;
+}
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpServer::Impl* impl) : stream_(std::move(socket)), impl_(impl) {
@@ -112,6 +123,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnHeader(beast::error_code ec, size_t) {
     if (ec == http::error::body_limit) return Refuse(413, "request body too large");
     if (ec == http::error::header_limit) return Refuse(431, "request header too large");
+    if (IsMalformed(ec)) return Refuse(400, "malformed HTTP request: " + ec.message());
     if (ec) return Close();  // end of stream, timeout, reset
     Begin();
     auto& req = parser_->get();
@@ -138,6 +150,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void OnBody(beast::error_code ec, size_t) {
     if (ec == http::error::body_limit) return Refuse(413, "request body too large");
+    if (IsMalformed(ec)) return Refuse(400, "malformed HTTP request: " + ec.message());
     if (ec) return Close();
     auto& req = parser_->get();
     HttpRequest r;

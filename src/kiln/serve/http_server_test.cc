@@ -1,5 +1,5 @@
 // The HTTP layer alone over 127.0.0.1: timeouts (idle, slow request), header limit, 100-continue,
-// pipelining, the connection limit, draining on shutdown.
+// pipelining, 400 for malformed requests, the connection limit, draining on shutdown.
 #include "kiln/serve/http_server.h"
 
 #include <atomic>
@@ -80,6 +80,20 @@ TEST(HttpServerTest, HeaderLimitContinueAndPipelining) {
     ASSERT_NE(c3, std::string::npos) << got;
     EXPECT_LT(a, b);
     EXPECT_LT(b, c3);
+  }
+}
+
+// What Beast cannot parse is answered 400 naming why, then the connection closes.
+TEST(HttpServerTest, MalformedRequestsGet400) {
+  auto s = StartEcho(HttpServerOptions{});
+  for (const char* bad : {"G\x01T /a HTTP/1.1\r\nHost: a\r\n\r\n",
+                          "POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
+                          "POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          "zz\r\n"}) {
+    TestClient c(s->port());
+    std::string got = c.SendRaw(bad);
+    EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got;
+    EXPECT_NE(got.find("malformed HTTP request: "), std::string::npos) << got;
   }
 }
 

@@ -224,7 +224,10 @@ absl::Status ModelRepository::LoadAll() {
 
 absl::Status ModelRepository::Load(const std::string& name) {
   std::lock_guard<std::mutex> load_lock(load_mu_);
+  // The model is there but does not load: NotFound only ever means "no such model" (a missing
+  // file or version folder inside it is the model's problem, FailedPrecondition).
   auto fail = [&](absl::Status s) {
+    if (s.code() == absl::StatusCode::kNotFound) s = absl::FailedPreconditionError(s.message());
     std::lock_guard<std::mutex> lock(mu_);
     failures_[name] = std::string(s.message());
     return s;
@@ -289,11 +292,13 @@ absl::Status ModelRepository::Unload(const std::string& name) {
     return absl::NotFoundError(absl::StrCat("model '", name, "' is not loaded"));
   for (const std::string& v : versions)
     if (auto m = registry_->Remove(name, v)) m->Stop();
+  std::lock_guard<std::mutex> lock(mu_);
+  failures_.erase(name);  // the index says "not loaded", not an earlier reload's failure
   return absl::OkStatus();
 }
 
-std::string ModelRepository::IndexJson(bool ready_only) const {
-  std::vector<std::string> entries;
+std::vector<ModelRepository::IndexEntry> ModelRepository::Index(bool ready_only) const {
+  std::vector<IndexEntry> entries;
   absl::StatusOr<std::vector<std::string>> names = ModelNames();
   std::set<std::string> all;
   if (names.ok()) all.insert(names->begin(), names->end());
@@ -301,25 +306,34 @@ std::string ModelRepository::IndexJson(bool ready_only) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& n : all) {
     std::vector<std::string> versions = registry_->Versions(n);
-    for (const std::string& v : versions) {
-      std::string e = "{\"name\":";
-      AppendJsonString(n, &e);
-      e += ",\"version\":";
-      AppendJsonString(v, &e);
-      e += ",\"state\":\"READY\"}";
-      entries.push_back(e);
-    }
+    for (const std::string& v : versions) entries.push_back({n, v, "READY", ""});
     if (versions.empty() && !ready_only) {
-      std::string e = "{\"name\":";
-      AppendJsonString(n, &e);
       auto f = failures_.find(n);
-      e += ",\"state\":\"UNAVAILABLE\",\"reason\":";
-      AppendJsonString(f != failures_.end() ? f->second : "not loaded", &e);
-      e += "}";
-      entries.push_back(e);
+      entries.push_back({n, "", "UNAVAILABLE", f != failures_.end() ? f->second : "not loaded"});
     }
   }
-  return "[" + absl::StrJoin(entries, ",") + "]";
+  return entries;
+}
+
+std::string ModelRepository::IndexJson(bool ready_only) const {
+  std::vector<std::string> out;
+  for (const IndexEntry& e : Index(ready_only)) {
+    std::string j = "{\"name\":";
+    AppendJsonString(e.name, &j);
+    if (!e.version.empty()) {
+      j += ",\"version\":";
+      AppendJsonString(e.version, &j);
+    }
+    j += ",\"state\":";
+    AppendJsonString(e.state, &j);
+    if (!e.reason.empty()) {
+      j += ",\"reason\":";
+      AppendJsonString(e.reason, &j);
+    }
+    j += "}";
+    out.push_back(std::move(j));
+  }
+  return "[" + absl::StrJoin(out, ",") + "]";
 }
 
 }  // namespace kiln::serve

@@ -72,12 +72,22 @@ class ModelRepository {
   // NotFound when `root` is not a folder.
   absl::Status LoadAll();
   // Loads (or reloads) one model: its config and the versions its policy selects. On any error
-  // nothing changes (the versions serving keep serving).
+  // nothing changes (the versions serving keep serving). NotFound: no such model folder;
+  // InvalidArgument: a bad config.yaml; else (a version that does not load, none selected) the
+  // version's error, FailedPrecondition where that was NotFound (a missing file).
   absl::Status Load(const std::string& name);
   absl::Status Unload(const std::string& name);
-  // The repository index: [{"name", "version", "state", "reason"}] for models and versions
-  // found on disk or loaded.
+  // One row of the repository index: a loaded version (READY), or a model found on disk with
+  // no version loaded (UNAVAILABLE, version empty, with the reason).
+  struct IndexEntry {
+    std::string name, version, state, reason;
+  };
+  // Models and versions found on disk or loaded, by name then version; `ready_only`: READY only.
+  // REST's /v2/repository/index and gRPC's RepositoryIndex both answer this.
+  std::vector<IndexEntry> Index(bool ready_only) const;
+  // Index() as JSON: [{"name", "version", "state"} | {"name", "state", "reason"}].
   std::string IndexJson(bool ready_only) const;
+  const std::string& root() const { return root_; }
   // The folder names under root.
   absl::StatusOr<std::vector<std::string>> ModelNames() const;
 

@@ -77,6 +77,30 @@ HttpResponse InferenceServer::ErrorResponse(const absl::Status& s) {
 
 namespace {
 
+// RFC 3986 percent-decoding of one path segment ("my%20model" -> "my model"); false for a '%'
+// not followed by two hex digits.
+bool PercentDecode(std::string_view in, std::string* out) {
+  out->clear();
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out->push_back(in[i]);
+      continue;
+    }
+    const int hi = i + 2 < in.size() ? hex(in[i + 1]) : -1;
+    const int lo = i + 2 < in.size() ? hex(in[i + 2]) : -1;
+    if (hi < 0 || lo < 0) return false;
+    out->push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  return true;
+}
+
 std::string UtcNow() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
@@ -207,7 +231,16 @@ void InferenceServer::Handle(HttpRequest req, HttpReplier reply) {
   std::string_view path = req.target;
   if (size_t q = path.find('?'); q != std::string_view::npos) path = path.substr(0, q);
   call.path = std::string(path);
-  std::vector<std::string> parts = absl::StrSplit(call.path, '/', absl::SkipEmpty());
+  // Split first, then decode each segment: an escaped '/' (%2F) stays inside its segment.
+  std::vector<std::string> parts;
+  for (absl::string_view piece : absl::StrSplit(call.path, '/', absl::SkipEmpty())) {
+    const std::string segment(piece.data(), piece.size());
+    if (!PercentDecode(segment, &parts.emplace_back()))
+      return Finish(call,
+                    Error(400, absl::StrCat("path: '", segment,
+                                            "' has a '%' not followed by two hex digits")),
+                    reply);
+  }
   Route(parts, req, call, reply);
 }
 

@@ -79,6 +79,7 @@ class InferenceServer {
   ServerMetrics& metrics() { return metrics_; }
   // Enables /v2/repository/... (must outlive the server).
   void set_repository(ModelRepository* repo) { repository_ = repo; }
+  ModelRepository* repository() const { return repository_; }  // null: none
 
   const ServerOptions& options() const { return options_; }
   // Borrowed (must outlive the server or be removed by Shutdown first): drained by Shutdown

@@ -187,6 +187,21 @@ TEST_F(ServerTest, ErrorsNameWhatWasWrong) {
   EXPECT_EQ(c.Send("GET", "/v2/health/live").status, 200);
 }
 
+// Path segments are percent-decoded after splitting: an escaped '/' stays in the model name.
+TEST_F(ServerTest, PercentEncodedPathSegmentsAreDecoded) {
+  TestClient c(port_);
+  EXPECT_EQ(c.Send("GET", "/v2/models/ml%70/ready").status, 200);
+  EXPECT_EQ(c.Send("GET", "/v2/models/%6Dlp/versions/%31").status, 200);
+  auto r = c.Send("GET", "/v2/models/ml%2Fp");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_NE(r.body.find("unknown model 'ml/p'"), std::string::npos) << r.body;
+  for (const char* bad : {"/v2/models/m%zzp", "/v2/models/mlp%", "/v2/models/mlp%4"}) {
+    r = c.Send("GET", bad);
+    EXPECT_EQ(r.status, 400) << bad;
+    EXPECT_NE(r.body.find("has a '%' not followed by two hex digits"), std::string::npos) << r.body;
+  }
+}
+
 TEST_F(ServerTest, BodyOverTheLimitIs413) {
   TestClient c(port_);
   std::string big(300 << 10, ' ');
