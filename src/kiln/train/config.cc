@@ -175,22 +175,31 @@ absl::Status InitFromFromYaml(Section& top, InitFromConfig* c) {
   return s.CheckMapAndUnknown();
 }
 
-// data.prefetch: `auto` (-1) or a number of batches.
-absl::Status PrefetchFromYaml(YAML::Node node, int* out) {
-  if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
+// A key that is `auto` (-1 in *out) or an integer number of `unit`: true when a number was
+// read (its range is the caller's to check); an absent or null key leaves *out unchanged.
+absl::StatusOr<bool> AutoOrIntFromYaml(YAML::Node node, const char* key, const char* unit,
+                                       int* out) {
+  if (!node.IsDefined() || node.IsNull()) return false;
   if (node.IsScalar() && node.Scalar() == "auto") {
     *out = -1;
-    return absl::OkStatus();
+    return false;
   }
   try {
     *out = node.as<int>();
   } catch (const std::exception&) {
     YAML::Emitter e;
     e << YAML::Flow << node;
-    return KeyError("data.prefetch",
-                    absl::StrCat("expected auto or a number of batches, got '", e.c_str(), "'"));
+    return KeyError(key,
+                    absl::StrCat("expected auto or a number of ", unit, ", got '", e.c_str(), "'"));
   }
-  if (*out < 0) {
+  return true;
+}
+
+// data.prefetch: `auto` (-1) or a number of batches.
+absl::Status PrefetchFromYaml(YAML::Node node, int* out) {
+  KILN_ASSIGN_OR_RETURN(const bool number,
+                        AutoOrIntFromYaml(node, "data.prefetch", "batches", out));
+  if (number && *out < 0) {
     return KeyError("data.prefetch", absl::StrCat("must be auto or >= 0, got ", *out));
   }
   return absl::OkStatus();
@@ -198,20 +207,8 @@ absl::Status PrefetchFromYaml(YAML::Node node, int* out) {
 
 // data.workers: `auto` (-1) or a number of threads, 1..64.
 absl::Status WorkersFromYaml(YAML::Node node, int* out) {
-  if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
-  if (node.IsScalar() && node.Scalar() == "auto") {
-    *out = -1;
-    return absl::OkStatus();
-  }
-  try {
-    *out = node.as<int>();
-  } catch (const std::exception&) {
-    YAML::Emitter e;
-    e << YAML::Flow << node;
-    return KeyError("data.workers",
-                    absl::StrCat("expected auto or a number of threads, got '", e.c_str(), "'"));
-  }
-  if (*out < 1 || *out > 64) {
+  KILN_ASSIGN_OR_RETURN(const bool number, AutoOrIntFromYaml(node, "data.workers", "threads", out));
+  if (number && (*out < 1 || *out > 64)) {
     return KeyError("data.workers", absl::StrCat("must be auto or in [1, 64], got ", *out));
   }
   return absl::OkStatus();
