@@ -56,19 +56,61 @@ dnnl::memory::desc Any(const std::vector<int64_t>& dims, dt t) {
 // convolutions of 16 and 32 channels on 8x8 and 4x4 maps took 0.55-0.95x the time, and at 64 and
 // 128 channels neither won. A first layer (fewer than 16 input channels) reads the plain NCHW
 // input directly and writes the blocked layout: 0.3x the time (1 -> 16 channels, 8x8), and the
-// convolution alone 0.3x at 3 -> 64 channels on 32x32. None for other dtypes or grouped ones.
+// convolution alone 0.3x at 3 -> 64 channels on 32x32. An input already held in nChw16c
+// (AssignBlockedLayouts) is read as it is at any width. None for other dtypes or grouped ones.
 std::vector<std::pair<dnnl::memory::desc, dnnl::memory::desc>> PreferredConvLayouts(
-    const ir::Node& n, const ConvGeometry& g, dt compute) {
+    const ir::Node& n, const ConvGeometry& g, dt compute, bool src_blocked) {
   std::vector<std::pair<dnnl::memory::desc, dnnl::memory::desc>> out;
   if (compute != dt::f32 || n.attr_int("groups") != 1 || g.src.size() != 4) return out;
   const int64_t ic = g.src[1], oc = g.dst[1];
-  if (ic < 16) {
+  const dnnl::memory::desc src16(g.src, compute, tag::nChw16c);
+  if (src_blocked && ic % 16 == 0) {
+    if (oc % 16 == 0) out.push_back({src16, dnnl::memory::desc(g.dst, compute, tag::nChw16c)});
+    out.push_back({src16, Any(g.dst, compute)});
+  } else if (ic < 16) {
     out.push_back({PlainDesc(g.src, compute), Any(g.dst, compute)});
   } else if (ic % 16 == 0 && oc % 16 == 0 && ic <= 32 && oc <= 32) {
-    out.push_back({dnnl::memory::desc(g.src, compute, tag::nChw16c),
-                   dnnl::memory::desc(g.dst, compute, tag::nChw16c)});
+    out.push_back({src16, dnnl::memory::desc(g.dst, compute, tag::nChw16c)});
   }
   return out;
+}
+
+// The forward (inference) convolution primitive for `n`: the preferred layouts first, each only
+// with oneDNN's direct jit kernel behind it (on these layouts its fallbacks are gemm or reference
+// kernels, several times slower), then oneDNN's own pick.
+absl::StatusOr<dnnl::convolution_forward::primitive_desc> ForwardConvPd(
+    const ir::Node& n, const ConvGeometry& g, dt compute, const dnnl::primitive_attr& attr,
+    const std::optional<dnnl::memory::desc>& bias, bool src_blocked, const dnnl::engine& eng) {
+  std::vector<std::pair<dnnl::memory::desc, dnnl::memory::desc>> layouts =
+      PreferredConvLayouts(n, g, compute, src_blocked);
+  layouts.push_back({Any(g.src, compute), Any(g.dst, compute)});
+  const auto wei_any = Any(g.wei, compute);
+  const auto alg = dnnl::algorithm::convolution_direct;
+  dnnl::convolution_forward::primitive_desc pd;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const bool last = i + 1 == layouts.size();
+    const auto& [src_md, dst_md] = layouts[i];
+    absl::Status made = DnnlStatus(n, [&] {
+      if (bias) {
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md, wei_any,
+                                          *bias, dst_md, g.strides, g.dilates, g.pad_l, g.pad_r);
+        pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
+      } else {
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md, wei_any,
+                                          dst_md, g.strides, g.dilates, g.pad_l, g.pad_r);
+        pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
+      }
+    });
+    if (last) KILN_RETURN_IF_ERROR(made);
+    if (made.ok() && (last || std::string(pd.impl_info_str()).rfind("jit:", 0) == 0)) break;
+  }
+  return pd;
+}
+
+bool IsNchw16c(const dnnl::memory::desc& md) {
+  const auto& dims = md.dims();
+  return dims.size() == 4 &&
+         md == dnnl::memory::desc(dims, static_cast<dt>(md.data.data_type), tag::nChw16c);
 }
 
 LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
@@ -113,31 +155,16 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
     }
     dnnl::memory::desc bias_user = PlainDesc({g.dst[1]}, user);
     // Activation layouts to ask for, best first (PreferredConvLayouts), then oneDNN's own pick.
-    std::vector<std::pair<dnnl::memory::desc, dnnl::memory::desc>> layouts =
-        PreferredConvLayouts(n, g, compute);
-    layouts.push_back({src_any, dst_any});
-    dnnl::convolution_forward::primitive_desc pd;
-    for (size_t i = 0; i < layouts.size(); ++i) {
-      const bool last = i + 1 == layouts.size();
-      const auto& [src_md, dst_md] = layouts[i];
-      absl::Status made = DnnlStatus(n, [&] {
-        if (has_bias) {
-          dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md,
-                                            wei_any, WithType(bias_user, compute), dst_md,
-                                            g.strides, g.dilates, g.pad_l, g.pad_r);
-          pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
-        } else {
-          dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md,
-                                            wei_any, dst_md, g.strides, g.dilates, g.pad_l,
-                                            g.pad_r);
-          pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
-        }
-      });
-      if (last) KILN_RETURN_IF_ERROR(made);
-      // A preferred layout counts only with oneDNN's direct jit kernel behind it (on these
-      // layouts its fallbacks are gemm or reference kernels, several times slower).
-      if (made.ok() && (last || std::string(pd.impl_info_str()).rfind("jit:", 0) == 0)) break;
-    }
+    // The node buffers' own layouts (row-major, or nChw16c where AssignBlockedLayouts kept them
+    // blocked) are what the reorders around the primitive convert from and to.
+    src_user = NodeDesc(lc, n.operand(0), g.src, user);
+    const int out_node = ep && ep->out >= 0 ? ep->out : n.id();
+    dst_user = NodeDesc(lc, out_node, g.dst, user);
+    KILN_ASSIGN_OR_RETURN(
+        dnnl::convolution_forward::primitive_desc pd,
+        ForwardConvPd(n, g, compute, attr,
+                      has_bias ? std::optional(WithType(bias_user, compute)) : std::nullopt,
+                      lc.is_blocked(n.operand(0)), eng));
     if (compute != dt::f32 && IsRefImpl(pd)) return Unimplemented(n, "reference bf16/f16 conv");
     b.NameImpl(pd);
     KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
@@ -151,7 +178,6 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
       KILN_ASSIGN_OR_RETURN(int bias, b.Input(ep->bias, bias_user, WithType(bias_user, compute)));
       args.push_back({DNNL_ARG_BIAS, bias});
     }
-    int out_node = ep && ep->out >= 0 ? ep->out : n.id();
     KILN_ASSIGN_OR_RETURN(int dst, b.Output(out_node, dst_user, pd.dst_desc()));
     args.push_back({DNNL_ARG_DST, dst});
     b.AddStepWithScratchpad(dnnl::convolution_forward(pd), std::move(args), pd.scratchpad_desc());
@@ -237,19 +263,75 @@ LowerResult LowerConvEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerCon
   return ConvWithType(conv, lc, dt::f32, &ep);
 }
 
-LowerResult LowerPool(const ir::Node& n, LowerContext& lc) {
-  DType t = n.type().dtype;
-  if (t != DType::kF32 && t != DType::kBF16) return UnsupportedDType(n, t);
+namespace {
+
+struct PoolGeometry {
+  std::vector<int64_t> kernel, strides, pad_l, pad_r;
+  dnnl::algorithm alg = dnnl::algorithm::pooling_max;
+};
+
+PoolGeometry MakePoolGeometry(const ir::Node& n) {
   const auto& window = n.attr_ints("window");
   const auto& st = n.attr_ints("strides");
   const auto& pad = n.attr_ints("padding");
-  std::vector<int64_t> kernel{window[0], window[1]}, strides{st[0], st[1]}, pad_l{pad[0], pad[2]},
-      pad_r{pad[1], pad[3]};
-  dnnl::algorithm alg = dnnl::algorithm::pooling_max;
+  PoolGeometry p{{window[0], window[1]}, {st[0], st[1]}, {pad[0], pad[2]}, {pad[1], pad[3]}};
   if (n.opcode() != Opcode::kMaxPool2d) {
-    alg = n.attr_int("count_include_pad") ? dnnl::algorithm::pooling_avg_include_padding
-                                          : dnnl::algorithm::pooling_avg_exclude_padding;
+    p.alg = n.attr_int("count_include_pad") ? dnnl::algorithm::pooling_avg_include_padding
+                                            : dnnl::algorithm::pooling_avg_exclude_padding;
   }
+  return p;
+}
+
+absl::StatusOr<dnnl::pooling_forward::primitive_desc> ForwardPoolPd(const ir::Node& n,
+                                                                    const PoolGeometry& p,
+                                                                    const dnnl::memory::desc& src,
+                                                                    const dnnl::memory::desc& dst,
+                                                                    const dnnl::engine& eng) {
+  dnnl::pooling_forward::primitive_desc pd;
+  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+    dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference, p.alg, src, dst, p.strides,
+                                  p.kernel, p.pad_l, p.pad_r);
+    pd = dnnl::pooling_forward::primitive_desc(d, DnnlThunkBuilder::Attr(), eng);
+  }));
+  return pd;
+}
+
+}  // namespace
+
+bool ConvWritesBlocked(const ir::Node& n, const LowerContext& lc) {
+  if (n.opcode() != Opcode::kConv2d || n.type().dtype != DType::kF32 || lc.options.prefer_loops)
+    return false;
+  for (int i = 0; i < 2; ++i)
+    if (lc.operand_type(n, i).dtype != DType::kF32) return false;
+  ConvGeometry g =
+      MakeConvGeometry(n, lc.operand_type(n, 0).shape, lc.operand_type(n, 1).shape, n.type().shape);
+  if (g.dst.size() != 4 || g.dst[1] % 16 != 0) return false;
+  auto pd = ForwardConvPd(n, g, dt::f32, DnnlThunkBuilder::Attr(), PlainDesc({g.dst[1]}, dt::f32),
+                          /*src_blocked=*/false, lc.cpu->engine());
+  return pd.ok() && IsNchw16c(pd->dst_desc());
+}
+
+bool PoolRunsBlocked(const ir::Node& n, const LowerContext& lc) {
+  if ((n.opcode() != Opcode::kMaxPool2d && n.opcode() != Opcode::kAvgPool2d) ||
+      n.type().dtype != DType::kF32 || lc.options.prefer_loops || n.type().shape.rank() != 4 ||
+      n.type().shape.dim(1) % 16 != 0)
+    return false;
+  const auto& in = lc.operand_type(n, 0).shape.dims();
+  const auto& out = n.type().shape.dims();
+  auto pd = ForwardPoolPd(n, MakePoolGeometry(n), dnnl::memory::desc(in, dt::f32, tag::nChw16c),
+                          dnnl::memory::desc(out, dt::f32, tag::nChw16c), lc.cpu->engine());
+  return pd.ok() && !IsRefImpl(*pd);
+}
+
+LowerResult LowerPool(const ir::Node& n, LowerContext& lc) {
+  DType t = n.type().dtype;
+  if (t != DType::kF32 && t != DType::kBF16) return UnsupportedDType(n, t);
+  const PoolGeometry p = MakePoolGeometry(n);
+  const auto& strides = p.strides;
+  const auto& kernel = p.kernel;
+  const auto& pad_l = p.pad_l;
+  const auto& pad_r = p.pad_r;
+  const dnnl::algorithm alg = p.alg;
   bool grad = n.opcode() == Opcode::kAvgPool2dGrad;
   Shape in_shape = grad ? n.type().shape : lc.operand_type(n, 0).shape;
   Shape out_shape = grad ? lc.operand_type(n, 0).shape : n.type().shape;
@@ -258,16 +340,26 @@ LowerResult LowerPool(const ir::Node& n, LowerContext& lc) {
   const auto& eng = lc.cpu->engine();
   DnnlThunkBuilder b(lc, n, "onednn pooling");
   if (!grad) {
-    dnnl::pooling_forward::primitive_desc pd;
-    KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
-      dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md, dst_md,
-                                    strides, kernel, pad_l, pad_r);
-      pd = dnnl::pooling_forward::primitive_desc(d, DnnlThunkBuilder::Attr(), eng);
-    }));
-    if (IsRefImpl(pd)) return Unimplemented(n, "oneDNN has only its reference pooling here");
+    // On nChw16c when the input or the result is held blocked (AssignBlockedLayouts, which
+    // checked PoolRunsBlocked), reordering the other side; row-major otherwise (memory-bound).
+    const bool blocked = lc.is_blocked(n.operand(0)) || lc.is_blocked(n.id());
+    const auto src_user = NodeDesc(lc, n.operand(0), in_shape.dims(), DnnlType(t));
+    const auto dst_user = NodeDesc(lc, n.id(), out_shape.dims(), DnnlType(t));
+    KILN_ASSIGN_OR_RETURN(
+        dnnl::pooling_forward::primitive_desc pd,
+        ForwardPoolPd(
+            n, p, blocked ? dnnl::memory::desc(in_shape.dims(), DnnlType(t), tag::nChw16c) : src_md,
+            blocked ? dnnl::memory::desc(out_shape.dims(), DnnlType(t), tag::nChw16c) : dst_md,
+            eng));
+    if (IsRefImpl(pd)) {
+      if (blocked)  // the loop fallback reads row-major buffers
+        return absl::InternalError(
+            absl::StrCat(ThunkName(n, "onednn pooling"), ": no jit pooling on nChw16c"));
+      return Unimplemented(n, "oneDNN has only its reference pooling here");
+    }
     b.NameImpl(pd);
-    int src = b.NodeMemory(n.operand(0), src_md);
-    int dst = b.NodeMemory(n.id(), dst_md);
+    KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
+    KILN_ASSIGN_OR_RETURN(int dst, b.Output(n.id(), dst_user, pd.dst_desc()));
     b.AddStepWithScratchpad(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
                             pd.scratchpad_desc());
     return b.Finish();

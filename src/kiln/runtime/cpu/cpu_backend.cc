@@ -201,7 +201,8 @@ class CpuBackend : public Backend {
     const ir::Graph& graph = m.graph;
     const compiler::ExecutionPlan& plan = m.plan;
     auto ctx = std::make_shared<CpuContext>();
-    LowerContext lc{graph, ctx, options_};
+    LowerContext lc{graph, ctx, options_, {}};
+    if (options_.blocked_layouts) lc.blocked = AssignBlockedLayouts(plan, lc);
     const int n = graph.num_nodes();
     for (const ir::Node& node : graph.nodes()) {
       if (node.type().shape.rank() > kMaxRank)

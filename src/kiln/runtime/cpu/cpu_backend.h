@@ -51,6 +51,10 @@ struct CpuBackendOptions {
   // their filter reordered into the primitive's layout; each once, at bind time, not per run. Off:
   // bound weights run the same kernels as unbound ones (for tests and A/B benchmarks).
   bool prepack_weights = true;
+  // Keep convolution and pooling activations in oneDNN's 16-channel blocked layout (nChw16c)
+  // between the kernels that take it (layout.cc), instead of reordering to and from row-major
+  // NCHW around every convolution. Off: every buffer row-major (for tests and A/B benchmarks).
+  bool blocked_layouts = true;
   // Run compiler::Optimize before lowering. Off: lower the graph exactly as given.
   bool optimize = true;
   // Run the loop fusion pass last (with optimize): chains of cheap elementwise ops become one

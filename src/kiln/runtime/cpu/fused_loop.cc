@@ -877,6 +877,15 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
     return InputValue(g, reads.at(member)[operand_index], out_dims, nm, p);
   };
 
+  // A group over values held in nChw16c (layout.cc: all its same-shape inputs and outputs are,
+  // or none): element i of every operand is element i of the others, so the elementwise code is
+  // the same; a sum over H and W accumulates through the blocked index space [N, C/16, H*W, 16].
+  bool blocked = false;
+  for (int m : members)
+    for (const FusionReads::Read& r : reads.at(m))
+      blocked = blocked || (r.broadcast_dims == nullptr && lc.is_blocked(r.node));
+  for (int m : members) blocked = blocked || lc.is_blocked(m);
+
   std::vector<Pending> code;
   std::vector<int> reduction_values;  // per reduction: the value it accumulates
   for (int i = 0; i < nm; ++i) {
@@ -923,7 +932,15 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
         std::vector<int64_t> kept;
         for (int64_t d = 0; d < static_cast<int64_t>(out_dims.size()); ++d)
           if (std::find(reduced.begin(), reduced.end(), d) == reduced.end()) kept.push_back(d);
-        MakeBroadcastView(n.type().shape.dims(), kept, out_dims, red.view);
+        if (blocked) {
+          if (!IsSpatialSum(n, g))
+            return absl::InternalError(ThunkName(n, "fused loop") +
+                                       ": reduces an nChw16c value other than over H, W");
+          const int64_t N = out_dims[0], CB = out_dims[1] / 16, HW = out_dims[2] * out_dims[3];
+          MakeBroadcastView({N, CB, 16}, {0, 1, 3}, {N, CB, HW, 16}, red.view);
+        } else {
+          MakeBroadcastView(n.type().shape.dims(), kept, out_dims, red.view);
+        }
         red.acc_offset = p.acc_per_thread;
         p.acc_per_thread += red.out_count;
         p.reductions.push_back(red);

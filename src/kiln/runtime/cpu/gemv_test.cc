@@ -13,18 +13,13 @@
 #include "gtest/gtest.h"
 #include "kiln/ir/parser.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/runtime/cpu/test_util.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::runtime {
 namespace {
 
-Tensor Random(Shape s, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  Tensor t(DType::kF32, std::move(s));
-  for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = u(rng);
-  return t;
-}
+using testing::Random;
 
 // y = relu?(x . W + b) (+ r): x [M,K]; W [K,N], or [N,K] contracted on its dim 1 when transposed.
 std::string Program(int64_t M, int64_t K, int64_t N, bool transposed, bool relu, bool residual) {

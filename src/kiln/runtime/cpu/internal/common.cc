@@ -76,6 +76,13 @@ dnnl::memory::desc PlainDesc(const std::vector<int64_t>& dims, dnnl::memory::dat
   return dnnl::memory::desc(d, dt, RowMajorStrides(d));
 }
 
+dnnl::memory::desc NodeDesc(const LowerContext& lc, int node, const std::vector<int64_t>& dims,
+                            dnnl::memory::data_type dt) {
+  if (lc.is_blocked(node) && dims.size() == 4)
+    return dnnl::memory::desc(dims, dt, dnnl::memory::format_tag::nChw16c);
+  return PlainDesc(dims, dt);
+}
+
 dnnl::memory::desc StridedDesc(const std::vector<int64_t>& dims, dnnl::memory::data_type dt,
                                const std::vector<int64_t>& strides) {
   return dnnl::memory::desc(dims, dt, strides);
@@ -239,6 +246,7 @@ absl::StatusOr<int> DnnlThunkBuilder::ConstantInput(int node, const dnnl::memory
   p.step = static_cast<int>(steps_.size()) - 1;  // the reorder Reorder just added
   steps_.back().pack = static_cast<int>(packs_.size());
   packs_.push_back(p);
+  --reorders_;  // a weight's pack, not an activation's reorder
   return to;
 }
 
@@ -251,6 +259,7 @@ absl::StatusOr<int> DnnlThunkBuilder::Reorder(int from, const dnnl::memory::desc
         dnnl::reorder::primitive_desc(lc_.cpu->engine(), have, lc_.cpu->engine(), want, Attr());
     AddStepWithScratchpad(dnnl::reorder(pd), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, w}},
                           pd.scratchpad_desc());
+    ++reorders_;
   } catch (const dnnl::error& e) {
     return absl::UnimplementedError(absl::StrCat(name_, ": oneDNN reorder: ", e.what()));
   }
@@ -273,6 +282,7 @@ absl::StatusOr<int> DnnlThunkBuilder::Output(int node, const dnnl::memory::desc&
       s.args.push_back({DNNL_ARG_SCRATCHPAD, mems_[sp].memory.get()});
     }
     post_steps_.push_back(std::move(s));
+    ++reorders_;
   } catch (const dnnl::error& e) {
     return absl::UnimplementedError(absl::StrCat(name_, ": oneDNN reorder: ", e.what()));
   }
@@ -302,6 +312,8 @@ void DnnlThunkBuilder::AddLoopStep(std::function<void(RunContext&, uint8_t*)> fn
 absl::StatusOr<std::unique_ptr<Thunk>> DnnlThunkBuilder::Finish() {
   for (auto& s : post_steps_) steps_.push_back(std::move(s));
   post_steps_.clear();
+  if (reorders_ > 0)
+    absl::StrAppend(&name_, ", ", reorders_, reorders_ == 1 ? " reorder" : " reorders");
   name_ += ")";
   lc_.cpu->RequireWorkspace(layout_.size());
   return std::unique_ptr<Thunk>(

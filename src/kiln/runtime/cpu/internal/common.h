@@ -264,9 +264,13 @@ struct LowerContext {
   const ir::Graph& graph;
   std::shared_ptr<CpuContext> cpu;
   CpuBackendOptions options;
+  // Per node: its buffer holds the 16-channel blocked layout nChw16c instead of row-major NCHW
+  // (layout.cc, AssignBlockedLayouts); empty when nothing is blocked.
+  std::vector<char> blocked;
 
   const ir::Node& operand(const ir::Node& n, int i) const { return graph.node(n.operand(i)); }
   const ir::Type& operand_type(const ir::Node& n, int i) const { return operand(n, i).type(); }
+  bool is_blocked(int node) const { return !blocked.empty() && blocked[node]; }
 };
 
 // A thunk that runs a loop kernel.
@@ -302,6 +306,10 @@ dnnl::memory::desc StridedDesc(const std::vector<int64_t>& dims, dnnl::memory::d
                                const std::vector<int64_t>& strides);
 // Same dims and layout, other data type (for plain descriptors).
 dnnl::memory::desc WithType(const dnnl::memory::desc& md, dnnl::memory::data_type dt);
+// The layout of node `node`'s buffer as a oneDNN descriptor over `dims`: nChw16c when the node is
+// blocked (LowerContext::blocked), plain row-major otherwise.
+dnnl::memory::desc NodeDesc(const LowerContext& lc, int node, const std::vector<int64_t>& dims,
+                            dnnl::memory::data_type dt);
 // True when oneDNN picked its reference (plain C++) implementation: the loops are as fast or
 // faster, and narrow types are better computed in f32.
 inline bool IsRefImpl(const dnnl::primitive_desc_base& pd) {
@@ -353,6 +361,8 @@ class DnnlThunkBuilder {
   // Appends a loop step: fn(ctx, workspace slice base).
   void AddLoopStep(std::function<void(RunContext&, uint8_t*)> fn);
 
+  // The thunk; its name ends with how many activation reorders it runs (", 2 reorders"), the
+  // layout conversions a profile should show.
   absl::StatusOr<std::unique_ptr<Thunk>> Finish();
 
   // Appends " <impl>" to the thunk name (which oneDNN implementation runs, for profiles).
@@ -389,6 +399,7 @@ class DnnlThunkBuilder {
   std::vector<Step> steps_;
   std::vector<Step> post_steps_;
   std::vector<Pack> packs_;
+  int reorders_ = 0;  // of activations, per run (weight packs not counted): named by Finish
   absl::Status status_;
 };
 
@@ -459,8 +470,21 @@ LowerResult LowerMatmulEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerC
 // (conv_pool.cc).
 bool CanLowerConvEpilogue(const ir::Graph& g, const std::vector<int>& members, bool prefer_loops);
 LowerResult LowerConvEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerContext& lc);
-LowerResult LowerConv(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
-LowerResult LowerPool(const ir::Node& n, LowerContext& lc);             // conv_pool.cc
+LowerResult LowerConv(const ir::Node& n, LowerContext& lc);  // conv_pool.cc
+LowerResult LowerPool(const ir::Node& n, LowerContext& lc);  // conv_pool.cc
+// Whether a forward f32 convolution, reading a row-major input, writes nChw16c (the layout
+// oneDNN's direct kernel wants for its narrow layers), and whether a forward pooling runs oneDNN's
+// jit kernel on nChw16c: the producers whose results AssignBlockedLayouts may keep blocked.
+bool ConvWritesBlocked(const ir::Node& conv, const LowerContext& lc);  // conv_pool.cc
+bool PoolRunsBlocked(const ir::Node& pool, const LowerContext& lc);    // conv_pool.cc
+// Which values keep the nChw16c layout between kernels (layout.cc): those written by a convolution
+// or pooling that computes in it, or by an elementwise loop over blocked values, and read only by
+// kernels that take it (convolutions, pooling, elementwise loops, a sum over H and W), so that no
+// reorder runs between them. Graph inputs and outputs, aliased and hoisted values stay row-major.
+// A reduce_sum over dims {2, 3} of an f32 [N, C, H, W], C a multiple of 16: the global pool
+// that may read nChw16c (layout.cc).
+bool IsSpatialSum(const ir::Node& n, const ir::Graph& g);
+std::vector<char> AssignBlockedLayouts(const compiler::ExecutionPlan& plan, const LowerContext& lc);
 LowerResult LowerOneDnnUnary(const ir::Node& n, LowerContext& lc);      // onednn_ops.cc
 LowerResult LowerOneDnnBinary(const ir::Node& n, LowerContext& lc);     // onednn_ops.cc
 LowerResult LowerOneDnnSoftmax(const ir::Node& n, LowerContext& lc);    // onednn_ops.cc
