@@ -134,9 +134,10 @@ std::optional<EpilogueSteps> MatchEpilogue(const ir::Graph& graph,
       ep.bias = graph.node(other).operand(0);
     } else if (m.opcode() == Opcode::kAdd && ep.residual < 0) {
       ep.residual = other;
-    } else if (ep.activation < 0 && ep.residual < 0 && m.operands().size() == 1 &&
-               m.operand(0) == prev && ir::OpTraits(m.opcode()).epilogue_activation()) {
+    } else if (ep.activation < 0 && m.operands().size() == 1 && m.operand(0) == prev &&
+               ir::OpTraits(m.opcode()).epilogue_activation()) {
       ep.activation = m.id();
+      ep.residual_first = ep.residual >= 0;
     } else {
       return std::nullopt;
     }

@@ -72,11 +72,15 @@ struct EpilogueSteps {
   int bias_broadcast = -1;  // its broadcast_in_dim (read through a view), or -1
   int activation = -1;      // the activation member, or -1
   int residual = -1;        // the same-shaped residual operand, or -1
-  int out = -1;             // the last member: its buffer receives the result
+  // The residual is added before the activation (a convolution's act(head + bias + residual))
+  // rather than after it (a matmul's residual + act(head + bias)).
+  bool residual_first = false;
+  int out = -1;  // the last member: its buffer receives the result
 };
 // The steps of `members` (graph order, members[0] the dot_general or conv2d head), or nullopt when
-// they are not such a chain: the bias add (IsBiasBroadcast along EpilogueBiasAxis) comes before
-// the activation (an op with the epilogue_activation trait) and both before the residual add.
+// they are not such a chain: the bias add (IsBiasBroadcast along EpilogueBiasAxis) comes first,
+// then the activation (an op with the epilogue_activation trait) and the residual add in either
+// order (residual_first when the residual comes first).
 std::optional<EpilogueSteps> MatchEpilogue(const ir::Graph& graph, const std::vector<int>& members);
 
 struct ExecutionPlan {

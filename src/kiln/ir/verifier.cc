@@ -102,14 +102,15 @@ std::string EpilogueProblem(const Graph& graph, const FusionGroup& group,
     else
       return where + ": an epilogue runs only add and the epilogue activations";
   }
-  // [bias] [activation] [residual]; a convolution takes no residual.
+  // A matmul: [bias] [activation] [residual]; a convolution: [bias] [residual] [activation].
   static const std::vector<std::string> kMatmul = {"", "a", "f", "af", "aa", "fa", "afa"};
-  static const std::vector<std::string> kConv = {"", "a", "f", "af"};
+  static const std::vector<std::string> kConv = {"", "a", "f", "af", "aa", "aaf"};
   const std::vector<std::string>& allowed = conv ? kConv : kMatmul;
   const bool ok = std::find(allowed.begin(), allowed.end(), steps) != allowed.end();
   if (!ok)
     return MemberRef(graph, members.back()) + ": " + GroupRef(group) + ": an epilogue is at most " +
-           (conv ? "[bias add] [activation]" : "[bias add] [activation] [residual add]");
+           (conv ? "[bias add] [residual add] [activation]"
+                 : "[bias add] [activation] [residual add]");
   return "";
 }
 

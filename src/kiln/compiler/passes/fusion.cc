@@ -169,6 +169,7 @@ class GroupFormer {
   }
   // A dot_general or conv2d head with its bias and activation; -1 when `dot` is no head.
   int EpilogueChain(const ir::Node& dot, int* last);
+  bool OpenConvChainEnd(int id) const;
   void Residuals(const std::vector<std::pair<int, int>>& chains);
 
   const ir::Graph& g_;
@@ -183,9 +184,26 @@ class GroupFormer {
   int num_output_groups_ = 0;
 };
 
+// Whether `id` ends a convolution chain that could still take a residual add: a conv2d, or a
+// conv2d + bias, each the sole user of the one before (the chain EpilogueChain forms from it).
+bool GroupFormer::OpenConvChainEnd(int id) const {
+  const ir::Node* n = &g_.node(id);
+  if (n->opcode() == Opcode::kAdd) {
+    for (int k = 0; k < 2; ++k) {
+      const ir::Node& c = g_.node(n->operand(k));
+      if (c.opcode() == Opcode::kConv2d && SoleUser(c.id()) == id &&
+          IsBiasBroadcast(g_, n->operand(1 - k), EpilogueBiasAxis(c)))
+        return true;
+    }
+    return false;
+  }
+  return n->opcode() == Opcode::kConv2d;
+}
+
 int GroupFormer::EpilogueChain(const ir::Node& dot, int* last) {
-  // Heads: dot_general (bias along the last dim) and conv2d (bias along channels, no residual:
-  // oneDNN's convolution takes it only in its own blocked layout).
+  // Heads: dot_general (bias along the last dim, then an activation, then a residual add: see
+  // Residuals) and conv2d (bias along channels, then a residual add, then an activation: ResNet's
+  // relu(conv(x) + b + skip), which oneDNN runs as binary-add and eltwise post-ops).
   const bool conv = dot.opcode() == Opcode::kConv2d;
   if (dot.opcode() != Opcode::kDotGeneral && !conv) return -1;
   DType dt = dot.type().dtype;
@@ -202,6 +220,18 @@ int GroupFormer::EpilogueChain(const ir::Node& dot, int* last) {
     int other = add.operand(0) == *last ? add.operand(1) : add.operand(0);
     if (add.operand(0) != add.operand(1) && g_.node(other).type() == type &&
         IsBiasBroadcast(g_, other, EpilogueBiasAxis(dot)) && Join(gi, u))
+      *last = u;
+  }
+  u = SoleUser(*last);
+  if (conv && u >= 0 && g_.node(u).opcode() == Opcode::kAdd && g_.node(u).type() == type) {
+    // The residual: a same-typed value that is no broadcast, and no other convolution chain that
+    // could take this add itself (two such chains meeting in one add: it joins neither, so the
+    // grouping does not depend on which convolution comes first).
+    const ir::Node& add = g_.node(u);
+    int other = add.operand(0) == *last ? add.operand(1) : add.operand(0);
+    if (add.operand(0) != add.operand(1) && g_.node(other).type() == type &&
+        g_.node(other).opcode() != Opcode::kBroadcastInDim && !OpenConvChainEnd(other) &&
+        Join(gi, u))
       *last = u;
   }
   u = SoleUser(*last);
@@ -232,8 +262,9 @@ void GroupFormer::Residuals(const std::vector<std::pair<int, int>>& chains) {
   }
 }
 
-// Output fusion: dot_general [+ bias] [+ activation] [+ residual], each step the only user of the
-// one before, becomes one group the backend runs as a matmul with post-ops (conv2d: no residual).
+// Output fusion: dot_general [+ bias] [+ activation] [+ residual] and conv2d [+ bias] [+ residual]
+// [+ activation], each step the only user of the one before, becomes one group the backend runs as
+// a matmul or convolution with post-ops.
 void GroupFormer::OutputFusions() {
   if (options_.fuse_matmul_epilogues) {
     std::vector<std::pair<int, int>> chains;  // (group, last member) of dot_general heads

@@ -352,6 +352,77 @@ TEST(Fusion, ConvolutionEpilogueBiasAndActivation) {
     })");
 }
 
+// A convolution takes its residual before the activation (ResNet: relu(conv(x) + b + skip)), as
+// oneDNN's binary-add and eltwise post-ops; the skip may end another convolution's chain that has
+// its activation already.
+TEST(Fusion, ConvolutionEpilogueResidualBeforeActivation) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @cnn {
+      %x = parameter() {index=0, name="x"} : f32[1,2,4,4]
+      %f = parameter() {index=1, name="f"} : f32[2,2,3,3]
+      %b = parameter() {index=2, name="b"} : f32[2]
+      %c0 = conv2d(%x, %f) {dilation=[1,1], groups=1, padding=[1,1,1,1], strides=[1,1]}
+      %s = relu(%c0)
+      %c = conv2d(%s, %f) {dilation=[1,1], groups=1, padding=[1,1,1,1], strides=[1,1]}
+      %bb = broadcast_in_dim(%b) {broadcast_dimensions=[1], shape=[1,2,4,4]}
+      %a = add(%c, %bb)
+      %r = add(%a, %s)
+      %y = relu(%r)
+      return y=%y
+    })",
+                R"(
+    graph @cnn {
+      fusion 0 kind=conv_epilogue
+      fusion 1 kind=conv_epilogue
+      %0 = parameter() {index=0, name="x"} : f32[1,2,4,4]
+      %1 = parameter() {index=1, name="f"} : f32[2,2,3,3]
+      %2 = parameter() {index=2, name="b"} : f32[2]
+      %3 = conv2d(%0, %1) {dilation=[1,1], fusion=0, groups=1, padding=[1,1,1,1], strides=[1,1]}
+      %4 = relu(%3) {fusion=0}
+      %5 = broadcast_in_dim(%2) {broadcast_dimensions=[1], shape=[1,2,4,4]}
+      %6 = conv2d(%4, %1) {dilation=[1,1], fusion=1, groups=1, padding=[1,1,1,1], strides=[1,1]}
+      %7 = add(%6, %5) {fusion=1}
+      %8 = add(%7, %4) {fusion=1}
+      %9 = relu(%8) {fusion=1}
+      return y=%9
+    })");
+}
+
+// Two convolution chains without an activation meeting in one add (a projection shortcut): the
+// add is the residual of neither, whichever convolution comes first; it stays a loop.
+TEST(Fusion, TwoOpenConvolutionChainsShareNoResidual) {
+  FusionPass fusion;
+  ExpectRewrite(fusion, R"(
+    graph @cnn {
+      %x = parameter() {index=0, name="x"} : f32[1,2,4,4]
+      %f = parameter() {index=1, name="f"} : f32[2,2,3,3]
+      %b = parameter() {index=2, name="b"} : f32[2]
+      %c0 = conv2d(%x, %f) {dilation=[1,1], groups=1, padding=[1,1,1,1], strides=[1,1]}
+      %c1 = conv2d(%x, %f) {dilation=[1,1], groups=1, padding=[1,1,1,1], strides=[1,1]}
+      %bb = broadcast_in_dim(%b) {broadcast_dimensions=[1], shape=[1,2,4,4]}
+      %a1 = add(%c1, %bb)
+      %r = add(%c0, %a1)
+      %y = relu(%r)
+      return y=%y
+    })",
+                R"(
+    graph @cnn {
+      fusion 0 kind=conv_epilogue
+      fusion 1 kind=loop
+      %0 = parameter() {index=0, name="x"} : f32[1,2,4,4]
+      %1 = parameter() {index=1, name="f"} : f32[2,2,3,3]
+      %2 = parameter() {index=2, name="b"} : f32[2]
+      %3 = conv2d(%0, %1) {dilation=[1,1], groups=1, padding=[1,1,1,1], strides=[1,1]}
+      %4 = broadcast_in_dim(%2) {broadcast_dimensions=[1], shape=[1,2,4,4]}
+      %5 = conv2d(%0, %1) {dilation=[1,1], fusion=0, groups=1, padding=[1,1,1,1], strides=[1,1]}
+      %6 = add(%5, %4) {fusion=0}
+      %7 = add(%3, %6) {fusion=1}
+      %8 = relu(%7) {fusion=1}
+      return y=%8
+    })");
+}
+
 // The pass rewrites the whole table: stale groups (a wrong kind, an unused id) are recomputed, and
 // a second run leaves the result alone.
 TEST(Fusion, RewritesAStaleGroupTable) {

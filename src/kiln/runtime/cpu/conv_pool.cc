@@ -75,36 +75,88 @@ std::vector<std::pair<dnnl::memory::desc, dnnl::memory::desc>> PreferredConvLayo
   return out;
 }
 
+// Sets the epilogue's post-ops on `attr` in the order they apply: the activation, and the residual
+// add when `residual` (its descriptor, the destination's layout) is given. Returns the residual's
+// post-op index, or -1.
+int SetConvPostOps(const Epilogue* ep, const dnnl::memory::desc* residual,
+                   dnnl::primitive_attr& attr) {
+  dnnl::post_ops ops;
+  int index = -1;
+  auto act = [&] {
+    if (ep && ep->has_act) ops.append_eltwise(1.f, ep->act, ep->alpha, 0.f);
+  };
+  auto res = [&] {
+    if (!residual) return;
+    index = ops.len();
+    ops.append_binary(dnnl::algorithm::binary_add, *residual);
+  };
+  if (ep && ep->residual_first && ep->residual >= 0) {
+    res();
+    if (residual) act();  // without the residual fused the activation must wait for it
+  } else {
+    act();
+    res();
+  }
+  if (ops.len() > 0) attr.set_post_ops(ops);
+  return index;
+}
+
+struct ForwardConv {
+  dnnl::convolution_forward::primitive_desc pd;
+  int residual_index = -1;  // post-op index of the fused residual add; -1: not fused
+};
+
 // The forward (inference) convolution primitive for `n`: the preferred layouts first, each only
 // with oneDNN's direct jit kernel behind it (on these layouts its fallbacks are gemm or reference
-// kernels, several times slower), then oneDNN's own pick.
-absl::StatusOr<dnnl::convolution_forward::primitive_desc> ForwardConvPd(
-    const ir::Node& n, const ConvGeometry& g, dt compute, const dnnl::primitive_attr& attr,
-    const std::optional<dnnl::memory::desc>& bias, bool src_blocked, const dnnl::engine& eng) {
+// kernels, several times slower), then oneDNN's own pick. An epilogue's residual add is a
+// binary-add post-op over a tensor in the destination's layout, which must be concrete: the
+// layouts are chosen without it, then the primitive is made again with it; where oneDNN has no
+// such kernel the residual is left out (residual_index -1) for the caller to add.
+absl::StatusOr<ForwardConv> ForwardConvPd(const ir::Node& n, const ConvGeometry& g, dt compute,
+                                          const Epilogue* ep,
+                                          const std::optional<dnnl::memory::desc>& bias,
+                                          bool src_blocked, const dnnl::engine& eng) {
   std::vector<std::pair<dnnl::memory::desc, dnnl::memory::desc>> layouts =
       PreferredConvLayouts(n, g, compute, src_blocked);
   layouts.push_back({Any(g.src, compute), Any(g.dst, compute)});
   const auto wei_any = Any(g.wei, compute);
   const auto alg = dnnl::algorithm::convolution_direct;
-  dnnl::convolution_forward::primitive_desc pd;
-  for (size_t i = 0; i < layouts.size(); ++i) {
-    const bool last = i + 1 == layouts.size();
-    const auto& [src_md, dst_md] = layouts[i];
-    absl::Status made = DnnlStatus(n, [&] {
+  auto make = [&](const dnnl::memory::desc& src_md, const dnnl::memory::desc& wei_md,
+                  const dnnl::memory::desc& dst_md, const dnnl::primitive_attr& attr,
+                  dnnl::convolution_forward::primitive_desc& pd) {
+    return DnnlStatus(n, [&] {
       if (bias) {
-        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md, wei_any,
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md, wei_md,
                                           *bias, dst_md, g.strides, g.dilates, g.pad_l, g.pad_r);
         pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
       } else {
-        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md, wei_any,
+        dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md, wei_md,
                                           dst_md, g.strides, g.dilates, g.pad_l, g.pad_r);
         pd = dnnl::convolution_forward::primitive_desc(d, attr, eng);
       }
     });
+  };
+  dnnl::primitive_attr attr = DnnlThunkBuilder::Attr();
+  SetConvPostOps(ep, nullptr, attr);
+  ForwardConv out;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const bool last = i + 1 == layouts.size();
+    absl::Status made = make(layouts[i].first, wei_any, layouts[i].second, attr, out.pd);
     if (last) KILN_RETURN_IF_ERROR(made);
-    if (made.ok() && (last || std::string(pd.impl_info_str()).rfind("jit:", 0) == 0)) break;
+    if (made.ok() && (last || std::string(out.pd.impl_info_str()).rfind("jit:", 0) == 0)) break;
   }
-  return pd;
+  if (ep && ep->residual >= 0) {
+    const dnnl::memory::desc dst = out.pd.dst_desc();
+    dnnl::primitive_attr with = DnnlThunkBuilder::Attr();
+    const int index = SetConvPostOps(ep, &dst, with);
+    dnnl::convolution_forward::primitive_desc fused;
+    if (make(out.pd.src_desc(), out.pd.weights_desc(), dst, with, fused).ok() &&
+        std::string(fused.impl_info_str()) == out.pd.impl_info_str()) {
+      out.pd = fused;
+      out.residual_index = index;
+    }
+  }
+  return out;
 }
 
 bool IsNchw16c(const dnnl::memory::desc& md) {
@@ -146,13 +198,9 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
 
   if (n.opcode() == Opcode::kConv2d) {
     // Epilogue (an output fusion group): bias through the primitive's bias argument, the
-    // activation as an eltwise post-op; the result goes to the group's last member.
+    // residual as a binary-add post-op and the activation as an eltwise one, in the group's
+    // order; the result goes to the group's last member.
     bool has_bias = ep && ep->bias >= 0;
-    if (ep && ep->has_act) {
-      dnnl::post_ops ops;
-      ops.append_eltwise(1.f, ep->act, ep->alpha, 0.f);
-      attr.set_post_ops(ops);
-    }
     dnnl::memory::desc bias_user = PlainDesc({g.dst[1]}, user);
     // Activation layouts to ask for, best first (PreferredConvLayouts), then oneDNN's own pick.
     // The node buffers' own layouts (row-major, or nChw16c where AssignBlockedLayouts kept them
@@ -161,10 +209,11 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
     const int out_node = ep && ep->out >= 0 ? ep->out : n.id();
     dst_user = NodeDesc(lc, out_node, g.dst, user);
     KILN_ASSIGN_OR_RETURN(
-        dnnl::convolution_forward::primitive_desc pd,
-        ForwardConvPd(n, g, compute, attr,
+        ForwardConv fc,
+        ForwardConvPd(n, g, compute, ep,
                       has_bias ? std::optional(WithType(bias_user, compute)) : std::nullopt,
                       lc.is_blocked(n.operand(0)), eng));
+    const dnnl::convolution_forward::primitive_desc& pd = fc.pd;
     if (compute != dt::f32 && IsRefImpl(pd)) return Unimplemented(n, "reference bf16/f16 conv");
     b.NameImpl(pd);
     KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
@@ -180,7 +229,39 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
     }
     KILN_ASSIGN_OR_RETURN(int dst, b.Output(out_node, dst_user, pd.dst_desc()));
     args.push_back({DNNL_ARG_DST, dst});
+    const bool fuse_residual = ep && ep->residual >= 0 && fc.residual_index >= 0;
+    if (fuse_residual) {
+      // The residual in the destination's layout (no reorder when both are blocked).
+      KILN_ASSIGN_OR_RETURN(int residual,
+                            b.Input(ep->residual, NodeDesc(lc, ep->residual, g.dst, user),
+                                    WithType(pd.dst_desc(), user)));
+      args.push_back(
+          {DNNL_ARG_ATTR_MULTIPLE_POST_OP(fc.residual_index) | DNNL_ARG_SRC_1, residual});
+    }
     b.AddStepWithScratchpad(dnnl::convolution_forward(pd), std::move(args), pd.scratchpad_desc());
+    if (ep && ep->residual >= 0 && !fuse_residual) {
+      // oneDNN has no kernel with the residual as a post-op here (its brgconv takes none): a
+      // binary add over the result in the node's own layout, after its reorder, as the residual
+      // loop would run, with the activation when it comes after the residual.
+      const int result = b.NodeMemory(out_node, dst_user);
+      KILN_ASSIGN_OR_RETURN(
+          int residual, b.Input(ep->residual, NodeDesc(lc, ep->residual, g.dst, user), dst_user));
+      dnnl::binary::primitive_desc add;
+      KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+        dnnl::primitive_attr attr2 = DnnlThunkBuilder::Attr();
+        if (ep->residual_first && ep->has_act) {
+          dnnl::post_ops ops;
+          ops.append_eltwise(1.f, ep->act, ep->alpha, 0.f);
+          attr2.set_post_ops(ops);
+        }
+        dnnl::binary::desc d(dnnl::algorithm::binary_add, dst_user, b.Desc(residual), dst_user);
+        add = dnnl::binary::primitive_desc(d, attr2, eng);
+      }));
+      b.AddFinalStep(dnnl::binary(add),
+                     {{DNNL_ARG_SRC_0, result}, {DNNL_ARG_SRC_1, residual}, {DNNL_ARG_DST, result}},
+                     add.scratchpad_desc());
+      b.AppendName(", residual by a binary add");
+    }
     return b.Finish();
   }
 
@@ -250,7 +331,9 @@ bool CanLowerConvEpilogue(const ir::Graph& g, const std::vector<int>& members, b
   for (int i = 0; i < 2; ++i)
     if (g.node(conv.operand(i)).type().dtype != t) return false;
   std::optional<compiler::EpilogueSteps> steps = compiler::MatchEpilogue(g, members);
-  return steps && steps->residual < 0 && OneDnnEpilogue(*steps, g).ok();
+  // A residual in f32 only (the binary post-op reads it in the destination's dtype).
+  if (!steps || (steps->residual >= 0 && t != DType::kF32)) return false;
+  return OneDnnEpilogue(*steps, g).ok();
 }
 
 LowerResult LowerConvEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerContext& lc) {
@@ -306,9 +389,9 @@ bool ConvWritesBlocked(const ir::Node& n, const LowerContext& lc) {
   ConvGeometry g =
       MakeConvGeometry(n, lc.operand_type(n, 0).shape, lc.operand_type(n, 1).shape, n.type().shape);
   if (g.dst.size() != 4 || g.dst[1] % 16 != 0) return false;
-  auto pd = ForwardConvPd(n, g, dt::f32, DnnlThunkBuilder::Attr(), PlainDesc({g.dst[1]}, dt::f32),
+  auto fc = ForwardConvPd(n, g, dt::f32, /*ep=*/nullptr, PlainDesc({g.dst[1]}, dt::f32),
                           /*src_blocked=*/false, lc.cpu->engine());
-  return pd.ok() && IsNchw16c(pd->dst_desc());
+  return fc.ok() && IsNchw16c(fc->pd.dst_desc());
 }
 
 bool PoolRunsBlocked(const ir::Node& n, const LowerContext& lc) {

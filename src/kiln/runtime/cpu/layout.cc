@@ -12,9 +12,10 @@
 //   - its producer computes in nChw16c: a forward convolution that picks it for a row-major input
 //     (ConvWritesBlocked), a pooling oneDNN runs on it (PoolRunsBlocked), or an elementwise loop
 //     whose blocked-capable values are all blocked (below);
-//   - every kernel reading it takes nChw16c: a forward convolution (its input), pooling (its
-//     input), a reduce_sum over H and W (reduce.cc's BlockedSpatialSum), or an elementwise loop
-//     (which may end in such a sum: fused_loop.cc reads it through the blocked index space).
+//   - every kernel reading it takes nChw16c: a forward convolution (its input, and the residual
+//     its epilogue adds), pooling (its input), a reduce_sum over H and W (reduce.cc's
+//     BlockedSpatialSum), or an elementwise loop (which may end in such a sum: fused_loop.cc reads
+//     it through the blocked index space).
 // An elementwise loop group whose members all have one shape and read their operands either
 // whole, or as a broadcast scalar, computes element i from elements i of its operands in any
 // layout; its same-shape inputs and stored results are therefore blocked all together or not at
@@ -166,7 +167,11 @@ std::vector<char> AssignBlockedLayouts(const compiler::ExecutionPlan& plan,
         const int op = node.operand(i);
         if (std::find(k.members.begin(), k.members.end(), op) != k.members.end()) continue;
         bool takes = agnostic;
-        if (k.kind == Kind::kConvEpilogue && m == k.members[0] && i == 0) takes = true;
+        // A convolution epilogue reads its input and its residual in any layout (the residual is
+        // reordered into the destination's, a no-op when both are blocked).
+        if (k.kind == Kind::kConvEpilogue &&
+            ((m == k.members[0] && i == 0) || (m != k.members[0] && op == k.epilogue.residual)))
+          takes = true;
         if (k.kind == Kind::kLoop && !plan.operand_reads[m].empty()) {
           // A fused member may read a broadcast's operand through a view instead.
           const compiler::ExecutionPlan::Read& r = plan.operand_reads[m][i];

@@ -217,5 +217,34 @@ TEST(BlockedLayouts, OffWithPreferLoopsAndForOtherShapes) {
   }
 }
 
+// The residual epilogue (conv2d + bias + residual + relu as one convolution) at widths that are
+// not multiples of 16 and on a first layer, against the reference backend.
+TEST(BlockedLayouts, ConvolutionResidualEpilogueAtOtherWidths) {
+  for (int64_t c : {3, 8, 24, 48}) {
+    const std::string what = "channels " + std::to_string(c);
+    Program p(2);
+    int x = p.Param({2, c, 6, 6});
+    int skip = p.Param({2, c, 6, 6});
+    int conv = p.Conv(x, c, c, 6, /*relu=*/false);
+    p.Return({{"y", p.ResidualRelu(conv, skip, {2, c, 6, 6})}});
+    auto g = ir::ParseGraph(p.text());
+    ASSERT_TRUE(g.ok()) << g.status();
+    std::vector<Tensor> in;
+    for (size_t i = 0; i < p.param_dims().size(); ++i)
+      in.push_back(Random(Shape(p.param_dims()[i]), 30 + i));
+    auto exe = MakeCpuBackend()->Compile(*g);
+    ASSERT_TRUE(exe.ok()) << what << ": " << exe.status();
+    std::string names;
+    Reorders(**exe, &names);
+    EXPECT_NE(names.find("convolution+bias+residual+relu"), std::string::npos) << what << names;
+    auto got = (*exe)->Run(in);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+    auto want = (*MakeReferenceBackend()->Compile(*g))->Run(in);
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (int64_t i = 0; i < (*got)[0].num_elements(); ++i)
+      ASSERT_NEAR((*got)[0].data<float>()[i], (*want)[0].GetDouble(i), 1e-4) << what << " " << i;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::runtime

@@ -485,7 +485,14 @@ absl::StatusOr<Epilogue> OneDnnEpilogue(const compiler::EpilogueSteps& steps, co
   }
   if (steps.residual >= 0) {
     ep.residual = steps.residual;
-    ep.label += "+residual";
+    ep.residual_first = steps.residual_first;
+    // In the order they apply: "+bias+residual+relu" or "+bias+relu+residual".
+    if (ep.residual_first && ep.has_act) {
+      const size_t act_at = ep.label.rfind('+');
+      ep.label.insert(act_at, "+residual");
+    } else {
+      ep.label += "+residual";
+    }
   }
   return ep;
 }
@@ -502,7 +509,8 @@ bool CanLowerMatmulEpilogue(const ir::Graph& g, const std::vector<int>& members,
   if (p.K <= 0 || dot.type().shape.rank() < 1 || dot.type().shape.dims().back() != p.N)
     return false;
   std::optional<compiler::EpilogueSteps> steps = compiler::MatchEpilogue(g, members);
-  return steps && OneDnnEpilogue(*steps, g).ok();
+  // The matmul adds its residual after the activation only.
+  return steps && !steps->residual_first && OneDnnEpilogue(*steps, g).ok();
 }
 
 LowerResult LowerMatmulEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerContext& lc) {

@@ -303,6 +303,15 @@ void DnnlThunkBuilder::AddStepWithScratchpad(dnnl::primitive prim,
   AddStep(std::move(prim), std::move(args));
 }
 
+void DnnlThunkBuilder::AddFinalStep(dnnl::primitive prim, std::vector<std::pair<int, int>> args,
+                                    const dnnl::memory::desc& scratch) {
+  if (scratch.get_size() > 0) args.push_back({DNNL_ARG_SCRATCHPAD, TempMemory(scratch)});
+  Step s;
+  s.prim = std::move(prim);
+  for (auto [arg, mem] : args) s.args.push_back({arg, mems_[mem].memory.get()});
+  final_steps_.push_back(std::move(s));
+}
+
 void DnnlThunkBuilder::AddLoopStep(std::function<void(RunContext&, uint8_t*)> fn) {
   Step s;
   s.loop = std::move(fn);
@@ -311,7 +320,9 @@ void DnnlThunkBuilder::AddLoopStep(std::function<void(RunContext&, uint8_t*)> fn
 
 absl::StatusOr<std::unique_ptr<Thunk>> DnnlThunkBuilder::Finish() {
   for (auto& s : post_steps_) steps_.push_back(std::move(s));
+  for (auto& s : final_steps_) steps_.push_back(std::move(s));
   post_steps_.clear();
+  final_steps_.clear();
   if (reorders_ > 0)
     absl::StrAppend(&name_, ", ", reorders_, reorders_ == 1 ? " reorder" : " reorders");
   name_ += ")";

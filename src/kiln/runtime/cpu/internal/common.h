@@ -358,6 +358,9 @@ class DnnlThunkBuilder {
   // Appends a primitive that uses a user-mode scratchpad of `scratch` (its desc).
   void AddStepWithScratchpad(dnnl::primitive prim, std::vector<std::pair<int, int>> args,
                              const dnnl::memory::desc& scratch);
+  // Appends a primitive that runs last, after the reorders of the results back (Output).
+  void AddFinalStep(dnnl::primitive prim, std::vector<std::pair<int, int>> args,
+                    const dnnl::memory::desc& scratch);
   // Appends a loop step: fn(ctx, workspace slice base).
   void AddLoopStep(std::function<void(RunContext&, uint8_t*)> fn);
 
@@ -369,6 +372,8 @@ class DnnlThunkBuilder {
   void NameImpl(const dnnl::primitive_desc_base& pd) {
     name_ += std::string(" ") + pd.impl_info_str();
   }
+  // Appends `text` to the thunk name (inside its parentheses).
+  void AppendName(const std::string& text) { name_ += text; }
 
   // Attributes with user-mode scratchpad, for every primitive this backend creates.
   static dnnl::primitive_attr Attr();
@@ -398,6 +403,7 @@ class DnnlThunkBuilder {
   std::vector<Mem> mems_;
   std::vector<Step> steps_;
   std::vector<Step> post_steps_;
+  std::vector<Step> final_steps_;
   std::vector<Pack> packs_;
   int reorders_ = 0;  // of activations, per run (weight packs not counted): named by Finish
   absl::Status status_;
@@ -457,6 +463,8 @@ struct Epilogue {
   dnnl::algorithm act = dnnl::algorithm::eltwise_relu;
   float alpha = 0.f;
   int residual = -1;  // node of the same-shaped residual, or -1
+  // dst = act(head + bias + residual) instead of residual + act(head + bias) (convolutions).
+  bool residual_first = false;
   int out = -1;       // node whose buffer receives the result (-1: the head itself)
   std::string label;  // "+bias+relu+residual"
 };
@@ -466,8 +474,8 @@ absl::StatusOr<Epilogue> OneDnnEpilogue(const compiler::EpilogueSteps& steps, co
 // matmul with bias and post-ops, writing the last member's buffer (matmul.cc).
 bool CanLowerMatmulEpilogue(const ir::Graph& g, const std::vector<int>& members, bool prefer_loops);
 LowerResult LowerMatmulEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerContext& lc);
-// conv2d [+ bias] [+ activation] as one oneDNN convolution with bias and an eltwise post-op
-// (conv_pool.cc).
+// conv2d [+ bias] [+ residual] [+ activation] as one oneDNN convolution with bias, a binary-add
+// and an eltwise post-op (conv_pool.cc).
 bool CanLowerConvEpilogue(const ir::Graph& g, const std::vector<int>& members, bool prefer_loops);
 LowerResult LowerConvEpilogue(const compiler::ExecutionPlan::Kernel& k, LowerContext& lc);
 LowerResult LowerConv(const ir::Node& n, LowerContext& lc);  // conv_pool.cc
