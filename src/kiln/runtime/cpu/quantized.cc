@@ -1,9 +1,11 @@
-// The cpu backend's int8 ops: quantize as an SSE2 loop, quantized_dot and quantized_conv2d as
-// oneDNN int8 matmul / convolution (s8 source, s8 weights, f32 destination). The matmul takes the
-// per-channel f32 scales as a binary-mul post-op (fallbacks: runtime output scales, a loop); the
-// convolution writes unscaled f32 sums that one loop scales. Both pack their s8 weights into
-// oneDNN's blocked layout once and again only when the weights' bytes change (WeightPacker).
-// oneDNN accumulates in int32 and multiplies the f32-converted sum by the scale once, the
+// The cpu backend's int8 ops: quantize as an SSE2 loop, quantized_dot as the packed s8 gemv
+// (qgemv.cc: up to kQGemvMaxRows rows with the weights bound constant, on an AVX-512 VNNI cpu) or
+// a oneDNN int8 matmul (s8 source, s8 weights, f32 destination), quantized_conv2d as a oneDNN
+// int8 convolution. The matmul takes the per-channel f32 scales as a binary-mul post-op
+// (fallbacks: runtime output scales, a loop); the convolution writes unscaled f32 sums that one
+// loop scales. Both pack their s8 weights into oneDNN's blocked layout once (WeightPacker: at
+// binding for bound weights, else on the first run and again only when the bytes change).
+// Every path accumulates in int32 and multiplies the f32-converted sum by the scale once, the
 // reference kernels' semantics, so the results agree bit for bit (the quantized rows of
 // tests/op_table_nn.cc, quantized_test.cc).
 #include <emmintrin.h>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "kiln/runtime/cpu/internal/common.h"
+#include "kiln/runtime/cpu/internal/qgemv.h"
 
 namespace kiln::runtime::cpu {
 namespace {
@@ -80,20 +83,34 @@ void ScaleChannels(float* y, const float* scale, int64_t count, int64_t channels
 // three compute f32(int32 sum) * scale[n], one rounding each.
 enum class ScaleHow { kPostOp, kRuntimeScales, kLoop };
 
-// Packs `user` (an operand's bytes) into `packed` with `reorder` on the first run and again
-// only when the bytes differ from the last packed copy: an artifact's constant weights are
-// reordered once, weights that change still give the right result.
+// Packs `user` (an operand's bytes) into `packed` with `reorder`. While the operand is constant
+// (Thunk::PrepareConstants: a bound weight) it is packed once, at binding, and a run that hands
+// over that same constant buffer reads the pack without looking at the bytes. Otherwise the pack
+// is made on the first run and again only when the bytes differ from the last packed copy
+// (a memcmp of the weights per run: weights that change still give the right result).
 class WeightPacker {
  public:
   WeightPacker() = default;
-  WeightPacker(dnnl::memory user, dnnl::memory packed, int64_t bytes)
-      : user_(std::move(user)), packed_(std::move(packed)), last_(bytes) {
+  WeightPacker(int node, dnnl::memory user, dnnl::memory packed, int64_t bytes)
+      : node_(node), user_(std::move(user)), packed_(std::move(packed)), bytes_(bytes) {
     reorder_ = dnnl::reorder(user_, packed_);
   }
-  const dnnl::memory& Get(const void* w, dnnl::stream& stream) {
+  void Prepare(const RunContext& ctx, dnnl::stream& stream) {
+    constant_from_ = nullptr;
+    valid_ = false;
+    last_.clear();
+    last_.shrink_to_fit();
+    if (!IsConstant(ctx)) return;
+    Reorder(ctx.buffers[node_], stream);
+    constant_from_ = ctx.buffers[node_];
+  }
+  const dnnl::memory& Get(const RunContext& ctx, dnnl::stream& stream) {
+    const void* w = ctx.buffers[node_];
+    if (constant_from_ != nullptr && w == constant_from_ && IsConstant(ctx)) return packed_;
+    constant_from_ = nullptr;
+    if (last_.empty()) last_.resize(static_cast<size_t>(bytes_));
     if (!valid_ || std::memcmp(w, last_.data(), last_.size()) != 0) {
-      user_.set_data_handle(const_cast<void*>(w));
-      reorder_.execute(stream, user_, packed_);
+      Reorder(w, stream);
       std::memcpy(last_.data(), w, last_.size());
       valid_ = true;
     }
@@ -101,10 +118,22 @@ class WeightPacker {
   }
 
  private:
+  bool IsConstant(const RunContext& ctx) const {
+    return node_ < static_cast<int>(ctx.constant.size()) && ctx.constant[node_] &&
+           ctx.buffers[node_] != nullptr;
+  }
+  void Reorder(const void* w, dnnl::stream& stream) {
+    user_.set_data_handle(const_cast<void*>(w));
+    reorder_.execute(stream, user_, packed_);
+  }
+
+  int node_ = -1;
   dnnl::memory user_, packed_;
   dnnl::reorder reorder_;
-  std::vector<uint8_t> last_;
+  int64_t bytes_ = 0;
+  std::vector<uint8_t> last_;  // the bytes last packed (memcmp path only)
   bool valid_ = false;
+  const void* constant_from_ = nullptr;  // the constant buffer packed at binding
 };
 
 // quantized_dot as a oneDNN int8 matmul on packed weights (WeightPacker), the scales as a
@@ -123,7 +152,7 @@ class QuantizedDotThunk : public Thunk {
 
   void Run(RunContext& ctx) override {
     dnnl::stream& stream = cpu_->stream();
-    const dnnl::memory& wei = packer_.Get(ctx.buffers[p_.w], stream);
+    const dnnl::memory& wei = packer_.Get(ctx, stream);
     p_.src.set_data_handle(ctx.buffers[p_.x]);
     p_.dst.set_data_handle(ctx.buffers[p_.y]);
     p_.scale_mem.set_data_handle(ctx.buffers[p_.scale]);
@@ -135,6 +164,10 @@ class QuantizedDotThunk : public Thunk {
                                {DNNL_ARG_SCRATCHPAD, p_.scratch}});
   }
   std::string name() const override { return p_.name; }
+  absl::Status PrepareConstants(const RunContext& ctx) override {
+    packer_.Prepare(ctx, cpu_->stream());
+    return absl::OkStatus();
+  }
 
  private:
   std::shared_ptr<CpuContext> cpu_;
@@ -170,7 +203,7 @@ absl::StatusOr<std::unique_ptr<Thunk>> PackedQuantizedDot(const ir::Node& n, Low
     p.dst = dnnl::memory(dst_md, eng, DNNL_MEMORY_NONE);
     p.scale_mem = dnnl::memory(scale_md, eng, DNNL_MEMORY_NONE);
     p.scratch = dnnl::memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
-    packer = WeightPacker(dnnl::memory(wei_plain, eng, DNNL_MEMORY_NONE),
+    packer = WeightPacker(n.operand(1), dnnl::memory(wei_plain, eng, DNNL_MEMORY_NONE),
                           dnnl::memory(pd.weights_desc(), eng),
                           static_cast<int64_t>(wei_plain.get_size()));
   }));
@@ -185,7 +218,7 @@ absl::StatusOr<std::unique_ptr<Thunk>> PackedQuantizedDot(const ir::Node& n, Low
   return std::unique_ptr<Thunk>(new QuantizedDotThunk(lc.cpu, std::move(p), std::move(packer)));
 }
 
-LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
+LowerResult LowerQuantizedDotOneDnn(const ir::Node& n, LowerContext& lc) {
   const Shape& xs = lc.operand_type(n, 0).shape;
   const int64_t K = lc.operand_type(n, 1).shape.dim(0), N = lc.operand_type(n, 1).shape.dim(1);
   const int64_t M = K == 0 ? 0 : xs.num_elements() / K;
@@ -243,6 +276,25 @@ LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
   return Unimplemented(n, "oneDNN int8 matmul");
 }
 
+// Up to kQGemvMaxRows rows on a VNNI cpu: the packed s8 kernel (qgemv.cc) while the weights are
+// bound constant, the oneDNN matmul otherwise.
+LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Thunk> onednn, LowerQuantizedDotOneDnn(n, lc));
+  const int64_t K = lc.operand_type(n, 1).shape.dim(0), N = lc.operand_type(n, 1).shape.dim(1);
+  const int64_t M = lc.operand_type(n, 0).shape.num_elements() / K;
+  if (M > kQGemvMaxRows || !QGemvSupported()) return onednn;
+  QGemvSpec spec;
+  spec.x = n.operand(0);
+  spec.w = n.operand(1);
+  spec.scale = n.operand(2);
+  spec.out = n.id();
+  spec.M = M;
+  spec.K = K;
+  spec.N = N;
+  spec.name = ThunkName(n, "packed s8 gemv avx512_vnni");
+  return MakeQGemvThunk(spec, std::move(onednn));
+}
+
 // y[n, o, h, w] = acc[n, h, w, o] * scale[o]: the scales and the NHWC -> NCHW relayout in one
 // pass over the convolution's f32 sums.
 void ScaleNhwcToNchw(const float* acc, const float* scale, float* y, int64_t batch, int64_t o,
@@ -280,7 +332,7 @@ class QuantizedConvThunk : public Thunk {
   void Run(RunContext& ctx) override {
     uint8_t* ws = cpu_->workspace();
     dnnl::stream& stream = cpu_->stream();
-    const dnnl::memory& wei = packer_.Get(ctx.buffers[p_.w], stream);
+    const dnnl::memory& wei = packer_.Get(ctx, stream);
     p_.src_user.set_data_handle(ctx.buffers[p_.x]);
     if (p_.src_reorder) {
       p_.src.set_data_handle(ws + p_.src_off);
@@ -297,6 +349,10 @@ class QuantizedConvThunk : public Thunk {
                     static_cast<float*>(ctx.buffers[p_.y]), p_.n, p_.o, p_.hw);
   }
   std::string name() const override { return p_.name; }
+  absl::Status PrepareConstants(const RunContext& ctx) override {
+    packer_.Prepare(ctx, cpu_->stream());
+    return absl::OkStatus();
+  }
 
  private:
   std::shared_ptr<CpuContext> cpu_;
@@ -331,7 +387,7 @@ LowerResult LowerQuantizedConv(const ir::Node& n, LowerContext& lc) {
     pd = dnnl::convolution_forward::primitive_desc(d, DnnlThunkBuilder::Attr(), eng);
     p.conv = dnnl::convolution_forward(pd);
     p.src_user = dnnl::memory(src_user, eng, DNNL_MEMORY_NONE);
-    packer = WeightPacker(dnnl::memory(wei_user, eng, DNNL_MEMORY_NONE),
+    packer = WeightPacker(n.operand(1), dnnl::memory(wei_user, eng, DNNL_MEMORY_NONE),
                           dnnl::memory(pd.weights_desc(), eng),
                           static_cast<int64_t>(wei_user.get_size()));
     if (pd.src_desc() != src_user) {

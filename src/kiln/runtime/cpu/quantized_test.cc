@@ -1,13 +1,16 @@
 // The int8 ops against hand-computed values, on the reference backend (the oracle) and the cpu
 // backend (oneDNN int8 primitives), which must agree bit for bit.
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kiln/ir/builder.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/runtime/cpu/internal/qgemv.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::runtime {
@@ -177,6 +180,138 @@ TEST(QuantizedDotOp, RepacksChangedWeights) {
     absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, *wt, st});
     ASSERT_TRUE(c.ok() && r.ok());
     EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << (wt == &w2 ? "second" : "first") << " weights";
+  }
+}
+
+// Deterministic s8 values covering the extremes (-128 and 127 included).
+void FillS8(Tensor& t, uint32_t seed) {
+  uint32_t state = seed * 2654435761u + 12345u;
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    t.data<int8_t>()[i] = static_cast<int8_t>(static_cast<int>(state >> 24) - 128);
+  }
+}
+
+Tensor Scales(int64_t n, uint32_t seed) {
+  Tensor t(DType::kF32, Shape{n});
+  for (int64_t i = 0; i < n; ++i)
+    t.data<float>()[i] =
+        (i % 3 == 2 ? -1.f : 1.f) * 1e-3f * static_cast<float>((i * 7 + seed) % 97 + 1);
+  return t;
+}
+
+// quantized_dot x[M, K] . w[K, N] with its weights and scales bound constant, as kiln serve binds
+// them: rows 1..8 take the packed s8 gemv (qgemv.cc) on a VNNI cpu, which must agree with the
+// reference bit for bit at every M, at K not a multiple of 4 or 64 and N not a multiple of 16.
+TEST(QuantizedDotOp, BoundWeightsSmallBatchMatchesReference) {
+  const std::vector<std::pair<int64_t, int64_t>> kn = {
+      {1, 1}, {3, 5}, {4, 16}, {63, 17}, {64, 48}, {100, 33}, {129, 64}, {1000, 10}, {1024, 1024}};
+  for (const auto& [K, N] : kn) {
+    for (int64_t M = 1; M <= 9; ++M) {
+      if (K * N > 4096 && M != 1 && M != 5 && M != 8 && M != 9) continue;  // keep it fast
+      Builder b("qd");
+      Value x = b.Parameter("x", DType::kS8, {M, K});
+      Value w = b.Parameter("w", DType::kS8, {K, N});
+      Value s = b.Parameter("s", DType::kF32, {N});
+      b.Output("y", ir::QuantizedDot(x, w, s));
+      absl::StatusOr<ir::Graph> g = b.Build();
+      ASSERT_TRUE(g.ok()) << g.status();
+      Tensor xt(DType::kS8, Shape{M, K}), wt(DType::kS8, Shape{K, N});
+      FillS8(xt, static_cast<uint32_t>(M * 31 + K));
+      FillS8(wt, static_cast<uint32_t>(K * 17 + N));
+      Tensor st = Scales(N, static_cast<uint32_t>(M));
+      const std::string where =
+          "M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+      auto ref = MakeReferenceBackend()->Compile(*g);
+      auto cpu = MakeCpuBackend()->Compile(*g);
+      ASSERT_TRUE(ref.ok() && cpu.ok()) << where;
+      ASSERT_TRUE((*cpu)->BindConstantParameters({{1, wt}, {2, st}}).ok()) << where;
+      absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, wt, st});
+      absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, wt, st});
+      ASSERT_TRUE(r.ok() && c.ok()) << where;
+      EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << where;
+      // The path the test means to cover is the one that ran.
+      const std::string name = (*cpu)->thunk((*cpu)->num_thunks() - 1).name();
+      const bool packed = name.find("packed s8 gemv") != std::string::npos;
+      EXPECT_EQ(packed, runtime::cpu::QGemvSupported() && M <= runtime::cpu::kQGemvMaxRows)
+          << where << ": " << name;
+      // Unbound again: the oneDNN matmul, same bits.
+      ASSERT_TRUE((*cpu)->BindConstantParameters({}).ok());
+      c = (*cpu)->Run({xt, wt, st});
+      ASSERT_TRUE(c.ok()) << where;
+      EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << where << " unbound";
+    }
+  }
+}
+
+// A new binding repacks: the second weights' result, never the first's pack.
+TEST(QuantizedDotOp, RebindingRepacksWeights) {
+  const int64_t M = 2, K = 70, N = 20;
+  Builder b("qd");
+  Value x = b.Parameter("x", DType::kS8, {M, K});
+  Value w = b.Parameter("w", DType::kS8, {K, N});
+  Value s = b.Parameter("s", DType::kF32, {N});
+  b.Output("y", ir::QuantizedDot(x, w, s));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  Tensor xt(DType::kS8, Shape{M, K}), w1(DType::kS8, Shape{K, N}), w2(DType::kS8, Shape{K, N});
+  FillS8(xt, 1);
+  FillS8(w1, 2);
+  FillS8(w2, 3);
+  Tensor st = Scales(N, 4);
+  auto ref = MakeReferenceBackend()->Compile(*g);
+  auto cpu = MakeCpuBackend()->Compile(*g);
+  ASSERT_TRUE(ref.ok() && cpu.ok());
+  for (const Tensor* wt : {&w1, &w2, &w1}) {
+    ASSERT_TRUE((*cpu)->BindConstantParameters({{1, *wt}}).ok());
+    absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, *wt, st});
+    absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, *wt, st});
+    ASSERT_TRUE(r.ok() && c.ok());
+    EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << (wt == &w2 ? "second" : "first") << " weights";
+  }
+}
+
+// quantize -> quantized_dot -> + bias -> relu, the kiln quantize rewrite's layer, with NaN and
+// infinities in the f32 input and the weights bound: every backend the same bits.
+TEST(QuantizedDotOp, QuantizedLayerWithNonFiniteInputsMatchesReference) {
+  const int64_t M = 3, K = 77, N = 19;
+  Builder b("layer");
+  Value x = b.Parameter("x", DType::kF32, {M, K});
+  Value w = b.Parameter("w", DType::kS8, {K, N});
+  Value s = b.Parameter("s", DType::kF32, {N});
+  Value bias = b.Parameter("b", DType::kF32, {N});
+  b.Output("y", ir::Relu(ir::QuantizedDot(ir::Quantize(x, 0.03f), w, s) +
+                         ir::BroadcastInDim(bias, Shape{M, N}, {1})));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  Tensor xt(DType::kF32, Shape{M, K}), wt(DType::kS8, Shape{K, N}), bt(DType::kF32, Shape{N});
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < xt.num_elements(); ++i)
+    xt.data<float>()[i] = static_cast<float>((i * 37) % 101 - 50) * 0.05f;
+  xt.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  xt.data<float>()[K + 5] = inf;
+  xt.data<float>()[2 * K + 7] = -inf;
+  FillS8(wt, 9);
+  for (int64_t i = 0; i < N; ++i) bt.data<float>()[i] = 0.01f * static_cast<float>(i - 9);
+  Tensor st = Scales(N, 5);
+  auto ref = MakeReferenceBackend()->Compile(*g);
+  auto cpu = MakeCpuBackend()->Compile(*g);
+  ASSERT_TRUE(ref.ok() && cpu.ok());
+  ASSERT_TRUE((*cpu)->BindConstantParameters({{1, wt}, {2, st}, {3, bt}}).ok());
+  absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, wt, st, bt});
+  absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, wt, st, bt});
+  ASSERT_TRUE(r.ok() && c.ok());
+  EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0]));
+}
+
+TEST(QuantizeOp, RejectsNonPositiveScales) {
+  for (float scale : {-0.5f, 0.f, std::numeric_limits<float>::infinity()}) {
+    Builder b("q");
+    Value xv = b.Parameter("x", DType::kF32, {4});
+    b.Output("q", ir::Quantize(xv, scale));
+    absl::StatusOr<ir::Graph> g = b.Build();
+    ASSERT_FALSE(g.ok()) << scale;
+    EXPECT_NE(g.status().message().find("scale"), std::string::npos) << g.status();
   }
 }
 
