@@ -315,5 +315,102 @@ TEST(QuantizeOp, RejectsNonPositiveScales) {
   }
 }
 
+// quantize -> quantized_conv2d -> + bias -> relu, the kiln quantize rewrite's convolution layer:
+// the cpu quantize writes the convolution's NHWC input itself (16 x 16 tiles and scalar edges:
+// channels and spatial sizes below, at and off multiples of 16), the scale loop writes NCHW
+// (4 x 4 tiles and edges). NaN and infinities in the input; every case the reference's bits.
+TEST(QuantizedConv2dOp, QuantizedLayerMatchesReference) {
+  struct Case {
+    int64_t batch, c, h, w, o;
+  };
+  const std::vector<Case> cases = {{1, 1, 8, 8, 16},  {2, 16, 8, 8, 32}, {3, 3, 5, 5, 7},
+                                   {1, 32, 4, 4, 32}, {2, 17, 4, 5, 18}, {1, 20, 7, 3, 5}};
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Case& k : cases) {
+    const std::string where = "batch " + std::to_string(k.batch) + " c " + std::to_string(k.c) +
+                              " " + std::to_string(k.h) + "x" + std::to_string(k.w) + " o " +
+                              std::to_string(k.o);
+    const Shape xs{k.batch, k.c, k.h, k.w}, ys{k.batch, k.o, k.h, k.w};
+    Builder b("qconv");
+    Value x = b.Parameter("x", DType::kF32, xs);
+    Value w = b.Parameter("w", DType::kS8, {k.o, k.c, 3, 3});
+    Value s = b.Parameter("s", DType::kF32, {k.o});
+    Value bias = b.Parameter("b", DType::kF32, {k.o});
+    ir::Conv2dOptions o;
+    o.padding = {1, 1, 1, 1};
+    b.Output("y", ir::Relu(ir::QuantizedConv2d(ir::Quantize(x, 0.04f), w, s, o) +
+                           ir::BroadcastInDim(bias, ys, {1})));
+    absl::StatusOr<ir::Graph> g = b.Build();
+    ASSERT_TRUE(g.ok()) << g.status();
+    Tensor xt(DType::kF32, xs), wt(DType::kS8, Shape{k.o, k.c, 3, 3}), bt(DType::kF32, Shape{k.o});
+    for (int64_t i = 0; i < xt.num_elements(); ++i)
+      xt.data<float>()[i] = static_cast<float>((i * 53) % 211 - 105) * 0.05f;
+    xt.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    xt.data<float>()[xt.num_elements() / 2] = inf;
+    xt.data<float>()[xt.num_elements() - 1] = -inf;
+    FillS8(wt, static_cast<uint32_t>(k.c * 7 + k.o));
+    for (int64_t i = 0; i < k.o; ++i) bt.data<float>()[i] = 0.02f * static_cast<float>(i % 5 - 2);
+    Tensor st = Scales(k.o, 3);
+    auto ref = MakeReferenceBackend()->Compile(*g);
+    auto cpu = MakeCpuBackend()->Compile(*g);
+    ASSERT_TRUE(ref.ok() && cpu.ok()) << where;
+    bool nhwc = false;
+    for (int t = 0; t < (*cpu)->num_thunks(); ++t)
+      nhwc |= (*cpu)->thunk(t).name().find("NCHW -> NHWC") != std::string::npos;
+    EXPECT_TRUE(nhwc) << where << ": the quantize did not write NHWC";
+    for (bool bind : {false, true}) {
+      if (bind) {
+        ASSERT_TRUE((*cpu)->BindConstantParameters({{1, wt}, {2, st}, {3, bt}}).ok());
+      }
+      absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, wt, st, bt});
+      absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, wt, st, bt});
+      ASSERT_TRUE(r.ok() && c.ok()) << where;
+      EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << where << (bind ? " bound" : " unbound");
+    }
+  }
+}
+
+// A quantize that is also a graph output, or that feeds a convolution and something else, keeps
+// NCHW (its other readers see the plain layout); one feeding two convolutions writes NHWC for both.
+TEST(QuantizedConv2dOp, QuantizeLayoutFollowsEveryReader) {
+  const Shape xs{2, 16, 4, 4};
+  ir::Conv2dOptions o;
+  o.padding = {1, 1, 1, 1};
+  Tensor xt(DType::kF32, xs), w1(DType::kS8, Shape{8, 16, 3, 3}),
+      w2(DType::kS8, Shape{8, 16, 3, 3});
+  for (int64_t i = 0; i < xt.num_elements(); ++i)
+    xt.data<float>()[i] = static_cast<float>((i * 29) % 97 - 48) * 0.1f;
+  FillS8(w1, 5);
+  FillS8(w2, 6);
+  Tensor st = Scales(8, 1);
+  for (int variant = 0; variant < 3; ++variant) {
+    Builder b("qconv");
+    Value x = b.Parameter("x", DType::kF32, xs);
+    Value wa = b.Parameter("wa", DType::kS8, {8, 16, 3, 3});
+    Value wb = b.Parameter("wb", DType::kS8, {8, 16, 3, 3});
+    Value s = b.Parameter("s", DType::kF32, {8});
+    Value q = ir::Quantize(x, 0.05f);
+    b.Output("a", ir::QuantizedConv2d(q, wa, s, o));
+    if (variant == 0) b.Output("q", q);
+    if (variant == 1) b.Output("c", ir::Convert(q, DType::kF32));
+    if (variant == 2) b.Output("c", ir::QuantizedConv2d(q, wb, s, o));
+    absl::StatusOr<ir::Graph> g = b.Build();
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto ref = MakeReferenceBackend()->Compile(*g);
+    auto cpu = MakeCpuBackend()->Compile(*g);
+    ASSERT_TRUE(ref.ok() && cpu.ok()) << variant;
+    bool nhwc = false;
+    for (int t = 0; t < (*cpu)->num_thunks(); ++t)
+      nhwc |= (*cpu)->thunk(t).name().find("NCHW -> NHWC") != std::string::npos;
+    EXPECT_EQ(nhwc, variant == 2) << variant;
+    absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, w1, w2, st});
+    absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, w1, w2, st});
+    ASSERT_TRUE(r.ok() && c.ok()) << variant;
+    ASSERT_EQ(r->size(), c->size());
+    for (size_t i = 0; i < r->size(); ++i)
+      EXPECT_TRUE((*c)[i].BitwiseEquals((*r)[i])) << "variant " << variant << " output " << i;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::runtime
