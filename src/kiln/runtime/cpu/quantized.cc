@@ -1,12 +1,12 @@
-// The cpu backend's int8 ops: quantize as an SSE2 loop, quantized_dot as the packed s8 gemv
-// (qgemv.cc: up to kQGemvMaxRows rows with the weights bound constant, on an AVX-512 VNNI cpu) or
-// a oneDNN int8 matmul (s8 source, s8 weights, f32 destination), quantized_conv2d as a oneDNN
-// int8 convolution. The matmul takes the per-channel f32 scales as a binary-mul post-op
-// (fallbacks: runtime output scales, a loop); the convolution writes unscaled f32 sums that one
-// loop scales. Both pack their s8 weights into oneDNN's blocked layout once (WeightPacker: at
-// binding for bound weights, else on the first run and again only when the bytes change).
-// Every path accumulates in int32 and multiplies the f32-converted sum by the scale once, the
-// reference kernels' semantics, so the results agree bit for bit (the quantized rows of
+// The cpu backend's int8 ops: quantize as an AVX-512 or SSE2 loop (quantized_loops.cc),
+// quantized_dot as the packed s8 gemv (qgemv.cc: up to kQGemvMaxRows rows with the weights bound
+// constant, on an AVX-512 VNNI cpu) or a oneDNN int8 matmul (s8 source, s8 weights, f32
+// destination), quantized_conv2d as a oneDNN int8 convolution. The matmul takes the per-channel f32
+// scales as a binary-mul post-op (fallbacks: runtime output scales, a loop); the convolution writes
+// unscaled f32 sums that one loop scales. Both pack their s8 weights into oneDNN's blocked layout
+// once (WeightPacker: at binding for bound weights, else on the first run and again only when the
+// bytes change). Every path accumulates in int32 and multiplies the f32-converted sum by the scale
+// once, the reference kernels' semantics, so the results agree bit for bit (the quantized rows of
 // tests/op_table_nn.cc, quantized_test.cc).
 #include <cmath>
 #include <cstdint>
@@ -96,12 +96,14 @@ LowerResult LowerQuantize(const ir::Node& n, LowerContext& lc) {
   if (QuantizeWritesNhwc(n.id(), lc)) {
     const Shape& s = n.type().shape;
     const int64_t batch = s.dim(0), c = s.dim(1), hw = s.dim(2) * s.dim(3);
-    return MakeFnThunk(n, "sse2 loop, NCHW -> NHWC for the convolution", [=](RunContext& ctx) {
-      QuantizeNchwToNhwc(static_cast<const float*>(ctx.buffers[in]),
-                         static_cast<int8_t*>(ctx.buffers[out]), scale, batch, c, hw);
-    });
+    return MakeFnThunk(
+        n, std::string(QuantizeLoopIsa()) + " loop, NCHW -> NHWC for the convolution",
+        [=](RunContext& ctx) {
+          QuantizeNchwToNhwc(static_cast<const float*>(ctx.buffers[in]),
+                             static_cast<int8_t*>(ctx.buffers[out]), scale, batch, c, hw);
+        });
   }
-  return MakeFnThunk(n, "sse2 loop", [=](RunContext& ctx) {
+  return MakeFnThunk(n, std::string(QuantizeLoopIsa()) + " loop", [=](RunContext& ctx) {
     const float* x = static_cast<const float*>(ctx.buffers[in]);
     int8_t* y = static_cast<int8_t*>(ctx.buffers[out]);
     ParallelFor(count, kElementwiseGrain,

@@ -11,6 +11,7 @@
 #include "kiln/ir/builder.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/cpu/internal/qgemv.h"
+#include "kiln/runtime/cpu/internal/quantized_loops.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::runtime {
@@ -409,6 +410,52 @@ TEST(QuantizedConv2dOp, QuantizeLayoutFollowsEveryReader) {
     ASSERT_EQ(r->size(), c->size());
     for (size_t i = 0; i < r->size(); ++i)
       EXPECT_TRUE((*c)[i].BitwiseEquals((*r)[i])) << "variant " << variant << " output " << i;
+  }
+}
+
+// The reference formula, written out again: clamp(rint(x / s), -127, 127), NaN -> 0.
+int8_t WantQ(float x, float s) {
+  float q = x / s;
+  if (std::isnan(q)) return 0;
+  return static_cast<int8_t>(std::nearbyint(std::fmin(std::fmax(q, -127.f), 127.f)));
+}
+
+// The quantize loops on both ISAs (the AVX-512 one where the cpu has it, and the SSE2 baseline
+// that other cpus run) against the formula: halves, clamps, NaN, infinities, denormals, and
+// lengths / channel and spatial counts that leave scalar edges.
+TEST(QuantizeLoops, BothIsasMatchTheFormula) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x;
+  for (int i = 0; i < 1000; ++i) x.push_back(static_cast<float>(i % 523 - 261) * 0.25f);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[17] = inf;
+  x[18] = -inf;
+  x[33] = std::numeric_limits<float>::denorm_min();
+  x[34] = -1e30f;
+  const float scale = 0.5f;
+  for (bool baseline : {false, true}) {
+    for (int64_t len : {1, 15, 16, 17, 999, 1000}) {
+      std::vector<int8_t> y(len, 99);
+      runtime::cpu::QuantizeRange(x.data(), y.data(), scale, 0, len, baseline);
+      for (int64_t i = 0; i < len; ++i)
+        ASSERT_EQ(y[i], WantQ(x[i], scale))
+            << "baseline " << baseline << " len " << len << " at " << i;
+    }
+    struct Dims {
+      int64_t n, c, hw;
+    };
+    for (Dims d : std::vector<Dims>{{1, 16, 16}, {2, 32, 64}, {1, 17, 20}, {3, 5, 7}, {1, 1, 33}}) {
+      std::vector<float> in(d.n * d.c * d.hw);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = x[(i * 7) % x.size()];
+      std::vector<int8_t> y(in.size(), 99);
+      runtime::cpu::QuantizeNchwToNhwc(in.data(), y.data(), scale, d.n, d.c, d.hw, baseline);
+      for (int64_t n = 0; n < d.n; ++n)
+        for (int64_t c = 0; c < d.c; ++c)
+          for (int64_t p = 0; p < d.hw; ++p)
+            ASSERT_EQ(y[(n * d.hw + p) * d.c + c], WantQ(in[(n * d.c + c) * d.hw + p], scale))
+                << "baseline " << baseline << " n " << n << " c " << c << " p " << p << " of "
+                << d.n << "x" << d.c << "x" << d.hw;
+    }
   }
 }
 
