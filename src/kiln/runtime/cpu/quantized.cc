@@ -1,13 +1,13 @@
-// The cpu backend's int8 ops: quantize as an SSE2 loop, quantized_dot and quantized_conv2d as
-// oneDNN int8 matmul / convolution (s8 source, s8 weights, f32 destination). The matmul takes the
-// per-channel f32 scales as a binary-mul post-op (fallbacks: runtime output scales, a loop); the
-// convolution writes unscaled f32 sums that one loop scales. Both pack their s8 weights into
-// oneDNN's blocked layout once and again only when the weights' bytes change (WeightPacker).
-// oneDNN accumulates in int32 and multiplies the f32-converted sum by the scale once, the
-// reference kernels' semantics, so the results agree bit for bit (the quantized rows of
+// The cpu backend's int8 ops: quantize as an AVX-512 or SSE2 loop (quantized_loops.cc),
+// quantized_dot as the packed s8 gemv (qgemv.cc: up to kQGemvMaxRows rows with the weights bound
+// constant, on an AVX-512 VNNI cpu) or a oneDNN int8 matmul (s8 source, s8 weights, f32
+// destination), quantized_conv2d as a oneDNN int8 convolution. The matmul takes the per-channel f32
+// scales as a binary-mul post-op (fallbacks: runtime output scales, a loop); the convolution writes
+// unscaled f32 sums that one loop scales. Both pack their s8 weights into oneDNN's blocked layout
+// once (WeightPacker: at binding for bound weights, else on the first run and again only when the
+// bytes change). Every path accumulates in int32 and multiplies the f32-converted sum by the scale
+// once, the reference kernels' semantics, so the results agree bit for bit (the quantized rows of
 // tests/op_table_nn.cc, quantized_test.cc).
-#include <emmintrin.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "kiln/runtime/cpu/internal/common.h"
+#include "kiln/runtime/cpu/internal/qgemv.h"
+#include "kiln/runtime/cpu/internal/quantized_loops.h"
 
 namespace kiln::runtime::cpu {
 namespace {
@@ -23,33 +25,66 @@ namespace {
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
-// clamp(rint(x / scale), -127, 127), NaN -> 0: the reference kernel's formula.
-inline int8_t QuantizeOne(float x, float scale) {
-  float q = x / scale;
-  if (q != q) return 0;
-  q = std::fmin(std::fmax(q, -127.f), 127.f);
-  return static_cast<int8_t>(std::nearbyint(q));
+// The oneDNN int8 convolution of quantized_conv2d `n` (source and filter layouts left to oneDNN,
+// f32 NHWC sums), with the filter's dims as oneDNN wants them (grouped: goihw).
+struct QuantizedConvDesc {
+  dnnl::convolution_forward::primitive_desc pd;
+  std::vector<int64_t> wdims;
+};
+QuantizedConvDesc MakeQuantizedConvDesc(const ir::Node& n, const LowerContext& lc) {
+  const Shape& in = lc.operand_type(n, 0).shape;
+  const Shape& f = lc.operand_type(n, 1).shape;
+  const Shape& out = n.type().shape;
+  const std::vector<int64_t> st = n.attr_ints("strides"), pad = n.attr_ints("padding"),
+                             dil = n.attr_ints("dilation");
+  const int64_t groups = n.attr_int("groups");
+  QuantizedConvDesc r;
+  r.wdims = f.dims();
+  if (groups > 1) r.wdims = {groups, f.dim(0) / groups, f.dim(1), f.dim(2), f.dim(3)};
+  const dnnl::memory::dims strides = {st[0], st[1]}, dilates = {dil[0] - 1, dil[1] - 1},
+                           pad_l = {pad[0], pad[2]}, pad_r = {pad[1], pad[3]};
+  dnnl::convolution_forward::desc d(
+      dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+      dnnl::memory::desc(in.dims(), dt::s8, tag::any),
+      dnnl::memory::desc(r.wdims, dt::s8, tag::any),
+      dnnl::memory::desc(out.dims(), dt::f32, tag::nhwc), strides, dilates, pad_l, pad_r);
+  r.pd = dnnl::convolution_forward::primitive_desc(d, DnnlThunkBuilder::Attr(), lc.cpu->engine());
+  return r;
 }
 
-// QuantizeOne over [b, e), 16 values per step with SSE2: the division, NaN -> 0 (an ordered
-// mask), the clamp (minps/maxps), and cvtps2dq, which rounds to nearest even (the default MXCSR
-// mode) like rint, then two saturating packs (no-ops on values in [-127, 127]).
-void QuantizeRange(const float* x, int8_t* y, float scale, int64_t b, int64_t e) {
-  int64_t i = b;
-#if defined(__SSE2__)
-  const __m128 s = _mm_set1_ps(scale), lo = _mm_set1_ps(-127.f), hi = _mm_set1_ps(127.f);
-  auto one = [&](int64_t at) {
-    __m128 q = _mm_div_ps(_mm_loadu_ps(x + at), s);
-    q = _mm_and_ps(q, _mm_cmpord_ps(q, q));
-    return _mm_cvtps_epi32(_mm_min_ps(_mm_max_ps(q, lo), hi));
-  };
-  for (; i + 16 <= e; i += 16) {
-    const __m128i a = _mm_packs_epi32(one(i), one(i + 4));
-    const __m128i c = _mm_packs_epi32(one(i + 8), one(i + 12));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm_packs_epi16(a, c));
+// Whether quantize node `q` writes its s8 result as NHWC instead of NCHW, so that the
+// convolutions reading it skip oneDNN's per-run s8 reorder: q is a rank-4 kernel of its own (no
+// fusion group), not a graph output, and every reader is a quantized_conv2d reading it as its
+// input only, whose oneDNN primitive reads NHWC. LowerQuantize and LowerQuantizedConv both ask,
+// so writer and readers agree.
+bool QuantizeWritesNhwc(int q, const LowerContext& lc) {
+  const ir::Graph& g = lc.graph;
+  const ir::Node& qn = g.node(q);
+  if (qn.opcode() != ir::Opcode::kQuantize || qn.type().shape.rank() != 4 ||
+      g.FusionGroupOf(q) >= 0)
+    return false;
+  for (const ir::Output& o : g.outputs())
+    if (o.node == q) return false;
+  const Shape& s = qn.type().shape;
+  const auto nhwc = dnnl::memory::desc(s.dims(), dt::s8, tag::nhwc);
+  int readers = 0;
+  for (const ir::Node& n : g.nodes()) {
+    bool reads = false;
+    for (int i = 0; i < static_cast<int>(n.operands().size()); ++i) {
+      if (n.operand(i) != q) continue;
+      if (n.opcode() != ir::Opcode::kQuantizedConv2d || i != 0 || g.FusionGroupOf(n.id()) >= 0)
+        return false;
+      reads = true;
+    }
+    if (!reads) continue;
+    ++readers;
+    try {
+      if (MakeQuantizedConvDesc(n, lc).pd.src_desc() != nhwc) return false;
+    } catch (const dnnl::error&) {
+      return false;
+    }
   }
-#endif
-  for (; i < e; ++i) y[i] = QuantizeOne(x[i], scale);
+  return readers > 0;
 }
 
 LowerResult LowerQuantize(const ir::Node& n, LowerContext& lc) {
@@ -58,7 +93,17 @@ LowerResult LowerQuantize(const ir::Node& n, LowerContext& lc) {
   const float scale = static_cast<float>(n.attr_float("scale"));
   const int64_t count = n.type().shape.num_elements();
   const int in = n.operand(0), out = n.id();
-  return MakeFnThunk(n, "sse2 loop", [=](RunContext& ctx) {
+  if (QuantizeWritesNhwc(n.id(), lc)) {
+    const Shape& s = n.type().shape;
+    const int64_t batch = s.dim(0), c = s.dim(1), hw = s.dim(2) * s.dim(3);
+    return MakeFnThunk(
+        n, std::string(QuantizeLoopIsa()) + " loop, NCHW -> NHWC for the convolution",
+        [=](RunContext& ctx) {
+          QuantizeNchwToNhwc(static_cast<const float*>(ctx.buffers[in]),
+                             static_cast<int8_t*>(ctx.buffers[out]), scale, batch, c, hw);
+        });
+  }
+  return MakeFnThunk(n, std::string(QuantizeLoopIsa()) + " loop", [=](RunContext& ctx) {
     const float* x = static_cast<const float*>(ctx.buffers[in]);
     int8_t* y = static_cast<int8_t*>(ctx.buffers[out]);
     ParallelFor(count, kElementwiseGrain,
@@ -80,20 +125,34 @@ void ScaleChannels(float* y, const float* scale, int64_t count, int64_t channels
 // three compute f32(int32 sum) * scale[n], one rounding each.
 enum class ScaleHow { kPostOp, kRuntimeScales, kLoop };
 
-// Packs `user` (an operand's bytes) into `packed` with `reorder` on the first run and again
-// only when the bytes differ from the last packed copy: an artifact's constant weights are
-// reordered once, weights that change still give the right result.
+// Packs `user` (an operand's bytes) into `packed` with `reorder`. While the operand is constant
+// (Thunk::PrepareConstants: a bound weight) it is packed once, at binding, and a run that hands
+// over that same constant buffer reads the pack without looking at the bytes. Otherwise the pack
+// is made on the first run and again only when the bytes differ from the last packed copy
+// (a memcmp of the weights per run: weights that change still give the right result).
 class WeightPacker {
  public:
   WeightPacker() = default;
-  WeightPacker(dnnl::memory user, dnnl::memory packed, int64_t bytes)
-      : user_(std::move(user)), packed_(std::move(packed)), last_(bytes) {
+  WeightPacker(int node, dnnl::memory user, dnnl::memory packed, int64_t bytes)
+      : node_(node), user_(std::move(user)), packed_(std::move(packed)), bytes_(bytes) {
     reorder_ = dnnl::reorder(user_, packed_);
   }
-  const dnnl::memory& Get(const void* w, dnnl::stream& stream) {
+  void Prepare(const RunContext& ctx, dnnl::stream& stream) {
+    constant_from_ = nullptr;
+    valid_ = false;
+    last_.clear();
+    last_.shrink_to_fit();
+    if (!IsConstant(ctx)) return;
+    Reorder(ctx.buffers[node_], stream);
+    constant_from_ = ctx.buffers[node_];
+  }
+  const dnnl::memory& Get(const RunContext& ctx, dnnl::stream& stream) {
+    const void* w = ctx.buffers[node_];
+    if (constant_from_ != nullptr && w == constant_from_ && IsConstant(ctx)) return packed_;
+    constant_from_ = nullptr;
+    if (last_.empty()) last_.resize(static_cast<size_t>(bytes_));
     if (!valid_ || std::memcmp(w, last_.data(), last_.size()) != 0) {
-      user_.set_data_handle(const_cast<void*>(w));
-      reorder_.execute(stream, user_, packed_);
+      Reorder(w, stream);
       std::memcpy(last_.data(), w, last_.size());
       valid_ = true;
     }
@@ -101,10 +160,22 @@ class WeightPacker {
   }
 
  private:
+  bool IsConstant(const RunContext& ctx) const {
+    return node_ < static_cast<int>(ctx.constant.size()) && ctx.constant[node_] &&
+           ctx.buffers[node_] != nullptr;
+  }
+  void Reorder(const void* w, dnnl::stream& stream) {
+    user_.set_data_handle(const_cast<void*>(w));
+    reorder_.execute(stream, user_, packed_);
+  }
+
+  int node_ = -1;
   dnnl::memory user_, packed_;
   dnnl::reorder reorder_;
-  std::vector<uint8_t> last_;
+  int64_t bytes_ = 0;
+  std::vector<uint8_t> last_;  // the bytes last packed (memcmp path only)
   bool valid_ = false;
+  const void* constant_from_ = nullptr;  // the constant buffer packed at binding
 };
 
 // quantized_dot as a oneDNN int8 matmul on packed weights (WeightPacker), the scales as a
@@ -123,7 +194,7 @@ class QuantizedDotThunk : public Thunk {
 
   void Run(RunContext& ctx) override {
     dnnl::stream& stream = cpu_->stream();
-    const dnnl::memory& wei = packer_.Get(ctx.buffers[p_.w], stream);
+    const dnnl::memory& wei = packer_.Get(ctx, stream);
     p_.src.set_data_handle(ctx.buffers[p_.x]);
     p_.dst.set_data_handle(ctx.buffers[p_.y]);
     p_.scale_mem.set_data_handle(ctx.buffers[p_.scale]);
@@ -135,6 +206,10 @@ class QuantizedDotThunk : public Thunk {
                                {DNNL_ARG_SCRATCHPAD, p_.scratch}});
   }
   std::string name() const override { return p_.name; }
+  absl::Status PrepareConstants(const RunContext& ctx) override {
+    packer_.Prepare(ctx, cpu_->stream());
+    return absl::OkStatus();
+  }
 
  private:
   std::shared_ptr<CpuContext> cpu_;
@@ -170,7 +245,7 @@ absl::StatusOr<std::unique_ptr<Thunk>> PackedQuantizedDot(const ir::Node& n, Low
     p.dst = dnnl::memory(dst_md, eng, DNNL_MEMORY_NONE);
     p.scale_mem = dnnl::memory(scale_md, eng, DNNL_MEMORY_NONE);
     p.scratch = dnnl::memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
-    packer = WeightPacker(dnnl::memory(wei_plain, eng, DNNL_MEMORY_NONE),
+    packer = WeightPacker(n.operand(1), dnnl::memory(wei_plain, eng, DNNL_MEMORY_NONE),
                           dnnl::memory(pd.weights_desc(), eng),
                           static_cast<int64_t>(wei_plain.get_size()));
   }));
@@ -185,7 +260,7 @@ absl::StatusOr<std::unique_ptr<Thunk>> PackedQuantizedDot(const ir::Node& n, Low
   return std::unique_ptr<Thunk>(new QuantizedDotThunk(lc.cpu, std::move(p), std::move(packer)));
 }
 
-LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
+LowerResult LowerQuantizedDotOneDnn(const ir::Node& n, LowerContext& lc) {
   const Shape& xs = lc.operand_type(n, 0).shape;
   const int64_t K = lc.operand_type(n, 1).shape.dim(0), N = lc.operand_type(n, 1).shape.dim(1);
   const int64_t M = K == 0 ? 0 : xs.num_elements() / K;
@@ -243,19 +318,23 @@ LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
   return Unimplemented(n, "oneDNN int8 matmul");
 }
 
-// y[n, o, h, w] = acc[n, h, w, o] * scale[o]: the scales and the NHWC -> NCHW relayout in one
-// pass over the convolution's f32 sums.
-void ScaleNhwcToNchw(const float* acc, const float* scale, float* y, int64_t batch, int64_t o,
-                     int64_t hw) {
-  ParallelFor(batch * o, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(hw, 1)),
-              [&](int64_t b, int64_t e) {
-                for (int64_t i = b; i < e; ++i) {
-                  const int64_t n = i / o, c = i % o;
-                  const float* src = acc + n * hw * o + c;
-                  float* dst = y + i * hw;
-                  for (int64_t p = 0; p < hw; ++p) dst[p] = src[p * o] * scale[c];
-                }
-              });
+// Up to kQGemvMaxRows rows on a VNNI cpu: the packed s8 kernel (qgemv.cc) while the weights are
+// bound constant, the oneDNN matmul otherwise.
+LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Thunk> onednn, LowerQuantizedDotOneDnn(n, lc));
+  const int64_t K = lc.operand_type(n, 1).shape.dim(0), N = lc.operand_type(n, 1).shape.dim(1);
+  const int64_t M = lc.operand_type(n, 0).shape.num_elements() / K;
+  if (M > kQGemvMaxRows || !QGemvSupported()) return onednn;
+  QGemvSpec spec;
+  spec.x = n.operand(0);
+  spec.w = n.operand(1);
+  spec.scale = n.operand(2);
+  spec.out = n.id();
+  spec.M = M;
+  spec.K = K;
+  spec.N = N;
+  spec.name = ThunkName(n, "packed s8 gemv avx512_vnni");
+  return MakeQGemvThunk(spec, std::move(onednn));
 }
 
 // quantized_conv2d as one oneDNN int8 convolution. oneDNN 2.6's int8 convolutions take no
@@ -280,7 +359,7 @@ class QuantizedConvThunk : public Thunk {
   void Run(RunContext& ctx) override {
     uint8_t* ws = cpu_->workspace();
     dnnl::stream& stream = cpu_->stream();
-    const dnnl::memory& wei = packer_.Get(ctx.buffers[p_.w], stream);
+    const dnnl::memory& wei = packer_.Get(ctx, stream);
     p_.src_user.set_data_handle(ctx.buffers[p_.x]);
     if (p_.src_reorder) {
       p_.src.set_data_handle(ws + p_.src_off);
@@ -297,6 +376,10 @@ class QuantizedConvThunk : public Thunk {
                     static_cast<float*>(ctx.buffers[p_.y]), p_.n, p_.o, p_.hw);
   }
   std::string name() const override { return p_.name; }
+  absl::Status PrepareConstants(const RunContext& ctx) override {
+    packer_.Prepare(ctx, cpu_->stream());
+    return absl::OkStatus();
+  }
 
  private:
   std::shared_ptr<CpuContext> cpu_;
@@ -306,32 +389,25 @@ class QuantizedConvThunk : public Thunk {
 
 LowerResult LowerQuantizedConv(const ir::Node& n, LowerContext& lc) {
   const Shape& in = lc.operand_type(n, 0).shape;
-  const Shape& f = lc.operand_type(n, 1).shape;
   const Shape& out = n.type().shape;
-  const std::vector<int64_t> st = n.attr_ints("strides"), pad = n.attr_ints("padding"),
-                             dil = n.attr_ints("dilation");
   const int64_t groups = n.attr_int("groups");
-  std::vector<int64_t> wdims = f.dims();
-  if (groups > 1) wdims = {groups, f.dim(0) / groups, f.dim(1), f.dim(2), f.dim(3)};
-  const auto src_user = PlainDesc(in.dims(), dt::s8);
-  const auto wei_user =
-      groups > 1 ? dnnl::memory::desc(wdims, dt::s8, tag::goihw) : PlainDesc(wdims, dt::s8);
+  // The input as its writer laid it out: NHWC when a quantize wrote it for this convolution.
+  const bool nhwc_input = QuantizeWritesNhwc(n.operand(0), lc);
+  const auto src_user =
+      nhwc_input ? dnnl::memory::desc(in.dims(), dt::s8, tag::nhwc) : PlainDesc(in.dims(), dt::s8);
   const auto acc_md = dnnl::memory::desc(out.dims(), dt::f32, tag::nhwc);
-  const dnnl::memory::dims strides = {st[0], st[1]}, dilates = {dil[0] - 1, dil[1] - 1},
-                           pad_l = {pad[0], pad[2]}, pad_r = {pad[1], pad[3]};
   const dnnl::engine& eng = lc.cpu->engine();
   QuantizedConvThunk::Plan p;
   WeightPacker packer;
   dnnl::convolution_forward::primitive_desc pd;
   KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
-    dnnl::convolution_forward::desc d(
-        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-        dnnl::memory::desc(in.dims(), dt::s8, tag::any),
-        dnnl::memory::desc(wdims, dt::s8, tag::any), acc_md, strides, dilates, pad_l, pad_r);
-    pd = dnnl::convolution_forward::primitive_desc(d, DnnlThunkBuilder::Attr(), eng);
+    QuantizedConvDesc d = MakeQuantizedConvDesc(n, lc);
+    pd = d.pd;
+    const auto wei_user =
+        groups > 1 ? dnnl::memory::desc(d.wdims, dt::s8, tag::goihw) : PlainDesc(d.wdims, dt::s8);
     p.conv = dnnl::convolution_forward(pd);
     p.src_user = dnnl::memory(src_user, eng, DNNL_MEMORY_NONE);
-    packer = WeightPacker(dnnl::memory(wei_user, eng, DNNL_MEMORY_NONE),
+    packer = WeightPacker(n.operand(1), dnnl::memory(wei_user, eng, DNNL_MEMORY_NONE),
                           dnnl::memory(pd.weights_desc(), eng),
                           static_cast<int64_t>(wei_user.get_size()));
     if (pd.src_desc() != src_user) {
@@ -346,7 +422,8 @@ LowerResult LowerQuantizedConv(const ir::Node& n, LowerContext& lc) {
   p.acc_off = layout.Add(static_cast<int64_t>(acc_md.get_size()));
   p.scratch_off = layout.Add(static_cast<int64_t>(pd.scratchpad_desc().get_size()));
   lc.cpu->RequireWorkspace(layout.size());
-  p.name = ThunkName(n, std::string("onednn int8 convolution+scale loop ") + pd.impl_info_str());
+  p.name = ThunkName(n, std::string("onednn int8 convolution+scale loop ") +
+                            (nhwc_input ? "NHWC input " : "") + pd.impl_info_str());
   p.x = n.operand(0);
   p.w = n.operand(1);
   p.scale = n.operand(2);

@@ -1,13 +1,17 @@
 // The int8 ops against hand-computed values, on the reference backend (the oracle) and the cpu
 // backend (oneDNN int8 primitives), which must agree bit for bit.
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kiln/ir/builder.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/runtime/cpu/internal/qgemv.h"
+#include "kiln/runtime/cpu/internal/quantized_loops.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::runtime {
@@ -177,6 +181,292 @@ TEST(QuantizedDotOp, RepacksChangedWeights) {
     absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, *wt, st});
     ASSERT_TRUE(c.ok() && r.ok());
     EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << (wt == &w2 ? "second" : "first") << " weights";
+  }
+}
+
+// Deterministic s8 values covering the extremes (-128 and 127 included).
+void FillS8(Tensor& t, uint32_t seed) {
+  uint32_t state = seed * 2654435761u + 12345u;
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    t.data<int8_t>()[i] = static_cast<int8_t>(static_cast<int>(state >> 24) - 128);
+  }
+}
+
+Tensor Scales(int64_t n, uint32_t seed) {
+  Tensor t(DType::kF32, Shape{n});
+  for (int64_t i = 0; i < n; ++i)
+    t.data<float>()[i] =
+        (i % 3 == 2 ? -1.f : 1.f) * 1e-3f * static_cast<float>((i * 7 + seed) % 97 + 1);
+  return t;
+}
+
+// quantized_dot x[M, K] . w[K, N] with its weights and scales bound constant, as kiln serve binds
+// them: rows 1..8 take the packed s8 gemv (qgemv.cc) on a VNNI cpu, which must agree with the
+// reference bit for bit at every M, at K not a multiple of 4 or 64 and N not a multiple of 16.
+TEST(QuantizedDotOp, BoundWeightsSmallBatchMatchesReference) {
+  const std::vector<std::pair<int64_t, int64_t>> kn = {
+      {1, 1}, {3, 5}, {4, 16}, {63, 17}, {64, 48}, {100, 33}, {129, 64}, {1000, 10}, {1024, 1024}};
+  for (const auto& [K, N] : kn) {
+    for (int64_t M = 1; M <= 9; ++M) {
+      if (K * N > 4096 && M != 1 && M != 5 && M != 8 && M != 9) continue;  // keep it fast
+      Builder b("qd");
+      Value x = b.Parameter("x", DType::kS8, {M, K});
+      Value w = b.Parameter("w", DType::kS8, {K, N});
+      Value s = b.Parameter("s", DType::kF32, {N});
+      b.Output("y", ir::QuantizedDot(x, w, s));
+      absl::StatusOr<ir::Graph> g = b.Build();
+      ASSERT_TRUE(g.ok()) << g.status();
+      Tensor xt(DType::kS8, Shape{M, K}), wt(DType::kS8, Shape{K, N});
+      FillS8(xt, static_cast<uint32_t>(M * 31 + K));
+      FillS8(wt, static_cast<uint32_t>(K * 17 + N));
+      Tensor st = Scales(N, static_cast<uint32_t>(M));
+      const std::string where =
+          "M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+      auto ref = MakeReferenceBackend()->Compile(*g);
+      auto cpu = MakeCpuBackend()->Compile(*g);
+      ASSERT_TRUE(ref.ok() && cpu.ok()) << where;
+      ASSERT_TRUE((*cpu)->BindConstantParameters({{1, wt}, {2, st}}).ok()) << where;
+      absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, wt, st});
+      absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, wt, st});
+      ASSERT_TRUE(r.ok() && c.ok()) << where;
+      EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << where;
+      // The path the test means to cover is the one that ran.
+      const std::string name = (*cpu)->thunk((*cpu)->num_thunks() - 1).name();
+      const bool packed = name.find("packed s8 gemv") != std::string::npos;
+      EXPECT_EQ(packed, runtime::cpu::QGemvSupported() && M <= runtime::cpu::kQGemvMaxRows)
+          << where << ": " << name;
+      // Unbound again: the oneDNN matmul, same bits.
+      ASSERT_TRUE((*cpu)->BindConstantParameters({}).ok());
+      c = (*cpu)->Run({xt, wt, st});
+      ASSERT_TRUE(c.ok()) << where;
+      EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << where << " unbound";
+    }
+  }
+}
+
+// A new binding repacks: the second weights' result, never the first's pack.
+TEST(QuantizedDotOp, RebindingRepacksWeights) {
+  const int64_t M = 2, K = 70, N = 20;
+  Builder b("qd");
+  Value x = b.Parameter("x", DType::kS8, {M, K});
+  Value w = b.Parameter("w", DType::kS8, {K, N});
+  Value s = b.Parameter("s", DType::kF32, {N});
+  b.Output("y", ir::QuantizedDot(x, w, s));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  Tensor xt(DType::kS8, Shape{M, K}), w1(DType::kS8, Shape{K, N}), w2(DType::kS8, Shape{K, N});
+  FillS8(xt, 1);
+  FillS8(w1, 2);
+  FillS8(w2, 3);
+  Tensor st = Scales(N, 4);
+  auto ref = MakeReferenceBackend()->Compile(*g);
+  auto cpu = MakeCpuBackend()->Compile(*g);
+  ASSERT_TRUE(ref.ok() && cpu.ok());
+  for (const Tensor* wt : {&w1, &w2, &w1}) {
+    ASSERT_TRUE((*cpu)->BindConstantParameters({{1, *wt}}).ok());
+    absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, *wt, st});
+    absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, *wt, st});
+    ASSERT_TRUE(r.ok() && c.ok());
+    EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << (wt == &w2 ? "second" : "first") << " weights";
+  }
+}
+
+// quantize -> quantized_dot -> + bias -> relu, the kiln quantize rewrite's layer, with NaN and
+// infinities in the f32 input and the weights bound: every backend the same bits.
+TEST(QuantizedDotOp, QuantizedLayerWithNonFiniteInputsMatchesReference) {
+  const int64_t M = 3, K = 77, N = 19;
+  Builder b("layer");
+  Value x = b.Parameter("x", DType::kF32, {M, K});
+  Value w = b.Parameter("w", DType::kS8, {K, N});
+  Value s = b.Parameter("s", DType::kF32, {N});
+  Value bias = b.Parameter("b", DType::kF32, {N});
+  b.Output("y", ir::Relu(ir::QuantizedDot(ir::Quantize(x, 0.03f), w, s) +
+                         ir::BroadcastInDim(bias, Shape{M, N}, {1})));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  Tensor xt(DType::kF32, Shape{M, K}), wt(DType::kS8, Shape{K, N}), bt(DType::kF32, Shape{N});
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < xt.num_elements(); ++i)
+    xt.data<float>()[i] = static_cast<float>((i * 37) % 101 - 50) * 0.05f;
+  xt.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  xt.data<float>()[K + 5] = inf;
+  xt.data<float>()[2 * K + 7] = -inf;
+  FillS8(wt, 9);
+  for (int64_t i = 0; i < N; ++i) bt.data<float>()[i] = 0.01f * static_cast<float>(i - 9);
+  Tensor st = Scales(N, 5);
+  auto ref = MakeReferenceBackend()->Compile(*g);
+  auto cpu = MakeCpuBackend()->Compile(*g);
+  ASSERT_TRUE(ref.ok() && cpu.ok());
+  ASSERT_TRUE((*cpu)->BindConstantParameters({{1, wt}, {2, st}, {3, bt}}).ok());
+  absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, wt, st, bt});
+  absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, wt, st, bt});
+  ASSERT_TRUE(r.ok() && c.ok());
+  EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0]));
+}
+
+TEST(QuantizeOp, RejectsNonPositiveScales) {
+  for (float scale : {-0.5f, 0.f, std::numeric_limits<float>::infinity()}) {
+    Builder b("q");
+    Value xv = b.Parameter("x", DType::kF32, {4});
+    b.Output("q", ir::Quantize(xv, scale));
+    absl::StatusOr<ir::Graph> g = b.Build();
+    ASSERT_FALSE(g.ok()) << scale;
+    EXPECT_NE(g.status().message().find("scale"), std::string::npos) << g.status();
+  }
+}
+
+// quantize -> quantized_conv2d -> + bias -> relu, the kiln quantize rewrite's convolution layer:
+// the cpu quantize writes the convolution's NHWC input itself (16 x 16 tiles and scalar edges:
+// channels and spatial sizes below, at and off multiples of 16), the scale loop writes NCHW
+// (4 x 4 tiles and edges). NaN and infinities in the input; every case the reference's bits.
+TEST(QuantizedConv2dOp, QuantizedLayerMatchesReference) {
+  struct Case {
+    int64_t batch, c, h, w, o, stride = 1, groups = 1;
+  };
+  // Strided and grouped (depthwise) ones too: whatever layout oneDNN picks for them, writer and
+  // reader must agree.
+  const std::vector<Case> cases = {
+      {1, 1, 8, 8, 16},        {2, 16, 8, 8, 32},       {3, 3, 5, 5, 7},
+      {1, 32, 4, 4, 32},       {2, 17, 4, 5, 18},       {1, 20, 7, 3, 5},
+      {2, 16, 8, 8, 32, 2, 1}, {2, 16, 8, 8, 32, 1, 2}, {1, 16, 6, 6, 16, 1, 16}};
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Case& k : cases) {
+    const std::string where = "batch " + std::to_string(k.batch) + " c " + std::to_string(k.c) +
+                              " " + std::to_string(k.h) + "x" + std::to_string(k.w) + " o " +
+                              std::to_string(k.o) + " stride " + std::to_string(k.stride) +
+                              " groups " + std::to_string(k.groups);
+    const int64_t oh = (k.h - 1) / k.stride + 1, ow = (k.w - 1) / k.stride + 1;
+    const Shape xs{k.batch, k.c, k.h, k.w}, ys{k.batch, k.o, oh, ow};
+    const Shape fs{k.o, k.c / k.groups, 3, 3};
+    Builder b("qconv");
+    Value x = b.Parameter("x", DType::kF32, xs);
+    Value w = b.Parameter("w", DType::kS8, fs);
+    Value s = b.Parameter("s", DType::kF32, {k.o});
+    Value bias = b.Parameter("b", DType::kF32, {k.o});
+    ir::Conv2dOptions o;
+    o.padding = {1, 1, 1, 1};
+    o.strides = {k.stride, k.stride};
+    o.groups = k.groups;
+    b.Output("y", ir::Relu(ir::QuantizedConv2d(ir::Quantize(x, 0.04f), w, s, o) +
+                           ir::BroadcastInDim(bias, ys, {1})));
+    absl::StatusOr<ir::Graph> g = b.Build();
+    ASSERT_TRUE(g.ok()) << g.status();
+    Tensor xt(DType::kF32, xs), wt(DType::kS8, fs), bt(DType::kF32, Shape{k.o});
+    for (int64_t i = 0; i < xt.num_elements(); ++i)
+      xt.data<float>()[i] = static_cast<float>((i * 53) % 211 - 105) * 0.05f;
+    xt.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    xt.data<float>()[xt.num_elements() / 2] = inf;
+    xt.data<float>()[xt.num_elements() - 1] = -inf;
+    FillS8(wt, static_cast<uint32_t>(k.c * 7 + k.o));
+    for (int64_t i = 0; i < k.o; ++i) bt.data<float>()[i] = 0.02f * static_cast<float>(i % 5 - 2);
+    Tensor st = Scales(k.o, 3);
+    auto ref = MakeReferenceBackend()->Compile(*g);
+    auto cpu = MakeCpuBackend()->Compile(*g);
+    ASSERT_TRUE(ref.ok() && cpu.ok()) << where;
+    bool nhwc = false;
+    for (int t = 0; t < (*cpu)->num_thunks(); ++t)
+      nhwc |= (*cpu)->thunk(t).name().find("NCHW -> NHWC") != std::string::npos;
+    if (k.groups == 1) {
+      EXPECT_TRUE(nhwc) << where << ": the quantize did not write NHWC";
+    }
+    for (bool bind : {false, true}) {
+      if (bind) {
+        ASSERT_TRUE((*cpu)->BindConstantParameters({{1, wt}, {2, st}, {3, bt}}).ok());
+      }
+      absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, wt, st, bt});
+      absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, wt, st, bt});
+      ASSERT_TRUE(r.ok() && c.ok()) << where;
+      EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << where << (bind ? " bound" : " unbound");
+    }
+  }
+}
+
+// A quantize that is also a graph output, or that feeds a convolution and something else, keeps
+// NCHW (its other readers see the plain layout); one feeding two convolutions writes NHWC for both.
+TEST(QuantizedConv2dOp, QuantizeLayoutFollowsEveryReader) {
+  const Shape xs{2, 16, 4, 4};
+  ir::Conv2dOptions o;
+  o.padding = {1, 1, 1, 1};
+  Tensor xt(DType::kF32, xs), w1(DType::kS8, Shape{8, 16, 3, 3}),
+      w2(DType::kS8, Shape{8, 16, 3, 3});
+  for (int64_t i = 0; i < xt.num_elements(); ++i)
+    xt.data<float>()[i] = static_cast<float>((i * 29) % 97 - 48) * 0.1f;
+  FillS8(w1, 5);
+  FillS8(w2, 6);
+  Tensor st = Scales(8, 1);
+  for (int variant = 0; variant < 3; ++variant) {
+    Builder b("qconv");
+    Value x = b.Parameter("x", DType::kF32, xs);
+    Value wa = b.Parameter("wa", DType::kS8, {8, 16, 3, 3});
+    Value wb = b.Parameter("wb", DType::kS8, {8, 16, 3, 3});
+    Value s = b.Parameter("s", DType::kF32, {8});
+    Value q = ir::Quantize(x, 0.05f);
+    b.Output("a", ir::QuantizedConv2d(q, wa, s, o));
+    if (variant == 0) b.Output("q", q);
+    if (variant == 1) b.Output("c", ir::Convert(q, DType::kF32));
+    if (variant == 2) b.Output("c", ir::QuantizedConv2d(q, wb, s, o));
+    absl::StatusOr<ir::Graph> g = b.Build();
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto ref = MakeReferenceBackend()->Compile(*g);
+    auto cpu = MakeCpuBackend()->Compile(*g);
+    ASSERT_TRUE(ref.ok() && cpu.ok()) << variant;
+    bool nhwc = false;
+    for (int t = 0; t < (*cpu)->num_thunks(); ++t)
+      nhwc |= (*cpu)->thunk(t).name().find("NCHW -> NHWC") != std::string::npos;
+    EXPECT_EQ(nhwc, variant == 2) << variant;
+    absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, w1, w2, st});
+    absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, w1, w2, st});
+    ASSERT_TRUE(r.ok() && c.ok()) << variant;
+    ASSERT_EQ(r->size(), c->size());
+    for (size_t i = 0; i < r->size(); ++i)
+      EXPECT_TRUE((*c)[i].BitwiseEquals((*r)[i])) << "variant " << variant << " output " << i;
+  }
+}
+
+// The reference formula, written out again: clamp(rint(x / s), -127, 127), NaN -> 0.
+int8_t WantQ(float x, float s) {
+  float q = x / s;
+  if (std::isnan(q)) return 0;
+  return static_cast<int8_t>(std::nearbyint(std::fmin(std::fmax(q, -127.f), 127.f)));
+}
+
+// The quantize loops on both ISAs (the AVX-512 one where the cpu has it, and the SSE2 baseline
+// that other cpus run) against the formula: halves, clamps, NaN, infinities, denormals, and
+// lengths / channel and spatial counts that leave scalar edges.
+TEST(QuantizeLoops, BothIsasMatchTheFormula) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x;
+  for (int i = 0; i < 1000; ++i) x.push_back(static_cast<float>(i % 523 - 261) * 0.25f);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[17] = inf;
+  x[18] = -inf;
+  x[33] = std::numeric_limits<float>::denorm_min();
+  x[34] = -1e30f;
+  const float scale = 0.5f;
+  for (bool baseline : {false, true}) {
+    for (int64_t len : {1, 15, 16, 17, 999, 1000}) {
+      std::vector<int8_t> y(len, 99);
+      runtime::cpu::QuantizeRange(x.data(), y.data(), scale, 0, len, baseline);
+      for (int64_t i = 0; i < len; ++i)
+        ASSERT_EQ(y[i], WantQ(x[i], scale))
+            << "baseline " << baseline << " len " << len << " at " << i;
+    }
+    struct Dims {
+      int64_t n, c, hw;
+    };
+    for (Dims d : std::vector<Dims>{{1, 16, 16}, {2, 32, 64}, {1, 17, 20}, {3, 5, 7}, {1, 1, 33}}) {
+      std::vector<float> in(d.n * d.c * d.hw);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = x[(i * 7) % x.size()];
+      std::vector<int8_t> y(in.size(), 99);
+      runtime::cpu::QuantizeNchwToNhwc(in.data(), y.data(), scale, d.n, d.c, d.hw, baseline);
+      for (int64_t n = 0; n < d.n; ++n)
+        for (int64_t c = 0; c < d.c; ++c)
+          for (int64_t p = 0; p < d.hw; ++p)
+            ASSERT_EQ(y[(n * d.hw + p) * d.c + c], WantQ(in[(n * d.c + c) * d.hw + p], scale))
+                << "baseline " << baseline << " n " << n << " c " << c << " p " << p << " of "
+                << d.n << "x" << d.c << "x" << d.hw;
+    }
   }
 }
 
