@@ -1,8 +1,8 @@
-// The input normalization of a model trained with `data.augment.normalize` (data/augment.h): the
-// input pipeline feeds the model (x - mean[c]) / std[c] per channel of its C x H x W features, so
-// `kiln export` records the transform in the artifact's manifest (metadata key
-// "input_normalization", docs/formats.md "Exported artifact") and `kiln predict` applies it to
-// the raw inputs it is given, as the pipeline did in training (docs/cli.md "kiln predict").
+// The input normalization of a model trained with `data.augment.normalize`, from its config: what
+// `kiln export` records in the artifact's manifest (metadata key "input_normalization",
+// docs/formats.md "Exported artifact"). The artifact side, which `kiln predict` and `kiln serve`
+// both apply to raw inputs (the struct, Apply, reading it back from an artifact), is
+// kiln/serve/input_normalization.h; its names are used here as kiln::cli's.
 //
 //   std::optional<InputNormalization> n = InputNormalizationOf(config, "x");   // at export
 //   if (n) metadata[kInputNormalizationKey] = n->ToJson();
@@ -12,45 +12,21 @@
 #ifndef KILN_CLI_INPUT_NORMALIZATION_H_
 #define KILN_CLI_INPUT_NORMALIZATION_H_
 
-#include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "kiln/compiler/artifact.h"
-#include "kiln/tensor/tensor.h"
+#include "kiln/serve/input_normalization.h"
 #include "kiln/train/config.h"
 
 namespace kiln::cli {
 
-inline constexpr char kInputNormalizationKey[] = "input_normalization";
-
-struct InputNormalization {
-  std::string input;  // the runtime input it applies to
-  int64_t channels = 0, height = 0, width = 0;
-  std::vector<double> mean, std;  // one per channel, std > 0
-
-  // {"input": "x", "layout": "chw", "shape": [C, H, W], "mean": [...], "std": [...],
-  //  "from": "data.augment.normalize"}
-  std::string ToJson() const;
-  // In place on every example of `x` (f32, [N, ...] with C*H*W values per example, CHW), in f32
-  // exactly as the pipeline computes it: (v - float(mean[c])) / float(std[c]). InvalidArgument
-  // naming the input when x is not f32 or its examples do not hold C*H*W values.
-  absl::Status Apply(Tensor& x) const;
-  void ApplyToExample(float* x) const;  // one example's C*H*W floats
-};
+using serve::InputNormalization;
+using serve::InputNormalizationOf;
+using serve::kInputNormalizationKey;
 
 // The config's normalization (nullopt when data.augment.normalize is not set), for `input`.
 std::optional<InputNormalization> InputNormalizationOf(const train::TrainConfig& config,
                                                        const std::string& input);
-
-// The artifact's recorded normalization: nullopt when it has none (exported without it, or by a
-// Kiln that did not record it); InvalidArgument naming the manifest key when it is malformed or
-// names no f32 runtime input of C*H*W values per example.
-absl::StatusOr<std::optional<InputNormalization>> InputNormalizationOf(
-    const compiler::Artifact& artifact);
 
 }  // namespace kiln::cli
 

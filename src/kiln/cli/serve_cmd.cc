@@ -107,8 +107,10 @@ absl::Status RunServe(const ServeOptions& o, std::ostream& out) {
   }
 
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Backend> backend, MakeBackendByName(o.backend));
-  serve::InferenceServer server(so);
+  // The repository outlives the server (declared first: destroyed last), whose Shutdown stops
+  // its loader.
   std::unique_ptr<serve::ModelRepository> repo;
+  serve::InferenceServer server(so);
   if (!o.model.empty()) {
     std::string name = o.name;
     if (name.empty()) name = fs::path(o.model).lexically_normal().filename().string();
@@ -147,6 +149,7 @@ absl::Status RunServe(const ServeOptions& o, std::ostream& out) {
     out << "kiln serve: model " << m->name() << " version " << m->version() << " from " << m->dir()
         << " (batch sizes " << absl::StrJoin(m->compiled_sizes(), ",") << ", "
         << m->config().instances << (m->config().instances == 1 ? " instance" : " instances")
+        << (m->normalization() ? "; inputs normalized as in training: data.augment.normalize" : "")
         << ") ready\n";
   }
   out << std::flush;

@@ -204,7 +204,7 @@ absl::StatusOr<InferBody> InferBodyFromProto(const inference::ModelInferRequest&
     int64_t n = 1;
     for (int d = 0; d < in.shape_size(); ++d) {
       const int64_t v = in.shape(d);
-      if (v < 0) return Bad(absl::StrCat(at, ".shape[", d, "]"), "expected a dimension >= 0");
+      if (v < 0) return NegativeDimension(absl::StrCat(at, ".shape[", d, "]"), v);
       if (v != 0 && n > max_elements / v)
         n = max_elements + 1;  // no overflow
       else

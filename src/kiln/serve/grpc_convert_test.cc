@@ -11,31 +11,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kiln/serve/internal/grpc_test_util.h"
 
 namespace kiln::serve {
 namespace {
 
-// rows x 4 values as typed fp32 contents, or raw.
-inference::ModelInferRequest Request(const std::string& model, const std::vector<float>& values,
-                                     bool raw) {
-  inference::ModelInferRequest r;
-  r.set_model_name(model);
-  r.set_id("req-7");
-  auto* in = r.add_inputs();
-  in->set_name("x");
-  in->set_datatype("FP32");
-  in->add_shape(static_cast<int64_t>(values.size() / 4));
-  in->add_shape(4);
-  if (raw) {
-    r.add_raw_input_contents(reinterpret_cast<const char*>(values.data()),
-                             values.size() * sizeof(float));
-  } else {
-    for (float v : values) in->mutable_contents()->add_fp32_contents(v);
-  }
-  return r;
-}
-
-const std::vector<float> kRows = {0.5f, -1, 2, 0.25f, 1, 1, 1, 1};
+using testing::kRows;
+using testing::Request;
 
 // Random and mutated bytes that parse as a ModelInferRequest: the conversion answers OK,
 // InvalidArgument or ResourceExhausted, and never crashes (serve_asan_grpc_convert_test runs this

@@ -7,8 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <list>
-#include <thread>
+#include <condition_variable>
 #include <utility>
 #include <vector>
 
@@ -42,6 +41,8 @@ const char* CodeName(grpc::StatusCode c) {
       return "RESOURCE_EXHAUSTED";
     case grpc::StatusCode::FAILED_PRECONDITION:
       return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
     case grpc::StatusCode::UNAVAILABLE:
       return "UNAVAILABLE";
     case grpc::StatusCode::INTERNAL:
@@ -262,14 +263,11 @@ class GrpcServer::Service final : public RawService {
     return LoadOrUnload<inference::RepositoryModelUnloadResponse>(ctx, bytes, out, &req, true);
   }
 
-  // Waits for the loads and unloads still running (after the server stopped taking calls).
+  // Waits for the repository loads and unloads still to answer (after the server stopped
+  // taking calls).
   void JoinJobs() {
-    std::list<Job> jobs;
-    {
-      std::lock_guard<std::mutex> lock(jobs_mu_);
-      jobs.swap(jobs_);
-    }
-    for (Job& j : jobs) j.thread.join();
+    std::unique_lock<std::mutex> lock(jobs_mu_);
+    jobs_cv_.wait(lock, [this] { return jobs_ == 0; });
   }
   ~Service() override { JoinJobs(); }
 
@@ -290,9 +288,11 @@ class GrpcServer::Service final : public RawService {
     return repo;
   }
 
-  // Load and unload compile or stop models (seconds), so they run on a thread of their own and
-  // answer from there; no gRPC thread waits. Unknown models are NOT_FOUND; a load that fails
-  // for its files or config is FAILED_PRECONDITION (the versions serving keep serving).
+  // Load and unload compile or stop models (seconds), so they run on the repository's loader
+  // thread, as REST's do (ModelRepository::Submit: one job per model at a time, a second one
+  // ABORTED), and answer from there; no gRPC thread waits. Unknown models are NOT_FOUND; a load
+  // that fails for its files or config is FAILED_PRECONDITION (the versions serving keep
+  // serving); UNAVAILABLE once the server is shutting down.
   template <typename Response, typename Request>
   grpc::ServerUnaryReactor* LoadOrUnload(grpc::CallbackServerContext* ctx,
                                          const grpc::ByteBuffer* bytes, grpc::ByteBuffer* out,
@@ -310,38 +310,26 @@ class GrpcServer::Service final : public RawService {
     if (absl::Status p = CheckRepositoryParameters(req->parameters(), unload); !p.ok())
       return Reply(ctx, method, ToGrpc(p), start_us, log);
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    std::lock_guard<std::mutex> lock(jobs_mu_);
-    ReapJobs();
-    Job& job = jobs_.emplace_back();
-    std::atomic<bool>* done = &job.done;
-    job.thread = std::thread([this, ctx, reactor, out, method, start_us, unload, done,
-                              model = req->model_name(), log = std::move(log),
-                              repository = *repo]() mutable {
-      absl::Status s = unload ? repository->Unload(model) : repository->Load(model);
-      if (!s.ok() && s.code() != absl::StatusCode::kNotFound)
-        s = absl::FailedPreconditionError(s.message());
-      if (s.ok()) Serialize(Response(), out);
-      grpc::Status g = ToGrpc(s);
-      Finished(ctx, method, g, start_us, std::move(log));
-      reactor->Finish(std::move(g));
-      done->store(true);
-    });
-    return reactor;
-  }
-
-  struct Job {
-    std::thread thread;
-    std::atomic<bool> done{false};
-  };
-  void ReapJobs() {  // under jobs_mu_: joins the jobs that have answered
-    for (auto it = jobs_.begin(); it != jobs_.end();) {
-      if (it->done.load()) {
-        it->thread.join();
-        it = jobs_.erase(it);
-      } else {
-        ++it;
-      }
+    {
+      std::lock_guard<std::mutex> lock(jobs_mu_);
+      ++jobs_;
     }
+    log.remote = ctx->peer();
+    (*repo)->Submit(unload ? ModelRepository::Job::kUnload : ModelRepository::Job::kLoad,
+                    req->model_name(),
+                    [this, reactor, out, method, start_us, log](absl::Status s) mutable {
+                      const absl::StatusCode c = s.code();
+                      if (!s.ok() && c != absl::StatusCode::kNotFound &&
+                          c != absl::StatusCode::kAborted && c != absl::StatusCode::kUnavailable)
+                        s = absl::FailedPreconditionError(s.message());
+                      if (s.ok()) Serialize(Response(), out);
+                      grpc::Status g = ToGrpc(s);
+                      Finished(nullptr, method, g, start_us, std::move(log));
+                      reactor->Finish(std::move(g));
+                      std::lock_guard<std::mutex> lock(jobs_mu_);
+                      if (--jobs_ == 0) jobs_cv_.notify_all();
+                    });
+    return reactor;
   }
 
   // Counts the call and writes its access-log line (remote from `ctx` unless already set).
@@ -368,7 +356,8 @@ class GrpcServer::Service final : public RawService {
 
   InferenceServer* const server_;
   std::mutex jobs_mu_;
-  std::list<Job> jobs_;  // repository loads and unloads, running or answered
+  std::condition_variable jobs_cv_;
+  int64_t jobs_ = 0;  // repository loads and unloads submitted and not yet answered
 };
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(InferenceServer* server,

@@ -17,7 +17,8 @@
 // naming the field, NOT_FOUND for an unknown model or version, UNAVAILABLE for a full queue, a
 // queue timeout or a server shutting down, RESOURCE_EXHAUSTED for an input over
 // ServerOptions::max_input_elements or a message over max_message_bytes; FAILED_PRECONDITION for
-// a repository load that failed (or no repository); INTERNAL only for a broken invariant.
+// a repository load that failed (or no repository); ABORTED for a repository load or unload of
+// a model that has one running already (REST's 409); INTERNAL only for a broken invariant.
 // Requests are counted in /metrics as kiln_grpc_requests_total{method,code} and, for
 // ModelInfer, in the model's kiln_inference_* metrics with the REST requests.
 #ifndef KILN_SERVE_GRPC_SERVER_H_

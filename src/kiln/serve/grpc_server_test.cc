@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/serve/grpc_convert.h"
+#include "kiln/serve/internal/grpc_test_util.h"
 #include "kiln/serve/internal/test_client.h"
 #include "kiln/serve/internal/test_model.h"
 #include "kiln/serve/proto/inference.grpc.pb.h"
@@ -117,27 +118,8 @@ class GrpcServerTest : public ::testing::Test {
   std::unique_ptr<Stub> stub_;
 };
 
-// rows x 4 values as typed fp32 contents, or raw.
-inference::ModelInferRequest Request(const std::string& model, const std::vector<float>& values,
-                                     bool raw) {
-  inference::ModelInferRequest r;
-  r.set_model_name(model);
-  r.set_id("req-7");
-  auto* in = r.add_inputs();
-  in->set_name("x");
-  in->set_datatype("FP32");
-  in->add_shape(static_cast<int64_t>(values.size() / 4));
-  in->add_shape(4);
-  if (raw) {
-    r.add_raw_input_contents(reinterpret_cast<const char*>(values.data()),
-                             values.size() * sizeof(float));
-  } else {
-    for (float v : values) in->mutable_contents()->add_fp32_contents(v);
-  }
-  return r;
-}
-
-const std::vector<float> kRows = {0.5f, -1, 2, 0.25f, 1, 1, 1, 1};
+using testing::kRows;
+using testing::Request;
 
 TEST_F(GrpcServerTest, HealthAndMetadata) {
   {
@@ -288,6 +270,8 @@ TEST_F(GrpcServerTest, BadRequestsGetTheRightCodes) {
          r.mutable_inputs(0)->set_shape(1, 2);
        },
        grpc::StatusCode::INVALID_ARGUMENT, "inputs[0].shape: [4,2]; 'x' takes FP32 [N,4]"},
+      {"negative dimension", [](auto& r) { r.mutable_inputs(0)->set_shape(1, -3); },
+       grpc::StatusCode::INVALID_ARGUMENT, "inputs[0].shape[1] is -3: dimensions must be >= 0"},
       {"too many rows",
        [](auto& r) {
          r.mutable_inputs(0)->clear_contents();
@@ -361,10 +345,10 @@ TEST_F(GrpcServerTest, BadRequestsGetTheRightCodes) {
   }
   const std::string m = Metrics();
   EXPECT_NE(m.find("kiln_inference_requests_total{model=\"mlp\",version=\"1\",outcome=\"bad_"
-                   "request\"} 17"),
+                   "request\"} 18"),
             std::string::npos)
-      << m;  // the 17 cases that reached the model (not the 2 NOT_FOUND, nor the oversized)
-  EXPECT_NE(m.find("kiln_grpc_requests_total{method=\"ModelInfer\",code=\"INVALID_ARGUMENT\"} 16"),
+      << m;  // the 18 cases that reached the model (not the 2 NOT_FOUND, nor the oversized)
+  EXPECT_NE(m.find("kiln_grpc_requests_total{method=\"ModelInfer\",code=\"INVALID_ARGUMENT\"} 17"),
             std::string::npos)
       << m;
   EXPECT_NE(m.find("kiln_grpc_requests_total{method=\"ModelInfer\",code=\"NOT_FOUND\"} 2"),
@@ -706,6 +690,82 @@ TEST_F(GrpcServerTest, RepositoryIndexLoadAndUnload) {
   s = stub_->RepositoryIndex(ctx.get(), {}, &r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(s.error_message(), "this server has no model repository (--model-repository)");
+}
+
+// RepositoryModelLoad runs on the repository's loader thread, the same one REST's load uses: while
+// a gRPC load is held (a test hook), ServerLive and ModelInfer answer, a second load of the model
+// over gRPC is ABORTED and over REST 409; the held load answers OK when it finishes.
+TEST_F(GrpcServerTest, RepositoryLoadsShareRestsLoaderThread) {
+  const std::string repo = test_support::MakeTempDir("grpc_repo_async");
+  ASSERT_TRUE(testing::WriteTestMlp(repo + "/mlp/1").ok());
+  std::unique_ptr<ModelRepository> repository;  // outlives the server
+  ServerOptions o;
+  o.http.threads = 1;
+  InferenceServer server(o);
+  repository =
+      std::make_unique<ModelRepository>(repo, ModelConfig{}, backend_.get(), &server.registry());
+  ASSERT_TRUE(repository->LoadAll().ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, released = false;
+  repository->set_job_hook_for_testing([&](const std::string&) {
+    std::unique_lock<std::mutex> lock(mu);
+    entered = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+  });
+  server.set_repository(repository.get());
+  ASSERT_TRUE(server.Start().ok());
+  auto grpc = GrpcServer::Start(&server, GrpcServerOptions{});
+  ASSERT_TRUE(grpc.ok()) << grpc.status();
+  auto stub = inference::GRPCInferenceService::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*grpc)->port()), grpc::InsecureChannelCredentials()));
+  auto load = [&]() {
+    inference::RepositoryModelLoadRequest q;
+    q.set_model_name("mlp");
+    inference::RepositoryModelLoadResponse r;
+    auto ctx = Context();
+    return stub->RepositoryModelLoad(ctx.get(), q, &r);
+  };
+  grpc::Status held = grpc::Status(grpc::StatusCode::UNKNOWN, "not answered");
+  std::thread loader([&] { held = load(); });
+  struct Guard {  // released and joined even on a failed ASSERT
+    std::function<void()> f;
+    ~Guard() { f(); }
+  } guard{[&] {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      released = true;
+      cv.notify_all();
+    }
+    if (loader.joinable()) loader.join();
+  }};
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return entered; }));
+  }
+  {
+    inference::ServerLiveResponse r;
+    auto ctx = Context();
+    EXPECT_TRUE(stub->ServerLive(ctx.get(), {}, &r).ok());
+    inference::ModelInferResponse ir;
+    auto ctx2 = Context();
+    grpc::Status s = stub->ModelInfer(ctx2.get(), Request("mlp", kRows, false), &ir);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  grpc::Status again = load();
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::ABORTED) << again.error_message();
+  EXPECT_NE(again.error_message().find("model 'mlp' is already loading or unloading"),
+            std::string::npos)
+      << again.error_message();
+  testing::TestClient c(server.port());
+  EXPECT_EQ(c.Send("GET", "/v2/health/live").status, 200);
+  EXPECT_EQ(c.Send("POST", "/v2/repository/models/mlp/load").status, 409);
+  guard.f();
+  EXPECT_TRUE(held.ok()) << held.error_message();
+  EXPECT_TRUE(load().ok());  // free again
+  server.Shutdown(2000);
+  grpc->reset();
 }
 
 TEST_F(GrpcServerTest, SecondServerOnTheSamePortFails) {

@@ -19,6 +19,15 @@ absl::Status Bad(std::string_view field, std::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": ", std::string(message)));
 }
 
+}  // namespace
+
+absl::Status NegativeDimension(const std::string& field, int64_t value) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", value, ": dimensions must be >= 0"));
+}
+
+namespace {
+
 struct PendingInput {
   std::string name;
   bool has_name = false;
@@ -94,8 +103,9 @@ absl::Status ParseInputObject(sj::value& v, const std::string& at, PendingInput*
       p->has_shape = true;
       return ForEachElement(val, field, [&](int i, sj::value& d) -> absl::Status {
         int64_t n = 0;
-        if (d.get_int64().get(n) || n < 0)
-          return Bad(absl::StrCat(field, "[", i, "]"), "expected a dimension >= 0");
+        if (d.get_int64().get(n))
+          return Bad(absl::StrCat(field, "[", i, "]"), "expected an integer dimension >= 0");
+        if (n < 0) return NegativeDimension(absl::StrCat(field, "[", i, "]"), n);
         p->shape.push_back(n);
         return absl::OkStatus();
       });
@@ -188,7 +198,9 @@ absl::StatusOr<InferInput> FinishInput(const PendingInput& p, const std::string&
                             "' is not one of FP32 FP16 BF16 FP64 INT8 UINT8 INT32 INT64 BOOL"));
   }
   int64_t n = 1;
-  for (int64_t d : p.shape) {
+  for (size_t i = 0; i < p.shape.size(); ++i) {
+    const int64_t d = p.shape[i];
+    if (d < 0) return NegativeDimension(absl::StrCat(at, ".shape[", i, "]"), d);
     if (d != 0 && n > max_elements / d)
       return Bad(at + ".shape", absl::StrCat("more than ", max_elements, " elements"));
     n *= d;

@@ -55,6 +55,10 @@ struct InferBody {
 absl::StatusOr<InferBody> ParseInferRequest(std::string_view json, std::string_view binary,
                                             int64_t max_elements);
 
+// A request's negative dimension, REST and gRPC alike: InvalidArgument
+// "inputs[0].shape[1] is -3: dimensions must be >= 0" for field "inputs[0].shape[1]", value -3.
+absl::Status NegativeDimension(const std::string& field, int64_t value);
+
 // The repository index request body {"ready": bool}: its `ready` (false when absent).
 absl::StatusOr<bool> ParseIndexReady(std::string_view json);
 

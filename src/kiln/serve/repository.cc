@@ -201,6 +201,80 @@ ModelRepository::ModelRepository(std::string root, ModelConfig defaults, runtime
       backend_(backend),
       registry_(registry) {}
 
+ModelRepository::~ModelRepository() { StopLoader(); }
+
+void ModelRepository::Submit(Job job, const std::string& name,
+                             std::function<void(absl::Status)> done) {
+  const char* what = job == Job::kLoad ? "loaded" : "unloaded";
+  std::unique_lock<std::mutex> lock(jobs_mu_);
+  if (closed_) {
+    lock.unlock();
+    done(absl::UnavailableError(
+        absl::StrCat("the server is shutting down: model '", name, "' was not ", what)));
+    return;
+  }
+  if (!busy_.insert(name).second) {
+    lock.unlock();
+    done(absl::AbortedError(absl::StrCat("model '", name,
+                                         "' is already loading or unloading (a repository load or "
+                                         "unload of it is running): not ",
+                                         what, "; retry when that one answers")));
+    return;
+  }
+  queue_.push_back(Pending{job, name, std::move(done)});
+  if (!loader_.joinable()) loader_ = std::thread([this] { LoaderLoop(); });
+  jobs_cv_.notify_one();
+}
+
+void ModelRepository::LoaderLoop() {
+  for (;;) {
+    Pending p;
+    std::function<void(const std::string&)> hook;
+    {
+      std::unique_lock<std::mutex> lock(jobs_mu_);
+      jobs_cv_.wait(lock, [this] { return closed_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // closed
+      p = std::move(queue_.front());
+      queue_.pop_front();
+      hook = job_hook_;
+    }
+    if (hook) hook(p.name);
+    absl::Status s = p.job == Job::kLoad ? Load(p.name) : Unload(p.name);
+    {
+      // Free before answering: a client told "done" may send the next job for it at once.
+      std::lock_guard<std::mutex> lock(jobs_mu_);
+      busy_.erase(p.name);
+    }
+    p.done(std::move(s));
+  }
+}
+
+void ModelRepository::CloseLoader() {
+  std::deque<Pending> refused;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    closed_ = true;
+    refused.swap(queue_);
+    for (const Pending& p : refused) busy_.erase(p.name);
+  }
+  jobs_cv_.notify_all();
+  for (Pending& p : refused) {
+    p.done(absl::UnavailableError(absl::StrCat("the server is shutting down: model '", p.name,
+                                               "' was not ",
+                                               p.job == Job::kLoad ? "loaded" : "unloaded")));
+  }
+}
+
+void ModelRepository::StopLoader() {
+  CloseLoader();
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    t = std::move(loader_);
+  }
+  if (t.joinable()) t.join();
+}
+
 absl::StatusOr<std::vector<std::string>> ModelRepository::ModelNames() const {
   std::error_code ec;
   if (!fs::is_directory(root_, ec))

@@ -10,13 +10,22 @@
 //   repo.LoadAll();                      // every model; failures logged and kept in Index()
 //   repo.Load("mlp");                    // (re)load: a failure keeps the versions serving
 //   repo.Unload("mlp");
+//   repo.Submit(ModelRepository::Job::kLoad, "mlp", [](absl::Status s) { ... });
+//                                        // the same on the repository's loader thread: what the
+//                                        // REST and gRPC repository endpoints call, so no I/O
+//                                        // thread compiles
 #ifndef KILN_SERVE_REPOSITORY_H_
 #define KILN_SERVE_REPOSITORY_H_
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -67,6 +76,7 @@ class ModelRepository {
  public:
   ModelRepository(std::string root, ModelConfig defaults, runtime::Backend* backend,
                   ModelRegistry* registry);
+  ~ModelRepository();  // StopLoader()
 
   // Loads every model folder. OK even when some fail (they show as UNAVAILABLE in Index());
   // NotFound when `root` is not a folder.
@@ -87,6 +97,30 @@ class ModelRepository {
   std::vector<IndexEntry> Index(bool ready_only) const;
   // Index() as JSON: [{"name", "version", "state"} | {"name", "state", "reason"}].
   std::string IndexJson(bool ready_only) const;
+  // The loader: Load or Unload of `name` run on the repository's own thread (started on first
+  // use), one job at a time, and `done` called there with its status once it finished; the
+  // caller's thread never waits. A job for a model that has one queued or running already is
+  // refused at once, `done` called here with Aborted ("model 'x' is already loading ..."): one
+  // at a time per model. After CloseLoader, Unavailable ("... shutting down").
+  enum class Job { kLoad, kUnload };
+  void Submit(Job job, const std::string& name, std::function<void(absl::Status)> done);
+  // Refuses new jobs and answers the queued ones Unavailable (here); the running one goes on.
+  void CloseLoader();
+  // CloseLoader, then waits for the running job (its `done` called) and joins the thread.
+  // Idempotent.
+  void StopLoader();
+  // Jobs queued or running.
+  int64_t jobs() const {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    return static_cast<int64_t>(busy_.size());
+  }
+  // Tests: called on the loader thread with the model's name before each job runs (to make a
+  // load slow). Set it before the first Submit.
+  void set_job_hook_for_testing(std::function<void(const std::string&)> hook) {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    job_hook_ = std::move(hook);
+  }
+
   const std::string& root() const { return root_; }
   // The folder names under root.
   absl::StatusOr<std::vector<std::string>> ModelNames() const;
@@ -99,6 +133,20 @@ class ModelRepository {
   std::mutex load_mu_;  // one load or unload at a time
   mutable std::mutex mu_;
   std::map<std::string, std::string> failures_;  // model -> why its last load failed
+
+  struct Pending {
+    Job job = Job::kLoad;
+    std::string name;
+    std::function<void(absl::Status)> done;
+  };
+  void LoaderLoop();
+  mutable std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  std::deque<Pending> queue_;   // under jobs_mu_
+  std::set<std::string> busy_;  // models with a job queued or running, under jobs_mu_
+  bool closed_ = false;         // under jobs_mu_
+  std::thread loader_;          // started by the first Submit, under jobs_mu_
+  std::function<void(const std::string&)> job_hook_;
 };
 
 }  // namespace kiln::serve

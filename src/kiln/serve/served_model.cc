@@ -69,6 +69,16 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedModel::Load(
       m->artifact_batch_ = b;
     }
   }
+  absl::StatusOr<std::optional<InputNormalization>> norm = InputNormalizationOf(*a);
+  if (!norm.ok()) return Annotate(norm.status(), what);
+  m->normalization_ = std::move(*norm);
+  if (m->normalization_) {
+    for (size_t i = 0; i < m->inputs_.size(); ++i)
+      if (m->inputs_[i].name == m->normalization_->input)
+        m->normalized_input_ = static_cast<int>(i);
+    if (m->normalized_input_ < 0)  // InputNormalizationOf checked it is a runtime input
+      return absl::InternalError(what + ": the normalized input is not a runtime input");
+  }
   m->sizes_ = config.BatchSizes();
   // The exported batch size runs the artifact's own program (no rebatching): compiled too, so a
   // small batch is not padded past it.
@@ -206,6 +216,13 @@ absl::Status ServedModel::RunBatch(int instance, std::vector<BatchRequest*>& bat
       at += r->rows;
     }
     std::memset(dst + at * row, 0, (slot.size - at) * row);  // padding
+    // The training pipeline's normalization, on the real rows (Load checked the input is f32
+    // of C*H*W values per row).
+    if (static_cast<int>(i) == normalized_input_) {
+      const int64_t per = row / static_cast<int64_t>(sizeof(float));
+      float* f = buf.data<float>();
+      for (int64_t k = 0; k < at; ++k) normalization_->ApplyToExample(f + k * per);
+    }
   }
   absl::StatusOr<std::vector<Tensor>> outs = slot.exe->Run(slot.args);
   if (!outs.ok()) return outs.status();

@@ -13,12 +13,17 @@
 //   KILN_RETURN_IF_ERROR(m->Submit(std::move(r)));
 //
 // The artifact's runtime inputs and outputs must all have the same leading (batch) dimension.
+// An artifact that records an input normalization (manifest metadata "input_normalization",
+// input_normalization.h: a model trained with data.augment.normalize) has it applied to the
+// real rows of every batch of that input, on the worker, before the batch runs: requests send
+// raw inputs, as to `kiln predict`.
 #ifndef KILN_SERVE_SERVED_MODEL_H_
 #define KILN_SERVE_SERVED_MODEL_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +31,7 @@
 #include "kiln/compiler/artifact.h"
 #include "kiln/runtime/executable.h"
 #include "kiln/serve/batcher.h"
+#include "kiln/serve/input_normalization.h"
 
 namespace kiln::serve {
 
@@ -54,6 +60,8 @@ class ServedModel {
   int64_t artifact_batch() const { return artifact_batch_; }
   const std::vector<int64_t>& compiled_sizes() const { return sizes_; }
   const BatchingConfig& config() const { return batcher_->config(); }
+  // The artifact's input normalization (nullopt: none), applied to every batch.
+  const std::optional<InputNormalization>& normalization() const { return normalization_; }
   int64_t queue_depth() const { return batcher_->queue_depth(); }
 
   // Queues a request whose inputs are [rows, ...] in inputs() order (the caller checks shapes
@@ -83,6 +91,8 @@ class ServedModel {
   int64_t artifact_batch_ = 0;
   std::vector<int64_t> sizes_;
   std::vector<std::vector<Slot>> slots_;  // [instance][size index]
+  std::optional<InputNormalization> normalization_;
+  int normalized_input_ = -1;  // its index in inputs_
   std::function<void(const BatchStats&)> observer_;
   std::unique_ptr<DynamicBatcher> batcher_;
 };

@@ -164,12 +164,17 @@ void InferenceServer::Shutdown(int64_t drain_ms) {
   shut_down_ = true;
   ready_ = false;
   for (auto& m : registry_.All()) m->Flush();  // queued requests stop waiting for batches
+  // Repository loads queued and not started are answered 503 now; a running one finishes.
+  if (repository_ != nullptr) repository_->CloseLoader();
   // Every front end answers what it took in (models still run), all at once.
   std::vector<std::thread> drains;
   for (Frontend* f : frontends_) drains.emplace_back([f, drain_ms] { f->Drain(drain_ms); });
   if (http_) http_->Shutdown(drain_ms);
   for (auto& t : drains) t.join();
   frontends_.clear();
+  // A repository load still running answers (into connections closed by now) before the models
+  // stop and the HTTP server goes; those queued behind it were refused above.
+  if (repository_ != nullptr) repository_->StopLoader();
   for (auto& m : registry_.All()) m->Stop();
   http_.reset();
 }
@@ -343,11 +348,20 @@ void InferenceServer::Repository(const std::vector<std::string>& p, HttpRequest&
     return Finish(call, Json(200, repository_->IndexJson(ready_only)), reply);
   }
   if (p.size() == 5 && p[2] == "models" && (p[4] == "load" || p[4] == "unload")) {
+    // Loading compiles (seconds): on the repository's loader thread, answered from there, so
+    // this I/O thread goes on serving.
     call.model = p[3];
-    absl::Status s = p[4] == "load" ? repository_->Load(p[3]) : repository_->Unload(p[3]);
-    if (s.ok()) return Finish(call, Json(200, "{}"), reply);
-    const int code = s.code() == absl::StatusCode::kNotFound ? 404 : 400;
-    return Finish(call, Error(code, std::string(s.message())), reply);
+    repository_->Submit(
+        p[4] == "load" ? ModelRepository::Job::kLoad : ModelRepository::Job::kUnload, p[3],
+        [this, call, reply](absl::Status s) mutable {
+          if (s.ok()) return Finish(call, Json(200, "{}"), reply);
+          int code = 400;
+          if (s.code() == absl::StatusCode::kNotFound) code = 404;
+          if (s.code() == absl::StatusCode::kAborted) code = 409;
+          if (s.code() == absl::StatusCode::kUnavailable) code = 503;
+          Finish(call, Error(code, std::string(s.message())), reply);
+        });
+    return;
   }
   Finish(call, Error(404, "no such endpoint: " + call.path), reply);
 }

@@ -2,9 +2,12 @@
 // the binary extension, metrics, the access log, the repository API, fuzzed bodies.
 #include "kiln/serve/server.h"
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -20,6 +23,7 @@ namespace kiln::serve {
 namespace {
 
 using json = nlohmann::json;
+using testing::ClientResponse;
 using testing::TestClient;
 
 class ServerTest : public ::testing::Test {
@@ -164,6 +168,17 @@ TEST_F(ServerTest, ErrorsNameWhatWasWrong) {
   expect(400, "POST", "/v2/models/mlp/infer",
          R"({"inputs":[{"name":"x","shape":[9,4],"datatype":"FP32","data":[]}]})",
          "inputs[0].data");
+  // A negative dimension is named with its value (not "more than N elements").
+  expect(400, "POST", "/v2/models/mlp/infer",
+         R"({"inputs":[{"name":"x","shape":[1,-3],"datatype":"FP32","data":[1,2,3]}]})",
+         "inputs[0].shape[1] is -3: dimensions must be >= 0");
+  expect(400, "POST", "/v2/models/mlp/infer",
+         R"({"inputs":[{"name":"x","shape":[-9223372036854775808,4],"datatype":"FP32",)"
+         R"("data":[1,2,3,4]}]})",
+         "inputs[0].shape[0] is -9223372036854775808: dimensions must be >= 0");
+  expect(400, "POST", "/v2/models/mlp/infer",
+         R"({"inputs":[{"name":"x","shape":[1,4.5],"datatype":"FP32","data":[1,2,3,4]}]})",
+         "inputs[0].shape[1]: expected an integer dimension >= 0");
   expect(400, "POST", "/v2/models/mlp/infer",
          R"({"inputs":[{"name":"x","shape":[1,4],"datatype":"INT32","data":[1,2,3,4]}]})",
          "inputs[0].datatype");
@@ -351,6 +366,146 @@ TEST(RepositoryTest, LoadReloadUnloadAndAFailedReloadKeepsServing) {
   EXPECT_EQ(c.Send("GET", "/v2/models/mlp").status, 404);
   EXPECT_EQ(c.Send("POST", "/v2/repository/models/nope/load").status, 404);
   server.Shutdown(1000);
+}
+
+// Holds each repository job (on the loader thread) until released: a load as slow as wanted.
+class JobGate {
+ public:
+  void Enter(const std::string& name) {
+    std::unique_lock<std::mutex> lock(mu_);
+    entered_.push_back(name);
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return released_; });
+  }
+  // Whether `n` jobs have started within 20 s.
+  bool WaitEntered(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return entered_.size() >= n; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  // Released and `t` joined when it goes out of scope, even on a failed ASSERT.
+  struct Guard {
+    JobGate& gate;
+    std::thread& t;
+    ~Guard() {
+      gate.Release();
+      if (t.joinable()) t.join();
+    }
+  };
+  std::vector<std::string> entered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return entered_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> entered_;
+  bool released_ = false;
+};
+
+// POST /v2/repository/models/{m}/load compiles on the repository's loader thread, not on the HTTP
+// thread that read it: with one HTTP thread and the load held, health and inference still answer
+// at once, a second load or an unload of the same model is 409, and the held load answers 200
+// once it has finished, serving its new version.
+TEST(RepositoryTest, ALoadRunsOffTheHttpThread) {
+  const std::string repo = test_support::MakeTempDir("server_repo_async");
+  ASSERT_TRUE(testing::WriteTestMlp(repo + "/mlp/1").ok());
+  auto backend = runtime::MakeCpuBackend();
+  std::unique_ptr<ModelRepository> repository;  // outlives the server
+  ServerOptions o;
+  o.http.threads = 1;
+  InferenceServer server(o);
+  repository =
+      std::make_unique<ModelRepository>(repo, ModelConfig{}, backend.get(), &server.registry());
+  ASSERT_TRUE(repository->LoadAll().ok());
+  JobGate gate;
+  repository->set_job_hook_for_testing([&](const std::string& name) { gate.Enter(name); });
+  server.set_repository(repository.get());
+  ASSERT_TRUE(server.Start().ok());
+  ASSERT_TRUE(testing::WriteTestMlp(repo + "/mlp/2").ok());
+  ClientResponse held;
+  std::thread loader(
+      [&] { held = TestClient(server.port()).Send("POST", "/v2/repository/models/mlp/load"); });
+  JobGate::Guard guard{gate, loader};
+  ASSERT_TRUE(gate.WaitEntered(1));
+  // On another connection, bounded (a blocking client cannot time out by itself): health, an
+  // inference and a second load and an unload of the model.
+  auto during = std::async(std::launch::async, [&] {
+    TestClient c(server.port());
+    return std::vector<ClientResponse>{
+        c.Send("GET", "/v2/health/live"),
+        c.Send("POST", "/v2/models/mlp/infer",
+               R"({"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]})"),
+        c.Send("POST", "/v2/repository/models/mlp/load"),
+        c.Send("POST", "/v2/repository/models/mlp/unload")};
+  });
+  // Loose (the machine may be loaded): the HTTP thread is not waiting for the held load.
+  const bool prompt = during.wait_for(std::chrono::seconds(8)) == std::future_status::ready;
+  if (!prompt) gate.Release();  // so that `during` can finish
+  ASSERT_TRUE(prompt) << "the one HTTP thread did not answer while a load was held";
+  const std::vector<ClientResponse> r = during.get();
+  EXPECT_EQ(r[0].status, 200);
+  EXPECT_EQ(r[1].status, 200) << r[1].body;
+  EXPECT_EQ(json::parse(r[1].body, nullptr, false).value("model_version", ""), "1");  // not yet 2
+  EXPECT_EQ(r[2].status, 409) << r[2].body;
+  EXPECT_NE(r[2].body.find("model 'mlp' is already loading or unloading"), std::string::npos)
+      << r[2].body;
+  EXPECT_EQ(r[3].status, 409) << r[3].body;
+  gate.Release();
+  loader.join();
+  EXPECT_EQ(held.status, 200) << held.body;
+  EXPECT_EQ(gate.entered(), std::vector<std::string>{"mlp"});  // the refused ones never ran
+  TestClient c(server.port());
+  ClientResponse after =
+      c.Send("POST", "/v2/models/mlp/infer",
+             R"({"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]})");
+  EXPECT_EQ(json::parse(after.body, nullptr, false).value("model_version", ""), "2") << after.body;
+  // The model is free again once answered.
+  EXPECT_EQ(c.Send("POST", "/v2/repository/models/mlp/load").status, 200);
+  server.Shutdown(1000);
+}
+
+// Shutdown while a load runs and another waits behind it: the waiting one is answered 503 at
+// once (never started), the running one finishes and answers before the server stops.
+TEST(RepositoryTest, ShutdownRefusesQueuedLoadsAndFinishesTheRunningOne) {
+  const std::string repo = test_support::MakeTempDir("server_repo_shutdown");
+  ASSERT_TRUE(testing::WriteTestMlp(repo + "/a/1").ok());
+  ASSERT_TRUE(testing::WriteTestMlp(repo + "/b/1").ok());
+  auto backend = runtime::MakeCpuBackend();
+  std::unique_ptr<ModelRepository> repository;
+  InferenceServer server(ServerOptions{});
+  repository =
+      std::make_unique<ModelRepository>(repo, ModelConfig{}, backend.get(), &server.registry());
+  JobGate gate;
+  repository->set_job_hook_for_testing([&](const std::string& name) { gate.Enter(name); });
+  server.set_repository(repository.get());
+  ASSERT_TRUE(server.Start().ok());
+  ClientResponse ra, rb;
+  std::thread ta, tb, stopper;
+  JobGate::Guard ga{gate, ta}, gb{gate, tb}, gs{gate, stopper};
+  ta = std::thread(
+      [&] { ra = TestClient(server.port()).Send("POST", "/v2/repository/models/a/load"); });
+  ASSERT_TRUE(gate.WaitEntered(1));
+  tb = std::thread(
+      [&] { rb = TestClient(server.port()).Send("POST", "/v2/repository/models/b/load"); });
+  // b waits behind a once the server has read its request.
+  for (int i = 0; i < 4000 && repository->jobs() < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(repository->jobs(), 2);
+  stopper = std::thread([&] { server.Shutdown(10000); });
+  tb.join();
+  EXPECT_EQ(rb.status, 503) << rb.body;
+  EXPECT_NE(rb.body.find("shutting down: model 'b' was not loaded"), std::string::npos) << rb.body;
+  gate.Release();
+  ta.join();
+  stopper.join();
+  EXPECT_EQ(ra.status, 200) << ra.body;
+  EXPECT_EQ(gate.entered(), std::vector<std::string>{"a"});
 }
 
 TEST(ModelConfigTest, UnknownKeysAndBadTypesAreNamed) {

@@ -38,8 +38,10 @@ inline Tensor SeededTensor(Shape shape, int seed) {
   return t;
 }
 
-// Writes the MLP (or `program_text`, whose weights must be w1 b1 w2 b2) to `dir`.
-inline absl::Status WriteTestMlp(const std::string& dir, const char* program_text = kTestMlp) {
+// Writes the MLP (or `program_text`, whose weights must be w1 b1 w2 b2) to `dir`, with
+// `metadata` in its manifest.
+inline absl::Status WriteTestMlp(const std::string& dir, const char* program_text = kTestMlp,
+                                 const std::map<std::string, std::string>& metadata = {}) {
   KILN_ASSIGN_OR_RETURN(ir::Graph g, ir::ParseGraph(program_text));
   std::map<std::string, Tensor> w = {{"w1", SeededTensor(Shape{4, 8}, 1)},
                                      {"b1", SeededTensor(Shape{8}, 2)},
@@ -47,6 +49,7 @@ inline absl::Status WriteTestMlp(const std::string& dir, const char* program_tex
                                      {"b2", SeededTensor(Shape{3}, 4)}};
   compiler::ArtifactOptions o;
   o.overwrite = true;
+  o.metadata = metadata;
   return compiler::WriteArtifact(dir, g, w, o);
 }
 
