@@ -1,6 +1,7 @@
 #include "bench/serve_compute.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/roofline.h"
 #include "bench/timing.h"
 #include "kiln/cli/quantize_rewrite.h"
 #include "kiln/ir/parser.h"
@@ -69,6 +72,7 @@ class OrtPeer {
     if (out_) std::fclose(out_);
     if (pid_ > 0) waitpid(pid_, nullptr, 0);
   }
+  pid_t pid() const { return pid_; }
   // The reply, or {"ok": false, "error": ...} when the peer is gone.
   json Call(const json& cmd) {
     std::fputs((cmd.dump() + "\n").c_str(), in_);
@@ -293,11 +297,271 @@ std::string Fmt(const char* f, double v) {
   return b;
 }
 
+// ---- what the peer's kernels really are (DESIGN.md §5) ----
+
+// stdout of `cmd` (through /bin/sh), or "" when it fails.
+std::string Capture(const std::string& cmd) {
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return "";
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  return pclose(f) == 0 ? out : "";
+}
+
+// Samples the peer process with `perf record` (cpu-clock) while `run` makes it compute, then
+// disassembles the sampled addresses of its libonnxruntime with objdump and weighs them by
+// instruction class: 512-bit (zmm), 256-bit (ymm), 128-bit or scalar SIMD (xmm), `pause` (its
+// thread pool spinning), other. ORT's library has no symbols, so the kernel's name cannot be
+// read; the width of the instructions it spends its time in can.
+json PeerKernels(pid_t pid, const std::string& work_dir, const std::function<void()>& run) {
+  std::string so;
+  {
+    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+      const size_t at = line.find('/');
+      if (at != std::string::npos && line.find("libonnxruntime.so") != std::string::npos) {
+        so = line.substr(at);
+        break;
+      }
+    }
+  }
+  if (so.empty()) return {{"error", "libonnxruntime.so is not mapped in the peer"}};
+  if (std::system("perf --version > /dev/null 2>&1") != 0 ||
+      std::system("objdump --version > /dev/null 2>&1") != 0)
+    return {{"error", "needs perf and objdump (Debian linux-perf, binutils)"}};
+  const std::string data = work_dir + "/ort_kernels.perf";
+  pid_t perf = fork();
+  if (perf == 0) {
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    dup2(null, 2);
+    const std::string p = std::to_string(pid);
+    execlp("perf", "perf", "record", "-q", "-e", "cpu-clock", "-F", "4000", "-p", p.c_str(), "-o",
+           data.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  if (perf < 0) return {{"error", "fork failed"}};
+  usleep(200 * 1000);  // perf attaches
+  run();
+  kill(perf, SIGINT);
+  int st = 0;
+  waitpid(perf, &st, 0);
+  const std::string report =
+      Capture("perf report -i " + data + " --stdio --sort dso,sym 2>/dev/null");
+  // "    19.32%  libonnxruntime.so.1       [.] 0x00000000018156d2"
+  std::map<uint64_t, double> share;  // file address in the library -> % of all samples
+  double total = 0;
+  {
+    size_t pos = 0;
+    while (pos < report.size()) {
+      size_t end = report.find('\n', pos);
+      if (end == std::string::npos) end = report.size();
+      const std::string line = report.substr(pos, end - pos);
+      pos = end + 1;
+      if (line.empty() || line[0] == '#' || line.find("libonnxruntime.so") == std::string::npos)
+        continue;
+      const size_t x = line.find("[.] 0x");
+      if (x == std::string::npos) continue;
+      const double pct = std::atof(line.c_str());
+      share[std::strtoull(line.c_str() + x + 4, nullptr, 16)] += pct;
+      total += pct;
+    }
+  }
+  if (share.empty()) return {{"error", "perf recorded no samples in " + so}};
+  // Disassemble clusters of sampled addresses (each starts at a sampled instruction).
+  std::map<uint64_t, std::string> insn;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [a, p] : share) {
+    if (!ranges.empty() && a - ranges.back().second < 4096)
+      ranges.back().second = a + 16;
+    else
+      ranges.push_back({a, a + 16});
+  }
+  if (ranges.size() > 64) ranges.resize(64);  // the hottest code is in the first few anyway
+  for (const auto& [lo, hi] : ranges) {
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "objdump -d --no-show-raw-insn --start-address=0x%llx --stop-address=0x%llx '%s'",
+             static_cast<unsigned long long>(lo), static_cast<unsigned long long>(hi), so.c_str());
+    const std::string dis = Capture(cmd);
+    size_t pos = 0;
+    while (pos < dis.size()) {
+      size_t end = dis.find('\n', pos);
+      if (end == std::string::npos) end = dis.size();
+      const std::string line = dis.substr(pos, end - pos);
+      pos = end + 1;
+      const size_t colon = line.find(":\t");
+      if (colon == std::string::npos) continue;
+      insn[std::strtoull(line.c_str(), nullptr, 16)] = line.substr(colon + 2);
+    }
+  }
+  std::map<std::string, double> cls, mnemonic;
+  double known = 0;
+  for (const auto& [a, p] : share) {
+    auto it = insn.find(a);
+    if (it == insn.end()) continue;
+    known += p;
+    const std::string& i = it->second;
+    const std::string m = i.substr(0, i.find_first_of(" \t"));
+    const char* c = i.find("zmm") != std::string::npos   ? "zmm"
+                    : i.find("ymm") != std::string::npos ? "ymm"
+                    : i.find("xmm") != std::string::npos ? "xmm"
+                    : m == "pause"                       ? "pause"
+                                                         : "other";
+    cls[c] += p;
+    if (c[1] == 'm') mnemonic[m + " " + c] += p;
+  }
+  if (known <= 0) return {{"error", "objdump could not disassemble the sampled addresses"}};
+  std::vector<std::pair<double, std::string>> top;
+  for (const auto& [m, p] : mnemonic) top.push_back({p, m});
+  std::sort(top.rbegin(), top.rend());
+  json j = {{"library", so}, {"share_of_samples_in_library", total / 100}};
+  std::string summary = Fmt("%.0f%% of the peer's samples in libonnxruntime; of those: ", total);
+  for (const char* c : {"zmm", "ymm", "xmm", "pause", "other"}) {
+    j[std::string(c) + "_share"] = cls[c] / known;
+    summary += Fmt("%.0f%% ", 100 * cls[c] / known) +
+               (c[1] == 'm'                 ? std::string(c)
+                : std::string(c) == "pause" ? "pause (spin)"
+                                            : "other") +
+               (std::string(c) == "other" ? "" : ", ");
+  }
+  json tj = json::array();
+  for (size_t k = 0; k < top.size() && k < 3; ++k) {
+    tj.push_back({{"insn", top[k].second}, {"share", top[k].first / known}});
+    summary += (k ? ", " : " (top: ") + top[k].second + Fmt(" %.0f%%", 100 * top[k].first / known);
+  }
+  if (!top.empty()) summary += ")";
+  const double wide = std::max({cls["zmm"], cls["ymm"], cls["xmm"]});
+  std::string path = wide <= 0            ? "no SIMD code was sampled"
+                     : cls["zmm"] == wide ? "its vector kernels run 512-bit (AVX-512) code"
+                     : cls["ymm"] == wide ? "its vector kernels run 256-bit (AVX/AVX2) code"
+                                          : "its vector kernels run 128-bit or scalar SIMD code";
+  if (cls["other"] + cls["pause"] > 0.5 * known)
+    path = "mostly non-SIMD code (per-call work, not kernels); " + path;
+  j["path"] = path;
+  j["summary"] = summary + ": " + path;
+  return j;
+}
+
+// ---- the machine's roofline (roofline.h), measured in this run ----
+
+double LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  double l = -1;
+  f >> l;
+  return l;
+}
+
+// The size of CPU 0's data or unified cache at `level`, from sysfs (glibc's sysconf reports the
+// host's L3 under KVM: 384 MiB on a guest whose L3 is 32 MiB); `fallback` when it says nothing.
+int64_t CacheBytes(int level, int64_t fallback) {
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream lf(dir + "level"), tf(dir + "type"), sf(dir + "size");
+    int l = 0;
+    std::string type, size;
+    if (!(lf >> l) || !(tf >> type) || !(sf >> size)) continue;
+    if (l != level || type == "Instruction" || size.empty()) continue;
+    int64_t v = std::atoll(size.c_str());
+    if (size.back() == 'K') v <<= 10;
+    if (size.back() == 'M') v <<= 20;
+    if (v > 0) return v;
+  }
+  return fallback;
+}
+
+std::string MiB(int64_t bytes) { return Fmt("%.1f MiB", bytes / 1048576.0); }
+
+// The FMA peak and the read bandwidth at the cache levels' sizes (half of each core's L2 on every
+// thread, half the L3, twice the L3 for DRAM) and at every row's working set.
+struct Machine {
+  FmaPeak peak;
+  std::map<int64_t, ReadBandwidth> bandwidth;  // by the working set asked for
+  std::vector<std::pair<std::string, int64_t>> levels;
+
+  double GbPerS(int64_t bytes, int threads) {
+    auto it = bandwidth.find(bytes);
+    if (it == bandwidth.end())
+      it = bandwidth.emplace(bytes, MeasureReadBandwidth(bytes, threads)).first;
+    return it->second.gb_per_s;
+  }
+  // Measures the peak and the bandwidth at `bytes` again and keeps the better: load from other
+  // processes only ever lowers them, so the best seen in the run is the closest to the machine's.
+  void Refresh(int64_t bytes, int threads) {
+    FmaPeak p = MeasureFmaPeak(threads);
+    p.repetitions += peak.repetitions;
+    if (p.gflop_per_s < peak.gflop_per_s) p.gflop_per_s = peak.gflop_per_s;
+    peak = p;
+    ReadBandwidth b = MeasureReadBandwidth(bytes, threads);
+    auto it = bandwidth.find(bytes);
+    if (it == bandwidth.end()) {
+      bandwidth.emplace(bytes, b);
+      return;
+    }
+    b.repetitions += it->second.repetitions;
+    b.gb_per_s = std::max(b.gb_per_s, it->second.gb_per_s);
+    it->second = b;
+  }
+};
+
+Machine MeasureMachine(int threads, const std::vector<int64_t>& row_working_sets) {
+  Machine m;
+  m.peak = MeasureFmaPeak(threads);
+  const int64_t l2 = CacheBytes(2, 1 << 20);
+  const int64_t l3 = CacheBytes(3, 32 << 20);
+  m.levels = {
+      {"L2", threads * l2 / 2}, {"L3", l3 / 2}, {"DRAM", std::max<int64_t>(2 * l3, 64 << 20)}};
+  for (const auto& [name, bytes] : m.levels) m.GbPerS(bytes, threads);
+  for (int64_t ws : row_working_sets) m.GbPerS(ws, threads);
+  return m;
+}
+
+json BandwidthJson(const ReadBandwidth& b) {
+  return {{"bytes", b.bytes},
+          {"gb_per_s", b.gb_per_s},
+          {"threads", b.threads},
+          {"repetitions", b.repetitions}};
+}
+
+json PeakJson(const FmaPeak& p) {
+  return {{"gflop_per_s", p.gflop_per_s},
+          {"isa", FmaIsaName(p.isa)},
+          {"threads", p.threads},
+          {"repetitions", p.repetitions}};
+}
+
 }  // namespace
 
-json RunComputeBench(const ComputeBenchOptions& o) {
+json RunComputeBench(const ComputeBenchOptions& o, json* machine_out) {
   json rows = json::array();
   mkdir(o.work_dir.c_str(), 0755);
+  // The roofline first, before the peer's process starts: every row's working set from the graph
+  // Kiln compiles, then the FMA peak and the read bandwidth at those sizes.
+  std::vector<int64_t> working_sets;
+  for (ModelCase& mc : Models())
+    for (int64_t batch : {int64_t{1}, int64_t{256}}) {
+      auto g = mc.model->PredictGraph(batch);
+      auto cost = g.ok() ? CountGraphCost(*g, {"x"}) : g.status();
+      if (cost.ok()) working_sets.push_back(cost->working_set_bytes());
+    }
+  const double load_before = LoadAverage();
+  Machine machine = MeasureMachine(o.threads, working_sets);
+  printf(
+      "\nroofline (measured now, best of %d; load average %.1f, a busy machine measures low): f32 "
+      "FMA peak %.0f GFLOP/s on %d threads (%s); read bandwidth on %d threads:",
+      machine.peak.repetitions, load_before, machine.peak.gflop_per_s, machine.peak.threads,
+      FmaIsaName(machine.peak.isa).c_str(), o.threads);
+  for (const auto& [name, bytes] : machine.levels)
+    printf(" %s %s %.0f GB/s,", MiB(machine.bandwidth[bytes].bytes).c_str(), name.c_str(),
+           machine.bandwidth[bytes].gb_per_s);
+  printf(" rows' working sets:");
+  for (int64_t ws : working_sets)
+    printf(" %s %.0f GB/s", MiB(machine.bandwidth[ws].bytes).c_str(),
+           machine.bandwidth[ws].gb_per_s);
+  printf("\n");
   std::string why;
   std::unique_ptr<OrtPeer> peer = OrtPeer::Start(o, &why);
   auto backend = runtime::MakeCpuBackend();
@@ -343,8 +607,9 @@ json RunComputeBench(const ComputeBenchOptions& o) {
            floor.value("kiln_us", 0.0), ort_floor);
     rows.push_back(floor);
   }
-  printf("%-34s %6s %12s %12s %12s %8s %10s %12s %10s %9s\n", "model", "batch", "kiln f32 us",
-         "unbound us", "ort us", "kiln/ort", "-floor", "kiln int8 us", "int8/f32", "max|diff|");
+  printf("%-34s %6s %12s %12s %12s %8s %10s %12s %10s %9s %7s %7s %9s %8s %8s %7s\n", "model",
+         "batch", "kiln f32 us", "unbound us", "ort us", "kiln/ort", "-floor", "kiln int8 us",
+         "int8/f32", "max|diff|", "GFLOP", "MB", "roof us", "kiln/rf", "ort/rf", "rf/ort");
   for (ModelCase& mc : Models()) {
     auto params = nn::InitParams(mc.model->Params(), /*seed=*/0);
     if (!params.ok()) {
@@ -368,6 +633,15 @@ json RunComputeBench(const ComputeBenchOptions& o) {
         rows.push_back(row);
         continue;
       }
+      auto cost = CountGraphCost(*g, {"x"});
+      if (!cost.ok()) {
+        row["error"] = "roofline: " + std::string(cost.status().message());
+        rows.push_back(row);
+        continue;
+      }
+      machine.Refresh(cost->working_set_bytes(), o.threads);
+      const Roofline roof = MakeRoofline(*cost, machine.peak.gflop_per_s,
+                                         machine.GbPerS(cost->working_set_bytes(), o.threads));
       Tensor x = RandomInput(Shape{batch, mc.features}, 7 + static_cast<uint32_t>(batch));
       KilnRun f32;
       absl::Status s = f32.Prepare(*backend, *g, weights, x);
@@ -496,12 +770,54 @@ json RunComputeBench(const ComputeBenchOptions& o) {
         int8_col = Fmt("%.1f", imed);
         i8r_col = Fmt("%.2fx", imed / kmed);
       }
-      printf("%-34s %6lld %12.1f %12.1f %12s %8s %10s %12s %10s %9s\n", mc.name.c_str(),
-             static_cast<long long>(batch), kmed, row.value("kiln_unbound_us", 0.0),
-             ort_col.c_str(), ratio_col.c_str(), floor_col.c_str(), int8_col.c_str(),
-             i8r_col.c_str(), diff_col.c_str());
+      // The roofline: the floor any implementation is bound by on this machine, and each side's
+      // time as a multiple of it.
+      const double omed = have_ort ? row["ort_us"].get<double>() : 0.0;
+      json rl = {{"flops", cost->flops},
+                 {"contractions", cost->contractions},
+                 {"weight_bytes", cost->weight_bytes},
+                 {"input_bytes", cost->input_bytes},
+                 {"output_bytes", cost->output_bytes},
+                 {"min_bytes", cost->min_bytes()},
+                 {"working_set_bytes", cost->working_set_bytes()},
+                 {"peak_gflop_per_s", roof.peak_gflop_per_s},
+                 {"gb_per_s_at_working_set", roof.gb_per_s},
+                 {"compute_floor_us", roof.compute_floor_us},
+                 {"memory_floor_us", roof.memory_floor_us},
+                 {"floor_us", roof.floor_us},
+                 {"bound", roof.compute_bound ? "compute" : "memory"},
+                 {"kiln_over_floor", kmed / roof.floor_us},
+                 {"kiln_share_of_roof", RoofShare(roof, kmed)}};
+      std::string ort_rf = "-", rf_ort = "-";
+      if (have_ort) {
+        rl["ort_over_floor"] = omed / roof.floor_us;
+        rl["ort_share_of_roof"] = RoofShare(roof, omed);
+        rl["best_ratio_over_ort"] = roof.floor_us / omed;
+        rl["share_needed_for_0_8x_ort"] = roof.floor_us / (0.8 * omed);
+        ort_rf = Fmt("%.2fx", omed / roof.floor_us);
+        rf_ort = Fmt("%.2fx", roof.floor_us / omed);
+      }
+      const std::string verdict = Verdict(roof, kmed, omed, 0.8, "ORT");
+      rl["verdict"] = verdict;
+      row["roofline"] = rl;
+      printf(
+          "%-34s %6lld %12.1f %12.1f %12s %8s %10s %12s %10s %9s %7.3f %7.2f %9.1f %7.2fx %8s "
+          "%7s\n",
+          mc.name.c_str(), static_cast<long long>(batch), kmed, row.value("kiln_unbound_us", 0.0),
+          ort_col.c_str(), ratio_col.c_str(), floor_col.c_str(), int8_col.c_str(), i8r_col.c_str(),
+          diff_col.c_str(), cost->flops / 1e9, cost->min_bytes() / 1e6, roof.floor_us,
+          kmed / roof.floor_us, ort_rf.c_str(), rf_ort.c_str());
+      printf("  roofline: %s\n", verdict.c_str());
       if (row.contains("ort_skipped"))
         printf("  ort skipped: %s\n", row["ort_skipped"].get<std::string>().c_str());
+      if (have_ort && o.peer_kernels) {
+        // About half a second of ORT runs under perf.
+        const int iters = std::max(20, static_cast<int>(0.5e6 / omed));
+        json pk = PeerKernels(peer->pid(), o.work_dir, [&] { ort_time(iters); });
+        printf("  ort kernels: %s\n",
+               pk.value("summary", pk.value("error", std::string("?"))).c_str());
+        row["ort_kernels"] = pk;
+      }
       if (o.profile) {
         json prof = {{"kiln", f32.Profile(o.profile_runs)}};
         PrintProfile("kiln", prof["kiln"]);
@@ -524,6 +840,30 @@ json RunComputeBench(const ComputeBenchOptions& o) {
       fflush(stdout);
       rows.push_back(row);
     }
+  }
+  // The peak again after the rows: a figure well above the one the rows used says the machine was
+  // busy while they ran (their roof is low, their shares of it high).
+  const FmaPeak after = MeasureFmaPeak(o.threads);
+  const double drift = after.gflop_per_s / machine.peak.gflop_per_s - 1;
+  printf(
+      "roofline: FMA peak after the rows %.0f GFLOP/s, %+.0f%% against the best the rows used "
+      "(%.0f; load average now %.1f)%s\n",
+      after.gflop_per_s, 100 * drift, machine.peak.gflop_per_s, LoadAverage(),
+      drift > 0.1 ? ": the machine was busy, the roof above is low; rerun on a quiet machine" : "");
+  if (machine_out) {
+    json bw = json::array();
+    for (const auto& [asked, b] : machine.bandwidth) {
+      json e = BandwidthJson(b);
+      for (const auto& [name, bytes] : machine.levels)
+        if (bytes == asked) e["level"] = name;
+      bw.push_back(e);
+    }
+    *machine_out = {{"fma_peak", PeakJson(machine.peak)},
+                    {"fma_peak_after_rows", PeakJson(after)},
+                    {"read_bandwidth", bw},
+                    {"load_average_before", load_before},
+                    {"l2_bytes_per_core", CacheBytes(2, 0)},
+                    {"l3_bytes", CacheBytes(3, 0)}};
   }
   return rows;
 }

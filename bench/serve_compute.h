@@ -29,11 +29,20 @@ struct ComputeBenchOptions {
   // model with ORT's own profiler on), printed and stored under the row's "profile".
   bool profile = false;
   int profile_runs = 20;
+  // What ORT's kernels are on this CPU: per row, `perf record` on the peer while it runs, its
+  // sampled instructions in libonnxruntime classed by width (zmm / ymm / xmm), printed and stored
+  // under the row's "ort_kernels" (an "error" where perf or objdump is missing or not allowed).
+  bool peer_kernels = true;
 };
 
 // One JSON object per row ({"model", "batch", "kiln_us", "ort_us", "ratio", ...}); rows whose peer
-// could not run carry "ort_skipped": why. Prints a table as it goes.
-nlohmann::json RunComputeBench(const ComputeBenchOptions& options);
+// could not run carry "ort_skipped": why. Prints a table as it goes. Each model row also carries
+// its "roofline" (roofline.h: FLOPs and bytes counted from the graph Kiln compiles, the floor time
+// on this machine, both sides' times as multiples of it, a verdict); `machine`, when given,
+// receives what the floor was computed from: the FMA peak (before and after the rows) and the read
+// bandwidth at each working set measured.
+nlohmann::json RunComputeBench(const ComputeBenchOptions& options,
+                               nlohmann::json* machine = nullptr);
 
 }  // namespace kiln::bench
 
