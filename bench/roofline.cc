@@ -255,7 +255,8 @@ float StreamSum(const float* p, int64_t n) {
   }
 }
 
-FmaPeak MeasureFmaPeak(int threads, FmaIsa isa, int repetitions, double seconds_per_rep) {
+FmaPeak MeasureFmaPeak(int threads, FmaIsa isa, int repetitions, double seconds_per_rep,
+                       double budget_seconds) {
   FmaPeak peak;
   peak.isa = Resolve(isa);
   threads = std::max(threads, 1);
@@ -271,7 +272,8 @@ FmaPeak MeasureFmaPeak(int threads, FmaIsa isa, int repetitions, double seconds_
     }
     iters *= 4;
   }
-  for (int r = 0; r < std::max(repetitions, 1); ++r) {
+  for (const double until = Seconds() + budget_seconds;
+       peak.repetitions < std::max(repetitions, 1) || Seconds() < until;) {
     int ran = 1;
     const double t0 = Seconds();
 #pragma omp parallel num_threads(threads)
@@ -290,7 +292,7 @@ FmaPeak MeasureFmaPeak(int threads, FmaIsa isa, int repetitions, double seconds_
 }
 
 ReadBandwidth MeasureReadBandwidth(int64_t bytes, int threads, int repetitions,
-                                   double seconds_per_rep) {
+                                   double seconds_per_rep, double budget_seconds) {
   ReadBandwidth bw;
   threads = std::max(threads, 1);
   // Each thread's share: a multiple of 64 floats.
@@ -316,7 +318,8 @@ ReadBandwidth MeasureReadBandwidth(int64_t bytes, int threads, int repetitions,
   g_sink = StreamSum(p, per_thread);
   const double one = std::max(Seconds() - t0, 1e-9);
   const int64_t passes = std::max<int64_t>(1, static_cast<int64_t>(seconds_per_rep / one));
-  for (int r = 0; r < std::max(repetitions, 1); ++r) {
+  for (const double until = Seconds() + budget_seconds;
+       bw.repetitions < std::max(repetitions, 1) || Seconds() < until;) {
     int ran = 1;
     const double start = Seconds();
 #pragma omp parallel num_threads(threads)
@@ -375,7 +378,9 @@ std::string Verdict(const Roofline& r, double kiln_us, double peer_us, double ta
            : ks >= need ? ": reached"
                         : ": within the roof");
   v += b;
-  if (ks < 0.2 && ps < 0.2) v += " (both under 20% of the roof: per-call overheads set this row)";
+  if (ks < 0.2 && ps < 0.2)
+    v += " (both under 20% of the roof: per-call work or a busy machine sets this row, not the "
+         "roof)";
   return v;
 }
 

@@ -4,7 +4,7 @@
 // time any implementation is bound by: max(flops / peak, bytes / bandwidth).
 //
 //   auto cost = CountGraphCost(graph, {"x"});            // from the graph Kiln compiles
-//   FmaPeak peak = MeasureFmaPeak(/*threads=*/2);        // best of a few repetitions
+//   FmaPeak peak = MeasureFmaPeak(/*threads=*/2);        // best of many short repetitions
 //   double gbs = MeasureReadBandwidth(cost->working_set_bytes(), 2).gb_per_s;
 //   Roofline r = MakeRoofline(*cost, peak.gflop_per_s, gbs);
 //   std::string v = Verdict(r, kiln_us, ort_us, /*target=*/0.8);
@@ -67,11 +67,12 @@ struct FmaPeak {
 };
 
 // The f32 multiply-add peak on `threads` OpenMP threads: each runs independent FMA chains for
-// about `seconds_per_rep`; the best of `repetitions`. An ISA the CPU lacks falls back to the best
-// it has (the result's `isa` says which ran).
-// Many short repetitions: on a shared machine a short one is likelier to run undisturbed.
-FmaPeak MeasureFmaPeak(int threads, FmaIsa isa = FmaIsa::kAuto, int repetitions = 15,
-                       double seconds_per_rep = 0.01);
+// about `seconds_per_rep`; the best of at least `repetitions`, and of as many more as fit in
+// `budget_seconds` (many short repetitions: on a shared machine the best of them is the one that
+// ran with every thread on a core). An ISA the CPU lacks falls back to the best it has (the
+// result's `isa` says which ran).
+FmaPeak MeasureFmaPeak(int threads, FmaIsa isa = FmaIsa::kAuto, int repetitions = 10,
+                       double seconds_per_rep = 0.005, double budget_seconds = 0.25);
 
 struct ReadBandwidth {
   int64_t bytes = 0;    // the working set read
@@ -81,9 +82,10 @@ struct ReadBandwidth {
 };
 
 // Streaming read bandwidth over a buffer of `bytes` (at least 64 KiB), each thread summing its
-// share of it again and again for about `seconds_per_rep`; the best of `repetitions`.
+// share of it again and again for about `seconds_per_rep`; the best of at least `repetitions` and
+// of as many more as fit in `budget_seconds`.
 ReadBandwidth MeasureReadBandwidth(int64_t bytes, int threads, int repetitions = 10,
-                                   double seconds_per_rep = 0.01);
+                                   double seconds_per_rep = 0.005, double budget_seconds = 0.25);
 
 // The kernels under the measurements, exposed so tests can check they compute what they claim.
 // `iters` steps of acc = acc * a + b on every chain, every chain starting from `start`; returns
@@ -111,7 +113,7 @@ inline double RoofShare(const Roofline& r, double us) { return us > 0 ? r.floor_
 // One line: which roof binds, Kiln's and the peer's share of it, and the share `target` x the
 // peer's time would need (above 100%: no implementation can reach the target there), e.g.
 // "compute-bound: Kiln at 97% of FMA peak, ORT at 82%; 0.80x of ORT would need 103% (beyond the
-// roof)". `peer_us` <= 0: the peer did not run.
+// roof)"; a note when both run under 20% of the roof. `peer_us` <= 0: the peer did not run.
 std::string Verdict(const Roofline& r, double kiln_us, double peer_us, double target = 0.8,
                     const std::string& peer = "ORT");
 

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
@@ -313,7 +314,8 @@ std::string Capture(const std::string& cmd) {
 // Samples the peer process with `perf record` (cpu-clock) while `run` makes it compute, then
 // disassembles the sampled addresses of its libonnxruntime with objdump and weighs them by
 // instruction class: 512-bit (zmm), 256-bit (ymm), 128-bit or scalar SIMD (xmm), `pause` (its
-// thread pool spinning), other. ORT's library has no symbols, so the kernel's name cannot be
+// thread pool spinning), other, each sample by the sampled instruction and the three before it.
+// ORT's library has no symbols, so the kernel's name cannot be
 // read; the width of the instructions it spends its time in can.
 json PeerKernels(pid_t pid, const std::string& work_dir, const std::function<void()>& run) {
   std::string so;
@@ -380,8 +382,19 @@ json PeerKernels(pid_t pid, const std::string& work_dir, const std::function<voi
     else
       ranges.push_back({a, a + 16});
   }
-  if (ranges.size() > 64) ranges.resize(64);  // the hottest code is in the first few anyway
-  for (const auto& [lo, hi] : ranges) {
+  if (ranges.size() > 64) {  // the 64 clusters with the most samples
+    auto weight = [&](const std::pair<uint64_t, uint64_t>& r) {
+      double w = 0;
+      for (auto it = share.lower_bound(r.first); it != share.end() && it->first < r.second; ++it)
+        w += it->second;
+      return w;
+    };
+    std::stable_sort(ranges.begin(), ranges.end(),
+                     [&](const auto& x, const auto& y) { return weight(x) > weight(y); });
+    ranges.resize(64);
+  }
+  auto disassemble = [&](uint64_t lo, uint64_t hi) {
+    std::map<uint64_t, std::string> d;
     char cmd[1024];
     snprintf(cmd, sizeof(cmd),
              "objdump -d --no-show-raw-insn --start-address=0x%llx --stop-address=0x%llx '%s'",
@@ -395,31 +408,61 @@ json PeerKernels(pid_t pid, const std::string& work_dir, const std::function<voi
       pos = end + 1;
       const size_t colon = line.find(":\t");
       if (colon == std::string::npos) continue;
-      insn[std::strtoull(line.c_str(), nullptr, 16)] = line.substr(colon + 2);
+      d[std::strtoull(line.c_str(), nullptr, 16)] = line.substr(colon + 2);
     }
+    return d;
+  };
+  for (const auto& [lo, hi] : ranges) {
+    // From 64 bytes before the first sample, so it has the instructions before it too; x86
+    // decoding started mid-instruction falls back into step within a few instructions, and where
+    // it has not by the first sampled address, from that address.
+    std::map<uint64_t, std::string> d = disassemble(lo >= 64 ? lo - 64 : lo, hi);
+    bool aligned = true;
+    for (auto it = share.lower_bound(lo); it != share.end() && it->first < hi; ++it)
+      aligned = aligned && d.count(it->first);
+    if (!aligned) d = disassemble(lo, hi);
+    insn.insert(d.begin(), d.end());
   }
-  std::map<std::string, double> cls, mnemonic;
+  std::map<std::string, double> cls, mnemonic, fma;
   double known = 0;
   for (const auto& [a, p] : share) {
     auto it = insn.find(a);
     if (it == insn.end()) continue;
     known += p;
-    const std::string& i = it->second;
-    const std::string m = i.substr(0, i.find_first_of(" \t"));
-    const char* c = i.find("zmm") != std::string::npos   ? "zmm"
-                    : i.find("ymm") != std::string::npos ? "ymm"
-                    : i.find("xmm") != std::string::npos ? "xmm"
-                    : m == "pause"                       ? "pause"
-                                                         : "other";
+    // The sampled instruction and the three before it, nearest first: a cpu-clock sample lands on
+    // the instruction after the one that held the core (skid): the prefetch after a memory-bound
+    // FMA, the pop after a spinning pause.
+    std::vector<std::string> window = {it->second};
+    for (auto w = it; window.size() < 4 && w != insn.begin();) {
+      auto prev = std::prev(w);
+      if (w->first - prev->first > 16) break;  // not the instruction right before
+      w = prev;
+      window.push_back(w->second);
+    }
+    const char* c = "other";
+    std::string m;
+    for (const char* reg : {"pause", "zmm", "ymm", "xmm"}) {
+      for (const std::string& i : window)
+        if (i.find(reg) != std::string::npos) {
+          c = reg;
+          m = i.substr(0, i.find_first_of(" \t"));
+          break;
+        }
+      if (!m.empty()) break;
+    }
     cls[c] += p;
     if (c[1] == 'm') mnemonic[m + " " + c] += p;
+    if (c[1] == 'm' && (m.rfind("vfmadd", 0) == 0 || m.rfind("vfnmadd", 0) == 0)) fma[c] += p;
   }
   if (known <= 0) return {{"error", "objdump could not disassemble the sampled addresses"}};
   std::vector<std::pair<double, std::string>> top;
   for (const auto& [m, p] : mnemonic) top.push_back({p, m});
   std::sort(top.rbegin(), top.rend());
-  json j = {{"library", so}, {"share_of_samples_in_library", total / 100}};
-  std::string summary = Fmt("%.0f%% of the peer's samples in libonnxruntime; of those: ", total);
+  json j = {{"library", so},
+            {"share_of_samples_in_library", total / 100},
+            {"share_of_those_classified", known / total}};
+  std::string summary = Fmt("%.0f%% of the peer's samples in libonnxruntime", total) +
+                        Fmt("; of the %.0f%% of those disassembled: ", 100 * known / total);
   for (const char* c : {"zmm", "ymm", "xmm", "pause", "other"}) {
     j[std::string(c) + "_share"] = cls[c] / known;
     summary += Fmt("%.0f%% ", 100 * cls[c] / known) +
@@ -434,13 +477,17 @@ json PeerKernels(pid_t pid, const std::string& work_dir, const std::function<voi
     summary += (k ? ", " : " (top: ") + top[k].second + Fmt(" %.0f%%", 100 * top[k].first / known);
   }
   if (!top.empty()) summary += ")";
-  const double wide = std::max({cls["zmm"], cls["ymm"], cls["xmm"]});
-  std::string path = wide <= 0            ? "no SIMD code was sampled"
-                     : cls["zmm"] == wide ? "its vector kernels run 512-bit (AVX-512) code"
-                     : cls["ymm"] == wide ? "its vector kernels run 256-bit (AVX/AVX2) code"
-                                          : "its vector kernels run 128-bit or scalar SIMD code";
-  if (cls["other"] + cls["pause"] > 0.5 * known)
-    path = "mostly non-SIMD code (per-call work, not kernels); " + path;
+  j["top"] = tj;
+  // The verdict from the width of the FMAs sampled (a kernel's inner loop), not of every vector
+  // instruction (memcpy and the like are 128-bit anywhere).
+  const double fz = fma["zmm"], fy = fma["ymm"], fx = fma["xmm"];
+  std::string path = fz + fy + fx <= 0        ? "no FMA instruction was sampled"
+                     : fz >= std::max(fy, fx) ? "its FMAs are 512-bit (zmm): AVX-512 kernels"
+                     : fy >= fx ? "its FMAs are 256-bit (ymm): AVX2 kernels, not AVX-512"
+                                : "its FMAs are 128-bit (xmm): neither AVX2 nor AVX-512 kernels";
+  if (cls["other"] > 0.5 * (known - cls["pause"]))
+    path += "; most samples outside its spin are not vector code (per-call work)";
+  j["fma_shares"] = {{"zmm", fz / known}, {"ymm", fy / known}, {"xmm", fx / known}};
   j["path"] = path;
   j["summary"] = summary + ": " + path;
   return j;
