@@ -359,8 +359,12 @@ std::string Verdict(const Roofline& r, double kiln_us, double peer_us, double ta
   char b[512];
   const char* roof = r.compute_bound ? "of the FMA peak" : "of the read bandwidth";
   if (r.compute_bound) {
-    snprintf(b, sizeof(b), "compute-bound (%.3f GFLOP at %.0f GFLOP/s)", r.cost.flops / 1e9,
-             r.peak_gflop_per_s);
+    if (r.cost.flops >= 1e8)
+      snprintf(b, sizeof(b), "compute-bound (%.3f GFLOP at %.0f GFLOP/s)", r.cost.flops / 1e9,
+               r.peak_gflop_per_s);
+    else
+      snprintf(b, sizeof(b), "compute-bound (%.2f MFLOP at %.0f GFLOP/s)", r.cost.flops / 1e6,
+               r.peak_gflop_per_s);
   } else {
     snprintf(b, sizeof(b), "memory-bound (%.2f MB at %.0f GB/s over a %.1f MiB working set)",
              r.cost.min_bytes() / 1e6, r.gb_per_s, r.cost.working_set_bytes() / 1048576.0);

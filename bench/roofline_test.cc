@@ -222,6 +222,10 @@ TEST(Roofline, FloorsAndVerdictsFromTheLeadsFigures) {
             "memory-bound (12.64 MB at 150 GB/s over a 12.1 MiB working set): Kiln at 84% of the "
             "read bandwidth");
   EXPECT_THAT(Verdict(MakeRoofline(mlp1, 0, 0), 100, 120), HasSubstr("no floor"));
+  GraphCost small;  // below 0.1 GFLOP in MFLOP
+  small.flops = 1.7885e6;
+  EXPECT_THAT(Verdict(MakeRoofline(small, 479, 150), 10, 20),
+              HasSubstr("compute-bound (1.79 MFLOP at 479 GFLOP/s): Kiln at 37% of the FMA peak"));
 }
 
 }  // namespace
