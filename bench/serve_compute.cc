@@ -1,7 +1,6 @@
 #include "bench/serve_compute.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,9 +9,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
@@ -20,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/peer_kernels.h"
 #include "bench/roofline.h"
 #include "bench/timing.h"
 #include "kiln/cli/quantize_rewrite.h"
@@ -298,201 +298,6 @@ std::string Fmt(const char* f, double v) {
   return b;
 }
 
-// ---- what the peer's kernels really are (DESIGN.md §5) ----
-
-// stdout of `cmd` (through /bin/sh), or "" when it fails.
-std::string Capture(const std::string& cmd) {
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return "";
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-  return pclose(f) == 0 ? out : "";
-}
-
-// Samples the peer process with `perf record` (cpu-clock) while `run` makes it compute, then
-// disassembles the sampled addresses of its libonnxruntime with objdump and weighs them by
-// instruction class: 512-bit (zmm), 256-bit (ymm), 128-bit or scalar SIMD (xmm), `pause` (its
-// thread pool spinning), other, each sample by the sampled instruction and the three before it.
-// ORT's library has no symbols, so the kernel's name cannot be
-// read; the width of the instructions it spends its time in can.
-json PeerKernels(pid_t pid, const std::string& work_dir, const std::function<void()>& run) {
-  std::string so;
-  {
-    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-    std::string line;
-    while (std::getline(maps, line)) {
-      const size_t at = line.find('/');
-      if (at != std::string::npos && line.find("libonnxruntime.so") != std::string::npos) {
-        so = line.substr(at);
-        break;
-      }
-    }
-  }
-  if (so.empty()) return {{"error", "libonnxruntime.so is not mapped in the peer"}};
-  if (std::system("perf --version > /dev/null 2>&1") != 0 ||
-      std::system("objdump --version > /dev/null 2>&1") != 0)
-    return {{"error", "needs perf and objdump (Debian linux-perf, binutils)"}};
-  const std::string data = work_dir + "/ort_kernels.perf";
-  pid_t perf = fork();
-  if (perf == 0) {
-    const int null = open("/dev/null", O_WRONLY);
-    dup2(null, 1);
-    dup2(null, 2);
-    const std::string p = std::to_string(pid);
-    execlp("perf", "perf", "record", "-q", "-e", "cpu-clock", "-F", "4000", "-p", p.c_str(), "-o",
-           data.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  if (perf < 0) return {{"error", "fork failed"}};
-  usleep(200 * 1000);  // perf attaches
-  run();
-  kill(perf, SIGINT);
-  int st = 0;
-  waitpid(perf, &st, 0);
-  const std::string report =
-      Capture("perf report -i " + data + " --stdio --sort dso,sym 2>/dev/null");
-  // "    19.32%  libonnxruntime.so.1       [.] 0x00000000018156d2"
-  std::map<uint64_t, double> share;  // file address in the library -> % of all samples
-  double total = 0;
-  {
-    size_t pos = 0;
-    while (pos < report.size()) {
-      size_t end = report.find('\n', pos);
-      if (end == std::string::npos) end = report.size();
-      const std::string line = report.substr(pos, end - pos);
-      pos = end + 1;
-      if (line.empty() || line[0] == '#' || line.find("libonnxruntime.so") == std::string::npos)
-        continue;
-      const size_t x = line.find("[.] 0x");
-      if (x == std::string::npos) continue;
-      const double pct = std::atof(line.c_str());
-      share[std::strtoull(line.c_str() + x + 4, nullptr, 16)] += pct;
-      total += pct;
-    }
-  }
-  if (share.empty()) return {{"error", "perf recorded no samples in " + so}};
-  // Disassemble clusters of sampled addresses (each starts at a sampled instruction).
-  std::map<uint64_t, std::string> insn;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& [a, p] : share) {
-    if (!ranges.empty() && a - ranges.back().second < 4096)
-      ranges.back().second = a + 16;
-    else
-      ranges.push_back({a, a + 16});
-  }
-  if (ranges.size() > 64) {  // the 64 clusters with the most samples
-    auto weight = [&](const std::pair<uint64_t, uint64_t>& r) {
-      double w = 0;
-      for (auto it = share.lower_bound(r.first); it != share.end() && it->first < r.second; ++it)
-        w += it->second;
-      return w;
-    };
-    std::stable_sort(ranges.begin(), ranges.end(),
-                     [&](const auto& x, const auto& y) { return weight(x) > weight(y); });
-    ranges.resize(64);
-  }
-  auto disassemble = [&](uint64_t lo, uint64_t hi) {
-    std::map<uint64_t, std::string> d;
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd),
-             "objdump -d --no-show-raw-insn --start-address=0x%llx --stop-address=0x%llx '%s'",
-             static_cast<unsigned long long>(lo), static_cast<unsigned long long>(hi), so.c_str());
-    const std::string dis = Capture(cmd);
-    size_t pos = 0;
-    while (pos < dis.size()) {
-      size_t end = dis.find('\n', pos);
-      if (end == std::string::npos) end = dis.size();
-      const std::string line = dis.substr(pos, end - pos);
-      pos = end + 1;
-      const size_t colon = line.find(":\t");
-      if (colon == std::string::npos) continue;
-      d[std::strtoull(line.c_str(), nullptr, 16)] = line.substr(colon + 2);
-    }
-    return d;
-  };
-  for (const auto& [lo, hi] : ranges) {
-    // From 64 bytes before the first sample, so it has the instructions before it too; x86
-    // decoding started mid-instruction falls back into step within a few instructions, and where
-    // it has not by the first sampled address, from that address.
-    std::map<uint64_t, std::string> d = disassemble(lo >= 64 ? lo - 64 : lo, hi);
-    bool aligned = true;
-    for (auto it = share.lower_bound(lo); it != share.end() && it->first < hi; ++it)
-      aligned = aligned && d.count(it->first);
-    if (!aligned) d = disassemble(lo, hi);
-    insn.insert(d.begin(), d.end());
-  }
-  std::map<std::string, double> cls, mnemonic, fma;
-  double known = 0;
-  for (const auto& [a, p] : share) {
-    auto it = insn.find(a);
-    if (it == insn.end()) continue;
-    known += p;
-    // The sampled instruction and the three before it, nearest first: a cpu-clock sample lands on
-    // the instruction after the one that held the core (skid): the prefetch after a memory-bound
-    // FMA, the pop after a spinning pause.
-    std::vector<std::string> window = {it->second};
-    for (auto w = it; window.size() < 4 && w != insn.begin();) {
-      auto prev = std::prev(w);
-      if (w->first - prev->first > 16) break;  // not the instruction right before
-      w = prev;
-      window.push_back(w->second);
-    }
-    const char* c = "other";
-    std::string m;
-    for (const char* reg : {"pause", "zmm", "ymm", "xmm"}) {
-      for (const std::string& i : window)
-        if (i.find(reg) != std::string::npos) {
-          c = reg;
-          m = i.substr(0, i.find_first_of(" \t"));
-          break;
-        }
-      if (!m.empty()) break;
-    }
-    cls[c] += p;
-    if (c[1] == 'm') mnemonic[m + " " + c] += p;
-    if (c[1] == 'm' && (m.rfind("vfmadd", 0) == 0 || m.rfind("vfnmadd", 0) == 0)) fma[c] += p;
-  }
-  if (known <= 0) return {{"error", "objdump could not disassemble the sampled addresses"}};
-  std::vector<std::pair<double, std::string>> top;
-  for (const auto& [m, p] : mnemonic) top.push_back({p, m});
-  std::sort(top.rbegin(), top.rend());
-  json j = {{"library", so},
-            {"share_of_samples_in_library", total / 100},
-            {"share_of_those_classified", known / total}};
-  std::string summary = Fmt("%.0f%% of the peer's samples in libonnxruntime", total) +
-                        Fmt("; of the %.0f%% of those disassembled: ", 100 * known / total);
-  for (const char* c : {"zmm", "ymm", "xmm", "pause", "other"}) {
-    j[std::string(c) + "_share"] = cls[c] / known;
-    summary += Fmt("%.0f%% ", 100 * cls[c] / known) +
-               (c[1] == 'm'                 ? std::string(c)
-                : std::string(c) == "pause" ? "pause (spin)"
-                                            : "other") +
-               (std::string(c) == "other" ? "" : ", ");
-  }
-  json tj = json::array();
-  for (size_t k = 0; k < top.size() && k < 3; ++k) {
-    tj.push_back({{"insn", top[k].second}, {"share", top[k].first / known}});
-    summary += (k ? ", " : " (top: ") + top[k].second + Fmt(" %.0f%%", 100 * top[k].first / known);
-  }
-  if (!top.empty()) summary += ")";
-  j["top"] = tj;
-  // The verdict from the width of the FMAs sampled (a kernel's inner loop), not of every vector
-  // instruction (memcpy and the like are 128-bit anywhere).
-  const double fz = fma["zmm"], fy = fma["ymm"], fx = fma["xmm"];
-  std::string path = fz + fy + fx <= 0        ? "no FMA instruction was sampled"
-                     : fz >= std::max(fy, fx) ? "its FMAs are 512-bit (zmm): AVX-512 kernels"
-                     : fy >= fx ? "its FMAs are 256-bit (ymm): AVX2 kernels, not AVX-512"
-                                : "its FMAs are 128-bit (xmm): neither AVX2 nor AVX-512 kernels";
-  if (cls["other"] > 0.5 * (known - cls["pause"]))
-    path += "; most samples outside its spin are not vector code (per-call work)";
-  j["fma_shares"] = {{"zmm", fz / known}, {"ymm", fy / known}, {"xmm", fx / known}};
-  j["path"] = path;
-  j["summary"] = summary + ": " + path;
-  return j;
-}
-
 // ---- the machine's roofline (roofline.h), measured in this run ----
 
 double LoadAverage() {
@@ -591,8 +396,13 @@ json PeakJson(const FmaPeak& p) {
 
 }  // namespace
 
-json RunComputeBench(const ComputeBenchOptions& o, json* machine_out) {
+json RunComputeBench(const ComputeBenchOptions& options, json* machine_out) {
   json rows = json::array();
+  // A directory of this process's own under work_dir: two runs at once (two people on one machine)
+  // would otherwise overwrite each other's models and inputs (ORT then reads the other batch's).
+  ComputeBenchOptions o = options;
+  mkdir(o.work_dir.c_str(), 0755);
+  o.work_dir += "/run_" + std::to_string(getpid());
   mkdir(o.work_dir.c_str(), 0755);
   // The roofline first, before the peer's process starts: every row's working set from the graph
   // Kiln compiles, then the FMA peak and the read bandwidth at those sizes.
@@ -748,6 +558,7 @@ json RunComputeBench(const ComputeBenchOptions& o, json* machine_out) {
         }
       }
       std::vector<double> kiln_us, ort_us, int8_us, unbound_us;
+      std::string ort_error;
       auto ort_time = [&](int iters) -> std::vector<double> {
         json r = peer->Call({{"cmd", "run"},
                              {"name", name},
@@ -755,7 +566,10 @@ json RunComputeBench(const ComputeBenchOptions& o, json* machine_out) {
                              {"shape", {batch, mc.features}},
                              {"iters", iters},
                              {"out", out_path}});
-        if (!r.value("ok", false)) return {};
+        if (!r.value("ok", false)) {
+          ort_error = r.value("error", std::string("no error given"));
+          return {};
+        }
         return r["us"].get<std::vector<double>>();
       };
       if (have_ort) ort_time(5);  // warm-up
@@ -768,7 +582,7 @@ json RunComputeBench(const ComputeBenchOptions& o, json* machine_out) {
           const int iters = std::max(5, static_cast<int>(o.seconds_per_round * 1e6 / med));
           std::vector<double> r = ort_time(iters);
           if (r.empty()) {
-            row["ort_skipped"] = "run failed";
+            row["ort_skipped"] = "run failed: " + ort_error;
             have_ort = false;
           }
           ort_us.insert(ort_us.end(), r.begin(), r.end());
@@ -869,7 +683,7 @@ json RunComputeBench(const ComputeBenchOptions& o, json* machine_out) {
       if (have_ort && o.peer_kernels) {
         // About half a second of ORT runs under perf.
         const int iters = std::max(20, static_cast<int>(0.5e6 / omed));
-        json pk = PeerKernels(peer->pid(), o.work_dir, [&] { ort_time(iters); });
+        json pk = ProfilePeerKernels(peer->pid(), o.work_dir, [&] { ort_time(iters); });
         printf("  ort kernels: %s\n",
                pk.value("summary", pk.value("error", std::string("?"))).c_str());
         row["ort_kernels"] = pk;
@@ -906,6 +720,11 @@ json RunComputeBench(const ComputeBenchOptions& o, json* machine_out) {
       "(%.0f; load average now %.1f)%s\n",
       after.gflop_per_s, 100 * drift, machine.peak.gflop_per_s, LoadAverage(),
       drift > 0.1 ? ": the machine was busy, the roof above is low; rerun on a quiet machine" : "");
+  // Kept for --profile (its ORT traces are there), removed otherwise.
+  if (!o.profile) {
+    std::error_code ec;
+    std::filesystem::remove_all(o.work_dir, ec);
+  }
   if (machine_out) {
     json bw = json::array();
     for (const auto& [asked, b] : machine.bandwidth) {

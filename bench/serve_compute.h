@@ -17,10 +17,10 @@ namespace kiln::bench {
 
 struct ComputeBenchOptions {
   int threads = 2;
-  int rounds = 5;                  // alternating Kiln / ORT rounds
-  double seconds_per_round = 0.3;  // per side, per round (at least 5 runs)
-  std::string work_dir = "/tmp/kiln_serve_bench_compute";
-  std::string node = "node";  // runs bench/ort/peer.js
+  int rounds = 5;                                          // alternating Kiln / ORT rounds
+  double seconds_per_round = 0.3;                          // per side, per round (at least 5 runs)
+  std::string work_dir = "/tmp/kiln_serve_bench_compute";  // under it, run_<pid>/ per run
+  std::string node = "node";                               // runs bench/ort/peer.js
   std::string peer = "bench/ort/peer.js";
   std::string exporter = "bench/ort/export_onnx.py";
   std::string python = "/usr/bin/python3";
