@@ -165,11 +165,13 @@ TEST(StreamSum, SumsEveryElement) {
 }
 
 TEST(Measure, PeakAndBandwidthArePositiveAndTheWideKernelIsFaster) {
-  const FmaPeak wide = MeasureFmaPeak(1, FmaIsa::kAuto, 3, 0.005, 0);
+  EXPECT_EQ(MeasureFmaPeak(1, FmaIsa::kAuto, 3, 0.001, 0).repetitions, 3);  // no budget: 3
+  // The wide kernel gets 50 ms of repetitions, so a loaded machine cannot starve all of them.
+  const FmaPeak wide = MeasureFmaPeak(1, FmaIsa::kAuto, 3, 0.005, 0.05);
   EXPECT_GT(wide.gflop_per_s, 0);
   EXPECT_EQ(wide.isa, BestFmaIsa());
   EXPECT_EQ(wide.threads, 1);
-  EXPECT_EQ(wide.repetitions, 3);
+  EXPECT_GE(wide.repetitions, 3);
   if (wide.isa == FmaIsa::kAvx512) {
     // 16 lanes x fused multiply-add against 1 lane x (multiply, add): ~16x; 2x even under load.
     const FmaPeak scalar = MeasureFmaPeak(1, FmaIsa::kScalar, 3, 0.005, 0);
