@@ -16,10 +16,12 @@
 //     served requests, and that the server still answers /v2/health/live afterwards. Open-loop
 //     latency counts from each request's scheduled arrival, so a generator that falls behind
 //     shows as latency (no coordinated omission).
-// Compute (serve_compute.h): Kiln against ONNX Runtime on the same weights, and int8 against f32.
+// Compute (serve_compute.h): Kiln against ONNX Runtime on the same weights, and int8 against f32,
+// with the machine's roofline measured in the same run (roofline.h) and what ORT's kernels run
+// (perf samples of the peer; --no-peer-kernels skips it).
 //
 //   build/bench/serve_bench [--seconds 2] [--rounds 3] [--threads 2] [--out bench/out/serve.json]
-//                           [--skip-serve] [--skip-compute] [--profile]
+//                           [--skip-serve] [--skip-compute] [--profile] [--no-peer-kernels]
 #include <omp.h>
 #include <signal.h>
 
@@ -398,7 +400,7 @@ int Main(int argc, char** argv) {
   double seconds = 2;
   int rounds = 3, threads = 2;
   std::string out_path = "bench/out/serve.json";
-  bool serve = true, compute = true, profile = false;
+  bool serve = true, compute = true, profile = false, peer_kernels = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -416,6 +418,8 @@ int Main(int argc, char** argv) {
       compute = false;
     } else if (a == "--profile") {
       profile = true;
+    } else if (a == "--no-peer-kernels") {
+      peer_kernels = false;
     } else {
       fprintf(stderr, "serve_bench: unknown flag '%s'\n", a.c_str());
       return 2;
@@ -434,7 +438,10 @@ int Main(int argc, char** argv) {
     co.threads = threads;
     co.rounds = std::max(rounds, 3) + 2;
     co.profile = profile;
-    out["compute"] = bench::RunComputeBench(co);
+    co.peer_kernels = peer_kernels;
+    json machine;
+    out["compute"] = bench::RunComputeBench(co, &machine);
+    out["compute_roofline_machine"] = machine;
   }
   std::ofstream f(out_path);
   f << out.dump(2) << "\n";

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -17,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/peer_kernels.h"
+#include "bench/roofline.h"
 #include "bench/timing.h"
 #include "kiln/cli/quantize_rewrite.h"
 #include "kiln/ir/parser.h"
@@ -69,6 +73,7 @@ class OrtPeer {
     if (out_) std::fclose(out_);
     if (pid_ > 0) waitpid(pid_, nullptr, 0);
   }
+  pid_t pid() const { return pid_; }
   // The reply, or {"ok": false, "error": ...} when the peer is gone.
   json Call(const json& cmd) {
     std::fputs((cmd.dump() + "\n").c_str(), in_);
@@ -293,11 +298,136 @@ std::string Fmt(const char* f, double v) {
   return b;
 }
 
+// ---- the machine's roofline (roofline.h), measured in this run ----
+
+double LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  double l = -1;
+  f >> l;
+  return l;
+}
+
+// The size of CPU 0's data or unified cache at `level`, from sysfs (glibc's sysconf reports the
+// host's L3 under KVM: 384 MiB on a guest whose L3 is 32 MiB); `fallback` when it says nothing.
+int64_t CacheBytes(int level, int64_t fallback) {
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream lf(dir + "level"), tf(dir + "type"), sf(dir + "size");
+    int l = 0;
+    std::string type, size;
+    if (!(lf >> l) || !(tf >> type) || !(sf >> size)) continue;
+    if (l != level || type == "Instruction" || size.empty()) continue;
+    int64_t v = std::atoll(size.c_str());
+    if (size.back() == 'K') v <<= 10;
+    if (size.back() == 'M') v <<= 20;
+    if (v > 0) return v;
+  }
+  return fallback;
+}
+
+std::string MiB(int64_t bytes) { return Fmt("%.1f MiB", bytes / 1048576.0); }
+
+// The FMA peak and the read bandwidth at the cache levels' sizes (half of each core's L2 on every
+// thread, half the L3, twice the L3 for DRAM) and at every row's working set.
+struct Machine {
+  FmaPeak peak;
+  std::map<int64_t, ReadBandwidth> bandwidth;  // by the working set asked for
+  std::vector<std::pair<std::string, int64_t>> levels;
+
+  double GbPerS(int64_t bytes, int threads) {
+    auto it = bandwidth.find(bytes);
+    if (it == bandwidth.end())
+      it = bandwidth.emplace(bytes, MeasureReadBandwidth(bytes, threads)).first;
+    return it->second.gb_per_s;
+  }
+  // The bandwidth the roof uses at working set `bytes`: the best measured at `bytes` or at any
+  // larger working set (a smaller one never reads slower; under load a smaller one's own figure
+  // can come out lower than a larger one's).
+  double RoofGbPerS(int64_t bytes, int threads) {
+    double best = GbPerS(bytes, threads);
+    for (auto it = bandwidth.lower_bound(bytes); it != bandwidth.end(); ++it)
+      best = std::max(best, it->second.gb_per_s);
+    return best;
+  }
+  // Measures the peak and the bandwidth at `bytes` again and keeps the better: load from other
+  // processes only ever lowers them, so the best seen in the run is the closest to the machine's.
+  void Refresh(int64_t bytes, int threads) {
+    FmaPeak p = MeasureFmaPeak(threads);
+    p.repetitions += peak.repetitions;
+    if (p.gflop_per_s < peak.gflop_per_s) p.gflop_per_s = peak.gflop_per_s;
+    peak = p;
+    ReadBandwidth b = MeasureReadBandwidth(bytes, threads);
+    auto it = bandwidth.find(bytes);
+    if (it == bandwidth.end()) {
+      bandwidth.emplace(bytes, b);
+      return;
+    }
+    b.repetitions += it->second.repetitions;
+    b.gb_per_s = std::max(b.gb_per_s, it->second.gb_per_s);
+    it->second = b;
+  }
+};
+
+Machine MeasureMachine(int threads, const std::vector<int64_t>& row_working_sets) {
+  Machine m;
+  m.peak = MeasureFmaPeak(threads);
+  const int64_t l2 = CacheBytes(2, 1 << 20);
+  const int64_t l3 = CacheBytes(3, 32 << 20);
+  m.levels = {
+      {"L2", threads * l2 / 2}, {"L3", l3 / 2}, {"DRAM", std::max<int64_t>(2 * l3, 64 << 20)}};
+  for (const auto& [name, bytes] : m.levels) m.GbPerS(bytes, threads);
+  for (int64_t ws : row_working_sets) m.GbPerS(ws, threads);
+  return m;
+}
+
+json BandwidthJson(const ReadBandwidth& b) {
+  return {{"bytes", b.bytes},
+          {"gb_per_s", b.gb_per_s},
+          {"threads", b.threads},
+          {"repetitions", b.repetitions}};
+}
+
+json PeakJson(const FmaPeak& p) {
+  return {{"gflop_per_s", p.gflop_per_s},
+          {"isa", FmaIsaName(p.isa)},
+          {"threads", p.threads},
+          {"repetitions", p.repetitions}};
+}
+
 }  // namespace
 
-json RunComputeBench(const ComputeBenchOptions& o) {
+json RunComputeBench(const ComputeBenchOptions& options, json* machine_out) {
   json rows = json::array();
+  // A directory of this process's own under work_dir: two runs at once (two people on one machine)
+  // would otherwise overwrite each other's models and inputs (ORT then reads the other batch's).
+  ComputeBenchOptions o = options;
   mkdir(o.work_dir.c_str(), 0755);
+  o.work_dir += "/run_" + std::to_string(getpid());
+  mkdir(o.work_dir.c_str(), 0755);
+  // The roofline first, before the peer's process starts: every row's working set from the graph
+  // Kiln compiles, then the FMA peak and the read bandwidth at those sizes.
+  std::vector<int64_t> working_sets;
+  for (ModelCase& mc : Models())
+    for (int64_t batch : {int64_t{1}, int64_t{256}}) {
+      auto g = mc.model->PredictGraph(batch);
+      auto cost = g.ok() ? CountGraphCost(*g, {"x"}) : g.status();
+      if (cost.ok()) working_sets.push_back(cost->working_set_bytes());
+    }
+  const double load_before = LoadAverage();
+  Machine machine = MeasureMachine(o.threads, working_sets);
+  printf(
+      "\nroofline (measured now, best of %d; load average %.1f, a busy machine measures low): f32 "
+      "FMA peak %.0f GFLOP/s on %d threads (%s); read bandwidth on %d threads:",
+      machine.peak.repetitions, load_before, machine.peak.gflop_per_s, machine.peak.threads,
+      FmaIsaName(machine.peak.isa).c_str(), o.threads);
+  for (const auto& [name, bytes] : machine.levels)
+    printf(" %s %s %.0f GB/s,", MiB(machine.bandwidth[bytes].bytes).c_str(), name.c_str(),
+           machine.bandwidth[bytes].gb_per_s);
+  printf(" rows' working sets:");
+  for (int64_t ws : working_sets)
+    printf(" %s %.0f GB/s", MiB(machine.bandwidth[ws].bytes).c_str(),
+           machine.bandwidth[ws].gb_per_s);
+  printf("\n");
   std::string why;
   std::unique_ptr<OrtPeer> peer = OrtPeer::Start(o, &why);
   auto backend = runtime::MakeCpuBackend();
@@ -343,8 +473,9 @@ json RunComputeBench(const ComputeBenchOptions& o) {
            floor.value("kiln_us", 0.0), ort_floor);
     rows.push_back(floor);
   }
-  printf("%-34s %6s %12s %12s %12s %8s %10s %12s %10s %9s\n", "model", "batch", "kiln f32 us",
-         "unbound us", "ort us", "kiln/ort", "-floor", "kiln int8 us", "int8/f32", "max|diff|");
+  printf("%-34s %6s %12s %12s %12s %8s %10s %12s %10s %9s %7s %7s %9s %8s %8s %7s\n", "model",
+         "batch", "kiln f32 us", "unbound us", "ort us", "kiln/ort", "-floor", "kiln int8 us",
+         "int8/f32", "max|diff|", "MFLOP", "MB", "roof us", "kiln/rf", "ort/rf", "rf/ort");
   for (ModelCase& mc : Models()) {
     auto params = nn::InitParams(mc.model->Params(), /*seed=*/0);
     if (!params.ok()) {
@@ -368,6 +499,15 @@ json RunComputeBench(const ComputeBenchOptions& o) {
         rows.push_back(row);
         continue;
       }
+      auto cost = CountGraphCost(*g, {"x"});
+      if (!cost.ok()) {
+        row["error"] = "roofline: " + std::string(cost.status().message());
+        rows.push_back(row);
+        continue;
+      }
+      machine.Refresh(cost->working_set_bytes(), o.threads);
+      const Roofline roof = MakeRoofline(*cost, machine.peak.gflop_per_s,
+                                         machine.RoofGbPerS(cost->working_set_bytes(), o.threads));
       Tensor x = RandomInput(Shape{batch, mc.features}, 7 + static_cast<uint32_t>(batch));
       KilnRun f32;
       absl::Status s = f32.Prepare(*backend, *g, weights, x);
@@ -418,6 +558,7 @@ json RunComputeBench(const ComputeBenchOptions& o) {
         }
       }
       std::vector<double> kiln_us, ort_us, int8_us, unbound_us;
+      std::string ort_error;
       auto ort_time = [&](int iters) -> std::vector<double> {
         json r = peer->Call({{"cmd", "run"},
                              {"name", name},
@@ -425,7 +566,10 @@ json RunComputeBench(const ComputeBenchOptions& o) {
                              {"shape", {batch, mc.features}},
                              {"iters", iters},
                              {"out", out_path}});
-        if (!r.value("ok", false)) return {};
+        if (!r.value("ok", false)) {
+          ort_error = r.value("error", std::string("no error given"));
+          return {};
+        }
         return r["us"].get<std::vector<double>>();
       };
       if (have_ort) ort_time(5);  // warm-up
@@ -438,7 +582,7 @@ json RunComputeBench(const ComputeBenchOptions& o) {
           const int iters = std::max(5, static_cast<int>(o.seconds_per_round * 1e6 / med));
           std::vector<double> r = ort_time(iters);
           if (r.empty()) {
-            row["ort_skipped"] = "run failed";
+            row["ort_skipped"] = "run failed: " + ort_error;
             have_ort = false;
           }
           ort_us.insert(ort_us.end(), r.begin(), r.end());
@@ -496,12 +640,54 @@ json RunComputeBench(const ComputeBenchOptions& o) {
         int8_col = Fmt("%.1f", imed);
         i8r_col = Fmt("%.2fx", imed / kmed);
       }
-      printf("%-34s %6lld %12.1f %12.1f %12s %8s %10s %12s %10s %9s\n", mc.name.c_str(),
-             static_cast<long long>(batch), kmed, row.value("kiln_unbound_us", 0.0),
-             ort_col.c_str(), ratio_col.c_str(), floor_col.c_str(), int8_col.c_str(),
-             i8r_col.c_str(), diff_col.c_str());
+      // The roofline: the floor any implementation is bound by on this machine, and each side's
+      // time as a multiple of it.
+      const double omed = have_ort ? row["ort_us"].get<double>() : 0.0;
+      json rl = {{"flops", cost->flops},
+                 {"contractions", cost->contractions},
+                 {"weight_bytes", cost->weight_bytes},
+                 {"input_bytes", cost->input_bytes},
+                 {"output_bytes", cost->output_bytes},
+                 {"min_bytes", cost->min_bytes()},
+                 {"working_set_bytes", cost->working_set_bytes()},
+                 {"peak_gflop_per_s", roof.peak_gflop_per_s},
+                 {"gb_per_s_at_working_set", roof.gb_per_s},
+                 {"compute_floor_us", roof.compute_floor_us},
+                 {"memory_floor_us", roof.memory_floor_us},
+                 {"floor_us", roof.floor_us},
+                 {"bound", roof.compute_bound ? "compute" : "memory"},
+                 {"kiln_over_floor", kmed / roof.floor_us},
+                 {"kiln_share_of_roof", RoofShare(roof, kmed)}};
+      std::string ort_rf = "-", rf_ort = "-";
+      if (have_ort) {
+        rl["ort_over_floor"] = omed / roof.floor_us;
+        rl["ort_share_of_roof"] = RoofShare(roof, omed);
+        rl["best_ratio_over_ort"] = roof.floor_us / omed;
+        rl["share_needed_for_0_8x_ort"] = roof.floor_us / (0.8 * omed);
+        ort_rf = Fmt("%.2fx", omed / roof.floor_us);
+        rf_ort = Fmt("%.2fx", roof.floor_us / omed);
+      }
+      const std::string verdict = Verdict(roof, kmed, omed, 0.8, "ORT");
+      rl["verdict"] = verdict;
+      row["roofline"] = rl;
+      printf(
+          "%-34s %6lld %12.1f %12.1f %12s %8s %10s %12s %10s %9s %7.1f %7.2f %9.1f %7.2fx %8s "
+          "%7s\n",
+          mc.name.c_str(), static_cast<long long>(batch), kmed, row.value("kiln_unbound_us", 0.0),
+          ort_col.c_str(), ratio_col.c_str(), floor_col.c_str(), int8_col.c_str(), i8r_col.c_str(),
+          diff_col.c_str(), cost->flops / 1e6, cost->min_bytes() / 1e6, roof.floor_us,
+          kmed / roof.floor_us, ort_rf.c_str(), rf_ort.c_str());
+      printf("  roofline: %s\n", verdict.c_str());
       if (row.contains("ort_skipped"))
         printf("  ort skipped: %s\n", row["ort_skipped"].get<std::string>().c_str());
+      if (have_ort && o.peer_kernels) {
+        // About half a second of ORT runs under perf.
+        const int iters = std::max(20, static_cast<int>(0.5e6 / omed));
+        json pk = ProfilePeerKernels(peer->pid(), o.work_dir, [&] { ort_time(iters); });
+        printf("  ort kernels: %s\n",
+               pk.value("summary", pk.value("error", std::string("?"))).c_str());
+        row["ort_kernels"] = pk;
+      }
       if (o.profile) {
         json prof = {{"kiln", f32.Profile(o.profile_runs)}};
         PrintProfile("kiln", prof["kiln"]);
@@ -524,6 +710,35 @@ json RunComputeBench(const ComputeBenchOptions& o) {
       fflush(stdout);
       rows.push_back(row);
     }
+  }
+  // The peak again after the rows: a figure well above the one the rows used says the machine was
+  // busy while they ran (their roof is low, their shares of it high).
+  const FmaPeak after = MeasureFmaPeak(o.threads);
+  const double drift = after.gflop_per_s / machine.peak.gflop_per_s - 1;
+  printf(
+      "roofline: FMA peak after the rows %.0f GFLOP/s, %+.0f%% against the best the rows used "
+      "(%.0f; load average now %.1f)%s\n",
+      after.gflop_per_s, 100 * drift, machine.peak.gflop_per_s, LoadAverage(),
+      drift > 0.1 ? ": the machine was busy, the roof above is low; rerun on a quiet machine" : "");
+  // Kept for --profile (its ORT traces are there), removed otherwise.
+  if (!o.profile) {
+    std::error_code ec;
+    std::filesystem::remove_all(o.work_dir, ec);
+  }
+  if (machine_out) {
+    json bw = json::array();
+    for (const auto& [asked, b] : machine.bandwidth) {
+      json e = BandwidthJson(b);
+      for (const auto& [name, bytes] : machine.levels)
+        if (bytes == asked) e["level"] = name;
+      bw.push_back(e);
+    }
+    *machine_out = {{"fma_peak", PeakJson(machine.peak)},
+                    {"fma_peak_after_rows", PeakJson(after)},
+                    {"read_bandwidth", bw},
+                    {"load_average_before", load_before},
+                    {"l2_bytes_per_core", CacheBytes(2, 0)},
+                    {"l3_bytes", CacheBytes(3, 0)}};
   }
   return rows;
 }

@@ -17,10 +17,10 @@ namespace kiln::bench {
 
 struct ComputeBenchOptions {
   int threads = 2;
-  int rounds = 5;                  // alternating Kiln / ORT rounds
-  double seconds_per_round = 0.3;  // per side, per round (at least 5 runs)
-  std::string work_dir = "/tmp/kiln_serve_bench_compute";
-  std::string node = "node";  // runs bench/ort/peer.js
+  int rounds = 5;                                          // alternating Kiln / ORT rounds
+  double seconds_per_round = 0.3;                          // per side, per round (at least 5 runs)
+  std::string work_dir = "/tmp/kiln_serve_bench_compute";  // under it, run_<pid>/ per run
+  std::string node = "node";                               // runs bench/ort/peer.js
   std::string peer = "bench/ort/peer.js";
   std::string exporter = "bench/ort/export_onnx.py";
   std::string python = "/usr/bin/python3";
@@ -29,11 +29,20 @@ struct ComputeBenchOptions {
   // model with ORT's own profiler on), printed and stored under the row's "profile".
   bool profile = false;
   int profile_runs = 20;
+  // What ORT's kernels are on this CPU: per row, `perf record` on the peer while it runs, its
+  // sampled instructions in libonnxruntime classed by width (zmm / ymm / xmm), printed and stored
+  // under the row's "ort_kernels" (an "error" where perf or objdump is missing or not allowed).
+  bool peer_kernels = true;
 };
 
 // One JSON object per row ({"model", "batch", "kiln_us", "ort_us", "ratio", ...}); rows whose peer
-// could not run carry "ort_skipped": why. Prints a table as it goes.
-nlohmann::json RunComputeBench(const ComputeBenchOptions& options);
+// could not run carry "ort_skipped": why. Prints a table as it goes. Each model row also carries
+// its "roofline" (roofline.h: FLOPs and bytes counted from the graph Kiln compiles, the floor time
+// on this machine, both sides' times as multiples of it, a verdict); `machine`, when given,
+// receives what the floor was computed from: the FMA peak (before and after the rows) and the read
+// bandwidth at each working set measured.
+nlohmann::json RunComputeBench(const ComputeBenchOptions& options,
+                               nlohmann::json* machine = nullptr);
 
 }  // namespace kiln::bench
 
