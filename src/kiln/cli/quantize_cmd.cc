@@ -494,6 +494,11 @@ void PrintReport(const nlohmann::json& r, std::ostream& out) {
       "latency at batch %d (median of %d): f32 %.4f ms  int8 %.4f ms  (f32/int8 %.2fx)\n",
       l["batch"].get<int64_t>(), l["runs"].get<int>(), l["f32_median"].get<double>(),
       l["int8_median"].get<double>(), l["f32_over_int8"].get<double>());
+  if (l["f32_over_int8"].get<double>() > 0 && l["f32_over_int8"].get<double>() < 1)
+    out << absl::StrFormat(
+        "note: the int8 program is slower than f32 on this machine at batch %d (%.2fx its time); "
+        "it still reads fewer weight bytes, but where latency matters serve the f32 artifact\n",
+        l["batch"].get<int64_t>(), 1 / l["f32_over_int8"].get<double>());
   const nlohmann::json& w = r["weight_bytes"];
   out << absl::StrFormat("weights: f32 %d bytes  int8 artifact %d bytes\n", w["f32"].get<int64_t>(),
                          w["int8"].get<int64_t>());
