@@ -103,39 +103,12 @@ std::vector<char> AssignBlockedLayouts(const compiler::ExecutionPlan& plan,
     if (plan.alias_of[id] != id) aliased[id] = aliased[plan.alias_of[id]] = 1;
   for (const ir::Output& o : g.outputs()) is_output[o.node] = 1;
 
-  // Candidates: the values a blocked-capable producer writes.
+  // Candidates (the values a blocked-capable producer writes) and readers (every value a kernel
+  // reads from outside it, and whether it reads it in nChw16c), in one pass over the kernels.
   auto storable = [&](int v) {
     return BlockableType(g.node(v).type()) && plan.needed[v] && plan.in_arena[v] &&
            !plan.outside_arena[v] && !plan.hoisted[v] && !aliased[v] && !is_output[v];
   };
-  std::vector<std::vector<int>> groups;  // agnostic loop kernels' values
-  for (const compiler::ExecutionPlan::Kernel& k : plan.kernels) {
-    const ir::Node& last = g.node(k.members.back());
-    if (plan.hoisted[last.id()]) continue;
-    switch (k.kind) {
-      case Kind::kNode:
-        if (storable(last.id()) && (ConvWritesBlocked(last, lc) || PoolRunsBlocked(last, lc)))
-          blocked[last.id()] = 1;
-        break;
-      case Kind::kConvEpilogue: {
-        const int out = k.epilogue.out >= 0 ? k.epilogue.out : last.id();
-        if (storable(out) && ConvWritesBlocked(g.node(k.members[0]), lc)) blocked[out] = 1;
-        break;
-      }
-      case Kind::kLoop:
-        if (std::optional<std::vector<int>> values = AgnosticLoopValues(k, plan, g)) {
-          for (int v : *values)
-            if (std::find(k.members.begin(), k.members.end(), v) != k.members.end() && storable(v))
-              blocked[v] = 1;
-          groups.push_back(std::move(*values));
-        }
-        break;
-      case Kind::kMatmulEpilogue:
-        break;
-    }
-  }
-
-  // Readers: every value a kernel reads from outside it, and whether it reads it in nChw16c.
   struct Read {
     int value;
     bool takes_blocked;
@@ -146,30 +119,48 @@ std::vector<char> AssignBlockedLayouts(const compiler::ExecutionPlan& plan,
     // Read through a reshape: the bytes are reinterpreted, so the root stays row-major.
     reads.push_back({root, takes && root == operand});
   };
+  std::vector<std::vector<int>> groups;  // agnostic loop kernels' values
   for (const compiler::ExecutionPlan::Kernel& k : plan.kernels) {
     const ir::Node& last = g.node(k.members.back());
+    // A hoisted kernel reads only constants and hoisted values, which are never blocked; it takes
+    // nothing blocked and writes nothing blocked.
+    const bool hoisted = plan.hoisted[last.id()];
     if (k.kind == Kind::kNode) {
       const Opcode op = last.opcode();
+      const bool pool = !hoisted && (op == Opcode::kMaxPool2d || op == Opcode::kAvgPool2d) &&
+                        PoolRunsBlocked(last, lc);
+      if (!hoisted && storable(last.id()) && (pool || ConvWritesBlocked(last, lc)))
+        blocked[last.id()] = 1;
       for (int i = 0; i < static_cast<int>(last.operands().size()); ++i) {
         bool takes = false;
         if (i == 0 && op == Opcode::kConv2d) takes = last.type().dtype == DType::kF32;
-        if (i == 0 && (op == Opcode::kMaxPool2d || op == Opcode::kAvgPool2d))
-          takes = PoolRunsBlocked(last, lc);
+        if (i == 0 && pool) takes = true;
         if (op == Opcode::kReduceSum) takes = IsSpatialSum(last, g);
-        add_read(last.operand(i), takes);
+        add_read(last.operand(i), takes && !hoisted);
       }
       continue;
     }
-    const bool agnostic = k.kind == Kind::kLoop && AgnosticLoopValues(k, plan, g).has_value();
+    std::optional<std::vector<int>> agnostic;
+    if (!hoisted && k.kind == Kind::kLoop) agnostic = AgnosticLoopValues(k, plan, g);
+    if (agnostic) {
+      for (int v : *agnostic)
+        if (std::find(k.members.begin(), k.members.end(), v) != k.members.end() && storable(v))
+          blocked[v] = 1;
+      groups.push_back(*agnostic);
+    }
+    if (!hoisted && k.kind == Kind::kConvEpilogue) {
+      const int out = k.epilogue.out >= 0 ? k.epilogue.out : last.id();
+      if (storable(out) && ConvWritesBlocked(g.node(k.members[0]), lc)) blocked[out] = 1;
+    }
     for (int m : k.members) {
       const ir::Node& node = g.node(m);
       for (int i = 0; i < static_cast<int>(node.operands().size()); ++i) {
         const int op = node.operand(i);
         if (std::find(k.members.begin(), k.members.end(), op) != k.members.end()) continue;
-        bool takes = agnostic;
+        bool takes = agnostic.has_value();
         // A convolution epilogue reads its input and its residual in any layout (the residual is
         // reordered into the destination's, a no-op when both are blocked).
-        if (k.kind == Kind::kConvEpilogue &&
+        if (!hoisted && k.kind == Kind::kConvEpilogue &&
             ((m == k.members[0] && i == 0) || (m != k.members[0] && op == k.epilogue.residual)))
           takes = true;
         if (k.kind == Kind::kLoop && !plan.operand_reads[m].empty()) {

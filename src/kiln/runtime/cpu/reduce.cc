@@ -273,12 +273,8 @@ LowerResult ReduceFor(const ir::Node& n, LowerContext& lc, const std::vector<Gro
 // output sums its H*W values in Reducer::Run's order (value i into partial i % 8, the partials
 // combined as a tree), so the result is bit for bit the row-major kernel's.
 LowerResult BlockedSpatialSum(const ir::Node& n, LowerContext& lc) {
-  const ir::Type& it = lc.operand_type(n, 0);
-  const auto& d = it.shape.dims();
-  const auto& dims = n.attr_ints("dimensions");
-  if (n.opcode() != Opcode::kReduceSum || it.dtype != DType::kF32 || d.size() != 4 ||
-      d[1] % 16 != 0 || dims.size() != 2 || std::min(dims[0], dims[1]) != 2 ||
-      std::max(dims[0], dims[1]) != 3 || n.type().shape.num_elements() != d[0] * d[1])
+  const auto& d = lc.operand_type(n, 0).shape.dims();
+  if (!IsSpatialSum(n, lc.graph) || n.type().shape.num_elements() != d[0] * d[1])
     return absl::InternalError(
         absl::StrCat(ThunkName(n, "loop reduce"), ": reads an nChw16c buffer it cannot reduce"));
   const int64_t N = d[0], CB = d[1] / 16, HW = d[2] * d[3];
