@@ -21,6 +21,7 @@
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/serve/grpc_convert.h"
 #include "kiln/serve/internal/grpc_test_util.h"
+#include "kiln/serve/internal/job_gate.h"
 #include "kiln/serve/internal/test_client.h"
 #include "kiln/serve/internal/test_model.h"
 #include "kiln/serve/proto/inference.grpc.pb.h"
@@ -705,15 +706,8 @@ TEST_F(GrpcServerTest, RepositoryLoadsShareRestsLoaderThread) {
   repository =
       std::make_unique<ModelRepository>(repo, ModelConfig{}, backend_.get(), &server.registry());
   ASSERT_TRUE(repository->LoadAll().ok());
-  std::mutex mu;
-  std::condition_variable cv;
-  bool entered = false, released = false;
-  repository->set_job_hook_for_testing([&](const std::string&) {
-    std::unique_lock<std::mutex> lock(mu);
-    entered = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return released; });
-  });
+  testing::JobGate gate;
+  repository->set_job_hook_for_testing([&](const std::string& name) { gate.Enter(name); });
   server.set_repository(repository.get());
   ASSERT_TRUE(server.Start().ok());
   auto grpc = GrpcServer::Start(&server, GrpcServerOptions{});
@@ -729,21 +723,8 @@ TEST_F(GrpcServerTest, RepositoryLoadsShareRestsLoaderThread) {
   };
   grpc::Status held = grpc::Status(grpc::StatusCode::UNKNOWN, "not answered");
   std::thread loader([&] { held = load(); });
-  struct Guard {  // released and joined even on a failed ASSERT
-    std::function<void()> f;
-    ~Guard() { f(); }
-  } guard{[&] {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      released = true;
-      cv.notify_all();
-    }
-    if (loader.joinable()) loader.join();
-  }};
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return entered; }));
-  }
+  testing::JobGate::Guard guard{gate, loader};
+  ASSERT_TRUE(gate.WaitEntered(1));
   {
     inference::ServerLiveResponse r;
     auto ctx = Context();
@@ -761,7 +742,8 @@ TEST_F(GrpcServerTest, RepositoryLoadsShareRestsLoaderThread) {
   testing::TestClient c(server.port());
   EXPECT_EQ(c.Send("GET", "/v2/health/live").status, 200);
   EXPECT_EQ(c.Send("POST", "/v2/repository/models/mlp/load").status, 409);
-  guard.f();
+  gate.Release();
+  loader.join();
   EXPECT_TRUE(held.ok()) << held.error_message();
   EXPECT_TRUE(load().ok());  // free again
   server.Shutdown(2000);

@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/serve/internal/job_gate.h"
 #include "kiln/serve/internal/test_client.h"
 #include "kiln/serve/internal/test_model.h"
 #include "nlohmann/json.hpp"
@@ -24,6 +25,7 @@ namespace {
 
 using json = nlohmann::json;
 using testing::ClientResponse;
+using testing::JobGate;
 using testing::TestClient;
 
 class ServerTest : public ::testing::Test {
@@ -367,46 +369,6 @@ TEST(RepositoryTest, LoadReloadUnloadAndAFailedReloadKeepsServing) {
   EXPECT_EQ(c.Send("POST", "/v2/repository/models/nope/load").status, 404);
   server.Shutdown(1000);
 }
-
-// Holds each repository job (on the loader thread) until released: a load as slow as wanted.
-class JobGate {
- public:
-  void Enter(const std::string& name) {
-    std::unique_lock<std::mutex> lock(mu_);
-    entered_.push_back(name);
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return released_; });
-  }
-  // Whether `n` jobs have started within 20 s.
-  bool WaitEntered(size_t n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return entered_.size() >= n; });
-  }
-  void Release() {
-    std::lock_guard<std::mutex> lock(mu_);
-    released_ = true;
-    cv_.notify_all();
-  }
-  // Released and `t` joined when it goes out of scope, even on a failed ASSERT.
-  struct Guard {
-    JobGate& gate;
-    std::thread& t;
-    ~Guard() {
-      gate.Release();
-      if (t.joinable()) t.join();
-    }
-  };
-  std::vector<std::string> entered() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return entered_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::string> entered_;
-  bool released_ = false;
-};
 
 // POST /v2/repository/models/{m}/load compiles on the repository's loader thread, not on the HTTP
 // thread that read it: with one HTTP thread and the load held, health and inference still answer
