@@ -106,6 +106,11 @@ std::optional<int> CheckCommandWords(CLI::App& app, const std::vector<std::strin
 const char* KilnVersion() { return KILN_VERSION; }
 
 int RunKiln(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  // The CPU ISA level is process-wide and fixed at its first use: capped before any command.
+  if (absl::Status isa = ApplyCpuIsaFromEnvironment(); !isa.ok()) {
+    err << "kiln: " << isa.message() << "\n";
+    return 2;
+  }
   try {
     CLI::App app{"Kiln: an ML graph compiler and runtime (see docs/cli.md)", "kiln"};
     app.require_subcommand(1);

@@ -24,7 +24,16 @@ absl::StatusOr<EnvOptions> FromEnvironment() {
   if (const char* dir = std::getenv("KILN_CACHE_DIR")) e.cache_dir = dir;
   const char* log = std::getenv("KILN_CACHE_LOG");
   e.cache_log = log != nullptr && std::string(log) == "1";
+  if (const char* isa = std::getenv("KILN_CPU_ISA"); isa != nullptr && *isa != '\0') {
+    KILN_ASSIGN_OR_RETURN(e.cpu_isa, ParseCpuIsa(isa));
+  }
   return e;
+}
+
+absl::Status ApplyCpuIsaFromEnvironment() {
+  KILN_ASSIGN_OR_RETURN(EnvOptions env, FromEnvironment());
+  if (!env.cpu_isa) return absl::OkStatus();
+  return SetCpuIsaCap(*env.cpu_isa);
 }
 
 std::vector<std::string> BackendNames() { return {"cpu", "reference"}; }
@@ -52,7 +61,8 @@ absl::StatusOr<std::unique_ptr<runtime::Backend>> MakeBackendByName(
     // (the CLI tests) sees the environment it was started with.
     absl::StatusOr<EnvOptions> env = FromEnvironment();
     if (!env.ok()) return env.status();
-    return runtime::MakeCpuBackend({.compile_cache = ProcessCompileCache(),
+    return runtime::MakeCpuBackend({.max_isa = env->cpu_isa,
+                                    .compile_cache = ProcessCompileCache(),
                                     .remat_memory_limit_bytes = settings.memory_limit_bytes,
                                     .pipeline = env->pipeline});
   }

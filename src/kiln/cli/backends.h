@@ -12,10 +12,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kiln/base/cpu_isa.h"
 #include "kiln/compiler/cache.h"
 #include "kiln/compiler/pipeline.h"
 #include "kiln/runtime/executable.h"
@@ -31,7 +33,14 @@ struct EnvOptions {
   std::string cache_dir;
   // KILN_CACHE_LOG=1: log every compile-cache miss (also on with a cache dir).
   bool cache_log = false;
+  // KILN_CPU_ISA=sse41|avx2|avx512|avx512_vnni|avx512_bf16|amx|native: the CPU ISA level cap
+  // (base/cpu_isa.h) for Kiln's kernels and oneDNN's. Unset or empty: the host's level.
+  std::optional<CpuIsa> cpu_isa;
 };
+
+// Caps the process's CPU ISA level at KILN_CPU_ISA, before anything runs a kernel: what RunKiln
+// does first. InvalidArgument for a value that is no level (the message lists the levels).
+absl::Status ApplyCpuIsaFromEnvironment();
 
 // Reads the variables above. InvalidArgument when KILN_DISABLE_PASSES names something that is no
 // compiler pass (the message names it, the variable's value and the passes).

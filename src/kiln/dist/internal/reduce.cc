@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kiln/base/isa_dispatch.h"
+
 namespace kiln::dist::internal {
 namespace {
 
@@ -14,13 +16,10 @@ inline int32_t WrapAdd(int32_t a, int32_t b) {
   return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
 }
 
-// The element loops, compiled for several ISAs (GCC target_clones, picked at load time) and
-// vectorized (-fvect-cost-model=dynamic in CMakeLists.txt).
-#define KILN_DIST_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
-KILN_DIST_CLONES void Combine2(float* __restrict acc, const float* __restrict a,
-                               const float* __restrict b, int64_t len, bool max) {
+// The element loops, compiled once per ISA level (base/isa_dispatch.h: the process's capped
+// level picks one) and vectorized (-fvect-cost-model=dynamic in CMakeLists.txt).
+KILN_ALWAYS_INLINE inline void Combine2Body(float* __restrict acc, const float* __restrict a,
+                                            const float* __restrict b, int64_t len, bool max) {
   if (max) {
     for (int64_t i = 0; i < len; ++i) acc[i] = b[i] > a[i] ? b[i] : a[i];
   } else {
@@ -28,8 +27,8 @@ KILN_DIST_CLONES void Combine2(float* __restrict acc, const float* __restrict a,
   }
 }
 
-KILN_DIST_CLONES void CombineInto(float* __restrict acc, const float* __restrict x, int64_t len,
-                                  bool max) {
+KILN_ALWAYS_INLINE inline void CombineIntoBody(float* __restrict acc, const float* __restrict x,
+                                               int64_t len, bool max) {
   if (max) {
     for (int64_t i = 0; i < len; ++i) acc[i] = x[i] > acc[i] ? x[i] : acc[i];
   } else {
@@ -37,9 +36,18 @@ KILN_DIST_CLONES void CombineInto(float* __restrict acc, const float* __restrict
   }
 }
 
-KILN_DIST_CLONES void DivideBlock(float* __restrict acc, int64_t len, float d) {
+KILN_ALWAYS_INLINE inline void DivideBlockBody(float* __restrict acc, int64_t len, float d) {
   for (int64_t i = 0; i < len; ++i) acc[i] = acc[i] / d;
 }
+
+KILN_ISA_VARIANTS(void, Combine2,
+                  (float* __restrict acc, const float* __restrict a, const float* __restrict b,
+                   int64_t len, bool max),
+                  (acc, a, b, len, max))
+KILN_ISA_VARIANTS(void, CombineInto,
+                  (float* __restrict acc, const float* __restrict x, int64_t len, bool max),
+                  (acc, x, len, max))
+KILN_ISA_VARIANTS(void, DivideBlock, (float* __restrict acc, int64_t len, float d), (acc, len, d))
 
 // acc = the rank-order reduction of the block [at, at + len) of every input (f32 or bf16).
 void ReduceF32Block(const void* const* inputs, int n, int64_t at, int64_t len, DType dtype,
@@ -112,8 +120,8 @@ void DivideInPlace(void* data, int64_t count, DType dtype, int n) {
   for (int64_t i = 0; i < count; ++i) x[i] = x[i] / d;
 }
 
-KILN_DIST_CLONES void Bf16ToF32(const uint16_t* __restrict in, float* __restrict out,
-                                int64_t count) {
+KILN_ALWAYS_INLINE inline void Bf16ToF32Body(const uint16_t* __restrict in, float* __restrict out,
+                                             int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
     std::memcpy(&out[i], &bits, sizeof(float));
@@ -122,8 +130,8 @@ KILN_DIST_CLONES void Bf16ToF32(const uint16_t* __restrict in, float* __restrict
 
 // FloatToBf16 (tensor/dtype.cc) inlined, bit for bit: NaN stays a quiet NaN, others round to
 // nearest even.
-KILN_DIST_CLONES void F32ToBf16(const float* __restrict in, uint16_t* __restrict out,
-                                int64_t count) {
+KILN_ALWAYS_INLINE inline void F32ToBf16Body(const float* __restrict in, uint16_t* __restrict out,
+                                             int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     uint32_t u;
     std::memcpy(&u, &in[i], sizeof(u));
@@ -132,5 +140,12 @@ KILN_DIST_CLONES void F32ToBf16(const float* __restrict in, uint16_t* __restrict
     out[i] = static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
   }
 }
+
+KILN_ISA_VARIANTS(void, Bf16ToF32,
+                  (const uint16_t* __restrict in, float* __restrict out, int64_t count),
+                  (in, out, count))
+KILN_ISA_VARIANTS(void, F32ToBf16,
+                  (const float* __restrict in, uint16_t* __restrict out, int64_t count),
+                  (in, out, count))
 
 }  // namespace kiln::dist::internal

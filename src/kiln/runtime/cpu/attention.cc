@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/isa_dispatch.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
 namespace kiln::runtime::cpu {
@@ -111,10 +112,7 @@ class AttentionThunk : public Thunk {
   }
 };
 
-}  // namespace
-
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void SoftmaxRowF32(
-    float* row, int64_t n, float scale) {
+KILN_ALWAYS_INLINE inline void SoftmaxRowF32Body(float* row, int64_t n, float scale) {
   if (n <= 0) return;
   float mp[8];
   for (int k = 0; k < 8; ++k) mp[k] = -std::numeric_limits<float>::infinity();
@@ -142,8 +140,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   for (int64_t i = 0; i < n; ++i) row[i] *= inv;
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) float LogSumExpRowF32(
-    const float* row, int64_t n) {
+KILN_ALWAYS_INLINE inline float LogSumExpRowF32Body(const float* row, int64_t n) {
   // One pass over memory: each chunk is read from memory for its max, then again from L1 for
   // its exp-sum against the running max; a larger max rescales the running sum once per chunk.
   // 32 lanes keep two AVX-512 (four AVX2) accumulators busy. A vocabulary-wide row (50257
@@ -177,6 +174,11 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) fl
   }
   return m + std::log(sum);
 }
+
+}  // namespace
+
+KILN_ISA_VARIANTS(void, SoftmaxRowF32, (float* row, int64_t n, float scale), (row, n, scale))
+KILN_ISA_VARIANTS(float, LogSumExpRowF32, (const float* row, int64_t n), (row, n))
 
 namespace {
 

@@ -16,6 +16,7 @@
 #include "kiln/ir/op_traits.h"
 #include "kiln/runtime/cpu/internal/common.h"
 #include "kiln/runtime/cpu/internal/fused_loop.h"
+#include "kiln/runtime/cpu/isa.h"
 #include "kiln/runtime/cpu/machine.h"
 
 namespace kiln::runtime {
@@ -149,13 +150,15 @@ namespace {
 
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(const CpuBackendOptions& options) : options_(options) {}
+  CpuBackend(const CpuBackendOptions& options, absl::Status isa_status)
+      : options_(options), isa_status_(std::move(isa_status)) {}
 
   std::string name() const override { return "cpu"; }
 
   compiler::BackendTraits Traits() const override { return CpuBackendTraits(options_); }
 
   absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& input) override {
+    KILN_RETURN_IF_ERROR(Annotate(isa_status_, "cpu backend"));
     compiler::CompileOptions copts;
     copts.optimize = options_.optimize;
     copts.pipeline = options_.pipeline;
@@ -188,6 +191,7 @@ class CpuBackend : public Backend {
     const bool fusion_disabled =
         std::find(disabled.begin(), disabled.end(), "fusion") != disabled.end();
     return {{"backend", "cpu/" + OneDnnIsaName()},
+            {"isa", CpuIsaDescription()},
             {"optimize", options_.optimize},
             {"fusion",
              options_.optimize && options_.fuse && !options_.prefer_loops && !fusion_disabled},
@@ -281,13 +285,18 @@ class CpuBackend : public Backend {
   }
 
   CpuBackendOptions options_;
+  absl::Status isa_status_;  // SetCpuIsaCap's answer to options_.max_isa
 };
 
 }  // namespace
 }  // namespace cpu
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options) {
-  return std::make_unique<cpu::CpuBackend>(options);
+  // The ISA level is decided, and oneDNN capped, before anything compiles; a cap the process
+  // can no longer take is the error of every Compile.
+  absl::Status isa = options.max_isa ? SetCpuIsaCap(*options.max_isa) : absl::OkStatus();
+  EnsureOneDnnIsa();
+  return std::make_unique<cpu::CpuBackend>(options, std::move(isa));
 }
 
 }  // namespace kiln::runtime

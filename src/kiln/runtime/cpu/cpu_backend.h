@@ -30,7 +30,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
+#include "kiln/base/cpu_isa.h"
 #include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/pipeline.h"
 #include "kiln/runtime/executable.h"
@@ -42,6 +44,12 @@ class CompileCache;
 namespace kiln::runtime {
 
 struct CpuBackendOptions {
+  // Caps the process's CPU ISA level (base/cpu_isa.h: Kiln's kernel variants and oneDNN's
+  // kernels both follow it) when the first backend is made. The level is process-wide and fixed
+  // once decided: a backend asking for another level than the one already running fails every
+  // Compile with FailedPrecondition. Unset: the level already decided, else the host's. The kiln
+  // CLI and the test support library set the cap from KILN_CPU_ISA instead.
+  std::optional<CpuIsa> max_isa;
   // Use Kiln's loops instead of oneDNN for ops that have both (eltwise unary, binary arithmetic,
   // softmax, log_softmax, layer_norm, convert, matmul, avg/max pooling). For tests of the loops.
   bool prefer_loops = false;

@@ -20,8 +20,8 @@
 // an input buffer in place; those are computed straight into their buffers (DirectOutputs).
 // Binary ops with a scalar operand read it once per block, not per element.
 //
-// The block routine is compiled for several ISAs (GCC target_clones) and picked at load time, so
-// the loops use AVX-512 or AVX2 where the machine has it without -march=native.
+// The block routine is compiled once per ISA level and picked from the process's capped level
+// (base/isa_dispatch.h), so the loops use AVX-512 or AVX2 where allowed without -march=native.
 #include "kiln/runtime/cpu/internal/fused_loop.h"
 
 #include <omp.h>
@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/isa_dispatch.h"
 #include "kiln/compiler/passes/fusion.h"
 #include "kiln/ir/op_traits.h"
 #include "kiln/runtime/cpu/internal/common.h"
@@ -447,10 +448,10 @@ KILN_BLOCK_INLINE void StoreOutput(const Output& o, void* base, int64_t start, i
 }
 
 // Blocks [b0, b1) of a program: load, compute, accumulate, store. Compiled for AVX-512, AVX2 and
-// the baseline ISA (GCC target_clones, picked once at load time), with every piece inlined.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void RunBlocks(
-    const Program& p, const void* const* in_ptrs, void* const* out_ptrs, float** slot, double* acc,
-    int64_t b0, int64_t b1) {
+// the baseline ISA (base/isa_dispatch.h: the process's level picks one), every piece inlined.
+KILN_BLOCK_INLINE void RunBlocksBody(const Program& p, const void* const* in_ptrs,
+                                     void* const* out_ptrs, float** slot, double* acc, int64_t b0,
+                                     int64_t b1) {
   for (int64_t blk = b0; blk < b1; ++blk) {
     int64_t start = blk * kBlock, n = std::min(kBlock, p.count - start);
     // The ops read one input stream at a time, a block each: prefetch the contiguous inputs
@@ -487,6 +488,11 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
         StoreOutput(p.outputs[i], out_ptrs[i], start, n, slot[p.outputs[i].reg]);
   }
 }
+
+KILN_ISA_VARIANTS(void, RunBlocks,
+                  (const Program& p, const void* const* in_ptrs, void* const* out_ptrs,
+                   float** slot, double* acc, int64_t b0, int64_t b1),
+                  (p, in_ptrs, out_ptrs, slot, acc, b0, b1))
 
 // The view that reads `src` (of shape src_dims) broadcast into `out_dims` through
 // broadcast_in_dim's `dims` (operand dim i -> output dim dims[i]; size-1 operand dims repeat).

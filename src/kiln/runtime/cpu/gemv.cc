@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kiln/base/isa_dispatch.h"
 #include "kiln/base/memory.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
@@ -111,8 +112,7 @@ inline __attribute__((always_inline)) void Rows(const Args& a, int64_t p0) {
 }
 
 // Panels [begin, end): full groups of kGroup, then the rest one group of 1..3.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void RunPanels(
-    const Args& a, int64_t begin, int64_t end) {
+KILN_ALWAYS_INLINE inline void RunPanelsBody(const Args& a, int64_t begin, int64_t end) {
   int64_t p = begin;
   for (; p + kGroup <= end; p += kGroup) Rows<kGroup>(a, p);
   switch (end - p) {
@@ -129,6 +129,8 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
       break;
   }
 }
+
+KILN_ISA_VARIANTS(void, RunPanels, (const Args& a, int64_t begin, int64_t end), (a, begin, end))
 
 class GemvThunk : public Thunk {
  public:

@@ -7,26 +7,11 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "kiln/runtime/cpu/isa.h"
 #include "kiln/tensor/tensor.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace kiln::runtime {
-
-std::string OneDnnIsaName() {
-  const std::pair<dnnl::cpu_isa, const char*> names[] = {
-      {dnnl::cpu_isa::sse41, "sse41"},
-      {dnnl::cpu_isa::avx, "avx"},
-      {dnnl::cpu_isa::avx2, "avx2"},
-      {dnnl::cpu_isa::avx2_vnni, "avx2_vnni"},
-      {dnnl::cpu_isa::avx512_core, "avx512_core"},
-      {dnnl::cpu_isa::avx512_core_vnni, "avx512_core_vnni"},
-      {dnnl::cpu_isa::avx512_core_bf16, "avx512_core_bf16"},
-      {dnnl::cpu_isa::avx512_core_amx, "avx512_core_amx"}};
-  dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-  for (const auto& [value, name] : names)
-    if (isa == value) return name;
-  return absl::StrFormat("isa-0x%x", static_cast<unsigned>(isa));
-}
 
 double BareMatmulSeconds(DType dtype, int64_t n, int reps) {
   std::mt19937 rng(3);
@@ -36,6 +21,7 @@ double BareMatmulSeconds(DType dtype, int64_t n, int reps) {
   Tensor x = Tensor::FromDoubles(dtype, Shape{n, n}, values);
   Tensor w = Tensor::FromDoubles(dtype, Shape{n, n}, values);
   Tensor y(dtype, Shape{n, n});
+  EnsureOneDnnIsa();
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(eng);
   auto ddt = dtype == DType::kF32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;

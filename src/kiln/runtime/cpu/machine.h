@@ -15,12 +15,10 @@
 #include <cstdint>
 #include <string>
 
+#include "kiln/runtime/cpu/isa.h"  // OneDnnIsaName
 #include "kiln/tensor/dtype.h"
 
 namespace kiln::runtime {
-
-// oneDNN's effective ISA on this CPU ("avx2", "avx512_core_bf16", "avx512_core_amx", ...).
-std::string OneDnnIsaName();
 
 // Median seconds of one n x n x n row-major matmul (f32 or bf16 operands and result, no post-ops)
 // over `reps` timed runs after 3 untimed ones.

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/base/cpu_isa.h"
 #include "kiln/base/memory.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
@@ -210,10 +211,7 @@ class QGemvThunk : public Thunk {
 
 }  // namespace
 
-bool QGemvSupported() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
-}
+bool QGemvSupported() { return ActiveCpuIsa() >= CpuIsa::kAvx512Vnni; }
 
 std::unique_ptr<Thunk> MakeQGemvThunk(const QGemvSpec& spec, std::unique_ptr<Thunk> fallback) {
   return std::make_unique<QGemvThunk>(spec, std::move(fallback));

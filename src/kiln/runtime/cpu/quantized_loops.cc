@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kiln/base/cpu_isa.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
 namespace kiln::runtime::cpu {
@@ -128,12 +129,9 @@ KILN_AVX512 void QuantizeImageAvx512(const float* x, int8_t* y, float scale, int
   QuantizeImageToNhwcT<Avx512Quantizer>(x, y, scale, C, hw);
 }
 
-// Chosen once, by a cpu check (the baseline build is SSE2: no -march=native).
-bool HaveAvx512() {
-  static const bool have = __builtin_cpu_supports("avx512f") &&
-                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  return have;
-}
+// From the process's capped ISA level (base/cpu_isa.h; the baseline build is SSE2, no
+// -march=native).
+bool HaveAvx512() { return ActiveCpuIsa() >= CpuIsa::kAvx512; }
 
 // One image: acc [hw][C] -> y [C][hw], times the channel scales.
 void ScaleImageToNchw(const float* acc, const float* scale, float* y, int64_t C, int64_t hw) {

@@ -1,18 +1,16 @@
 // exp, tanh and GELU (tanh form) over f32 arrays: FastExp / FastTanh (internal/common.h) in loops
-// the compiler vectorizes, compiled for several ISAs (GCC target_clones, picked once at load time;
-// no -march=native). The fused loops and the per-op loops both call these, so a value computes
-// the same whether or not its op was fused.
+// the compiler vectorizes, compiled once per ISA level (internal/dispatch.h: the process's capped
+// level picks one; no -march=native). The fused loops and the per-op loops both call these, so a
+// value computes the same whether or not its op was fused.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 
+#include "kiln/base/isa_dispatch.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
 namespace kiln::runtime::cpu {
-
-#define KILN_VECTOR_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 namespace {
 
@@ -42,22 +40,26 @@ inline float ExpFull(float x) {
   return x > kOverflow ? std::numeric_limits<float>::infinity() : (x < -87.3f ? 0.f : result);
 }
 
-}  // namespace
-
-KILN_VECTOR_CLONES void ExpF32(const float* x, float* y, int64_t n) {
+KILN_ALWAYS_INLINE inline void ExpF32Body(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = ExpFull(x[i]);
 }
 
-KILN_VECTOR_CLONES void TanhF32(const float* x, float* y, int64_t n) {
+KILN_ALWAYS_INLINE inline void TanhF32Body(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = FastTanh(x[i]);
 }
 
-KILN_VECTOR_CLONES void GeluTanhF32(const float* x, float* y, int64_t n) {
+KILN_ALWAYS_INLINE inline void GeluTanhF32Body(const float* x, float* y, int64_t n) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     y[i] = 0.5f * v * (1.f + FastTanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
   }
 }
+
+}  // namespace
+
+KILN_ISA_VARIANTS(void, ExpF32, (const float* x, float* y, int64_t n), (x, y, n))
+KILN_ISA_VARIANTS(void, TanhF32, (const float* x, float* y, int64_t n), (x, y, n))
+KILN_ISA_VARIANTS(void, GeluTanhF32, (const float* x, float* y, int64_t n), (x, y, n))
 
 }  // namespace kiln::runtime::cpu

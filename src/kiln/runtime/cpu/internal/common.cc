@@ -6,10 +6,19 @@
 #include "kiln/base/memory.h"
 #include "kiln/base/status.h"
 #include "kiln/ir/opcode.h"
+#include "kiln/runtime/cpu/isa.h"
 
 namespace kiln::runtime::cpu {
 
-CpuContext::CpuContext() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+namespace {
+// oneDNN is capped at the process's ISA level before its first engine (runtime/cpu/isa.h).
+dnnl::engine MakeEngine() {
+  EnsureOneDnnIsa();
+  return dnnl::engine(dnnl::engine::kind::cpu, 0);
+}
+}  // namespace
+
+CpuContext::CpuContext() : engine_(MakeEngine()), stream_(engine_) {}
 
 CpuContext::~CpuContext() = default;
 
