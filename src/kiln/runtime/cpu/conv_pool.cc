@@ -62,15 +62,15 @@ std::vector<std::pair<dnnl::memory::desc, dnnl::memory::desc>> PreferredConvLayo
     const ir::Node& n, const ConvGeometry& g, dt compute, bool src_blocked) {
   std::vector<std::pair<dnnl::memory::desc, dnnl::memory::desc>> out;
   if (compute != dt::f32 || n.attr_int("groups") != 1 || g.src.size() != 4) return out;
-  const int64_t ic = g.src[1], oc = g.dst[1];
-  const dnnl::memory::desc src16(g.src, compute, tag::nChw16c);
-  if (src_blocked && ic % 16 == 0) {
-    if (oc % 16 == 0) out.push_back({src16, dnnl::memory::desc(g.dst, compute, tag::nChw16c)});
-    out.push_back({src16, Any(g.dst, compute)});
-  } else if (ic < 16) {
+  const int64_t ic = g.src[1], oc = g.dst[1], blk = ChannelBlock();
+  const dnnl::memory::desc src_b(g.src, compute, BlockedTag());
+  if (src_blocked && ic % blk == 0) {
+    if (oc % blk == 0) out.push_back({src_b, dnnl::memory::desc(g.dst, compute, BlockedTag())});
+    out.push_back({src_b, Any(g.dst, compute)});
+  } else if (ic < blk) {
     out.push_back({PlainDesc(g.src, compute), Any(g.dst, compute)});
-  } else if (ic % 16 == 0 && oc % 16 == 0 && ic <= 32 && oc <= 32) {
-    out.push_back({src16, dnnl::memory::desc(g.dst, compute, tag::nChw16c)});
+  } else if (ic % blk == 0 && oc % blk == 0 && ic <= 32 && oc <= 32) {
+    out.push_back({src_b, dnnl::memory::desc(g.dst, compute, BlockedTag())});
   }
   return out;
 }
@@ -159,10 +159,11 @@ absl::StatusOr<ForwardConv> ForwardConvPd(const ir::Node& n, const ConvGeometry&
   return out;
 }
 
-bool IsNchw16c(const dnnl::memory::desc& md) {
+// Whether `md` is the blocked activation layout of this ISA level (BlockedTag).
+bool IsChannelBlocked(const dnnl::memory::desc& md) {
   const auto& dims = md.dims();
   return dims.size() == 4 &&
-         md == dnnl::memory::desc(dims, static_cast<dt>(md.data.data_type), tag::nChw16c);
+         md == dnnl::memory::desc(dims, static_cast<dt>(md.data.data_type), BlockedTag());
 }
 
 LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
@@ -388,21 +389,21 @@ bool ConvWritesBlocked(const ir::Node& n, const LowerContext& lc) {
     if (lc.operand_type(n, i).dtype != DType::kF32) return false;
   ConvGeometry g =
       MakeConvGeometry(n, lc.operand_type(n, 0).shape, lc.operand_type(n, 1).shape, n.type().shape);
-  if (g.dst.size() != 4 || g.dst[1] % 16 != 0) return false;
+  if (g.dst.size() != 4 || g.dst[1] % ChannelBlock() != 0) return false;
   auto fc = ForwardConvPd(n, g, dt::f32, /*ep=*/nullptr, PlainDesc({g.dst[1]}, dt::f32),
                           /*src_blocked=*/false, lc.cpu->engine());
-  return fc.ok() && IsNchw16c(fc->pd.dst_desc());
+  return fc.ok() && IsChannelBlocked(fc->pd.dst_desc());
 }
 
 bool PoolRunsBlocked(const ir::Node& n, const LowerContext& lc) {
   if ((n.opcode() != Opcode::kMaxPool2d && n.opcode() != Opcode::kAvgPool2d) ||
       n.type().dtype != DType::kF32 || lc.options.prefer_loops || n.type().shape.rank() != 4 ||
-      n.type().shape.dim(1) % 16 != 0)
+      n.type().shape.dim(1) % ChannelBlock() != 0)
     return false;
   const auto& in = lc.operand_type(n, 0).shape.dims();
   const auto& out = n.type().shape.dims();
-  auto pd = ForwardPoolPd(n, MakePoolGeometry(n), dnnl::memory::desc(in, dt::f32, tag::nChw16c),
-                          dnnl::memory::desc(out, dt::f32, tag::nChw16c), lc.cpu->engine());
+  auto pd = ForwardPoolPd(n, MakePoolGeometry(n), dnnl::memory::desc(in, dt::f32, BlockedTag()),
+                          dnnl::memory::desc(out, dt::f32, BlockedTag()), lc.cpu->engine());
   return pd.ok() && !IsRefImpl(*pd);
 }
 
@@ -431,13 +432,13 @@ LowerResult LowerPool(const ir::Node& n, LowerContext& lc) {
     KILN_ASSIGN_OR_RETURN(
         dnnl::pooling_forward::primitive_desc pd,
         ForwardPoolPd(
-            n, p, blocked ? dnnl::memory::desc(in_shape.dims(), DnnlType(t), tag::nChw16c) : src_md,
-            blocked ? dnnl::memory::desc(out_shape.dims(), DnnlType(t), tag::nChw16c) : dst_md,
+            n, p, blocked ? dnnl::memory::desc(in_shape.dims(), DnnlType(t), BlockedTag()) : src_md,
+            blocked ? dnnl::memory::desc(out_shape.dims(), DnnlType(t), BlockedTag()) : dst_md,
             eng));
     if (IsRefImpl(pd)) {
       if (blocked)  // the loop fallback reads row-major buffers
         return absl::InternalError(
-            absl::StrCat(ThunkName(n, "onednn pooling"), ": no jit pooling on nChw16c"));
+            absl::StrCat(ThunkName(n, "onednn pooling"), ": no jit pooling on the blocked layout"));
       return Unimplemented(n, "oneDNN has only its reference pooling here");
     }
     b.NameImpl(pd);

@@ -16,6 +16,7 @@
 #include "kiln/ir/builder.h"
 #include "kiln/ir/parser.h"
 #include "kiln/runtime/cpu/internal/common.h"
+#include "kiln/runtime/cpu/isa.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::runtime {
@@ -559,11 +560,15 @@ TEST(CpuBackendTest, HotOpsLowerToOneDnn) {
       for (int i = 0; i < (*exe)->num_thunks(); ++i) names += (*exe)->thunk(i).name() + "\n";
       std::vector<std::string> dual = {"relu %",       "add %",        "softmax %",
                                        "layer_norm %", "max_pool2d %", "convert %"};
+      // oneDNN 2.6 has no bf16 primitives below avx512_core: those ops run the loops there.
+      const bool onednn_takes_dtype = dt != DType::kBF16 || OneDnnHasBf16();
       for (const std::string& op : dual) {
         size_t at = names.find(op);
         ASSERT_NE(at, std::string::npos) << op << " in\n" << names;
         std::string line = names.substr(at, names.find('\n', at) - at);
-        EXPECT_EQ(line.find("onednn") != std::string::npos, !loops) << line;
+        // A convert between f32 and bf16 is a oneDNN reorder at every level.
+        const bool want = !loops && (onednn_takes_dtype || op == "convert %");
+        EXPECT_EQ(line.find("onednn") != std::string::npos, want) << line;
       }
       for (std::string op : {"conv2d %", "dot_general %"}) {
         size_t at = names.find(op);

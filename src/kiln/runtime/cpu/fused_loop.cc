@@ -883,9 +883,10 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
     return InputValue(g, reads.at(member)[operand_index], out_dims, nm, p);
   };
 
-  // A group over values held in nChw16c (layout.cc: all its same-shape inputs and outputs are,
-  // or none): element i of every operand is element i of the others, so the elementwise code is
-  // the same; a sum over H and W accumulates through the blocked index space [N, C/16, H*W, 16].
+  // A group over values held channel-blocked (layout.cc: all its same-shape inputs and outputs
+  // are, or none): element i of every operand is element i of the others, so the elementwise code
+  // is the same; a sum over H and W accumulates through the blocked index space
+  // [N, C/L, H*W, L], L = ChannelBlock().
   bool blocked = false;
   for (int m : members)
     for (const FusionReads::Read& r : reads.at(m))
@@ -941,9 +942,10 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
         if (blocked) {
           if (!IsSpatialSum(n, g))
             return absl::InternalError(ThunkName(n, "fused loop") +
-                                       ": reduces an nChw16c value other than over H, W");
-          const int64_t N = out_dims[0], CB = out_dims[1] / 16, HW = out_dims[2] * out_dims[3];
-          MakeBroadcastView({N, CB, 16}, {0, 1, 3}, {N, CB, HW, 16}, red.view);
+                                       ": reduces a blocked value other than over H, W");
+          const int64_t L = ChannelBlock();
+          const int64_t N = out_dims[0], CB = out_dims[1] / L, HW = out_dims[2] * out_dims[3];
+          MakeBroadcastView({N, CB, L}, {0, 1, 3}, {N, CB, HW, L}, red.view);
         } else {
           MakeBroadcastView(n.type().shape.dims(), kept, out_dims, red.view);
         }

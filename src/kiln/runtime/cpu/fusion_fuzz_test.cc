@@ -28,6 +28,13 @@ using ir::Value;
 struct Case {
   ir::Graph graph;
   std::vector<Tensor> inputs;
+  // An f32 graph that rounds a value to bf16 on the way (the convert round trip below): a value
+  // one f32 ulp either side of a bf16 tie rounds to different bf16 neighbours, 2^-8 apart
+  // relative, so the cpu backend (oneDNN's matmul sums in its own order: the last bits of a dot
+  // differ by ISA) and the reference agree only to bf16 precision downstream of it. Seen at the
+  // avx2 level, seed 25: the dot differs by 1 ulp, a later value lands on 177.5 bf16 ulps
+  // (-0.346679688) on the cpu and just under it on the reference.
+  bool rounds_to_bf16 = false;
 };
 
 Case RandomCase(uint32_t seed, DType dt) {
@@ -50,6 +57,7 @@ Case RandomCase(uint32_t seed, DType dt) {
     int n = static_cast<int>(full.size());
     return full[n - 1 - pick(std::min(n, 4))];
   };
+  bool rounds_to_bf16 = false;
   int steps = 8 + pick(20);
   for (int i = 0; i < steps; ++i) {
     Value a = recent(), c = any();
@@ -102,6 +110,7 @@ Case RandomCase(uint32_t seed, DType dt) {
       default: {
         DType other = dt == DType::kF32 ? DType::kBF16 : DType::kF32;
         r = ir::Convert(ir::Convert(a, other) + 1.0, dt);
+        rounds_to_bf16 = rounds_to_bf16 || dt == DType::kF32;
         break;
       }
     }
@@ -112,7 +121,7 @@ Case RandomCase(uint32_t seed, DType dt) {
   b.Output("sum", ir::ReduceSum(full.back(), {0, 1}));
   absl::StatusOr<ir::Graph> g = b.Build();
   KILN_CHECK_OK(g.status());
-  Case out{*std::move(g), {}};
+  Case out{*std::move(g), {}, rounds_to_bf16};
   std::uniform_real_distribution<double> dist(-2, 2);
   for (int id : out.graph.parameters()) {
     const ir::Type& t = out.graph.node(id).type();
@@ -174,8 +183,11 @@ TEST(FusionFuzz, RandomGraphsMatchTheReferenceAndTheUnfusedBackend) {
       auto r = (*re)->Run(c.inputs);
       ASSERT_TRUE(f.ok() && u.ok() && r.ok());
       double rtol = dt == DType::kF32 ? 2e-4 : 6e-2;
+      // Fused and unfused run the same kernels; the reference only agrees to bf16 precision
+      // past a bf16 rounding (Case::rounds_to_bf16).
+      const double ref_rtol = c.rounds_to_bf16 ? std::max(rtol, 4e-3) : rtol;
       for (size_t k = 0; k < f->size(); ++k) {
-        EXPECT_TRUE(Close((*f)[k], (*r)[k], rtol)) << "vs reference, output " << k;
+        EXPECT_TRUE(Close((*f)[k], (*r)[k], ref_rtol)) << "vs reference, output " << k;
         EXPECT_TRUE(Close((*f)[k], (*u)[k], rtol)) << "vs unfused, output " << k;
       }
       // Deterministic, and the same when an output tensor is also an input (in-place update).

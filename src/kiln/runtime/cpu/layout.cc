@@ -1,27 +1,29 @@
-// Layout assignment for the cpu backend: which values keep oneDNN's 16-channel blocked layout
-// (nChw16c) in their buffers between kernels. oneDNN's direct convolution and its pooling run on
-// nChw16c; with every buffer row-major, each of them reorders its input in and its result out, a
+// Layout assignment for the cpu backend: which values keep oneDNN's channel-blocked layout in
+// their buffers between kernels: nChw16c at avx512 and above, nChw8c at avx2 and sse41 (the block
+// of oneDNN's direct kernels there: ChannelBlock). oneDNN's direct convolution and its pooling run
+// on it; with every buffer row-major, each of them reorders its input in and its result out, a
 // pass over memory per reorder (about 40% of a small CNN's time at batch 1, 10% at batch 256).
 // XLA's layout assignment does the same job: each value gets one layout that its producer writes
 // and all its readers take.
 //
 // A value is held blocked when
-//   - it is an f32 [N, C, H, W] with C a multiple of 16 (so nChw16c has no padding and the same
-//     bytes as row-major), stored in the arena by a kernel (not a graph input or output, not
-//     hoisted), and no reshape aliases its buffer;
-//   - its producer computes in nChw16c: a forward convolution that picks it for a row-major input
-//     (ConvWritesBlocked), a pooling oneDNN runs on it (PoolRunsBlocked), or an elementwise loop
-//     whose blocked-capable values are all blocked (below);
-//   - every kernel reading it takes nChw16c: a forward convolution (its input, and the residual
-//     its epilogue adds), pooling (its input), a reduce_sum over H and W (reduce.cc's
-//     BlockedSpatialSum), or an elementwise loop (which may end in such a sum: fused_loop.cc reads
-//     it through the blocked index space).
+//   - it is an f32 [N, C, H, W] with C a multiple of the block (so the blocked layout has no
+//     padding and as many bytes as row-major), stored in the arena by a kernel (not a graph input
+//     or output, not hoisted), and no reshape aliases its buffer;
+//   - its producer computes in the blocked layout: a forward convolution that picks it for a
+//     row-major input (ConvWritesBlocked), a pooling oneDNN runs on it (PoolRunsBlocked), or an
+//     elementwise loop whose blocked-capable values are all blocked (below);
+//   - every kernel reading it takes the blocked layout: a forward convolution (its input, and the
+//     residual its epilogue adds), pooling (its input), a reduce_sum over H and W (reduce.cc's
+//     BlockedSpatialSum), or an elementwise loop (which may end in such a sum: fused_loop.cc
+//     reads it through the blocked index space).
 // An elementwise loop group whose members all have one shape and read their operands either
 // whole, or as a broadcast scalar, computes element i from elements i of its operands in any
 // layout; its same-shape inputs and stored results are therefore blocked all together or not at
 // all. The rules are applied until nothing changes (every step only un-blocks, so it ends).
 #include <vector>
 
+#include "kiln/base/cpu_isa.h"
 #include "kiln/runtime/cpu/internal/common.h"
 
 namespace kiln::runtime::cpu {
@@ -31,11 +33,18 @@ using ir::Opcode;
 using Kind = compiler::ExecutionPlan::KernelKind;
 
 bool BlockableType(const ir::Type& t) {
-  return t.dtype == DType::kF32 && t.shape.rank() == 4 && t.shape.dim(1) % 16 == 0 &&
+  return t.dtype == DType::kF32 && t.shape.rank() == 4 && t.shape.dim(1) % ChannelBlock() == 0 &&
          t.shape.num_elements() > 0;
 }
 
 }  // namespace
+
+int64_t ChannelBlock() { return ActiveCpuIsa() >= CpuIsa::kAvx512 ? 16 : 8; }
+
+dnnl::memory::format_tag BlockedTag() {
+  return ChannelBlock() == 16 ? dnnl::memory::format_tag::nChw16c
+                              : dnnl::memory::format_tag::nChw8c;
+}
 
 bool IsSpatialSum(const ir::Node& n, const ir::Graph& g) {
   if (n.opcode() != Opcode::kReduceSum || n.type().dtype != DType::kF32) return false;
@@ -104,7 +113,7 @@ std::vector<char> AssignBlockedLayouts(const compiler::ExecutionPlan& plan,
   for (const ir::Output& o : g.outputs()) is_output[o.node] = 1;
 
   // Candidates (the values a blocked-capable producer writes) and readers (every value a kernel
-  // reads from outside it, and whether it reads it in nChw16c), in one pass over the kernels.
+  // reads from outside it, and whether it reads it blocked), in one pass over the kernels.
   auto storable = [&](int v) {
     return BlockableType(g.node(v).type()) && plan.needed[v] && plan.in_arena[v] &&
            !plan.outside_arena[v] && !plan.hoisted[v] && !aliased[v] && !is_output[v];

@@ -78,8 +78,11 @@ int PrePackedThunks(const Executable& exe) {
 }
 
 // Compiles `program` three ways and checks the bound, pre-packed run against the unbound run, a
-// bound run with prepack_weights off, and the reference backend.
-void CheckPrepacked(const std::string& program, std::vector<Tensor> in, const std::string& what) {
+// bound run with prepack_weights off, and the reference backend. `packs`: whether the kernel at
+// this ISA level has a layout of its own to pack the weight into (otherwise it reads the plain
+// weight, and binding packs nothing).
+void CheckPrepacked(const std::string& program, std::vector<Tensor> in, const std::string& what,
+                    bool packs = true) {
   auto g = ir::ParseGraph(program);
   ASSERT_TRUE(g.ok()) << g.status();
   auto cpu = MakeCpuBackend();
@@ -105,7 +108,8 @@ void CheckPrepacked(const std::string& program, std::vector<Tensor> in, const st
   ASSERT_TRUE(unpacked.ok()) << what << ": " << unpacked.status();
 
   ASSERT_TRUE((*exe)->BindConstantParameters({{1, in[1]}, {2, in[2]}}).ok()) << what;
-  EXPECT_EQ(PrePackedThunks(**exe), 1) << what << ": the bound weight's kernel is pre-packed";
+  EXPECT_EQ(PrePackedThunks(**exe), packs ? 1 : 0)
+      << what << ": the bound weight's kernel is pre-packed";
   for (int rep = 0; rep < 2; ++rep) {  // the pack is reused
     auto got = (*exe)->Run(in);
     ASSERT_TRUE(got.ok()) << what << ": " << got.status();
@@ -121,7 +125,7 @@ void CheckPrepacked(const std::string& program, std::vector<Tensor> in, const st
   auto want2 = (*oracle)->Run(in2);
   ASSERT_TRUE(want2.ok()) << want2.status();
   ASSERT_TRUE((*exe)->BindConstantParameters({{1, w2}, {2, in[2]}}).ok()) << what;
-  EXPECT_EQ(PrePackedThunks(**exe), 1) << what;
+  EXPECT_EQ(PrePackedThunks(**exe), packs ? 1 : 0) << what;
   auto got2 = (*exe)->Run(in2);
   ASSERT_TRUE(got2.ok()) << what << ": " << got2.status();
   ExpectClose((*got2)[0], (*want2)[0], 1e-4, what + " after re-binding");
@@ -151,7 +155,10 @@ TEST(Prepack, MatmulAboveTheGemvBatchRunsOnPackedWeights) {
     std::vector<Tensor> in = {Random(Shape{c.M, c.K}, seed++),
                               Random(c.transposed ? Shape{c.N, c.K} : Shape{c.K, c.N}, seed++),
                               Random(Shape{c.N}, seed++)};
-    CheckPrepacked(MatmulProgram(c.M, c.K, c.N, c.transposed), in, what);
+    // oneDNN 2.6's matmul below avx512_core is its gemm kernel, which reads plain weights: only
+    // a transposed weight is reordered, once, into the plain layout it reads.
+    CheckPrepacked(MatmulProgram(c.M, c.K, c.N, c.transposed), in, what,
+                   ActiveCpuIsa() >= CpuIsa::kAvx512 || c.transposed);
   }
 }
 
@@ -166,7 +173,9 @@ TEST(Prepack, ConvolutionFilterIsReorderedOnce) {
                              " O=" + std::to_string(c.O) + " H=" + std::to_string(c.H);
     std::vector<Tensor> in = {Random(Shape{c.B, c.C, c.H, c.H}, seed++),
                               Random(Shape{c.O, c.C, 3, 3}, seed++), Random(Shape{c.O}, seed++)};
-    CheckPrepacked(ConvProgram(c.B, c.C, c.O, c.H), in, what);
+    // At sse41 oneDNN runs a 1-channel convolution as its gemm kernel, on the plain filter.
+    CheckPrepacked(ConvProgram(c.B, c.C, c.O, c.H), in, what,
+                   ActiveCpuIsa() >= CpuIsa::kAvx2 || c.C > 1);
   }
 }
 

@@ -269,28 +269,30 @@ LowerResult ReduceFor(const ir::Node& n, LowerContext& lc, const std::vector<Gro
 
 }  // namespace
 
-// reduce_sum over H and W of an f32 [N, C, H, W] held in nChw16c (AssignBlockedLayouts): each
-// output sums its H*W values in Reducer::Run's order (value i into partial i % 8, the partials
-// combined as a tree), so the result is bit for bit the row-major kernel's.
+// reduce_sum over H and W of an f32 [N, C, H, W] held channel-blocked (AssignBlockedLayouts,
+// block L = ChannelBlock(): 16 or 8): each output sums its H*W values in Reducer::Run's order
+// (value i into partial i % 8, the partials combined as a tree), so the result is bit for bit the
+// row-major kernel's.
 LowerResult BlockedSpatialSum(const ir::Node& n, LowerContext& lc) {
   const auto& d = lc.operand_type(n, 0).shape.dims();
   if (!IsSpatialSum(n, lc.graph) || n.type().shape.num_elements() != d[0] * d[1])
     return absl::InternalError(
-        absl::StrCat(ThunkName(n, "loop reduce"), ": reads an nChw16c buffer it cannot reduce"));
-  const int64_t N = d[0], CB = d[1] / 16, HW = d[2] * d[3];
+        absl::StrCat(ThunkName(n, "loop reduce"), ": reads a blocked buffer it cannot reduce"));
+  const int64_t L = ChannelBlock();
+  const int64_t N = d[0], CB = d[1] / L, HW = d[2] * d[3];
   const int in = n.operand(0), out = n.id();
-  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, HW * 16));
-  return MakeFnThunk(n, "loop reduce, nChw16c", [=](RunContext& ctx) {
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, HW * L));
+  return MakeFnThunk(n, absl::StrCat("loop reduce, nChw", L, "c"), [=](RunContext& ctx) {
     const float* x = static_cast<const float*>(ctx.buffers[in]);
     float* y = static_cast<float*>(ctx.buffers[out]);
     ParallelFor(N * CB, grain, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
-        const float* p = x + t * HW * 16;
+        const float* p = x + t * HW * L;
         float part[8][16] = {};
         for (int64_t i = 0; i < HW; ++i)
-          for (int l = 0; l < 16; ++l) part[i & 7][l] += p[i * 16 + l];
-        float* dst = y + t * 16;  // t = n * CB + cb: outputs n * C + cb * 16 + lane
-        for (int l = 0; l < 16; ++l) {
+          for (int64_t l = 0; l < L; ++l) part[i & 7][l] += p[i * L + l];
+        float* dst = y + t * L;  // t = n * CB + cb: outputs n * C + cb * L + lane
+        for (int64_t l = 0; l < L; ++l) {
           float q0 = (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
           float q1 = (part[4][l] + part[5][l]) + (part[6][l] + part[7][l]);
           dst[l] = 0.f + (q0 + q1);

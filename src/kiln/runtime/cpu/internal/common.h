@@ -264,8 +264,9 @@ struct LowerContext {
   const ir::Graph& graph;
   std::shared_ptr<CpuContext> cpu;
   CpuBackendOptions options;
-  // Per node: its buffer holds the 16-channel blocked layout nChw16c instead of row-major NCHW
-  // (layout.cc, AssignBlockedLayouts); empty when nothing is blocked.
+  // Per node: its buffer holds the channel-blocked layout (nChw16c at avx512, nChw8c below:
+  // ChannelBlock) instead of row-major NCHW (layout.cc, AssignBlockedLayouts); empty when nothing
+  // is blocked.
   std::vector<char> blocked;
 
   const ir::Node& operand(const ir::Node& n, int i) const { return graph.node(n.operand(i)); }
@@ -306,8 +307,8 @@ dnnl::memory::desc StridedDesc(const std::vector<int64_t>& dims, dnnl::memory::d
                                const std::vector<int64_t>& strides);
 // Same dims and layout, other data type (for plain descriptors).
 dnnl::memory::desc WithType(const dnnl::memory::desc& md, dnnl::memory::data_type dt);
-// The layout of node `node`'s buffer as a oneDNN descriptor over `dims`: nChw16c when the node is
-// blocked (LowerContext::blocked), plain row-major otherwise.
+// The layout of node `node`'s buffer as a oneDNN descriptor over `dims`: BlockedTag() when the
+// node is blocked (LowerContext::blocked), plain row-major otherwise.
 dnnl::memory::desc NodeDesc(const LowerContext& lc, int node, const std::vector<int64_t>& dims,
                             dnnl::memory::data_type dt);
 // True when oneDNN picked its reference (plain C++) implementation: the loops are as fast or
@@ -446,6 +447,12 @@ struct OneDnnEltwiseAlg {
 };
 std::optional<OneDnnEltwiseAlg> OneDnnEltwise(const ir::Node& n);
 std::optional<dnnl::algorithm> OneDnnBinary(ir::Opcode op);
+
+// The channel block of the blocked activation layout, as the process's ISA level has oneDNN's
+// direct convolution and pooling kernels use it: 16 (nChw16c) at avx512 and above, 8 (nChw8c)
+// at avx2 and sse41. layout.cc; fixed once the level is decided.
+int64_t ChannelBlock();
+dnnl::memory::format_tag BlockedTag();
 
 // An asynchronous collective (compiler::IsAsyncCollective, ExecutionPlan::done_step): `start`
 // hands it to the run's CollectiveStream at its own step, `wait` (placed before the first kernel
