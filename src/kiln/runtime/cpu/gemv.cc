@@ -13,14 +13,19 @@ namespace kiln::runtime::cpu {
 namespace {
 
 constexpr int64_t kPanel = 16;  // columns per packed panel: one AVX-512 register of floats
-constexpr int kGroup = 4;       // panels whose accumulators live in registers together
-constexpr int kRows = 4;        // rows per pass over a group of panels
+constexpr int kGroup = 4;       // panels per unit of work split between threads
 
-// 16 floats; GCC lowers it to one zmm, two ymm or four xmm registers depending on the clone.
+// The vector types of the variants: 16, 8 and 4 floats, one zmm, ymm or xmm register. A panel
+// of 16 columns is 16 / lanes vectors. Each variant uses the width its ISA has natively: GCC
+// lowers a generic vector wider than the target's registers through the stack (a V16 at x86-64-v3
+// spilled and reloaded every product, 3x slower than v4 at batch 1).
 typedef float V16 __attribute__((vector_size(64)));
+typedef float V8 __attribute__((vector_size(32)));
+typedef float V4 __attribute__((vector_size(16)));
 
-// By reference, not by value: a 64-byte vector return would change the baseline clone's ABI.
-inline __attribute__((always_inline)) void Load(V16& v, const float* p) {
+// By reference, not by value: a vector return would change the baseline variant's ABI.
+template <typename V>
+inline __attribute__((always_inline)) void Load(V& v, const float* p) {
   std::memcpy(&v, p, sizeof(v));
 }
 
@@ -36,13 +41,17 @@ struct Args {
 };
 
 // Rows [m0, m0 + R) x panels [p0, p0 + P): accumulate over all of K, then the epilogue and store.
-template <int R, int P>
+// V is the variant's vector (L lanes); each panel is S = 16 / L vectors.
+template <typename V, int R, int P>
 inline __attribute__((always_inline)) void Block(const Args& a, int64_t m0, int64_t p0) {
-  V16 acc[R][P];
+  constexpr int L = sizeof(V) / sizeof(float);
+  constexpr int S = kPanel / L;
+  constexpr int C = P * S;  // vectors per row of the block
+  V acc[R][C];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int p = 0; p < P; ++p) acc[r][p] = V16{};
+    for (int c = 0; c < C; ++c) acc[r][c] = V{};
   const float* w[P];
 #pragma GCC unroll 16
   for (int p = 0; p < P; ++p) w[p] = a.pack + (p0 + p) * a.K * kPanel;
@@ -50,23 +59,24 @@ inline __attribute__((always_inline)) void Block(const Args& a, int64_t m0, int6
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) x[r] = a.x + (m0 + r) * a.xs_m;
   for (int64_t k = 0; k < a.K; ++k) {
-    V16 wv[P];
+    V wv[C];
 #pragma GCC unroll 16
-    for (int p = 0; p < P; ++p) Load(wv[p], w[p] + k * kPanel);
+    for (int c = 0; c < C; ++c) Load(wv[c], w[c / S] + k * kPanel + (c % S) * L);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float xv = x[r][k * a.xs_k];
 #pragma GCC unroll 16
-      for (int p = 0; p < P; ++p) acc[r][p] += wv[p] * xv;
+      for (int c = 0; c < C; ++c) acc[r][c] += wv[c] * xv;
     }
   }
 #pragma GCC unroll 16
-  for (int p = 0; p < P; ++p) {
-    const int64_t n0 = (p0 + p) * kPanel;
-    const int64_t cols = std::min<int64_t>(kPanel, a.N - n0);
-    V16 b = V16{};
+  for (int c = 0; c < C; ++c) {
+    const int64_t n0 = (p0 + c / S) * kPanel + (c % S) * L;
+    const int64_t cols = std::min<int64_t>(L, a.N - n0);
+    if (cols <= 0) continue;
+    V b = V{};
     if (a.bias != nullptr) {
-      if (cols == kPanel) {
+      if (cols == L) {
         Load(b, a.bias + n0);
       } else {
         for (int64_t j = 0; j < cols; ++j) b[j] = a.bias[n0 + j];
@@ -74,13 +84,13 @@ inline __attribute__((always_inline)) void Block(const Args& a, int64_t m0, int6
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      V16 v = acc[r][p] + b;
-      if (a.relu) v = v > V16{} ? v : V16{};
+      V v = acc[r][c] + b;
+      if (a.relu) v = v > V{} ? v : V{};
       float* o = a.out + (m0 + r) * a.N + n0;
       const float* res = a.residual != nullptr ? a.residual + (m0 + r) * a.N + n0 : nullptr;
-      if (cols == kPanel) {
+      if (cols == L) {
         if (res) {
-          V16 rv;
+          V rv;
           Load(rv, res);
           v += rv;
         }
@@ -92,45 +102,52 @@ inline __attribute__((always_inline)) void Block(const Args& a, int64_t m0, int6
   }
 }
 
-template <int P>
+// Rows of R at a time (then the 1..R-1 left) over the P panels at p0.
+template <typename V, int P, int R>
 inline __attribute__((always_inline)) void Rows(const Args& a, int64_t p0) {
   int64_t m = 0;
-  for (; m + kRows <= a.M; m += kRows) Block<kRows, P>(a, m, p0);
+  for (; m + R <= a.M; m += R) Block<V, R, P>(a, m, p0);
   switch (a.M - m) {
     case 3:
-      Block<3, P>(a, m, p0);
+      if constexpr (R > 3) Block<V, 3, P>(a, m, p0);
       break;
     case 2:
-      Block<2, P>(a, m, p0);
+      if constexpr (R > 2) Block<V, 2, P>(a, m, p0);
       break;
     case 1:
-      Block<1, P>(a, m, p0);
+      if constexpr (R > 1) Block<V, 1, P>(a, m, p0);
       break;
     default:
       break;
   }
 }
 
-// Panels [begin, end): full groups of kGroup, then the rest one group of 1..3.
-KILN_ALWAYS_INLINE inline void RunPanelsBody(const Args& a, int64_t begin, int64_t end) {
+// Panels [begin, end): groups of G panels whose R x G accumulators stay in registers, then the
+// rest one panel at a time. G and R fit the ISA's register file: a 16-float panel is one zmm at
+// v4 (R=4 x G=4 accumulators plus 4 weight registers of 32), two ymm at v3 (R=2 x G=2 x 2 plus 4
+// of 16), four xmm at the baseline (R=2 x G=1 x 4 plus 4 of 16): 8 to 16 independent FMA chains,
+// none spilled.
+template <typename V, int G, int R>
+inline __attribute__((always_inline)) void PanelsBody(const Args& a, int64_t begin, int64_t end) {
   int64_t p = begin;
-  for (; p + kGroup <= end; p += kGroup) Rows<kGroup>(a, p);
-  switch (end - p) {
-    case 3:
-      Rows<3>(a, p);
-      break;
-    case 2:
-      Rows<2>(a, p);
-      break;
-    case 1:
-      Rows<1>(a, p);
-      break;
-    default:
-      break;
-  }
+  for (; p + G <= end; p += G) Rows<V, G, R>(a, p);
+  for (; p < end; ++p) Rows<V, 1, R>(a, p);
 }
 
-KILN_ISA_VARIANTS(void, RunPanels, (const Args& a, int64_t begin, int64_t end), (a, begin, end))
+KILN_TARGET_V4 void RunPanelsV4(const Args& a, int64_t begin, int64_t end) {
+  PanelsBody<V16, 4, 4>(a, begin, end);
+}
+KILN_TARGET_V3 void RunPanelsV3(const Args& a, int64_t begin, int64_t end) {
+  PanelsBody<V8, 2, 2>(a, begin, end);
+}
+void RunPanelsBase(const Args& a, int64_t begin, int64_t end) {
+  PanelsBody<V4, 1, 2>(a, begin, end);
+}
+void RunPanels(const Args& a, int64_t begin, int64_t end) {
+  static const auto fn =
+      PickVariant(ActiveKernelLevel(), &RunPanelsV4, &RunPanelsV3, &RunPanelsBase);
+  fn(a, begin, end);
+}
 
 class GemvThunk : public Thunk {
  public:
