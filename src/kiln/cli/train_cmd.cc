@@ -141,6 +141,9 @@ nlohmann::json RunInfo(const runtime::Backend& backend, const std::string& preci
   j["onednn_version"] = absl::StrFormat("%d.%d.%d", v->major, v->minor, v->patch);
   if (v->hash != nullptr) j["onednn_hash"] = v->hash;
   j["isa"] = runtime::OneDnnIsaName();
+  // The process's level (docs/compiler.md, "CPU ISA levels"), and the CPU's when capped below it.
+  j["cpu_isa"] = CpuIsaName(ActiveCpuIsa());
+  if (CpuIsaCapped()) j["cpu_isa_host"] = CpuIsaName(HostCpuIsa());
   j["threads"] = omp_get_max_threads();
   j["hardware_threads"] = std::thread::hardware_concurrency();
   if (std::string commit = GitCommit(); !commit.empty()) j["git_commit"] = commit;
