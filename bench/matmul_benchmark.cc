@@ -26,9 +26,11 @@
 #include <vector>
 
 #include "bench/timing.h"
+#include "kiln/base/cpu_isa.h"
 #include "kiln/base/status.h"
 #include "kiln/ir/builder.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/runtime/cpu/isa.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace kiln {
@@ -367,6 +369,16 @@ int main(int argc, char** argv) {
     }
   }
   omp_set_num_threads(threads);
+  // KILN_CPU_ISA caps Kiln's and oneDNN's ISA level, as in the kiln CLI (docs/cli.md).
+  if (const char* v = std::getenv("KILN_CPU_ISA"); v != nullptr && *v != '\0') {
+    absl::StatusOr<kiln::CpuIsa> isa = kiln::ParseCpuIsa(v);
+    absl::Status s = isa.ok() ? kiln::SetCpuIsaCap(*isa) : isa.status();
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  std::printf("cpu isa: %s\n", kiln::runtime::CpuIsaDescription().c_str());
   if (shapes == "gpt2") return kiln::RunGpt(reps_set ? reps : 7, only);
   if (!shapes.empty()) {
     std::fprintf(stderr, "--shapes: only gpt2 is known\n");
@@ -378,6 +390,11 @@ int main(int argc, char** argv) {
   std::printf("%-6s %14s %16s %7s  %-9s %s\n", "dtype", "kiln GFLOP/s", "oneDNN GFLOP/s", "ratio",
               "same bits", "oneDNN impl");
   for (kiln::DType dt : {kiln::DType::kF32, kiln::DType::kBF16}) {
+    if (dt == kiln::DType::kBF16 && !kiln::runtime::OneDnnHasBf16()) {
+      std::printf("%-6s oneDNN has no bf16 matmul at %s (below avx512_core)\n", "bf16",
+                  kiln::runtime::OneDnnIsaName().c_str());
+      continue;
+    }
     kiln::Result r = kiln::Bench(dt, size, reps, /*warmup=*/5);
     std::printf("%-6s %14.1f %16.1f %7.3f  %-9s %s\n", std::string(kiln::DTypeName(dt)).c_str(),
                 r.kiln_gflops, r.onednn_gflops, r.kiln_gflops / r.onednn_gflops,
