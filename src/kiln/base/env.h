@@ -74,7 +74,8 @@ class WritableFile {
   virtual absl::Status Close() = 0;
 };
 
-// An exclusive lock taken by Env::LockFile; destroying it releases the lock.
+// An exclusive lock taken by Env::LockFile; destroying it (in the process that took it) releases
+// the lock.
 class FileLock {
  public:
   virtual ~FileLock() = default;
@@ -124,10 +125,20 @@ class Env {
   virtual absl::Status SyncDir(const std::string& dir) = 0;
 
   // Creates `path` if missing and takes an exclusive lock on it without waiting. Unavailable
-  // when another holder has it: another process (the POSIX Env uses flock(2), which the kernel
-  // drops when the holder exits in any way) or another FileLock of this Env in this process. The
-  // default keeps an in-process table of held paths (what MemEnv and FaultInjectionEnv use).
+  // when another holder has it: another process or another FileLock of this Env in this process.
   // Locking neither reads nor writes the file's bytes.
+  //
+  // The lock belongs to the FileLock's process alone. It ends when the FileLock is destroyed or
+  // that process exits in any way (SIGKILL included), and no child process ever holds it: not one
+  // that execs, and not one made by fork() that goes on running this program (a forked child
+  // neither keeps the lock alive after its parent let go nor releases it by destroying its copy
+  // of the FileLock). The POSIX Env uses flock(2) on a close-on-exec descriptor, unlocked
+  // (LOCK_UN) on release and closed in every forked child by a pthread_atfork handler; the one
+  // window left is a holder killed between a fork() and its child's first moment, and it lasts
+  // until the child runs (env_posix.cc has the details, and why not OFD or fcntl locks). The
+  // default keeps an in-process table of held paths (what MemEnv and FaultInjectionEnv use); a
+  // forked child gets a copy of that table, so there too it can neither hold nor release its
+  // parent's lock.
   virtual absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path);
 
   // Wall-clock time, microseconds since the Unix epoch.

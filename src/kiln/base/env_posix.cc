@@ -1,6 +1,7 @@
 // Env::Default(): the POSIX implementation.
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/env.h"
@@ -182,19 +184,92 @@ absl::Status DeleteTree(const std::string& path) {
   return absl::OkStatus();
 }
 
-// flock(2) on an open descriptor: released when it is closed or the process exits in any way.
+// Env::LockFile (the run lock of train/run_dir.h) is flock(2) on a descriptor of its own, and no
+// child process ever shares it.
+//
+// A flock lock belongs to the open file description, not to the process or the descriptor: it
+// ends when the holder calls LOCK_UN or when the last descriptor of that description is closed.
+// fork() copies the descriptor table, so a child made by fork() holds a second reference to the
+// description and with it the lock, until it closes that descriptor or exits; O_CLOEXEC closes it
+// only at an exec, so a child that goes on running our code (the DICOM decoder's child,
+// data/dicom/internal/isolated.h, or any fork() that does not exec) would keep the lock alive
+// after its parent released it or was SIGKILLed. OFD locks (F_OFD_SETLK) belong to the
+// description too, so they have the same problem. Process-associated fcntl(F_SETLK) locks are not
+// inherited by fork(), but a process loses one when it closes *any* descriptor of the file (the
+// pid write in train/run_dir.cc does exactly that), and they do not exclude a second holder in the
+// same process.
+//
+// So: flock, released in two ways that no child can defeat.
+//  - Release by the holder (the FileLock destroyed) is LOCK_UN, then close. LOCK_UN ends the lock
+//    of the description itself, whatever other references to it exist, so it is free at once
+//    even while a child of any kind (fork, vfork, a raw clone) still has a copy of the descriptor.
+//  - When the holder dies instead (SIGKILL, a crash), nothing of ours runs, and the lock ends with
+//    the description's last reference. So a pthread_atfork child handler closes every lock
+//    descriptor in the child right after fork(): closing a duplicate drops only the child's
+//    reference, the parent's lock is untouched. The one window left is between fork() and that
+//    handler, before the child first runs: a holder killed in it holds the lock until the child
+//    is scheduled (microseconds), not until the child exits.
+// A FileLock copied into a child does nothing when destroyed there (it checks its owner's pid): a
+// LOCK_UN there would release the parent's lock, and a close could hit an unrelated descriptor
+// that reused the number. The table of lock descriptors is guarded by a mutex that the prepare
+// handler takes, so a fork() never sees a descriptor that is opened or locked but not yet listed.
+// Children made by posix_spawn, popen, system() or vfork() run no atfork handler, but they exec
+// at once (or _exit), and O_CLOEXEC closes the descriptor there.
+pthread_mutex_t g_lock_fds_mu = PTHREAD_MUTEX_INITIALIZER;
+
+std::vector<int>& LockFds() {
+  static auto* fds = new std::vector<int>();
+  return *fds;
+}
+
+void LockFdsBeforeFork() { pthread_mutex_lock(&g_lock_fds_mu); }
+void LockFdsAfterForkInParent() { pthread_mutex_unlock(&g_lock_fds_mu); }
+void LockFdsAfterForkInChild() {
+  for (int fd : LockFds()) ::close(fd);
+  LockFds().clear();
+  // The copy of the mutex is locked by the prepare handler of a thread that does not exist here.
+  pthread_mutex_init(&g_lock_fds_mu, nullptr);
+}
+
+class LockFdsGuard {
+ public:
+  LockFdsGuard() {
+    static std::once_flag registered;
+    std::call_once(registered, [] {
+      pthread_atfork(LockFdsBeforeFork, LockFdsAfterForkInParent, LockFdsAfterForkInChild);
+    });
+    pthread_mutex_lock(&g_lock_fds_mu);
+  }
+  ~LockFdsGuard() { pthread_mutex_unlock(&g_lock_fds_mu); }
+  LockFdsGuard(const LockFdsGuard&) = delete;
+  LockFdsGuard& operator=(const LockFdsGuard&) = delete;
+};
+
+// Released when destroyed in its own process, or when that process exits in any way.
 class PosixFileLock final : public FileLock {
  public:
-  explicit PosixFileLock(int fd) : fd_(fd) {}
-  ~PosixFileLock() override { ::close(fd_); }
+  explicit PosixFileLock(int fd) : fd_(fd), owner_(::getpid()) {}
+  ~PosixFileLock() override {
+    // A child's copy: fork()'s handler closed fd_ there; a raw clone's copy ends with the child.
+    if (::getpid() != owner_) return;
+    LockFdsGuard guard;
+    std::vector<int>& fds = LockFds();
+    fds.erase(std::remove(fds.begin(), fds.end(), fd_), fds.end());
+    ::flock(fd_, LOCK_UN);  // free now, even while a child still has a copy of fd_
+    ::close(fd_);
+  }
 
  private:
   int fd_;
+  pid_t owner_;
 };
 
 class PosixEnv final : public Env {
  public:
   absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    // Open, lock and list the descriptor under the table's mutex, so that no fork() in between
+    // hands the child a locked descriptor it does not know to close.
+    LockFdsGuard guard;
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return PosixError(errno, "cannot open the lock", path);
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -203,6 +278,7 @@ class PosixEnv final : public Env {
       if (err == EWOULDBLOCK) return absl::UnavailableError("lock " + path + " is held");
       return PosixError(err, "cannot lock", path);
     }
+    LockFds().push_back(fd);
     return std::unique_ptr<FileLock>(new PosixFileLock(fd));
   }
 

@@ -2,10 +2,18 @@
 // in-memory Env that other tests rely on behaves like the real file system.
 #include "kiln/base/env.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -20,6 +28,52 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 enum class Kind { kPosix, kMem };
+
+// In a forked child: waits until `fd` reads end-of-file (the test closed the pipe's other end) or
+// 10 s pass, then exits. Runs nothing of the test and never execs.
+[[noreturn]] void WaitForEofAndExit(int fd) {
+  pollfd p = {fd, POLLIN, 0};
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < end) {
+    if (::poll(&p, 1, 100) > 0) break;
+  }
+  _exit(0);
+}
+
+// Reads `n` bytes from `fd`, waiting at most 10 s for them; false if they did not come.
+bool ReadWithin10s(int fd, void* out, size_t n) {
+  pollfd p = {fd, POLLIN, 0};
+  return ::poll(&p, 1, 10000) == 1 && ::read(fd, out, n) == static_cast<ssize_t>(n);
+}
+
+// Waits up to `seconds` for the child `pid` to exit and returns its wait status; after that it is
+// SIGKILLed, reaped, and the result is -1.
+int ReapWithin(pid_t pid, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+// Children a test started: SIGKILLed and reaped at the end of the scope unless already reaped.
+struct Children {
+  ~Children() {
+    for (pid_t pid : pids) {
+      if (pid > 0 && ::waitpid(pid, nullptr, WNOHANG) == 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
+    }
+  }
+  std::vector<pid_t> pids;
+};
 
 class EnvTest : public ::testing::TestWithParam<Kind> {
  protected:
@@ -297,10 +351,160 @@ TEST_P(EnvTest, LockFileIsExclusiveUntilReleasedAndKeepsTheBytes) {
   EXPECT_FALSE(env_->LockFile(P("no/such/dir/.lock")).ok());
 }
 
+// A child made by fork() that does not exec and is still running (the DICOM decoder's child, a
+// supervisor's child before its exec) holds no share of its parent's lock: once the parent lets
+// go, the lock is free.
+TEST_P(EnvTest, LockIsFreeOnceReleasedWhileAForkedChildStillRuns) {
+  const std::string lock = P(".lock");
+  absl::StatusOr<std::unique_ptr<FileLock>> a = env_->LockFile(lock);
+  ASSERT_TRUE(a.ok()) << a.status();
+  int hold[2], ready[2];
+  ASSERT_EQ(::pipe(hold), 0);
+  ASSERT_EQ(::pipe(ready), 0);
+  Children children;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(hold[1]);
+    (void)!::write(ready[1], "r", 1);  // fork() has returned here: its handlers have run
+    WaitForEofAndExit(hold[0]);
+  }
+  children.pids.push_back(child);
+  ::close(hold[0]);
+  char c = 0;
+  ASSERT_TRUE(ReadWithin10s(ready[0], &c, 1));
+  a->reset();
+  absl::StatusOr<std::unique_ptr<FileLock>> b = env_->LockFile(lock);
+  EXPECT_EQ(::waitpid(child, nullptr, WNOHANG), 0) << "the forked child should still be running";
+  EXPECT_TRUE(b.ok()) << b.status() << " (the forked child kept the lock)";
+  ::close(hold[1]);
+  const int status = ReapWithin(child, 10);
+  EXPECT_TRUE(status != -1 && WIFEXITED(status)) << status;
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllEnvs, EnvTest, ::testing::Values(Kind::kPosix, Kind::kMem),
                          [](const auto& info) {
                            return info.param == Kind::kPosix ? "Posix" : "Mem";
                          });
+
+std::string PosixTempDir(const std::string& name) {
+  const std::string dir =
+      ::testing::TempDir() + "/kiln_env_test_" + name + "_" + std::to_string(::getpid());
+  if (Env::Default()->FileExists(dir)) KILN_CHECK_OK(Env::Default()->DeleteDir(dir));
+  KILN_CHECK_OK(Env::Default()->CreateDir(dir));
+  return dir;
+}
+
+// What train_sigkill_test's restarts do, with a holder that has a forked child: the holder takes
+// the lock, forks a child that goes on running without exec, and is SIGKILLed and reaped; the
+// next process must get the lock at once, while that child still runs.
+TEST(PosixLockTest, LockOfAKilledHolderIsFreeWhileItsForkedChildStillRuns) {
+  const std::string dir = PosixTempDir("killed_holder");
+  const std::string lock = JoinPath(dir, ".lock");
+  // The holder's orphaned child becomes ours, so that we can reap it by its pid.
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  int hold[2], report[2];
+  ASSERT_EQ(::pipe(hold), 0);
+  ASSERT_EQ(::pipe(report), 0);
+  Children children;
+  const pid_t holder = ::fork();
+  ASSERT_GE(holder, 0);
+  if (holder == 0) {
+    ::close(report[0]);
+    ::close(hold[1]);
+    absl::StatusOr<std::unique_ptr<FileLock>> l = Env::Default()->LockFile(lock);
+    const pid_t grandchild = l.ok() ? ::fork() : -1;
+    if (grandchild <= 0) {
+      // The grandchild (after fork() returned, so its handlers have run) reports its pid; a
+      // holder that could not lock or fork reports -1.
+      const pid_t me = grandchild == 0 ? ::getpid() : -1;
+      (void)!::write(report[1], &me, sizeof(me));
+    }
+    ::close(report[1]);
+    WaitForEofAndExit(hold[0]);  // the grandchild until the test lets go, the holder until killed
+  }
+  children.pids.push_back(holder);
+  ::close(hold[0]);
+  ::close(report[1]);
+  pid_t grandchild = -1;
+  ASSERT_TRUE(ReadWithin10s(report[0], &grandchild, sizeof(grandchild)));
+  ::close(report[0]);
+  ASSERT_GT(grandchild, 0) << "the holder could not take the lock or fork";
+  children.pids.push_back(grandchild);
+  EXPECT_TRUE(absl::IsUnavailable(Env::Default()->LockFile(lock).status()));
+
+  ::kill(holder, SIGKILL);
+  const int killed = ReapWithin(holder, 10);
+  EXPECT_TRUE(killed != -1 && WIFSIGNALED(killed) && WTERMSIG(killed) == SIGKILL) << killed;
+  absl::StatusOr<std::unique_ptr<FileLock>> next = Env::Default()->LockFile(lock);
+  EXPECT_EQ(::waitpid(grandchild, nullptr, WNOHANG), 0)
+      << "the holder's forked child should still be running";
+  EXPECT_TRUE(next.ok()) << next.status() << " (the holder's forked child kept the lock)";
+
+  ::close(hold[1]);
+  const int status = ReapWithin(grandchild, 10);
+  EXPECT_TRUE(status != -1 && WIFEXITED(status)) << status;
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  (void)Env::Default()->DeleteDir(dir);
+}
+
+// A child that ran no fork handler (a raw clone, as some libraries make) still has the lock's
+// descriptor; the holder's release unlocks the description itself, so the lock is free anyway.
+TEST(PosixLockTest, LockIsFreeOnceReleasedWhileAChildWithoutForkHandlersRuns) {
+  const std::string dir = PosixTempDir("raw_clone");
+  const std::string lock = JoinPath(dir, ".lock");
+  absl::StatusOr<std::unique_ptr<FileLock>> a = Env::Default()->LockFile(lock);
+  ASSERT_TRUE(a.ok()) << a.status();
+  int hold[2];
+  ASSERT_EQ(::pipe(hold), 0);
+  Children children;
+  // fork() without glibc's wrapper: a new process, and no pthread_atfork handler runs.
+  const pid_t child = static_cast<pid_t>(::syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0));
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(hold[1]);
+    WaitForEofAndExit(hold[0]);
+  }
+  children.pids.push_back(child);
+  ::close(hold[0]);
+  a->reset();
+  absl::StatusOr<std::unique_ptr<FileLock>> b = Env::Default()->LockFile(lock);
+  EXPECT_EQ(::waitpid(child, nullptr, WNOHANG), 0) << "the child should still be running";
+  EXPECT_TRUE(b.ok()) << b.status() << " (the child kept the lock)";
+  ::close(hold[1]);
+  const int status = ReapWithin(child, 10);
+  EXPECT_TRUE(status != -1 && WIFEXITED(status)) << status;
+  (void)Env::Default()->DeleteDir(dir);
+}
+
+// Destroying the copy of a FileLock in a forked child neither releases the parent's lock nor
+// closes a descriptor of the child's that reused the lock's number.
+TEST(PosixLockTest, AForkedChildCannotReleaseItsParentsLock) {
+  const std::string dir = PosixTempDir("child_release");
+  const std::string lock = JoinPath(dir, ".lock");
+  absl::StatusOr<std::unique_ptr<FileLock>> a = Env::Default()->LockFile(lock);
+  ASSERT_TRUE(a.ok()) << a.status();
+  Children children;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const int other = ::open("/dev/null", O_RDONLY);  // likely the lock's old number
+    a->reset();
+    const bool other_open = ::fcntl(other, F_GETFD) != -1;
+    const bool still_held = absl::IsUnavailable(Env::Default()->LockFile(lock).status());
+    _exit(other_open && still_held ? 0 : 1);
+  }
+  children.pids.push_back(child);
+  const int status = ReapWithin(child, 10);
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(absl::IsUnavailable(Env::Default()->LockFile(lock).status()))
+      << "the parent lost its lock";
+  a->reset();
+  EXPECT_TRUE(Env::Default()->LockFile(lock).ok());
+  (void)Env::Default()->DeleteDir(dir);
+}
 
 TEST(MemEnvTest, ManualClockAndSeededRandomness) {
   MemEnv a(1000, 42), b(1000, 42);

@@ -274,6 +274,10 @@ TEST_P(TrainSigkillTest, KilledAndResumedRunIsBitIdenticalToAnUninterruptedOne) 
   for (int i = 0; !finished && (sc.aim_at_writes ? mid_write < kills_ : kills < kills_) &&
                   attempts < max_attempts;
        ++i) {
+    // The final checkpoint is committed (a kill landed after it): only the final run is left.
+    // Checked before starting a process: one started and left running here would hold the run
+    // lock when the final run starts, which then fails as "in use by another kiln train".
+    if (!sc.aim_at_writes && expect_resume == sc.steps) break;
     ++attempts;
     const std::string log = work_ + "/run" + std::to_string(i) + ".log";
     pid = Start(Args(out), log);
@@ -282,7 +286,6 @@ TEST_P(TrainSigkillTest, KilledAndResumedRunIsBitIdenticalToAnUninterruptedOne) 
       // Anywhere in a run: start-up, training, evaluation, a save, the final checkpoint. The
       // window is the start-up plus a share of the training time left after the checkpoint it
       // resumes from, so that the kills spread over the whole run (about 3/kills of it each).
-      if (expect_resume == sc.steps) break;  // the final checkpoint is committed
       const double left = 1.0 - static_cast<double>(std::max<int64_t>(expect_resume, 0)) /
                                     static_cast<double>(sc.steps);
       const double window =

@@ -12,6 +12,7 @@
 namespace kiln::serve {
 namespace {
 
+using testing::ClientResponse;
 using testing::TestClient;
 
 std::unique_ptr<HttpServer> StartEcho(HttpServerOptions o, std::atomic<int>* delay_ms = nullptr) {
@@ -124,6 +125,58 @@ TEST(HttpServerTest, ShutdownAnswersRequestsInFlight) {
   EXPECT_EQ(status.load(), 200);
   TestClient late(s->port());
   EXPECT_FALSE(late.connected() && late.Send("GET", "/a").status != 0);
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// TestClient against a listener that accepts and then never reads or answers: each call fails
+// at the client's timeout, naming it, instead of hanging the test.
+TEST(TestClientTest, CallsToAServerThatNeverAnswersFailAtTheTimeout) {
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::acceptor listener(
+      ioc, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  const int port = listener.local_endpoint().port();
+  constexpr std::chrono::milliseconds kTimeout(200);
+  auto accept = [&] {
+    boost::asio::ip::tcp::socket s(ioc);
+    listener.accept(s);  // pending already: the client connected before
+    return s;
+  };
+
+  TestClient reply(port, kTimeout);
+  ASSERT_TRUE(reply.connected()) << reply.error();
+  boost::asio::ip::tcp::socket silent = accept();
+  auto t0 = std::chrono::steady_clock::now();
+  ClientResponse r = reply.Send("GET", "/never");
+  double took = SecondsSince(t0);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.error, "waiting for the response to GET /never: timed out after 200 ms");
+  EXPECT_GE(took, 0.15);
+  EXPECT_LT(took, 3.0);  // well under the default 10 s
+
+  // A body larger than the socket buffers: the write itself cannot finish.
+  TestClient write(port, kTimeout);
+  ASSERT_TRUE(write.connected()) << write.error();
+  boost::asio::ip::tcp::socket unread = accept();
+  t0 = std::chrono::steady_clock::now();
+  r = write.Send("POST", "/big", std::string(size_t{64} << 20, 'x'));
+  took = SecondsSince(t0);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.error, "sending POST /big: timed out after 200 ms");
+  EXPECT_GE(took, 0.15);
+  EXPECT_LT(took, 3.0);
+
+  TestClient raw(port, kTimeout);
+  ASSERT_TRUE(raw.connected()) << raw.error();
+  boost::asio::ip::tcp::socket mute = accept();
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(raw.SendRaw("GET / HTTP/1.1\r\nHost: a\r\n\r\n"), "");
+  took = SecondsSince(t0);
+  EXPECT_EQ(raw.error(), "reading until the server closes: timed out after 200 ms");
+  EXPECT_GE(took, 0.15);
+  EXPECT_LT(took, 3.0);
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
 #include "kiln/train/run_dir.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <ctime>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -44,9 +47,19 @@ absl::StatusOr<std::unique_ptr<RunDirLock>> RunDirLock::Acquire(const std::strin
   if (absl::IsUnavailable(lock.status())) {
     std::string holder = ReadSmallFile(env, path);
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-    std::string who = holder.empty() ? "another process" : "process " + holder;
+    std::string who =
+        absl::StrCat(holder.empty() ? "another process" : "process " + holder, " holds ", path);
+    // A holder writes its pid just after it takes the lock, so a refusal in between reads the
+    // pid of the previous holder: do not name it as the holder when no such process runs here.
+    int pid = 0;
+    if (absl::SimpleAtoi(holder, &pid) && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+      who = absl::StrCat("another process holds ", path, "; the pid there, ", holder,
+                         ", runs on no process of this machine: a previous holder, the new one "
+                         "not having written its own yet, or a trainer on another machine");
+      holder.clear();
+    }
     return absl::FailedPreconditionError(absl::StrCat(
-        dir, " is in use by another kiln train (", who, " holds ", path,
+        dir, " is in use by another kiln train (", who,
         "); two trainers in one folder would mix their runs. Wait for it to finish, stop it (",
         holder.empty() ? "kill it" : "kill " + holder,
         ": it checkpoints and exits 75), or choose another --output-dir"));

@@ -21,8 +21,9 @@
 //
 // The lock is Env::LockFile on OUTDIR/.lock (flock(2) on the real file system), which holds the
 // holder's pid as text. The kernel drops the lock when the holder exits in any way (SIGKILL and
-// crashes included), so a lock left behind by a dead process is free at once; the file itself
-// stays (its pid is then stale and harmless).
+// crashes included), and no child of the holder shares it (not even a fork() that does not exec,
+// env.h), so a lock left behind by a dead process is free at once; the file itself stays (its pid
+// is then stale and harmless).
 #ifndef KILN_TRAIN_RUN_DIR_H_
 #define KILN_TRAIN_RUN_DIR_H_
 

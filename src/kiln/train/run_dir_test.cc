@@ -16,6 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string TempDir(const std::string& name) {
   fs::path p =
@@ -69,6 +70,30 @@ TEST(RunDirLockTest, ALockOfAKilledProcessIsFreeAtOnce) {
   EXPECT_TRUE(RunDirLock::Acquire(dir).ok());
   close(ready[0]);
   close(ready[1]);
+  fs::remove_all(dir);
+}
+
+// Between a holder's lock and its pid write, .lock still names the previous holder: a refusal
+// then must not tell the user to kill a process that has exited.
+TEST(RunDirLockTest, AStalePidIsNotNamedAsTheHolder) {
+  const std::string dir = TempDir("stale");
+  fs::create_directories(dir);
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  ASSERT_GT(gone, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(gone, &status, 0), gone);
+  const std::string path = (fs::path(dir) / kRunLockName).string();
+  Write(path, std::to_string(gone) + "\n");
+  auto held = Env::Default()->LockFile(path);  // a holder that has not written its pid yet
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto refused = RunDirLock::Acquire(dir);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("another process holds " + path));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("the pid there, " + std::to_string(gone) + ", runs on no process"));
+  EXPECT_THAT(refused.status().message(), Not(HasSubstr("kill " + std::to_string(gone))));
   fs::remove_all(dir);
 }
 
