@@ -1,13 +1,16 @@
 // The cpu backend's int8 ops: quantize as an AVX-512 or SSE2 loop (quantized_loops.cc),
 // quantized_dot as the packed s8 gemv (qgemv.cc: up to kQGemvMaxRows rows with the weights bound
 // constant, on an AVX-512 VNNI cpu) or a oneDNN int8 matmul (s8 source, s8 weights, f32
-// destination), quantized_conv2d as a oneDNN int8 convolution. The matmul takes the per-channel f32
-// scales as a binary-mul post-op (fallbacks: runtime output scales, a loop); the convolution writes
-// unscaled f32 sums that one loop scales. Both pack their s8 weights into oneDNN's blocked layout
-// once (WeightPacker: at binding for bound weights, else on the first run and again only when the
-// bytes change). Every path accumulates in int32 and multiplies the f32-converted sum by the scale
-// once, the reference kernels' semantics, so the results agree bit for bit (the quantized rows of
-// tests/op_table_nn.cc, quantized_test.cc).
+// destination), quantized_conv2d as a oneDNN int8 convolution: that on AVX-512 VNNI and above,
+// where oneDNN's int8 is exact (isa.h, OneDnnHasExactInt8). Below it oneDNN sums u8 x s8 pairs in
+// saturating s16, so both ops run on Kiln's exact widening GEMM instead (quantized_exact.cc).
+// The matmul takes the per-channel f32 scales as a binary-mul post-op (fallbacks: runtime output
+// scales, a loop); the convolution writes unscaled f32 sums that one loop scales. Both pack their
+// s8 weights into oneDNN's blocked layout once (WeightPacker: at binding for bound weights, else
+// on the first run and again only when the bytes change). Every path accumulates in int32 and
+// multiplies the f32-converted sum by the scale once, the reference kernels' semantics, so the
+// results agree bit for bit on every CPU (the quantized rows of tests/op_table_nn.cc,
+// quantized_test.cc).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,7 +20,9 @@
 
 #include "kiln/runtime/cpu/internal/common.h"
 #include "kiln/runtime/cpu/internal/qgemv.h"
+#include "kiln/runtime/cpu/internal/quantized_exact.h"
 #include "kiln/runtime/cpu/internal/quantized_loops.h"
+#include "kiln/runtime/cpu/isa.h"
 
 namespace kiln::runtime::cpu {
 namespace {
@@ -56,8 +61,10 @@ QuantizedConvDesc MakeQuantizedConvDesc(const ir::Node& n, const LowerContext& l
 // convolutions reading it skip oneDNN's per-run s8 reorder: q is a rank-4 kernel of its own (no
 // fusion group), not a graph output, and every reader is a quantized_conv2d reading it as its
 // input only, whose oneDNN primitive reads NHWC. LowerQuantize and LowerQuantizedConv both ask,
-// so writer and readers agree.
+// so writer and readers agree. Never where oneDNN's int8 is inexact: the exact convolution that
+// runs there instead (quantized_exact.cc) reads NCHW.
 bool QuantizeWritesNhwc(int q, const LowerContext& lc) {
+  if (!OneDnnHasExactInt8()) return false;
   const ir::Graph& g = lc.graph;
   const ir::Node& qn = g.node(q);
   if (qn.opcode() != ir::Opcode::kQuantize || qn.type().shape.rank() != 4 ||
@@ -319,8 +326,9 @@ LowerResult LowerQuantizedDotOneDnn(const ir::Node& n, LowerContext& lc) {
 }
 
 // Up to kQGemvMaxRows rows on a VNNI cpu: the packed s8 kernel (qgemv.cc) while the weights are
-// bound constant, the oneDNN matmul otherwise.
+// bound constant, the oneDNN matmul otherwise. Without VNNI: the exact widening GEMM, every M.
 LowerResult LowerQuantizedDot(const ir::Node& n, LowerContext& lc) {
+  if (!OneDnnHasExactInt8()) return LowerQuantizedDotExact(n, lc);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Thunk> onednn, LowerQuantizedDotOneDnn(n, lc));
   const int64_t K = lc.operand_type(n, 1).shape.dim(0), N = lc.operand_type(n, 1).shape.dim(1);
   const int64_t M = lc.operand_type(n, 0).shape.num_elements() / K;
@@ -388,6 +396,7 @@ class QuantizedConvThunk : public Thunk {
 };
 
 LowerResult LowerQuantizedConv(const ir::Node& n, LowerContext& lc) {
+  if (!OneDnnHasExactInt8()) return LowerQuantizedConvExact(n, lc);
   const Shape& in = lc.operand_type(n, 0).shape;
   const Shape& out = n.type().shape;
   const int64_t groups = n.attr_int("groups");

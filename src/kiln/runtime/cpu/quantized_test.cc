@@ -1,8 +1,12 @@
 // The int8 ops against hand-computed values, on the reference backend (the oracle) and the cpu
-// backend (oneDNN int8 primitives), which must agree bit for bit.
+// backend, which must agree bit for bit on every CPU: oneDNN's int8 primitives and the VNNI gemv
+// on AVX-512 VNNI and above, Kiln's exact widening GEMM below it (run this binary with
+// KILN_CPU_ISA=avx512, avx2 or sse41 to test those paths on a VNNI machine; CTest's isa variants
+// do).
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +16,7 @@
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/cpu/internal/qgemv.h"
 #include "kiln/runtime/cpu/internal/quantized_loops.h"
+#include "kiln/runtime/cpu/isa.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::runtime {
@@ -367,8 +372,9 @@ TEST(QuantizedConv2dOp, QuantizedLayerMatchesReference) {
     bool nhwc = false;
     for (int t = 0; t < (*cpu)->num_thunks(); ++t)
       nhwc |= (*cpu)->thunk(t).name().find("NCHW -> NHWC") != std::string::npos;
+    // NHWC only for oneDNN's convolution: the exact one (no VNNI) reads NCHW.
     if (k.groups == 1) {
-      EXPECT_TRUE(nhwc) << where << ": the quantize did not write NHWC";
+      EXPECT_EQ(nhwc, runtime::OneDnnHasExactInt8()) << where << ": the quantize's layout";
     }
     for (bool bind : {false, true}) {
       if (bind) {
@@ -414,13 +420,158 @@ TEST(QuantizedConv2dOp, QuantizeLayoutFollowsEveryReader) {
     bool nhwc = false;
     for (int t = 0; t < (*cpu)->num_thunks(); ++t)
       nhwc |= (*cpu)->thunk(t).name().find("NCHW -> NHWC") != std::string::npos;
-    EXPECT_EQ(nhwc, variant == 2) << variant;
+    EXPECT_EQ(nhwc, variant == 2 && runtime::OneDnnHasExactInt8()) << variant;
     absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, w1, w2, st});
     absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, w1, w2, st});
     ASSERT_TRUE(r.ok() && c.ok()) << variant;
     ASSERT_EQ(r->size(), c->size());
     for (size_t i = 0; i < r->size(); ++i)
       EXPECT_TRUE((*c)[i].BitwiseEquals((*r)[i])) << "variant " << variant << " output " << i;
+  }
+}
+
+// ---- Worst cases for the exact widening GEMM (quantized_exact.cc, where oneDNN's int8 is not
+// exact). Saturating u8 x s8 pair sums (oneDNN's vpmaddubsw) break first on extreme values: a
+// -128 activation is 0 after oneDNN's +128 shift and -128 x -128 pairs overflow s16. These cases
+// failed on the oneDNN path at KILN_CPU_ISA=avx2 and must give the reference's bits everywhere.
+
+// x and w drawn from {-128, -127, 127} (mostly extremes), some rows / columns all -128 or 127, so
+// sums reach +-K * 16384 (past 2^24: the f32 conversion rounds) and every pair-sum edge case
+// occurs.
+void FillExtremes(Tensor& t, uint32_t seed, int64_t period) {
+  uint32_t state = seed * 2246822519u + 3266489917u;
+  const int8_t v[] = {-128, 127, -128, -127, 127, -128};
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    t.data<int8_t>()[i] = v[(state >> 24) % 6];
+  }
+  // Period `period` in the flat index: rows of x or columns of w that are all one value.
+  for (int64_t i = 0; i < t.num_elements(); i += period) t.data<int8_t>()[i] = -128;
+}
+
+bool IsExactGemm(const Executable& exe) {
+  for (int t = 0; t < exe.num_thunks(); ++t)
+    if (exe.thunk(t).name().find("exact int8") != std::string::npos) return true;
+  return false;
+}
+
+TEST(ExactInt8, DotWorstCasesMatchReference) {
+  struct Case {
+    int64_t M, K, N;
+  };
+  // M = 1 and past every row block (6, 8, 3 rows) and row chunk (48, 64, 24); K long and odd;
+  // N off the 16-column panels and the panel chunks.
+  const std::vector<Case> cases = {{1, 4096, 10},  {1, 4095, 130}, {7, 4096, 33},  {65, 301, 17},
+                                   {130, 64, 300}, {2, 1, 1},      {9, 3, 16},     {1, 1024, 1024},
+                                   {49, 4097, 48}, {3, 2, 129},    {64, 4096, 64}, {25, 999, 5}};
+  for (const Case& k : cases) {
+    const std::string where =
+        "M=" + std::to_string(k.M) + " K=" + std::to_string(k.K) + " N=" + std::to_string(k.N);
+    Builder b("qd");
+    Value x = b.Parameter("x", DType::kS8, {k.M, k.K});
+    Value w = b.Parameter("w", DType::kS8, {k.K, k.N});
+    Value s = b.Parameter("s", DType::kF32, {k.N});
+    b.Output("y", ir::QuantizedDot(x, w, s));
+    absl::StatusOr<ir::Graph> g = b.Build();
+    ASSERT_TRUE(g.ok()) << g.status();
+    Tensor xt(DType::kS8, Shape{k.M, k.K}), wt(DType::kS8, Shape{k.K, k.N});
+    FillExtremes(xt, static_cast<uint32_t>(k.M + k.K), k.K + 1);
+    FillExtremes(wt, static_cast<uint32_t>(k.K * 3 + k.N), k.N + 1);
+    // Row 0 of x all -128; column 0 of w all -128, column 1 all 127: the largest sums of both
+    // signs.
+    for (int64_t i = 0; i < k.K; ++i) {
+      xt.data<int8_t>()[i] = -128;
+      wt.data<int8_t>()[i * k.N] = -128;
+      if (k.N > 1) wt.data<int8_t>()[i * k.N + 1] = 127;
+    }
+    Tensor st = Scales(k.N, 7);
+    auto ref = MakeReferenceBackend()->Compile(*g);
+    auto cpu = MakeCpuBackend()->Compile(*g);
+    ASSERT_TRUE(ref.ok() && cpu.ok()) << where;
+    EXPECT_EQ(IsExactGemm(**cpu), !runtime::OneDnnHasExactInt8()) << where;
+    absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, wt, st});
+    ASSERT_TRUE(r.ok()) << where;
+    // Unbound (packed on the first run), bound (packed at binding), unbound again.
+    for (int bind : {0, 1, 0}) {
+      ASSERT_TRUE((*cpu)
+                      ->BindConstantParameters(bind ? std::map<int, Tensor>{{1, wt}, {2, st}}
+                                                    : std::map<int, Tensor>{})
+                      .ok());
+      absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, wt, st});
+      ASSERT_TRUE(c.ok()) << where;
+      EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << where << (bind ? " bound" : " unbound");
+    }
+    // The largest sum, written out: K * 16384 (column 0), converted to f32 once, times scale.
+    EXPECT_EQ((*r)[0].data<float>()[0],
+              static_cast<float>(static_cast<int32_t>(k.K * 16384)) * st.data<float>()[0])
+        << where;
+  }
+}
+
+TEST(ExactInt8, ConvWorstCasesMatchReference) {
+  struct Case {
+    std::string name;
+    Shape in, filter;
+    std::vector<int64_t> strides, padding, dilation;
+    int64_t groups;
+  };
+  // Image sizes whose positions straddle the 16-column panels and the per-task column chunks
+  // (batch x OH x OW past 512), strides, asymmetric padding, dilation, groups and depthwise, a
+  // long and an odd reduction (K = CG x KH x KW: 4608, 27, 9, 1).
+  const std::vector<Case> cases = {
+      {"3x3 pad1", Shape{2, 16, 8, 8}, Shape{32, 16, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, 1},
+      {"rgb 15x15 x3", Shape{3, 3, 15, 15}, Shape{8, 3, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, 1},
+      {"stride 2x1", Shape{2, 4, 9, 7}, Shape{5, 4, 3, 3}, {2, 1}, {1, 0, 0, 2}, {1, 1}, 1},
+      {"stride 2 dilated", Shape{1, 6, 11, 10}, Shape{7, 6, 3, 2}, {2, 3}, {2, 1, 0, 3}, {2, 2}, 1},
+      {"groups 2 dilated", Shape{1, 4, 7, 6}, Shape{6, 2, 3, 3}, {2, 1}, {1, 0, 0, 2}, {1, 2}, 2},
+      {"depthwise", Shape{2, 32, 7, 5}, Shape{32, 1, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, 32},
+      {"depthwise stride 2",
+       Shape{1, 8, 9, 9},
+       Shape{16, 1, 3, 3},
+       {2, 2},
+       {0, 1, 1, 0},
+       {1, 1},
+       8},
+      {"1x1", Shape{3, 64, 5, 7}, Shape{20, 64, 1, 1}, {1, 1}, {0, 0, 0, 0}, {1, 1}, 1},
+      {"K 4608", Shape{1, 512, 4, 4}, Shape{17, 512, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, 1},
+      {"window past input", Shape{1, 2, 2, 3}, Shape{3, 2, 3, 3}, {1, 1}, {2, 2, 2, 2}, {2, 2}, 1},
+  };
+  for (const Case& k : cases) {
+    Builder b("qc");
+    Value x = b.Parameter("x", DType::kS8, k.in);
+    Value w = b.Parameter("w", DType::kS8, k.filter);
+    Value s = b.Parameter("s", DType::kF32, {k.filter.dim(0)});
+    ir::Conv2dOptions o;
+    o.strides = k.strides;
+    o.padding = k.padding;
+    o.dilation = k.dilation;
+    o.groups = k.groups;
+    b.Output("y", ir::QuantizedConv2d(x, w, s, o));
+    absl::StatusOr<ir::Graph> g = b.Build();
+    ASSERT_TRUE(g.ok()) << k.name << ": " << g.status();
+    Tensor xt(DType::kS8, k.in), wt(DType::kS8, k.filter);
+    FillExtremes(xt, static_cast<uint32_t>(k.in.num_elements()), 5);
+    FillExtremes(wt, static_cast<uint32_t>(k.filter.num_elements()), 3);
+    // Input channel 0 of image 0 all -128, filter 0 all -128: the largest sums.
+    for (int64_t i = 0; i < k.in.dim(2) * k.in.dim(3); ++i) xt.data<int8_t>()[i] = -128;
+    const int64_t per_filter = k.filter.num_elements() / k.filter.dim(0);
+    for (int64_t i = 0; i < per_filter; ++i) wt.data<int8_t>()[i] = -128;
+    Tensor st = Scales(k.filter.dim(0), 11);
+    auto ref = MakeReferenceBackend()->Compile(*g);
+    auto cpu = MakeCpuBackend()->Compile(*g);
+    ASSERT_TRUE(ref.ok() && cpu.ok()) << k.name;
+    EXPECT_EQ(IsExactGemm(**cpu), !runtime::OneDnnHasExactInt8()) << k.name;
+    absl::StatusOr<std::vector<Tensor>> r = (*ref)->Run({xt, wt, st});
+    ASSERT_TRUE(r.ok()) << k.name;
+    for (int bind : {0, 1}) {
+      ASSERT_TRUE((*cpu)
+                      ->BindConstantParameters(bind ? std::map<int, Tensor>{{1, wt}, {2, st}}
+                                                    : std::map<int, Tensor>{})
+                      .ok());
+      absl::StatusOr<std::vector<Tensor>> c = (*cpu)->Run({xt, wt, st});
+      ASSERT_TRUE(c.ok()) << k.name;
+      EXPECT_TRUE((*c)[0].BitwiseEquals((*r)[0])) << k.name << (bind ? " bound" : " unbound");
+    }
   }
 }
 
