@@ -27,7 +27,7 @@ namespace {
 struct OpsV4 {  // AVX-512BW: one zmm per panel
   using V = __m512i;
   static constexpr int kVecs = 1;
-  static constexpr int kMaxRows = 8;
+  static constexpr int kMaxRows = 4;
   static constexpr int Panels(int rows) { return rows <= 4 ? 4 : 2; }
   KILN_TARGET_V4 static V Zero() { return _mm512_setzero_si512(); }
   // Block (32 bytes: 16 columns x 2 k) -> 32 s16.
@@ -50,7 +50,7 @@ struct OpsV4 {  // AVX-512BW: one zmm per panel
 struct OpsV3 {  // AVX2: two ymm per panel
   using V = __m256i;
   static constexpr int kVecs = 2;
-  static constexpr int kMaxRows = 6;
+  static constexpr int kMaxRows = 5;
   static constexpr int Panels(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
   KILN_TARGET_V3 static V Zero() { return _mm256_setzero_si256(); }
   KILN_TARGET_V3 static V Load(const int8_t* block, int v) {
@@ -219,6 +219,17 @@ __attribute__((flatten)) void TileBase(const QGemmArgs& a, int64_t r0, int64_t r
   TileBody<OpsBase>(a, r0, r1, p0, p1);
 }
 
+// memcpy without a call for the short rows of small images.
+inline void CopyBytes(int8_t* dst, const int8_t* src, int64_t n) {
+  if (n >= 64) {
+    std::memcpy(dst, src, static_cast<size_t>(n));
+    return;
+  }
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) std::memcpy(dst + i, src + i, 8);
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
 // Two rows of 16 bytes (k even, k odd) -> one 32-byte block, the pairs adjacent.
 inline void Interleave16(const int8_t* k0, const int8_t* k1, int8_t* block) {
   const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(k0));
@@ -305,49 +316,78 @@ int64_t QGemmRowBlock() {
   return OpsBase::kMaxRows;
 }
 
-void QConvIm2colPanels(const QConvGeometry& g, const int8_t* x, int64_t group, int64_t c0,
-                       int64_t cols, int8_t* col, int8_t* panels) {
+void QConvPadPlanes(const QConvGeometry& g, const int8_t* x, int64_t p0, int64_t p1, int8_t* xp) {
+  const int64_t hp = g.H + g.pt + g.pb, wp = g.W + g.pl + g.pr;
+  // Zeros everywhere, then the rows in place: a small image's rows are a few bytes, where a
+  // memset and a memcpy per row cost more than the bytes.
+  std::memset(xp + p0 * hp * wp, 0, static_cast<size_t>((p1 - p0) * hp * wp));
+  for (int64_t p = p0; p < p1; ++p) {
+    const int8_t* src = x + p * g.H * g.W;
+    int8_t* dst = xp + (p * hp + g.pt) * wp + g.pl;
+    for (int64_t y = 0; y < g.H; ++y) CopyBytes(dst + y * wp, src + y * g.W, g.W);
+  }
+}
+
+void QConvIm2colPanels(const QConvGeometry& g, const int8_t* x, int64_t x_bytes, int64_t group,
+                       int64_t c0, int64_t cols, int8_t* col, int8_t* panels) {
   const int64_t K = g.K(), cs = QGemmPanels(cols) * kQGemmPanel, ohw = g.OH * g.OW;
-  // Runs of columns on one output row of one image: for each k, a (strided) piece of one input
-  // row, zeros where the window hangs over the padding.
+  const int64_t rs = cs + kQGemmPanel;  // a row's bytes: 16 of slack for the 16-byte stores
+  // The chunk's runs: columns on one output row of one image, whose bytes for any k are one
+  // (strided) piece of one input row, at src + k's offset. The input is padded (the caller's
+  // QConvPadPlanes), so every window is in bounds.
+  QConvRun* runs = reinterpret_cast<QConvRun*>(col + K * rs);
+  int64_t n_runs = 0;
   for (int64_t j = 0; j < cols;) {
     const int64_t c = c0 + j, n = c / ohw, oy = (c % ohw) / g.OW, ox0 = c % g.OW;
     const int64_t len = std::min(g.OW - ox0, cols - j);
-    const int8_t* image = x + (n * g.C + group * g.CG) * g.H * g.W;
-    for (int64_t ci = 0; ci < g.CG; ++ci)
-      for (int64_t ky = 0; ky < g.KH; ++ky) {
-        const int64_t iy = oy * g.sh - g.pt + ky * g.dh;
-        int8_t* row = col + (ci * g.KH + ky) * g.KW * cs + j;
-        if (iy < 0 || iy >= g.H) {
-          for (int64_t kx = 0; kx < g.KW; ++kx)
-            std::memset(row + kx * cs, 0, static_cast<size_t>(len));
-          continue;
-        }
-        const int8_t* src = image + (ci * g.H + iy) * g.W;
-        for (int64_t kx = 0; kx < g.KW; ++kx) {
-          int8_t* dst = row + kx * cs;
-          const int64_t ix0 = ox0 * g.sw - g.pl + kx * g.dw;
-          if (g.sw == 1) {
-            const int64_t lo = std::clamp<int64_t>(-ix0, 0, len);
-            const int64_t hi = std::clamp<int64_t>(g.W - ix0, lo, len);
-            std::memset(dst, 0, static_cast<size_t>(lo));
-            if (hi > lo) std::memcpy(dst + lo, src + ix0 + lo, static_cast<size_t>(hi - lo));
-            std::memset(dst + hi, 0, static_cast<size_t>(len - hi));
-          } else {
-            for (int64_t t = 0; t < len; ++t) {
-              const int64_t ix = ix0 + t * g.sw;
-              dst[t] = ix >= 0 && ix < g.W ? src[ix] : int8_t{0};
-            }
-          }
-        }
-      }
+    runs[n_runs++] = {(n * g.C + group * g.CG) * g.H * g.W + oy * g.sh * g.W + ox0 * g.sw, j, len};
     j += len;
   }
+  // Per k, every run: an output row of a small image is a handful of bytes, too short for a
+  // memcpy call, so stride-1 runs move 16 bytes at a time, each store's excess overwritten by the
+  // next run or left in the row's slack. Loads past the input's end are avoided: runs ascend in
+  // the input, so the ones that could read past it (for the last k) are a suffix, from `safe` on.
+  const int64_t last_k_offset = ((g.CG - 1) * g.H + (g.KH - 1) * g.dh) * g.W + (g.KW - 1) * g.dw;
+  int64_t safe = n_runs;
+  while (safe > 0 &&
+         runs[safe - 1].src + last_k_offset + QGemmPanels(runs[safe - 1].len) * kQGemmPanel >
+             x_bytes)
+    --safe;
+  const bool short_runs = g.OW <= kQGemmPanel;
+  for (int64_t ci = 0; ci < g.CG; ++ci)
+    for (int64_t ky = 0; ky < g.KH; ++ky)
+      for (int64_t kx = 0; kx < g.KW; ++kx) {
+        const int64_t k = (ci * g.KH + ky) * g.KW + kx;
+        const int8_t* src = x + (ci * g.H + ky * g.dh) * g.W + kx * g.dw;
+        int8_t* dst = col + k * rs;
+        int64_t r = 0;
+        if (g.sw != 1) {
+          for (; r < n_runs; ++r) {
+            const int8_t* s = src + runs[r].src;
+            int8_t* d = dst + runs[r].dst;
+            for (int64_t t = 0; t < runs[r].len; ++t) d[t] = s[t * g.sw];
+          }
+          continue;
+        }
+        if (short_runs) {
+          for (; r < safe; ++r)
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + runs[r].dst),
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + runs[r].src)));
+        } else {
+          for (; r < safe; ++r)
+            for (int64_t t = 0; t < runs[r].len; t += 16)
+              _mm_storeu_si128(
+                  reinterpret_cast<__m128i*>(dst + runs[r].dst + t),
+                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + runs[r].src + t)));
+        }
+        for (; r < n_runs; ++r)
+          std::memcpy(dst + runs[r].dst, src + runs[r].src, static_cast<size_t>(runs[r].len));
+      }
   if (cs > cols)
     for (int64_t k = 0; k < K; ++k)
-      std::memset(col + k * cs + cols, 0, static_cast<size_t>(cs - cols));
-  // Whole panels over the padded rows: the vector interleave everywhere.
-  QGemmPackPanels(col, cs, K, cs, 0, QGemmPanels(cols), panels);
+      std::memset(col + k * rs + cols, 0, static_cast<size_t>(cs - cols));
+  // Whole panels over the zero-extended rows: the vector interleave everywhere.
+  QGemmPackPanels(col, rs, K, cs, 0, QGemmPanels(cols), panels);
 }
 
 }  // namespace kiln::runtime::cpu

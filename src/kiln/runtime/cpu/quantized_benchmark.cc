@@ -5,7 +5,13 @@
 // them. Prints, per case and batch, the median microseconds of each side measured alternately in
 // the same run and the int8/f32 ratio, then the int8 executable's per-thunk profile.
 //
-//   build/src/kiln/runtime/cpu/quantized_benchmark [--seconds S] [--rounds R]
+//   build/src/kiln/runtime/cpu/quantized_benchmark [--seconds S] [--rounds R] [--f32-profile]
+//       [--f32-unbound]   # f32 weights passed per run: oneDNN's matmul instead of the f32 gemv
+//   KILN_CPU_ISA=avx2 build/src/kiln/runtime/cpu/quantized_benchmark   # another CPU's paths
+//
+// KILN_CPU_ISA caps the ISA level (base/cpu_isa.h) before anything runs, as the kiln command
+// does: at avx2, avx512 or sse41 the int8 side runs Kiln's exact widening GEMM (oneDNN's int8 is
+// not exact without VNNI), the f32 side oneDNN's kernels at the same level.
 //
 // Only ratios measured in one run mean anything (docs: measuring on shared machines).
 #include <algorithm>
@@ -18,8 +24,10 @@
 #include <string>
 #include <vector>
 
+#include "kiln/base/cpu_isa.h"
 #include "kiln/ir/builder.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
+#include "kiln/runtime/cpu/isa.h"
 
 namespace kiln::runtime {
 namespace {
@@ -56,7 +64,10 @@ struct Run {
   std::vector<const Tensor*> in;
   std::vector<Tensor*> out;
 
-  bool Prepare(Backend& backend, const ir::Graph& g, const std::map<std::string, Tensor>& values) {
+  // `bind`: the weights bound constant (kiln serve's setup; the packed gemv paths), else passed
+  // per run (oneDNN's kernels on the f32 side).
+  bool Prepare(Backend& backend, const ir::Graph& g, const std::map<std::string, Tensor>& values,
+               bool bind_weights = true) {
     auto c = backend.Compile(g);
     if (!c.ok()) {
       fprintf(stderr, "compile: %s\n", std::string(c.status().message()).c_str());
@@ -67,7 +78,7 @@ struct Run {
     for (int id : exe->graph().parameters()) {
       const std::string name = exe->graph().node(id).attr_str("name");
       const Tensor& t = values.at(name);
-      if (name != "x") bind[static_cast<int>(args.size())] = t;
+      if (name != "x" && bind_weights) bind[static_cast<int>(args.size())] = t;
       args.push_back(t);
     }
     absl::Status s = exe->BindConstantParameters(bind);
@@ -171,17 +182,34 @@ Case Conv(int64_t batch) {
 int Main(int argc, char** argv) {
   double seconds = 0.5;
   int rounds = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
-    if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+  bool f32_profile = false, f32_unbound = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--f32-profile")) f32_profile = true;
+    if (!strcmp(argv[i], "--f32-unbound")) f32_unbound = true;
+    if (i + 1 >= argc) continue;
+    if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[++i]);
+    if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[++i]);
+  }
+  // The cap must come before the first kernel or backend decides the level.
+  if (const char* v = std::getenv("KILN_CPU_ISA"); v != nullptr && *v != '\0') {
+    absl::StatusOr<CpuIsa> isa = ParseCpuIsa(v);
+    absl::Status s = isa.ok() ? SetCpuIsaCap(*isa) : isa.status();
+    if (!s.ok()) {
+      fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 2;
+    }
   }
   auto backend = MakeCpuBackend();
+  printf("cpu isa: %s; int8 exact in oneDNN: %s\n", CpuIsaDescription().c_str(),
+         OneDnnHasExactInt8() ? "yes (VNNI)" : "no (Kiln's widening GEMM runs int8)");
   printf("%-26s %6s %10s %10s %9s\n", "case", "batch", "f32 us", "int8 us", "int8/f32");
   for (auto make : {Mlp, Conv}) {
     for (int64_t batch : {int64_t{1}, int64_t{4}, int64_t{256}}) {
       Case c = make(batch);
       Run f, q;
-      if (!f.Prepare(*backend, c.f32, c.values) || !q.Prepare(*backend, c.int8, c.values)) return 1;
+      if (!f.Prepare(*backend, c.f32, c.values, !f32_unbound) ||
+          !q.Prepare(*backend, c.int8, c.values))
+        return 1;
       std::vector<double> fu, qu;
       for (int r = 0; r < rounds; ++r) {
         for (Run* run : {&f, &q}) {
@@ -199,6 +227,10 @@ int Main(int argc, char** argv) {
              fm, qm, qm / fm);
       printf("    int8 thunks (median us over 200 runs):\n");
       q.Profile(200);
+      if (f32_profile) {
+        printf("    f32 thunks (median us over 200 runs):\n");
+        f.Profile(200);
+      }
     }
   }
   return 0;

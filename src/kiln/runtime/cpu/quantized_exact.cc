@@ -179,7 +179,8 @@ class ExactConvThunk : public Thunk {
     int x = -1, w = -1, scale = -1, y = -1;
     QConvGeometry geom;
     int64_t O = 0, groups = 1;
-    int64_t chunk_cols = 0;  // output columns per task (a multiple of 16)
+    int64_t chunk_cols = 0;   // output columns per task (a multiple of 16)
+    int64_t padded_off = -1;  // the zero-padded input in the workspace (-1: no padding)
     int64_t scratch_off = 0, slot_bytes = 0, slots = 1;
   };
   ExactConvThunk(std::shared_ptr<CpuContext> cpu, Plan p)
@@ -199,9 +200,19 @@ class ExactConvThunk : public Thunk {
     const int8_t* x = static_cast<const int8_t*>(ctx.buffers[p_.x]);
     const float* scale = static_cast<const float*>(ctx.buffers[p_.scale]);
     float* y = static_cast<float*>(ctx.buffers[p_.y]);
-    const QConvGeometry& geom = p_.geom;
+    const QConvGeometry geom = p_.geom.Padded();
     const int64_t K = geom.K(), K2 = QGemmPairs(K), og = p_.O / p_.groups;
     const int64_t ohw = geom.OH * geom.OW, total = geom.columns(), chunks = chunks_;
+    const int64_t x_bytes = geom.N * geom.C * geom.H * geom.W;
+    // The zero-padded copy first (one pass over the input), so the im2col copies runs without
+    // bounds checks.
+    if (p_.padded_off >= 0) {
+      int8_t* xp = reinterpret_cast<int8_t*>(cpu_->workspace() + p_.padded_off);
+      const int64_t planes = geom.N * geom.C, plane = geom.H * geom.W;
+      ParallelFor(planes, std::max<int64_t>(1, kElementwiseGrain / plane),
+                  [&](int64_t b, int64_t e) { QConvPadPlanes(p_.geom, x, b, e, xp); });
+      x = xp;
+    }
     uint8_t* scratch = cpu_->workspace() + p_.scratch_off;
     const int64_t col_bytes = AlignUp(QConvColBytes(K, p_.chunk_cols));
     ParallelForSlots(p_.groups * chunks, grain_, p_.slots, [&](int64_t slot, int64_t b, int64_t e) {
@@ -210,7 +221,7 @@ class ExactConvThunk : public Thunk {
       for (int64_t t = b; t < e; ++t) {
         const int64_t g = t / chunks, c0 = (t % chunks) * p_.chunk_cols;
         const int64_t cols = std::min(p_.chunk_cols, total - c0);
-        QConvIm2colPanels(geom, x, g, c0, cols, col, panels);
+        QConvIm2colPanels(geom, x, x_bytes, g, c0, cols, col, panels);
         QGemmArgs a;
         a.a = filter + g * og * 2 * K2;
         a.a_pairs = K2;
@@ -280,21 +291,33 @@ LowerResult LowerQuantizedConvExact(const ir::Node& n, LowerContext& lc) {
   g.sh = st[0];
   g.sw = st[1];
   g.pt = pad[0];
+  g.pb = pad[1];
   g.pl = pad[2];
+  g.pr = pad[3];
   g.dh = dil[0];
   g.dw = dil[1];
   p.O = f.dim(0);
   p.groups = n.attr_int("groups");
   if (g.columns() == 0 || p.O == 0 || g.K() == 0) return Unimplemented(n, "empty quantized_conv2d");
   // A task's im2col rows and panels (about 2 K x chunk_cols bytes) within ~96 KiB, so they stay
-  // in L2 while the group's rows of filter sweep them.
-  const int64_t K = g.K();
-  p.chunk_cols = std::clamp<int64_t>((48 << 10) / K / kQGemmPanel * kQGemmPanel, kQGemmPanel, 512);
-  p.chunk_cols = std::min(p.chunk_cols, QGemmPanels(g.columns()) * kQGemmPanel);
+  // in L2 while the group's rows of filter sweep them; and columns split finer where the groups
+  // alone would not give each thread two tasks (the grain merges them again when the whole
+  // convolution is too small to split).
+  const int64_t K = g.K(), threads = std::max(1, omp_get_max_threads());
+  const int64_t cache_cols =
+      std::clamp<int64_t>((48 << 10) / K / kQGemmPanel * kQGemmPanel, kQGemmPanel, 512);
+  const int64_t want_chunks = std::max<int64_t>(1, (2 * threads + p.groups - 1) / p.groups);
+  const int64_t split_cols =
+      QGemmPanels((g.columns() + want_chunks - 1) / want_chunks) * kQGemmPanel;
+  p.chunk_cols = std::min(cache_cols, split_cols);
   p.slot_bytes =
       AlignUp(QConvColBytes(K, p.chunk_cols)) + AlignUp(QGemmPackedBytes(K, p.chunk_cols));
-  p.slots = std::max(1, omp_get_max_threads());
+  p.slots = threads;
   WorkspaceLayout layout;
+  if (g.padded()) {
+    const QConvGeometry pg = g.Padded();
+    p.padded_off = layout.Add(pg.N * pg.C * pg.H * pg.W);
+  }
   p.scratch_off = layout.Add(p.slots * p.slot_bytes);
   lc.cpu->RequireWorkspace(layout.size());
   p.name = ThunkName(n, std::string("exact int8 im2col + gemm ") + QGemmIsa() + " (s16 pmaddwd)");

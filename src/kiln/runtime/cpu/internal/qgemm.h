@@ -81,21 +81,38 @@ const char* QGemmIsa();
 int64_t QGemmRowBlock();
 
 // A quantized_conv2d's geometry (NCHW s8 input, OIHW filter with CG = C / groups input channels
-// per group).
+// per group; padding top, bottom, left, right).
 struct QConvGeometry {
   int64_t N = 0, C = 0, H = 0, W = 0, CG = 0, KH = 0, KW = 0, OH = 0, OW = 0;
-  int64_t sh = 1, sw = 1, pt = 0, pl = 0, dh = 1, dw = 1;
+  int64_t sh = 1, sw = 1, pt = 0, pb = 0, pl = 0, pr = 0, dh = 1, dw = 1;
   int64_t K() const { return CG * KH * KW; }
   int64_t columns() const { return N * OH * OW; }
+  bool padded() const { return pt != 0 || pb != 0 || pl != 0 || pr != 0; }
+  // The same convolution over the zero-padded input (QConvPadPlanes' result).
+  QConvGeometry Padded() const {
+    QConvGeometry g = *this;
+    g.H = H + pt + pb;
+    g.W = W + pl + pr;
+    g.pt = g.pb = g.pl = g.pr = 0;
+    return g;
+  }
 };
+
+// Planes [p0, p1) (plane = image * C + channel) of the input, zero-padded: Padded().H x
+// Padded().W bytes each at xp.
+void QConvPadPlanes(const QConvGeometry& g, const int8_t* x, int64_t p0, int64_t p1, int8_t* xp);
 
 // The B panels of group `group`'s output columns [c0, c0 + cols) (columns image-major, then oy,
 // ox; k = (ci * KH + ky) * KW + kx, the filter's OIHW order): QGemmPanels(cols) panels at
-// `panels`. `col` is scratch of K * AlignUp16(cols) bytes for the im2col rows.
-void QConvIm2colPanels(const QConvGeometry& g, const int8_t* x, int64_t group, int64_t c0,
-                       int64_t cols, int8_t* col, int8_t* panels);
+// `panels`. `g` has no padding (pad first: Padded() and QConvPadPlanes); `x` is its input of
+// x_bytes bytes. `col` is scratch of QConvColBytes(K, cols) bytes for the im2col rows.
+void QConvIm2colPanels(const QConvGeometry& g, const int8_t* x, int64_t x_bytes, int64_t group,
+                       int64_t c0, int64_t cols, int8_t* col, int8_t* panels);
+struct QConvRun {  // (QConvIm2colPanels' bookkeeping)
+  int64_t src, dst, len;
+};
 inline constexpr int64_t QConvColBytes(int64_t K, int64_t cols) {
-  return K * QGemmPanels(cols) * kQGemmPanel;
+  return K * (QGemmPanels(cols) + 1) * kQGemmPanel + cols * static_cast<int64_t>(sizeof(QConvRun));
 }
 
 }  // namespace kiln::runtime::cpu
