@@ -56,6 +56,11 @@ struct QuantizeResult {
 // error: accepted = false, nothing written.
 absl::StatusOr<QuantizeResult> RunQuantize(const QuantizeOptions& options, std::ostream& out);
 
+// The report's note when the int8 program measured slower than f32 (empty otherwise): the batch,
+// the ratio and, for the cpu backend, the ISA level and why (report["cpu"]: without AVX-512 VNNI
+// int8 runs on Kiln's exact widening GEMM, no faster per multiply than f32).
+std::string Int8SpeedNote(const nlohmann::json& report);
+
 class QuantizeCommand {
  public:
   explicit QuantizeCommand(CLI::App& app);

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/base/cpu_isa.h"
 #include "kiln/cli/internal/test_util.h"
 #include "kiln/cli/predict_cmd.h"
 #include "kiln/cli/quantize_cmd.h"
@@ -18,6 +19,7 @@
 #include "kiln/ir/printer.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/params.h"
+#include "kiln/runtime/cpu/isa.h"
 #include "kiln/runtime/reference/reference_backend.h"
 #include "kiln/tensor/safetensors.h"
 
@@ -189,6 +191,12 @@ TEST_F(QuantizeCommandTest, WritesTheArtifactAndReportWithinBudget) {
   EXPECT_GT(j["latency_ms"]["int8_median"].get<double>(), 0);
   EXPECT_LT(j["weight_bytes"]["int8"].get<int64_t>(), j["weight_bytes"]["f32"].get<int64_t>());
   EXPECT_THAT(printed.str(), HasSubstr("accuracy: f32 100.00%"));
+  // The int8 kernels that ran at this process's ISA level (KILN_CPU_ISA in CTest's isa variants).
+  EXPECT_EQ(j["cpu"]["isa"], CpuIsaName(ActiveCpuIsa()));
+  EXPECT_EQ(j["cpu"]["int8_exact_in_onednn"].get<bool>(), runtime::OneDnnHasExactInt8());
+  EXPECT_THAT(printed.str(), HasSubstr(runtime::OneDnnHasExactInt8()
+                                           ? "int8 kernels: oneDNN's int8"
+                                           : "int8 kernels: Kiln's exact widening GEMM"));
   ASSERT_TRUE(fs::exists(root_ + "/int8/quantize.json"));
   absl::StatusOr<compiler::Artifact> a = compiler::LoadArtifact(root_ + "/int8");
   ASSERT_TRUE(a.ok()) << a.status();
@@ -290,6 +298,25 @@ TEST_F(QuantizeCommandTest, RelativeMseWithoutLabelsAndSafetensorsInput) {
   ASSERT_TRUE(rt.ok()) << rt.status();
   EXPECT_EQ(rt->report["metric"], "accuracy");
   EXPECT_EQ(rt->report["eval_examples"], 16);
+}
+
+// The note when int8 measured slower: the batch and ratio, and on the cpu backend the ISA level
+// and why (no VNNI: the exact widening GEMM); nothing when int8 was faster.
+TEST(Int8SpeedNote, NamesTheIsaLevelAndWhy) {
+  nlohmann::json r = {{"latency_ms", {{"batch", 32}, {"f32_over_int8", 0.8}}}};
+  EXPECT_THAT(Int8SpeedNote(r), HasSubstr("slower than f32 on this machine at batch 32 (1.25x"));
+  r["cpu"] = {{"isa", "avx2"},
+              {"isa_description", "avx2 (oneDNN avx2), capped from avx512_bf16"},
+              {"int8_exact_in_onednn", false}};
+  const std::string no_vnni = Int8SpeedNote(r);
+  EXPECT_THAT(no_vnni, HasSubstr("runs at avx2 (oneDNN avx2), capped from avx512_bf16, without "
+                                 "AVX-512 VNNI"));
+  EXPECT_THAT(no_vnni, HasSubstr("widened to 16 bits"));
+  r["cpu"]["int8_exact_in_onednn"] = true;
+  r["cpu"]["isa_description"] = "avx512_bf16 (oneDNN avx512_core_bf16)";
+  EXPECT_THAT(Int8SpeedNote(r), HasSubstr("even with AVX-512 VNNI (this CPU runs at avx512_bf16"));
+  r["latency_ms"]["f32_over_int8"] = 1.7;
+  EXPECT_EQ(Int8SpeedNote(r), "");
 }
 
 }  // namespace
