@@ -241,7 +241,7 @@ TEST(QuantizedDotOp, BoundWeightsSmallBatchMatchesReference) {
       const bool packed = name.find("packed s8 gemv") != std::string::npos;
       EXPECT_EQ(packed, runtime::cpu::QGemvSupported() && M <= runtime::cpu::kQGemvMaxRows)
           << where << ": " << name;
-      // Unbound again: the oneDNN matmul, same bits.
+      // Unbound again: the oneDNN matmul (the exact widening GEMM without VNNI), same bits.
       ASSERT_TRUE((*cpu)->BindConstantParameters({}).ok());
       c = (*cpu)->Run({xt, wt, st});
       ASSERT_TRUE(c.ok()) << where;

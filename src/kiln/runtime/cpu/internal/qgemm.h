@@ -25,7 +25,8 @@
 //
 //   std::vector<int8_t> pack(QGemmPackedBytes(K, N));
 //   QGemmPack(w, /*k_stride=*/N, K, N, pack.data());
-//   QGemmWidenRows(x, /*row_stride=*/K, M, K, a.data());   // a: M * QGemmPairs(K) int32
+//   std::vector<int16_t> a(M * 2 * QGemmPairs(K));
+//   QGemmWidenRows(x, /*row_stride=*/K, M, K, a.data());
 //   QGemmArgs g = {a.data(), QGemmPairs(K), pack.data(), QGemmPairs(K), N, out};
 //   QGemmTile(g, 0, M, 0, QGemmPanels(N));
 #ifndef KILN_RUNTIME_CPU_INTERNAL_QGEMM_H_

@@ -14,10 +14,11 @@
 // (round to nearest even, as static_cast) and multiplies by the channel's scale once: the
 // reference kernel's two roundings, so the results agree bit for bit.
 //
-// The kernel is compiled for AVX-512 VNNI with a target attribute and chosen at lowering by a
-// cpu check (never -march=native). Where the cpu lacks VNNI, M exceeds kQGemvMaxRows, or W is not
-// constant (training-style runs, or a buffer other than the packed one), the thunk runs
-// `fallback` (oneDNN's int8 matmul) and keeps nothing.
+// The kernel is compiled for AVX-512 VNNI with a target attribute and chosen at lowering from the
+// process's ISA level (never -march=native). Where M exceeds kQGemvMaxRows or W is not constant
+// (training-style runs, or a buffer other than the packed one), the thunk runs `fallback`
+// (oneDNN's int8 matmul) and keeps nothing. Without VNNI neither runs: quantized_dot takes the
+// exact widening GEMM (quantized_exact.h), as oneDNN's int8 is not exact there.
 //
 //   QGemvSpec spec = {...};
 //   std::unique_ptr<Thunk> t = MakeQGemvThunk(spec, std::move(onednn_thunk));
