@@ -243,8 +243,15 @@ class CpuBackend : public Backend {
         waits[plan.done_step[node.id()]].push_back(std::move(async.wait));
         continue;
       }
+      if (k.kind == compiler::ExecutionPlan::KernelKind::kNode) {
+        for (int op : node.operands())
+          if (graph.node(op).type().shape.rank() > kMaxRank)
+            return Unimplemented(node, absl::StrCat("operand rank above ", kMaxRank));
+      }
+      // Every oneDNN call of the lowerings goes through DnnlStatus already; this one catches
+      // what a lowering might still let through (memory objects), with the same message.
       LowerResult thunk;
-      try {
+      absl::Status made = DnnlStatus(lc, node, "lowering", [&] {
         switch (k.kind) {
           case compiler::ExecutionPlan::KernelKind::kLoop:
             thunk = LowerFusedLoop(k.members, reads, plan.needed, lc);
@@ -256,15 +263,11 @@ class CpuBackend : public Backend {
             thunk = LowerMatmulEpilogue(k, lc);
             break;
           case compiler::ExecutionPlan::KernelKind::kNode:
-            for (int op : node.operands())
-              if (graph.node(op).type().shape.rank() > kMaxRank)
-                return Unimplemented(node, absl::StrCat("operand rank above ", kMaxRank));
             thunk = LowerNode(node, lc);
             break;
         }
-      } catch (const dnnl::error& e) {
-        thunk = Unimplemented(node, absl::StrCat("oneDNN: ", e.what()));
-      }
+      });
+      if (!made.ok()) return made;
       if (!thunk.ok()) return thunk.status();
       if (*thunk) (plan.hoisted[node.id()] ? init_thunks : thunks).push_back(std::move(*thunk));
     }
