@@ -72,7 +72,10 @@ class Rewriter {
     return attrs;
   }
 
-  // The f32 copy of bf16 value `id` (resolved): one convert per value.
+  // The f32 copy of bf16 value `id` (resolved) for the op being rewritten: one convert per value
+  // and reader. Not shared between readers: a copy shared by a forward op and its backward
+  // reader would stay alive between them next to the bf16 value (more memory than f32 itself);
+  // a copy per reader lives from just before it to it.
   absl::StatusOr<int> HighOf(int id) {
     auto it = high_.find(id);
     if (it != high_.end()) return it->second;
@@ -85,6 +88,7 @@ class Rewriter {
   // Recomputes `n` on f32 copies of its bf16 operands and replaces it by the bf16 down-convert of
   // the result (or the result itself when it is not bf16: a compare's predicate).
   absl::Status ComputeHigh(const ir::Node& n, ir::AttrMap attrs) {
+    high_.clear();
     std::vector<int> operands;
     for (int i = 0; i < static_cast<int>(n.operands().size()); ++i) {
       int o = e_.operand(n.id(), i);
@@ -102,7 +106,7 @@ class Rewriter {
 
   GraphEditor e_;
   const std::function<bool(const ir::Node&)>& supports_bf16_;
-  std::unordered_map<int, int> high_;  // bf16 value -> its f32 convert
+  std::unordered_map<int, int> high_;  // bf16 value -> its f32 convert, for the current reader
 };
 
 }  // namespace

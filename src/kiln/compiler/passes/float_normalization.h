@@ -32,8 +32,10 @@
 // leaves alone: everything when supports_bf16 is null, converts, sources (parameter, constant,
 // iota, random_bits: no bf16 operand), non-bf16 operands (indices, predicates) and non-float
 // results (a compare's bool). A second run changes nothing (the rewritten node reads f32).
-// Cost: one pass over the nodes; at most one convert per bf16 value read by a rewritten op, and
-// one per rewritten op's result.
+// Cost: one pass over the nodes; one convert per bf16 value each rewritten op reads (not shared
+// between readers, so that only the bf16 value stays alive between a forward op and the backward
+// op reading the same value; the schedule pass puts each copy just before its reader), and one per
+// rewritten op's result.
 #ifndef KILN_COMPILER_PASSES_FLOAT_NORMALIZATION_H_
 #define KILN_COMPILER_PASSES_FLOAT_NORMALIZATION_H_
 

@@ -103,13 +103,17 @@ TEST(FloatNormalization, ConvolutionsAndTheirGradientsToo) {
       %4 = conv2d(%2, %3) {dilation=[1,1], float_normalized="bf16", groups=1, padding=[1,1,1,1], strides=[1,1]} : f32[1,3,5,5]
       %5 = convert(%4) : bf16[1,3,5,5]
       %6 = convert(%5) : f32[1,3,5,5]
-      %7 = conv2d_backward_input(%6, %3) {dilation=[1,1], float_normalized="bf16", groups=1, input_shape=[1,1,5,5], padding=[1,1,1,1], strides=[1,1]} : f32[1,1,5,5]
-      %8 = convert(%7) : bf16[1,1,5,5]
-      %9 = conv2d_backward_filter(%2, %6) {dilation=[1,1], filter_shape=[3,1,3,3], float_normalized="bf16", groups=1, padding=[1,1,1,1], strides=[1,1]} : f32[3,1,3,3]
-      %10 = convert(%9) : bf16[3,1,3,3]
-      return c=%5, dx=%8, df=%10
+      %7 = convert(%1) : f32[3,1,3,3]
+      %8 = conv2d_backward_input(%6, %7) {dilation=[1,1], float_normalized="bf16", groups=1, input_shape=[1,1,5,5], padding=[1,1,1,1], strides=[1,1]} : f32[1,1,5,5]
+      %9 = convert(%8) : bf16[1,1,5,5]
+      %10 = convert(%0) : f32[1,1,5,5]
+      %11 = convert(%5) : f32[1,3,5,5]
+      %12 = conv2d_backward_filter(%10, %11) {dilation=[1,1], filter_shape=[3,1,3,3], float_normalized="bf16", groups=1, padding=[1,1,1,1], strides=[1,1]} : f32[3,1,3,3]
+      %13 = convert(%12) : bf16[3,1,3,3]
+      return c=%5, dx=%9, df=%13
     })");
-  // One f32 copy per bf16 value however many rewritten readers it has (%2, %3 and %6 twice).
+  // One f32 copy per bf16 operand of each rewritten op: x, f and c are each widened twice, so
+  // that between a forward op and a backward one only their bf16 values stay alive.
   EXPECT_THAT(Changes(pass, kIn), ElementsAre(OpCount{ir::Opcode::kConv2d, 1},
                                               OpCount{ir::Opcode::kConv2dBackwardFilter, 1},
                                               OpCount{ir::Opcode::kConv2dBackwardInput, 1}));
@@ -162,9 +166,10 @@ TEST(FloatNormalization, KeepsTheRoundingBetweenTwoWidenedOps) {
       %4 = dot_general(%2, %3) {float_normalized="bf16", lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]} : f32[2,2]
       %5 = convert(%4) : bf16[2,2]
       %6 = convert(%5) : f32[2,2]
-      %7 = dot_general(%6, %3) {float_normalized="bf16", lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]} : f32[2,2]
-      %8 = convert(%7) : bf16[2,2]
-      return y=%8
+      %7 = convert(%1) : f32[2,2]
+      %8 = dot_general(%6, %7) {float_normalized="bf16", lhs_batch=[], lhs_contracting=[1], rhs_batch=[], rhs_contracting=[0]} : f32[2,2]
+      %9 = convert(%8) : bf16[2,2]
+      return y=%9
     })");
   EXPECT_THAT(Changes(pass, kIn), ElementsAre(OpCount{ir::Opcode::kDotGeneral, 2}));
 }
@@ -193,10 +198,11 @@ TEST(FloatNormalization, NonBf16OperandsAndResultsKeepTheirTypes) {
       %5 = convert(%4) : f32[2,3]
       %6 = compare(%5, %5) {direction="lt", float_normalized="bf16"} : bool[2,3]
       %7 = iota() {dimension=0} : bf16[2,3]
-      %8 = convert(%7) : f32[2,3]
-      %9 = select(%6, %5, %8) {float_normalized="bf16"} : f32[2,3]
-      %10 = convert(%9) : bf16[2,3]
-      return s=%10, c=%6
+      %8 = convert(%4) : f32[2,3]
+      %9 = convert(%7) : f32[2,3]
+      %10 = select(%6, %8, %9) {float_normalized="bf16"} : f32[2,3]
+      %11 = convert(%10) : bf16[2,3]
+      return s=%11, c=%6
     })");
   EXPECT_THAT(Changes(pass, kIn),
               ElementsAre(OpCount{ir::Opcode::kCompare, 1}, OpCount{ir::Opcode::kGather, 1},
