@@ -83,8 +83,9 @@ std::string Bf16SlowerWarning(const MatmulRates& rates, const std::string& preci
   if (rates.bf16_computes_in_f32) {
     return absl::StrFormat(
         "precision %s on this CPU (oneDNN ISA %s): %s, so bf16 matmuls and convolutions compute "
-        "in f32 here (bf16 storage, f32 compute, f32 matmul %.0f GFLOP/s): bf16 buys memory, not "
-        "speed; set precision: f32 for speed (docs/compiler.md, 'What mixed_bf16 buys')",
+        "in f32 here (bf16 storage, f32 compute, f32 matmul %.0f GFLOP/s): bf16 buys no speed "
+        "here, and less memory than where oneDNN has bf16 kernels; set precision: f32 "
+        "(docs/compiler.md, 'On CPUs without bf16 kernels')",
         precision, OneDnnIsaName(), rates.bf16_note, rates.f32 * 1e-9);
   }
   if (rates.bf16 >= rates.f32) return "";
