@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/cpu_isa_env.h"
 #include "bench/serve_compute.h"
 #include "bench/timing.h"
 #include "kiln/compiler/artifact.h"
@@ -456,4 +457,8 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace kiln::serve
 
-int main(int argc, char** argv) { return kiln::serve::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // KILN_CPU_ISA first: the level is decided before any kernel or oneDNN call.
+  if (int rc = kiln::bench::ApplyCpuIsaEnvironment("serve_bench"); rc != 0) return rc;
+  return kiln::serve::Main(argc, argv);
+}

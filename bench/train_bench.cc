@@ -6,7 +6,10 @@
 //               [--gpt2-rounds=3] [--no-gpt2] [--gpt2-scale]
 //
 // --only runs the benchmarks whose name contains SUBSTRING; --profile prints, after each one,
-// Kiln's time per kind of thunk (from Executable's thunk observer).
+// Kiln's time per kind of thunk (from Executable's thunk observer). KILN_CPU_ISA=avx2 (or sse41,
+// avx512, ...) runs it at that ISA level (bench/cpu_isa_env.h). Where oneDNN has no bf16 kernels
+// (below avx512_core) there is no bf16 rate: the bf16 rows compute in f32 (float-normalization),
+// their shares are of the f32 rate, and the bf16-against-f32 report says what bf16 buys there.
 //
 // The GPT-2-small rows (gpt2_small_train: AdamW, clip 1.0, batch 4 x 128 tokens;
 // gpt2_small_infer_b1 / _b8: the logits) take ~2.5 s per training step per side, so they run
@@ -74,6 +77,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "bench/cpu_isa_env.h"
 #include "bench/gpt2_bench.h"
 #include "bench/peer_blas.h"
 #include "bench/timing.h"
@@ -568,7 +572,7 @@ struct Row {
   double flops = 0;
   std::string note;
   int rounds = 0;
-  bool bf16 = false;     // its FLOP/s is a share of the bf16 matmul rate
+  bool bf16 = false;     // a bf16 row: its FLOP/s is a share of Bench::Rate(true)
   double min_bytes = 0;  // the step's bytes outside its matmuls (Workload::min_bytes)
   // The fastest and slowest timed rep of each side (0: none).
   double kiln_lo = 0, kiln_hi = 0, peer_lo = 0, peer_hi = 0;
@@ -735,11 +739,14 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
   return true;
 }
 
-// The bare oneDNN matmul rate (FLOP/s), f32 and bf16.
-std::pair<double, double> MatmulRates() {
-  return std::pair<double, double>(
-      2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kF32, 1024, 20),
-      2.0 * 1024 * 1024 * 1024 / runtime::BareMatmulSeconds(DType::kBF16, 1024, 20));
+// The bare oneDNN matmul rates (FLOP/s), f32 and bf16; where oneDNN has no bf16 kernels (below
+// avx512_core) bf16 is 0 and bf16_computes_in_f32 says the compiler computes bf16 in f32 there.
+absl::StatusOr<runtime::MatmulRates> MatmulRates() { return runtime::MeasureMatmulRates(1024, 20); }
+
+// "812.3 GFLOP/s", or "none (<why>: bf16 computes in f32 here)".
+std::string Bf16RateText(const runtime::MatmulRates& r) {
+  if (r.bf16_computes_in_f32) return "none (" + r.bf16_note + ": bf16 computes in f32 here)";
+  return absl::StrFormat("%.1f GFLOP/s", r.bf16 * 1e-9);
 }
 
 // memcpy bandwidth on as many threads as OpenMP uses (bytes read + written per second, the median
@@ -771,6 +778,10 @@ struct Bench {
   std::unique_ptr<Peer> peer;
   PeerBlas peer_blas;
   double mm_f32 = 0, mm_bf16 = 0;
+  // No bf16 matmul here (runtime::MatmulRates): the bf16 rows compute in f32, so their physical
+  // limit is the f32 rate.
+  bool bf16_in_f32 = false;
+  std::string bf16_note;
   std::vector<Row> rows;
   std::vector<std::pair<std::string, double>> compile_times;
   std::vector<Memory> memory;
@@ -780,16 +791,19 @@ struct Bench {
   bool Selected(const std::string& name) const {
     return flags.only.empty() || name.find(flags.only) != std::string::npos;
   }
+  // The bare rate a row's FLOP/s is a share of.
+  double Rate(bool bf16) const { return bf16 && !bf16_in_f32 ? mm_bf16 : mm_f32; }
   // Before building a workload: its row will report this process's peak RSS growth.
   void StartMemory() { rss_baseline = ResetPeakRss(); }
-  // Runs one workload against the peer and records its row, compile time and memory. `rounds`
-  // 0: flags.rounds, under flags.max_seconds; else exactly that many.
-  void Add(const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup, double rate,
+  // Runs one workload against the peer and records its row, compile time and memory. `bf16`: a
+  // bf16 row (shares of Rate(true)). `rounds` 0: flags.rounds, under flags.max_seconds; else
+  // exactly that many.
+  void Add(const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup, bool bf16,
            int rounds = 0);
 };
 
 void Bench::Add(const std::string& name, absl::StatusOr<Workload> w, int reps, int warmup,
-                double rate, int rounds) {
+                bool bf16, int rounds) {
   if (!Selected(name)) return;
   const int64_t baseline = rss_baseline;
   rss_baseline = -1;
@@ -804,7 +818,7 @@ void Bench::Add(const std::string& name, absl::StatusOr<Workload> w, int reps, i
   memory.back().w.exe = nullptr;
   Row r = RunPair(name, *w, peer.get(), rounds > 0 ? rounds : flags.rounds, reps, warmup,
                   rounds > 0 ? 1e30 : flags.max_seconds);
-  r.bf16 = rate == mm_bf16;
+  r.bf16 = bf16;
   r.min_bytes = w->min_bytes;
   rows.push_back(r);
   if (baseline >= 0) memory.back().w.rss_delta = ProcStatusBytes("VmHWM") - baseline;
@@ -822,7 +836,7 @@ void Bench::Add(const std::string& name, absl::StatusOr<Workload> w, int reps, i
 
 // The machine, the peer and the matmul rates at the start, with the warnings that qualify every
 // number after them.
-void StartAndReport(Bench& b) {
+absl::Status StartAndReport(Bench& b) {
   const Flags& f = b.flags;
   omp_set_num_threads(f.threads);
   b.cpu_info = bench::ReadCpuInfo();
@@ -847,11 +861,15 @@ void StartAndReport(Bench& b) {
 
   // The bare oneDNN rate, measured now and again after the models; the higher of the two is the
   // physical limit the models' shares are taken of (a load spike only lowers a measurement).
-  std::tie(b.mm_f32, b.mm_bf16) = MatmulRates();
+  KILN_ASSIGN_OR_RETURN(runtime::MatmulRates rates, MatmulRates());
+  b.mm_f32 = rates.f32;
+  b.mm_bf16 = rates.bf16;
+  b.bf16_in_f32 = rates.bf16_computes_in_f32;
+  b.bf16_note = rates.bf16_note;
   const double mm_f32 = b.mm_f32, mm_bf16 = b.mm_bf16;
   const PeerBlas& peer_blas = b.peer_blas;
-  std::printf("bare oneDNN matmul 1024^3 (start): f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n",
-              mm_f32 * 1e-9, mm_bf16 * 1e-9);
+  std::printf("bare oneDNN matmul 1024^3 (start): f32 %.1f GFLOP/s, bf16 %s\n", mm_f32 * 1e-9,
+              Bf16RateText(rates).c_str());
   // The GPT-2 train row's roofline floor also needs the memcpy rate (ReportRoofline).
   const bool gpt2_train_rows =
       b.Selected("gpt2_small_train") ||
@@ -874,13 +892,23 @@ void StartAndReport(Bench& b) {
     }
   }
   // What mixed_bf16 buys here (docs/compiler.md): bf16 halves activation and weight bytes; it is
-  // faster only where oneDNN's bf16 kernels outrun its f32 ones (AMX; not avx512_core_bf16 alone).
-  std::printf(
-      "mixed_bf16 on this CPU (oneDNN ISA %s): bf16 matmul %.0f / f32 %.0f GFLOP/s = "
-      "%.2fx: %s\n",
-      b.isa.c_str(), mm_bf16 * 1e-9, mm_f32 * 1e-9, mm_bf16 / mm_f32,
-      mm_bf16 >= mm_f32 ? "bf16 compute is faster; mixed_bf16 buys speed and memory"
-                        : "bf16 compute is slower; mixed_bf16 buys memory, not speed");
+  // faster only where oneDNN's bf16 kernels outrun its f32 ones (AMX; not avx512_core_bf16 alone),
+  // and below avx512_core there are none: the compiler computes bf16 in f32 (float-normalization).
+  if (b.bf16_in_f32) {
+    std::printf(
+        "mixed_bf16 on this CPU (oneDNN ISA %s): %s, so the compiler computes bf16 matmuls and "
+        "convolutions in f32 (bf16 storage): bf16 buys no speed here; the bf16 rows' shares are "
+        "of the f32 rate\n",
+        b.isa.c_str(), b.bf16_note.c_str());
+  } else {
+    std::printf(
+        "mixed_bf16 on this CPU (oneDNN ISA %s): bf16 matmul %.0f / f32 %.0f GFLOP/s = "
+        "%.2fx: %s\n",
+        b.isa.c_str(), mm_bf16 * 1e-9, mm_f32 * 1e-9, mm_bf16 / mm_f32,
+        mm_bf16 >= mm_f32 ? "bf16 compute is faster; mixed_bf16 buys speed and memory"
+                          : "bf16 compute is slower; mixed_bf16 buys memory, not speed");
+  }
+  return absl::OkStatus();
 }
 
 // A bf16 train step the compiler cannot build yet is reported and skipped, not a failed row.
@@ -909,7 +937,7 @@ void RunTrainRows(Bench& b, runtime::Backend& cpu) {
                             3 * MlpForwardFlops(256))
             : absl::StatusOr<Workload>(loss.status());
     if (SkipUnsupportedBf16(name, dt, w)) continue;
-    b.Add(name, std::move(w), 4, 3, dt == DType::kF32 ? b.mm_f32 : b.mm_bf16);
+    b.Add(name, std::move(w), 4, 3, dt == DType::kBF16);
   }
   for (DType dt : {DType::kF32, DType::kBF16}) {
     nn::TransformerBlock block = EncoderBlock(dt);
@@ -923,7 +951,7 @@ void RunTrainRows(Bench& b, runtime::Backend& cpu) {
                                   3 * EncoderForwardFlops(kEncBatch))
                   : absl::StatusOr<Workload>(loss.status());
     if (SkipUnsupportedBf16(name, dt, w)) continue;
-    b.Add(name, std::move(w), 2, 2, dt == DType::kF32 ? b.mm_f32 : b.mm_bf16);
+    b.Add(name, std::move(w), 2, 2, dt == DType::kBF16);
   }
 }
 
@@ -938,7 +966,7 @@ void RunInferRows(Bench& b, runtime::Backend& cpu) {
                                {RandomTensor(DType::kF32, Shape{batch, kMlpWidth}, 9)},
                                MlpForwardFlops(batch))
                : absl::StatusOr<Workload>(g.status());
-    b.Add("mlp_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 50 : 24, 5, b.mm_f32);
+    b.Add("mlp_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 50 : 24, 5, false);
   }
   for (int64_t batch : {int64_t{1}, int64_t{256}}) {
     if (!b.Selected("encoder_infer_b" + std::to_string(batch))) continue;
@@ -949,8 +977,7 @@ void RunInferRows(Bench& b, runtime::Backend& cpu) {
                                {RandomTensor(DType::kF32, Shape{batch, kSeq, kD}, 10)},
                                EncoderForwardFlops(batch))
                : absl::StatusOr<Workload>(g.status());
-    b.Add("encoder_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 20 : 1, 1,
-          b.mm_f32);
+    b.Add("encoder_infer_b" + std::to_string(batch), std::move(w), batch == 1 ? 20 : 1, 1, false);
   }
 }
 
@@ -994,7 +1021,7 @@ void RunGptTrainRow(Bench& b, runtime::Backend& cpu, const std::string& name,
                                 /*measure_hits=*/false)
                 : absl::StatusOr<Workload>(loss.status());
   if (w.ok()) w->min_bytes = AdamWClipBytes(num_params);
-  b.Add(name, std::move(w), /*reps=*/2, /*warmup=*/1, b.mm_f32, b.flags.gpt2_rounds);
+  b.Add(name, std::move(w), /*reps=*/2, /*warmup=*/1, false, b.flags.gpt2_rounds);
 }
 
 void RunGpt2Rows(Bench& b, runtime::Backend& cpu) {
@@ -1019,7 +1046,7 @@ void RunGpt2Rows(Bench& b, runtime::Backend& cpu) {
             ? InferWorkload(cpu, *g, gpt.Params(), {RandomTokens(batch, kGptSeq, c.vocab_size, 13)},
                             GptForwardFlops(c, batch))
             : absl::StatusOr<Workload>(g.status());
-    b.Add(name, std::move(w), batch == 1 ? 5 : 3, 1, b.mm_f32, rounds);
+    b.Add(name, std::move(w), batch == 1 ? 5 : 3, 1, false, rounds);
   }
 }
 
@@ -1060,18 +1087,19 @@ void RunDispatchRows(Bench& b, runtime::Backend& cpu) {
 }
 
 // Shares of the bare matmul rate (measured again now; the higher of the two counts).
-void ReportShares(Bench& b) {
-  auto [f32_end, bf16_end] = MatmulRates();
-  std::printf("bare oneDNN matmul 1024^3 (end):   f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n",
-              f32_end * 1e-9, bf16_end * 1e-9);
-  b.mm_f32 = std::max(b.mm_f32, f32_end);
-  b.mm_bf16 = std::max(b.mm_bf16, bf16_end);
-  std::printf(
-      "model FLOP/s as a share of the best bare oneDNN rate (f32 %.0f, bf16 %.0f GFLOP/s):\n",
-      b.mm_f32 * 1e-9, b.mm_bf16 * 1e-9);
+absl::Status ReportShares(Bench& b) {
+  KILN_ASSIGN_OR_RETURN(runtime::MatmulRates end, MatmulRates());
+  std::printf("bare oneDNN matmul 1024^3 (end):   f32 %.1f GFLOP/s, bf16 %s\n", end.f32 * 1e-9,
+              Bf16RateText(end).c_str());
+  b.mm_f32 = std::max(b.mm_f32, end.f32);
+  b.mm_bf16 = std::max(b.mm_bf16, end.bf16);
+  const std::string bf16_rate = b.bf16_in_f32 ? "none: bf16 rows against the f32 rate"
+                                              : absl::StrFormat("%.0f GFLOP/s", b.mm_bf16 * 1e-9);
+  std::printf("model FLOP/s as a share of the best bare oneDNN rate (f32 %.0f GFLOP/s, bf16 %s):\n",
+              b.mm_f32 * 1e-9, bf16_rate.c_str());
   for (Row& r : b.rows) {
     if (r.flops <= 0 || r.kiln_ms <= 0) continue;
-    const double rate = r.bf16 ? b.mm_bf16 : b.mm_f32;
+    const double rate = b.Rate(r.bf16);
     double kiln = r.flops / (r.kiln_ms * 1e-3) / rate;
     double peer = r.peer_ms > 0 ? r.flops / (r.peer_ms * 1e-3) / rate : 0;
     char buf[96];
@@ -1080,6 +1108,35 @@ void ReportShares(Bench& b) {
         peer > 0 ? ", peer " + std::to_string(static_cast<int>(100 * peer + 0.5)) + "%" : "";
     std::printf("  %-22s %s%s\n", r.name.c_str(), buf, peer_part.c_str());
     r.note = r.note.empty() ? buf + peer_part : r.note + "; " + buf + peer_part;
+  }
+  return absl::OkStatus();
+}
+
+// What bf16 buys on this CPU: each bf16 train row's step time against its f32 twin's, measured in
+// this run (nothing, or a loss, is a finding too: below avx512_core bf16 computes in f32).
+void ReportBf16(Bench& b) {
+  bool header = false;
+  for (Row& r : b.rows) {
+    const size_t at = r.name.rfind("_bf16");
+    if (at == std::string::npos || at + 5 != r.name.size() || r.kiln_ms <= 0) continue;
+    const std::string twin = r.name.substr(0, at) + "_f32";
+    auto f32 = std::find_if(b.rows.begin(), b.rows.end(),
+                            [&](const Row& o) { return o.name == twin && o.kiln_ms > 0; });
+    if (f32 == b.rows.end()) continue;
+    if (!header) {
+      std::printf("bf16 on this CPU (oneDNN ISA %s%s), step time against f32:\n", b.isa.c_str(),
+                  b.bf16_in_f32 ? ": no bf16 kernels, bf16 computes in f32" : "");
+      header = true;
+    }
+    const double ratio = r.kiln_ms / f32->kiln_ms;
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), "bf16 %.3f ms vs f32 %.3f ms: x%.2f the time (%s)", r.kiln_ms,
+                  f32->kiln_ms, ratio,
+                  ratio < 0.97   ? "bf16 is faster"
+                  : ratio > 1.03 ? "bf16 is slower"
+                                 : "no gain");
+    std::printf("  %-22s %s\n", r.name.c_str(), buf);
+    r.note = r.note.empty() ? buf : r.note + "; " + buf;
   }
 }
 
@@ -1096,7 +1153,7 @@ void ReportRoofline(Bench& b) {
                   end * 1e-9, b.memcpy_rate * 1e-9);
       b.memcpy_rate = std::max(b.memcpy_rate, end);
     }
-    const double rate = r.bf16 ? b.mm_bf16 : b.mm_f32;
+    const double rate = b.Rate(r.bf16);
     const double floor_ms = (r.flops / rate + r.min_bytes / b.memcpy_rate) * 1e3;
     char note[256];
     std::snprintf(
@@ -1263,7 +1320,10 @@ bool WriteResults(const Bench& b) {
 int Main(int argc, char** argv) {
   Bench b;
   if (!ParseFlags(argc, argv, &b.flags)) return 2;
-  StartAndReport(b);
+  if (absl::Status s = StartAndReport(b); !s.ok()) {
+    std::fprintf(stderr, "train_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   // The bench owns its compile cache (in memory only): the compile-hit rows measure it.
   compiler::CompileCacheOptions cache_options;
   cache_options.use_disk = false;
@@ -1276,12 +1336,17 @@ int Main(int argc, char** argv) {
   RunInferRows(b, *cpu);
   RunDispatchRows(b, *cpu);
   RunGpt2Rows(b, *cpu);
-  ReportShares(b);
+  if (absl::Status s = ReportShares(b); !s.ok()) {
+    std::fprintf(stderr, "train_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  ReportBf16(b);
   ReportRoofline(b);
   ReportCompileTimes(b);
   ReportMemory(b);
   b.rows.push_back({"onednn_matmul_1024_f32_gflops", b.mm_f32 * 1e-9, 0, 0, "GFLOP/s, not ms"});
-  b.rows.push_back({"onednn_matmul_1024_bf16_gflops", b.mm_bf16 * 1e-9, 0, 0, "GFLOP/s, not ms"});
+  b.rows.push_back({"onednn_matmul_1024_bf16_gflops", b.mm_bf16 * 1e-9, 0, 0,
+                    b.bf16_in_f32 ? "GFLOP/s, not ms; none: " + b.bf16_note : "GFLOP/s, not ms"});
   return WriteResults(b) ? 0 : 1;
 }
 
@@ -1289,6 +1354,8 @@ int Main(int argc, char** argv) {
 }  // namespace kiln
 
 int main(int argc, char** argv) {
+  // KILN_CPU_ISA first: the level is decided before any kernel or oneDNN call.
+  if (int rc = kiln::bench::ApplyCpuIsaEnvironment("train_bench"); rc != 0) return rc;
   // Our processes never return memory to the OS mid-run (page faults cost ~10 us on these VMs).
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, -1);

@@ -635,14 +635,22 @@ int TrainCommands::RunRank(const std::vector<std::string>& args, dist::Communica
   opts.resume = !no_resume_;
   opts.replace = replace_;
   opts.run_info = RunInfo(**backend, config->precision);
-  // A bf16 policy on a CPU where oneDNN's bf16 matmul is slower than f32 (no AMX): say so once,
-  // with both rates measured now (~0.1 s), and record them (docs/compiler.md).
+  // A bf16 policy on a CPU where oneDNN's bf16 matmul is slower than f32 (no AMX), or where it
+  // has none (below avx512_core: bf16 values compute in f32): say so once, with the rates
+  // measured now (~0.1 s), and record them (docs/compiler.md).
   if (backend_ == "cpu" && config->precision != "f32") {
-    runtime::MatmulRates rates = runtime::MeasureMatmulRates(1024, 3);
-    opts.run_info["matmul_gflops"] = {
-        {"f32", rates.f32 * 1e-9}, {"bf16", rates.bf16 * 1e-9}, {"n", rates.n}};
-    std::string warning = runtime::Bf16SlowerWarning(rates, config->precision);
-    if (!warning.empty()) err << "kiln train: warning: " << warning << "\n";
+    absl::StatusOr<runtime::MatmulRates> rates = runtime::MeasureMatmulRates(1024, 3);
+    if (!rates.ok()) {
+      err << "kiln train: warning: could not measure the matmul rates: " << rates.status().message()
+          << "\n";
+    } else {
+      opts.run_info["matmul_gflops"] = {{"f32", rates->f32 * 1e-9},
+                                        {"bf16", rates->bf16 * 1e-9},
+                                        {"bf16_computes_in_f32", rates->bf16_computes_in_f32},
+                                        {"n", rates->n}};
+      std::string warning = runtime::Bf16SlowerWarning(*rates, config->precision);
+      if (!warning.empty()) err << "kiln train: warning: " << warning << "\n";
+    }
   }
   train::InstallPreemptionHandlers();
   if (validate_first_ > 0) {

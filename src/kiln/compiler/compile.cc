@@ -9,6 +9,7 @@
 #include "kiln/compiler/passes/cse.h"
 #include "kiln/compiler/passes/dce.h"
 #include "kiln/compiler/passes/decompose.h"
+#include "kiln/compiler/passes/float_normalization.h"
 #include "kiln/compiler/passes/fusion.h"
 #include "kiln/compiler/passes/remat.h"
 #include "kiln/compiler/passes/schedule.h"
@@ -44,7 +45,8 @@ std::string JoinNames(const std::vector<std::string>& names) {
 std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
   // disabled_passes may also name the optional passes this configuration leaves out.
   PipelineOptions pipeline_options = options.pipeline;
-  pipeline_options.optional_pass_names = {FusionPass().name(), RematPass().name(),
+  pipeline_options.optional_pass_names = {FloatNormalizationPass(nullptr).name(),
+                                          FusionPass().name(), RematPass().name(),
                                           OverlapCollectivesPass().name()};
   auto p = std::make_unique<Pipeline>("optimize", std::move(pipeline_options));
   p->Add<DecomposePass>(options.keep_composite);
@@ -55,6 +57,10 @@ std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
   simplify.push_back(std::make_unique<TransposeFoldPass>());
   simplify.push_back(std::make_unique<DcePass>());
   p->AddFixedPointGroup("simplify", std::move(simplify));
+  // After the precision policy (applied before the pipeline) and simplification, before fusion:
+  // the bf16 ops the backend cannot run compute in f32, and fusion then merges the converts this
+  // adds into the neighbouring loops.
+  if (options.traits.supports_bf16) p->Add<FloatNormalizationPass>(options.traits.supports_bf16);
   if (options.fuse_loops) p->Add<FusionPass>(FusionOptions{.can_fuse = options.traits.can_fuse});
   if (options.remat.enabled || options.remat.memory_limit_bytes > 0)
     p->Add<RematPass>(options.remat, options.traits);
@@ -71,6 +77,7 @@ std::vector<std::string> AllPassNames() {
   all.fuse_loops = true;
   all.remat.enabled = true;
   all.traits.async_collectives = true;
+  all.traits.supports_bf16 = [](const ir::Node&) { return true; };
   return DefaultPipeline(all)->PassNames();
 }
 
@@ -144,6 +151,7 @@ absl::StatusOr<CompiledModule> Compile(const ir::Graph& input, const BackendTrai
     KILN_RETURN_IF_ERROR(Annotate(optimized.status(), "compile: optimizing"));
     m.graph = std::move(*optimized);
   }
+  m.f32_compute = FloatNormalizedOps(m.graph);  // read off the graph: cache hits have it too
   m.plan = PlanExecution(m.graph, traits);
   m.buffers = PlanBuffers(m.graph, &m.plan);
   return m;

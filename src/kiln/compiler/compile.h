@@ -11,6 +11,9 @@
 // DefaultPipeline lists the passes of DESIGN.md §2 that exist, in order:
 //   decompose                 composites the backend lacks (keep_composite decides)
 //   simplify (fixed point):   algebraic, constant-fold, cse, transpose-fold, dce
+//   float-normalization       bf16 ops the backend cannot run computed in f32, bf16 storage kept
+//                             (only with BackendTraits::supports_bf16;
+//                             passes/float_normalization.h)
 //   fusion                    loop fusion groups (only with CompileOptions::fuse_loops)
 //   remat                     rematerialization (only with CompileOptions::remat enabled)
 //   schedule                  memory-minimizing node order (passes/schedule.h)
@@ -32,6 +35,7 @@
 #include "kiln/compiler/buffer_plan.h"
 #include "kiln/compiler/execution_plan.h"
 #include "kiln/compiler/passes/constant_fold.h"
+#include "kiln/compiler/passes/float_normalization.h"
 #include "kiln/compiler/passes/mixed_precision.h"
 #include "kiln/compiler/passes/remat.h"
 #include "kiln/compiler/pipeline.h"
@@ -116,6 +120,9 @@ struct CompiledModule {
   ir::Graph graph;
   ExecutionPlan plan;
   BufferPlan buffers;
+  // The bf16 ops the float-normalization pass computes in f32 (BackendTraits::supports_bf16
+  // refused them), per opcode: what callers report (F32ComputeNote). Empty when none.
+  std::vector<OpCount> f32_compute;
 };
 
 // The one compile path: verifies `graph`, applies options.precision (ApplyPrecisionPolicy),

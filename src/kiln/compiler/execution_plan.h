@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kiln/ir/graph.h"
@@ -53,6 +54,13 @@ struct BackendTraits {
   // overlap-collectives pass (passes/schedule.h), which starts each one as early and waits as
   // late as the graph allows.
   bool async_collectives = false;
+  // Whether the backend runs this node's bf16 form (a node reading bf16 operands) as it is, fast
+  // enough to be worth it. The nodes it does not the float-normalization pass
+  // (passes/float_normalization.h) computes in f32 between converts, keeping bf16 storage, and
+  // bf16_note says why (for the line `kiln train` prints). Null: every bf16 node runs (and the
+  // pass is not in the pipeline).
+  std::function<bool(const ir::Node&)> supports_bf16;
+  std::string bf16_note;  // "oneDNN has no bf16 matmul/convolution below avx512_core"
 };
 
 // The collectives a backend with BackendTraits::async_collectives runs asynchronously: the

@@ -235,7 +235,8 @@ TEST(Pipeline, UnknownPassInVariablesIsAnErrorListingTheKnownOnes) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("(KILN_DISABLE_PASSES=cse,csee)"));
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("the passes are decompose, simplify, algebraic, constant-fold, cse, "
-                        "transpose-fold, dce, fusion, remat, schedule, overlap-collectives"));
+                        "transpose-fold, dce, float-normalization, fusion, remat, schedule, "
+                        "overlap-collectives"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("unset KILN_DISABLE_PASSES"));
 
   // Names of passes another configuration has are accepted (one list, many pipelines): the

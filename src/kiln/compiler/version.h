@@ -2,7 +2,7 @@
 // recorded in exported artifacts (artifact.h), so cached optimized programs never outlive the
 // compiler that produced them.
 //
-//   std::string v(kCompilerVersion);   // "kiln-compiler 0.1.0+opt4"
+//   std::string v(kCompilerVersion);   // "kiln-compiler 0.1.0+opt5"
 //
 // Bump the "+optN" suffix whenever a pass changes what it produces for some input (a new pass in
 // the default pipeline, a changed rewrite rule, a changed decomposition): stale cache entries then
@@ -12,7 +12,7 @@
 
 namespace kiln::compiler {
 
-inline constexpr char kCompilerVersion[] = "kiln-compiler 0.1.0+opt4";
+inline constexpr char kCompilerVersion[] = "kiln-compiler 0.1.0+opt5";
 
 }  // namespace kiln::compiler
 

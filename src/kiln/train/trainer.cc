@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/passes/float_normalization.h"
 #include "kiln/ir/builder.h"
 #include "kiln/ir/opcode.h"
 #include "kiln/nn/optim.h"
@@ -548,6 +549,17 @@ absl::StatusOr<TrainResult> Trainer::Run() {
                         model_->Describe(),
                         (tensor_parallel() ? full_params_ : step_->params()).num_elements(),
                         step_->compile_seconds(), start_step_ + 1, c.steps));
+    // Where the backend cannot run some bf16 ops, the compiler computed them in f32 between
+    // converts (passes/float_normalization.h): say which and why, once.
+    const std::vector<compiler::OpCount> f32 =
+        compiler::FloatNormalizedOps(step_->executable().graph());
+    if (!f32.empty()) {
+      const nlohmann::json described = options_.backend->Describe();
+      const std::string where = described.contains("isa") ? described["isa"].get<std::string>()
+                                                          : options_.backend->name();
+      Log(absl::StrCat("precision ", c.precision, " on ", where, ": ",
+                       compiler::F32ComputeNote(f32, options_.backend->Traits().bf16_note)));
+    }
   }
   KILN_RETURN_IF_ERROR(EvaluateInitFrom());
   Loop loop;

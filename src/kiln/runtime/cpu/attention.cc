@@ -182,10 +182,11 @@ KILN_ISA_VARIANTS(float, LogSumExpRowF32, (const float* row, int64_t n), (row, n
 
 namespace {
 
-absl::Status MakeMatmul(const ir::Node& n, CpuContext& cpu, WorkspaceLayout& layout,
+absl::Status MakeMatmul(const ir::Node& n, const LowerContext& lc, WorkspaceLayout& layout,
                         const dnnl::memory::desc& a, const dnnl::memory::desc& b,
                         const dnnl::memory::desc& c, MatmulCall& m) {
-  return DnnlStatus(n, [&] {
+  const CpuContext& cpu = *lc.cpu;
+  return DnnlStatus(lc, n, "matmul (attention)", [&] {
     dnnl::matmul::desc d(a, b, c);
     dnnl::matmul::primitive_desc pd(d, DnnlThunkBuilder::Attr(), cpu.engine());
     m.prim = dnnl::matmul(pd);
@@ -256,8 +257,8 @@ LowerResult LowerAttention(const ir::Node& n, LowerContext& lc) {
     auto s_md = dnnl::memory::desc({nb, a.Sq, a.Sk}, dt::f32, {a.Sq * a.Sk, a.Sk, 1});
     auto v_md = dnnl::memory::desc({nb, a.Sk, a.Dv}, dt::f32, {a.Sk * a.Dv, a.Dv, 1});
     auto o_md = dnnl::memory::desc({nb, a.Sq, a.Dv}, dt::f32, {a.Sq * a.Dv, a.Dv, 1});
-    KILN_RETURN_IF_ERROR(MakeMatmul(n, *lc.cpu, layout, q_md, kt_md, s_md, a.qk[i]));
-    KILN_RETURN_IF_ERROR(MakeMatmul(n, *lc.cpu, layout, s_md, v_md, o_md, a.pv[i]));
+    KILN_RETURN_IF_ERROR(MakeMatmul(n, lc, layout, q_md, kt_md, s_md, a.qk[i]));
+    KILN_RETURN_IF_ERROR(MakeMatmul(n, lc, layout, s_md, v_md, o_md, a.pv[i]));
   }
   lc.cpu->RequireWorkspace(layout.size());
   return std::unique_ptr<Thunk>(std::move(t_));

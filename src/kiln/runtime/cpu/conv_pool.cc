@@ -115,7 +115,7 @@ struct ForwardConv {
 absl::StatusOr<ForwardConv> ForwardConvPd(const ir::Node& n, const ConvGeometry& g, dt compute,
                                           const Epilogue* ep,
                                           const std::optional<dnnl::memory::desc>& bias,
-                                          bool src_blocked, const dnnl::engine& eng) {
+                                          bool src_blocked, const LowerContext& lc) {
   std::vector<std::pair<dnnl::memory::desc, dnnl::memory::desc>> layouts =
       PreferredConvLayouts(n, g, compute, src_blocked);
   layouts.push_back({Any(g.src, compute), Any(g.dst, compute)});
@@ -124,7 +124,8 @@ absl::StatusOr<ForwardConv> ForwardConvPd(const ir::Node& n, const ConvGeometry&
   auto make = [&](const dnnl::memory::desc& src_md, const dnnl::memory::desc& wei_md,
                   const dnnl::memory::desc& dst_md, const dnnl::primitive_attr& attr,
                   dnnl::convolution_forward::primitive_desc& pd) {
-    return DnnlStatus(n, [&] {
+    const dnnl::engine& eng = lc.cpu->engine();
+    return DnnlStatus(lc, n, "convolution", [&] {
       if (bias) {
         dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, alg, src_md, wei_md,
                                           *bias, dst_md, g.strides, g.dilates, g.pad_l, g.pad_r);
@@ -213,7 +214,7 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
         ForwardConv fc,
         ForwardConvPd(n, g, compute, ep,
                       has_bias ? std::optional(WithType(bias_user, compute)) : std::nullopt,
-                      lc.is_blocked(n.operand(0)), eng));
+                      lc.is_blocked(n.operand(0)), lc));
     const dnnl::convolution_forward::primitive_desc& pd = fc.pd;
     if (compute != dt::f32 && IsRefImpl(pd)) return Unimplemented(n, "reference bf16/f16 conv");
     b.NameImpl(pd);
@@ -239,7 +240,8 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
       args.push_back(
           {DNNL_ARG_ATTR_MULTIPLE_POST_OP(fc.residual_index) | DNNL_ARG_SRC_1, residual});
     }
-    b.AddStepWithScratchpad(dnnl::convolution_forward(pd), std::move(args), pd.scratchpad_desc());
+    KILN_RETURN_IF_ERROR(
+        b.AddPrimitive<dnnl::convolution_forward>("convolution", pd, std::move(args)));
     if (ep && ep->residual >= 0 && !fuse_residual) {
       // oneDNN has no kernel with the residual as a post-op here (its brgconv takes none): a
       // binary add over the result in the node's own layout, after its reorder, as the residual
@@ -248,7 +250,7 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
       KILN_ASSIGN_OR_RETURN(
           int residual, b.Input(ep->residual, NodeDesc(lc, ep->residual, g.dst, user), dst_user));
       dnnl::binary::primitive_desc add;
-      KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+      KILN_RETURN_IF_ERROR(b.Create("binary add", [&] {
         dnnl::primitive_attr attr2 = DnnlThunkBuilder::Attr();
         if (ep->residual_first && ep->has_act) {
           dnnl::post_ops ops;
@@ -258,23 +260,24 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
         dnnl::binary::desc d(dnnl::algorithm::binary_add, dst_user, b.Desc(residual), dst_user);
         add = dnnl::binary::primitive_desc(d, attr2, eng);
       }));
-      b.AddFinalStep(dnnl::binary(add),
-                     {{DNNL_ARG_SRC_0, result}, {DNNL_ARG_SRC_1, residual}, {DNNL_ARG_DST, result}},
-                     add.scratchpad_desc());
+      KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::binary>(
+          "binary add", add,
+          {{DNNL_ARG_SRC_0, result}, {DNNL_ARG_SRC_1, residual}, {DNNL_ARG_DST, result}},
+          /*final=*/true));
       b.AppendName(", residual by a binary add");
     }
     return b.Finish();
   }
 
   dnnl::convolution_forward::primitive_desc hint;
-  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+  KILN_RETURN_IF_ERROR(b.Create("convolution (backward hint)", [&] {
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, alg, src_any, wei_any,
                                       dst_any, g.strides, g.dilates, g.pad_l, g.pad_r);
     hint = dnnl::convolution_forward::primitive_desc(d, eng);
   }));
   if (n.opcode() == Opcode::kConv2dBackwardInput) {
     dnnl::convolution_backward_data::primitive_desc pd;
-    KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+    KILN_RETURN_IF_ERROR(b.Create("convolution backward data", [&] {
       dnnl::convolution_backward_data::desc d(alg, src_any, wei_any, dst_any, g.strides, g.dilates,
                                               g.pad_l, g.pad_r);
       pd = dnnl::convolution_backward_data::primitive_desc(d, attr, eng, hint);
@@ -284,14 +287,13 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
     KILN_ASSIGN_OR_RETURN(int ddst, b.Input(n.operand(0), dst_user, pd.diff_dst_desc()));
     KILN_ASSIGN_OR_RETURN(int wei, b.Input(n.operand(1), wei_user, pd.weights_desc()));
     KILN_ASSIGN_OR_RETURN(int dsrc, b.Output(n.id(), src_user, pd.diff_src_desc()));
-    b.AddStepWithScratchpad(
-        dnnl::convolution_backward_data(pd),
-        {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}},
-        pd.scratchpad_desc());
+    KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::convolution_backward_data>(
+        "convolution backward data", pd,
+        {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}}));
     return b.Finish();
   }
   dnnl::convolution_backward_weights::primitive_desc pd;
-  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+  KILN_RETURN_IF_ERROR(b.Create("convolution backward weights", [&] {
     dnnl::convolution_backward_weights::desc d(alg, src_any, wei_any, dst_any, g.strides, g.dilates,
                                                g.pad_l, g.pad_r);
     pd = dnnl::convolution_backward_weights::primitive_desc(d, attr, eng, hint);
@@ -301,10 +303,9 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
   KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
   KILN_ASSIGN_OR_RETURN(int ddst, b.Input(n.operand(1), dst_user, pd.diff_dst_desc()));
   KILN_ASSIGN_OR_RETURN(int dwei, b.Output(n.id(), wei_user, pd.diff_weights_desc()));
-  b.AddStepWithScratchpad(
-      dnnl::convolution_backward_weights(pd),
-      {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}},
-      pd.scratchpad_desc());
+  KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::convolution_backward_weights>(
+      "convolution backward weights", pd,
+      {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}}));
   return b.Finish();
 }
 
@@ -370,9 +371,10 @@ absl::StatusOr<dnnl::pooling_forward::primitive_desc> ForwardPoolPd(const ir::No
                                                                     const PoolGeometry& p,
                                                                     const dnnl::memory::desc& src,
                                                                     const dnnl::memory::desc& dst,
-                                                                    const dnnl::engine& eng) {
+                                                                    const LowerContext& lc) {
   dnnl::pooling_forward::primitive_desc pd;
-  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+  const dnnl::engine& eng = lc.cpu->engine();
+  KILN_RETURN_IF_ERROR(DnnlStatus(lc, n, "pooling", [&] {
     dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference, p.alg, src, dst, p.strides,
                                   p.kernel, p.pad_l, p.pad_r);
     pd = dnnl::pooling_forward::primitive_desc(d, DnnlThunkBuilder::Attr(), eng);
@@ -391,7 +393,7 @@ bool ConvWritesBlocked(const ir::Node& n, const LowerContext& lc) {
       MakeConvGeometry(n, lc.operand_type(n, 0).shape, lc.operand_type(n, 1).shape, n.type().shape);
   if (g.dst.size() != 4 || g.dst[1] % ChannelBlock() != 0) return false;
   auto fc = ForwardConvPd(n, g, dt::f32, /*ep=*/nullptr, PlainDesc({g.dst[1]}, dt::f32),
-                          /*src_blocked=*/false, lc.cpu->engine());
+                          /*src_blocked=*/false, lc);
   return fc.ok() && IsChannelBlocked(fc->pd.dst_desc());
 }
 
@@ -403,7 +405,7 @@ bool PoolRunsBlocked(const ir::Node& n, const LowerContext& lc) {
   const auto& in = lc.operand_type(n, 0).shape.dims();
   const auto& out = n.type().shape.dims();
   auto pd = ForwardPoolPd(n, MakePoolGeometry(n), dnnl::memory::desc(in, dt::f32, BlockedTag()),
-                          dnnl::memory::desc(out, dt::f32, BlockedTag()), lc.cpu->engine());
+                          dnnl::memory::desc(out, dt::f32, BlockedTag()), lc);
   return pd.ok() && !IsRefImpl(*pd);
 }
 
@@ -434,7 +436,7 @@ LowerResult LowerPool(const ir::Node& n, LowerContext& lc) {
         ForwardPoolPd(
             n, p, blocked ? dnnl::memory::desc(in_shape.dims(), DnnlType(t), BlockedTag()) : src_md,
             blocked ? dnnl::memory::desc(out_shape.dims(), DnnlType(t), BlockedTag()) : dst_md,
-            eng));
+            lc));
     if (IsRefImpl(pd)) {
       if (blocked)  // the loop fallback reads row-major buffers
         return absl::InternalError(
@@ -444,12 +446,12 @@ LowerResult LowerPool(const ir::Node& n, LowerContext& lc) {
     b.NameImpl(pd);
     KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
     KILN_ASSIGN_OR_RETURN(int dst, b.Output(n.id(), dst_user, pd.dst_desc()));
-    b.AddStepWithScratchpad(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
-                            pd.scratchpad_desc());
+    KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::pooling_forward>(
+        "pooling", pd, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}}));
     return b.Finish();
   }
   dnnl::pooling_backward::primitive_desc pd;
-  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+  KILN_RETURN_IF_ERROR(b.Create("pooling backward", [&] {
     dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, alg, src_md, dst_md, strides,
                                    kernel, pad_l, pad_r);
     dnnl::pooling_forward::primitive_desc hint(fd, eng);
@@ -460,9 +462,8 @@ LowerResult LowerPool(const ir::Node& n, LowerContext& lc) {
   b.NameImpl(pd);
   int ddst = b.NodeMemory(n.operand(0), dst_md);
   int dsrc = b.NodeMemory(n.id(), src_md);
-  b.AddStepWithScratchpad(dnnl::pooling_backward(pd),
-                          {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_SRC, dsrc}},
-                          pd.scratchpad_desc());
+  KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::pooling_backward>(
+      "pooling backward", pd, {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_SRC, dsrc}}));
   return b.Finish();
 }
 

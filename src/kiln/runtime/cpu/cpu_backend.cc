@@ -118,8 +118,25 @@ bool LowersNatively(Opcode op) {
 }  // namespace
 }  // namespace cpu
 
-// Reshapes are views, graph outputs are computed into the caller's tensors, and an output fusion
-// runs as one oneDNN primitive only where oneDNN takes its post-ops.
+namespace cpu {
+namespace {
+// The ops whose only fast kernel is oneDNN's (their loops are plain scalar code): below
+// avx512_core oneDNN has no bf16 form of them, so they compute in f32 (float-normalization)
+// instead of relying on per-primitive reorders. The other bf16 ops run as they are: the
+// elementwise, reduction, normalization and pooling loops (and max_pool2d_grad's) compute bf16
+// in f32 registers themselves, attention widens its operands to f32, and a oneDNN eltwise,
+// binary, softmax, layer norm or pooling that oneDNN refuses falls back to its loop.
+bool Bf16OnlyThroughOneDnn(Opcode op) {
+  using F = ir::KernelFamily;
+  const F family = ir::OpTraits(op).family;
+  return family == F::kDot || family == F::kConv;
+}
+}  // namespace
+}  // namespace cpu
+
+// Reshapes are views, graph outputs are computed into the caller's tensors, an output fusion
+// runs as one oneDNN primitive only where oneDNN takes its post-ops, and bf16 contractions run
+// in bf16 only where oneDNN has bf16 kernels (OneDnnHasBf16).
 compiler::BackendTraits CpuBackendTraits(const CpuBackendOptions& options) {
   using cpu::CanLowerConvEpilogue;
   using cpu::CanLowerMatmulEpilogue;
@@ -142,6 +159,13 @@ compiler::BackendTraits CpuBackendTraits(const CpuBackendOptions& options) {
     }
     return true;  // a loop group: the fused loop kernel runs every loop-fusible op
   };
+  // Always set, so the float-normalization pass is in the pipeline (and can be disabled or dumped
+  // by name) on every CPU; it changes nothing where oneDNN has bf16 kernels.
+  const bool bf16 = OneDnnHasBf16();
+  t.supports_bf16 = [bf16](const ir::Node& n) {
+    return bf16 || !cpu::Bf16OnlyThroughOneDnn(n.opcode());
+  };
+  if (!bf16) t.bf16_note = kOneDnnNoBf16;
   return t;
 }
 
@@ -166,7 +190,8 @@ class CpuBackend : public Backend {
     copts.fuse_loops = options_.fuse && !options_.prefer_loops;
     copts.remat.enabled = options_.remat || options_.remat_memory_limit_bytes > 0;
     copts.remat.memory_limit_bytes = options_.remat_memory_limit_bytes;
-    // Optimize's result does not depend on the ISA today, but lowering choices may come to.
+    // Optimize's result depends on the ISA (float-normalization computes bf16 contractions in
+    // f32 below avx512_core), so the ISA is in the cache key.
     static const std::string backend_key = "cpu/" + OneDnnIsaName();
     compiler::CompileCache* cache = options_.use_compile_cache ? options_.compile_cache : nullptr;
     absl::StatusOr<compiler::CompiledModule> m =
@@ -243,8 +268,15 @@ class CpuBackend : public Backend {
         waits[plan.done_step[node.id()]].push_back(std::move(async.wait));
         continue;
       }
+      if (k.kind == compiler::ExecutionPlan::KernelKind::kNode) {
+        for (int op : node.operands())
+          if (graph.node(op).type().shape.rank() > kMaxRank)
+            return Unimplemented(node, absl::StrCat("operand rank above ", kMaxRank));
+      }
+      // Every oneDNN call of the lowerings goes through DnnlStatus already; this one catches
+      // what a lowering might still let through (memory objects), with the same message.
       LowerResult thunk;
-      try {
+      absl::Status made = DnnlStatus(lc, node, "lowering", [&] {
         switch (k.kind) {
           case compiler::ExecutionPlan::KernelKind::kLoop:
             thunk = LowerFusedLoop(k.members, reads, plan.needed, lc);
@@ -256,15 +288,11 @@ class CpuBackend : public Backend {
             thunk = LowerMatmulEpilogue(k, lc);
             break;
           case compiler::ExecutionPlan::KernelKind::kNode:
-            for (int op : node.operands())
-              if (graph.node(op).type().shape.rank() > kMaxRank)
-                return Unimplemented(node, absl::StrCat("operand rank above ", kMaxRank));
             thunk = LowerNode(node, lc);
             break;
         }
-      } catch (const dnnl::error& e) {
-        thunk = Unimplemented(node, absl::StrCat("oneDNN: ", e.what()));
-      }
+      });
+      if (!made.ok()) return made;
       if (!thunk.ok()) return thunk.status();
       if (*thunk) (plan.hoisted[node.id()] ? init_thunks : thunks).push_back(std::move(*thunk));
     }

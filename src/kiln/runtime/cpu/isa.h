@@ -25,6 +25,8 @@ std::string OneDnnIsaName();
 // True when oneDNN has bf16 matmul and convolution kernels at this level (avx512_core and up:
 // oneDNN 2.6 has none below; the compiler then computes bf16 values in f32).
 bool OneDnnHasBf16();
+// Why, when OneDnnHasBf16() is false: the reason messages quote.
+inline constexpr char kOneDnnNoBf16[] = "oneDNN has no bf16 matmul/convolution below avx512_core";
 // True when oneDNN's int8 kernels multiply exactly (AVX-512 VNNI; without it they sum pairs of
 // u8 x s8 products in saturating s16).
 bool OneDnnHasExactInt8();

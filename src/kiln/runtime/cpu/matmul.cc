@@ -264,7 +264,7 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmulImpl(const ir::Node& n, Lower
       KILN_ASSIGN_OR_RETURN(bias, b.Input(ep.bias, user_bias, WithType(user_bias, compute)));
     }
     dnnl::matmul::primitive_desc pd;
-    try {
+    absl::Status made = b.Create("matmul", [&] {
       if (bias >= 0) {
         dnnl::matmul::desc desc(b.Desc(src), wei_md, b.Desc(bias), dst_md);
         pd = dnnl::matmul::primitive_desc(desc, attr, lc.cpu->engine());
@@ -272,9 +272,10 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmulImpl(const ir::Node& n, Lower
         dnnl::matmul::desc desc(b.Desc(src), wei_md, dst_md);
         pd = dnnl::matmul::primitive_desc(desc, attr, lc.cpu->engine());
       }
-    } catch (const dnnl::error&) {
+    });
+    if (!made.ok()) {
       if (compute != dnnl::memory::data_type::f32) continue;  // retry in f32
-      return Unimplemented(n, "oneDNN matmul rejects these layouts");
+      return made;                                            // Unimplemented: the loop runs it
     }
     if (IsRefImpl(pd)) {
       // Narrow floats: compute in f32 instead. Strided operands: copy them to plain layouts.
@@ -295,7 +296,7 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmulImpl(const ir::Node& n, Lower
     if (bias >= 0) args.push_back({DNNL_ARG_BIAS, bias});
     if (residual >= 0)
       args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(residual_index) | DNNL_ARG_SRC_1, residual});
-    b.AddStepWithScratchpad(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+    KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::matmul>("matmul", pd, std::move(args)));
     return b.Finish();
   }
   return Unimplemented(n, "oneDNN matmul");

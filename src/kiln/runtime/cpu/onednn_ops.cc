@@ -74,15 +74,15 @@ LowerResult LowerOneDnnUnary(const ir::Node& n, LowerContext& lc) {
   DnnlThunkBuilder b(lc, n, "onednn eltwise");
   dnnl::memory::desc md = PlainDesc(Flat(n.type()), DnnlType(t));
   dnnl::eltwise_forward::primitive_desc pd;
-  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+  KILN_RETURN_IF_ERROR(b.Create("eltwise", [&] {
     dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, alg, md, alpha, beta);
     pd = dnnl::eltwise_forward::primitive_desc(d, DnnlThunkBuilder::Attr(), lc.cpu->engine());
   }));
   if (IsRefImpl(pd)) return Unimplemented(n, "oneDNN has only its reference eltwise here");
   int src = b.NodeMemory(n.operand(0), md);
   int dst = b.NodeMemory(n.id(), md);
-  b.AddStepWithScratchpad(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
-                          pd.scratchpad_desc());
+  KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::eltwise_forward>(
+      "eltwise", pd, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}}));
   return b.Finish();
 }
 
@@ -98,7 +98,7 @@ LowerResult LowerOneDnnBinary(const ir::Node& n, LowerContext& lc) {
   DnnlThunkBuilder b(lc, n, "onednn binary");
   dnnl::memory::desc md = PlainDesc(Flat(n.type()), DnnlType(t));
   dnnl::binary::primitive_desc pd;
-  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+  KILN_RETURN_IF_ERROR(b.Create("binary", [&] {
     dnnl::binary::desc d(alg, md, md, md);
     pd = dnnl::binary::primitive_desc(d, DnnlThunkBuilder::Attr(), lc.cpu->engine());
   }));
@@ -106,9 +106,8 @@ LowerResult LowerOneDnnBinary(const ir::Node& n, LowerContext& lc) {
   int s0 = b.NodeMemory(n.operand(0), md);
   int s1 = b.NodeMemory(n.operand(1), md);
   int dst = b.NodeMemory(n.id(), md);
-  b.AddStepWithScratchpad(dnnl::binary(pd),
-                          {{DNNL_ARG_SRC_0, s0}, {DNNL_ARG_SRC_1, s1}, {DNNL_ARG_DST, dst}},
-                          pd.scratchpad_desc());
+  KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::binary>(
+      "binary", pd, {{DNNL_ARG_SRC_0, s0}, {DNNL_ARG_SRC_1, s1}, {DNNL_ARG_DST, dst}}));
   return b.Finish();
 }
 
@@ -130,7 +129,7 @@ LowerResult LowerOneDnnSoftmax(const ir::Node& n, LowerContext& lc) {
   dnnl::primitive prim;
   dnnl::memory::desc scratch;
   bool ref = false;
-  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+  KILN_RETURN_IF_ERROR(b.Create("softmax", [&] {
     dnnl::softmax_forward::desc d(dnnl::prop_kind::forward_inference, md, 1);
     dnnl::softmax_forward::primitive_desc pd(d, DnnlThunkBuilder::Attr(), lc.cpu->engine());
     prim = dnnl::softmax_forward(pd);
@@ -159,7 +158,7 @@ LowerResult LowerOneDnnLayerNorm(const ir::Node& n, LowerContext& lc) {
   dnnl::memory::desc md = PlainDesc({rows, D}, DnnlType(t));
   dnnl::memory::desc wmd = PlainDesc({D}, DnnlType(t));
   dnnl::layer_normalization_forward::primitive_desc pd;
-  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
+  KILN_RETURN_IF_ERROR(b.Create("layer normalization", [&] {
     dnnl::layer_normalization_forward::desc d(
         dnnl::prop_kind::forward_inference, md, eps,
         dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
@@ -171,10 +170,11 @@ LowerResult LowerOneDnnLayerNorm(const ir::Node& n, LowerContext& lc) {
   KILN_ASSIGN_OR_RETURN(int scale, b.Input(n.operand(1), wmd, PlainDesc({D}, dt::f32)));
   KILN_ASSIGN_OR_RETURN(int shift, b.Input(n.operand(2), wmd, PlainDesc({D}, dt::f32)));
   int dst = b.NodeMemory(n.id(), md);
-  b.AddStepWithScratchpad(
-      dnnl::layer_normalization_forward(pd),
-      {{DNNL_ARG_SRC, src}, {DNNL_ARG_SCALE, scale}, {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_DST, dst}},
-      pd.scratchpad_desc());
+  KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::layer_normalization_forward>("layer normalization", pd,
+                                                                         {{DNNL_ARG_SRC, src},
+                                                                          {DNNL_ARG_SCALE, scale},
+                                                                          {DNNL_ARG_SHIFT, shift},
+                                                                          {DNNL_ARG_DST, dst}}));
   return b.Finish();
 }
 
@@ -192,12 +192,13 @@ LowerResult LowerOneDnnConvert(const ir::Node& n, LowerContext& lc) {
   std::vector<int64_t> dims = Flat(n.type());
   int src = b.NodeMemory(n.operand(0), PlainDesc(dims, DnnlType(from)));
   int dst = b.NodeMemory(n.id(), PlainDesc(dims, DnnlType(to)));
-  KILN_RETURN_IF_ERROR(DnnlStatus(n, [&] {
-    dnnl::reorder::primitive_desc pd(lc.cpu->engine(), b.Desc(src), lc.cpu->engine(), b.Desc(dst),
-                                     DnnlThunkBuilder::Attr());
-    b.AddStepWithScratchpad(dnnl::reorder(pd), {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}},
-                            pd.scratchpad_desc());
+  dnnl::reorder::primitive_desc pd;
+  KILN_RETURN_IF_ERROR(b.Create("reorder", [&] {
+    pd = dnnl::reorder::primitive_desc(lc.cpu->engine(), b.Desc(src), lc.cpu->engine(), b.Desc(dst),
+                                       DnnlThunkBuilder::Attr());
   }));
+  KILN_RETURN_IF_ERROR(
+      b.AddPrimitive<dnnl::reorder>("reorder", pd, {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}}));
   return b.Finish();
 }
 

@@ -103,13 +103,45 @@ dnnl::memory::desc WithType(const dnnl::memory::desc& md, dnnl::memory::data_typ
   return out;
 }
 
-absl::Status DnnlStatus(const ir::Node& n, const std::function<void()>& fn) {
+namespace {
+// Runs `fn`; a dnnl::error becomes Unimplemented "<context()>: <error> (oneDNN ISA <isa>)". The
+// context is built only on failure: this wraps every primitive the backend makes.
+absl::Status Catch(const std::function<void()>& fn, const std::function<std::string()>& context) {
   try {
     fn();
   } catch (const dnnl::error& e) {
-    return Unimplemented(n, absl::StrCat("oneDNN: ", e.what()));
+    return absl::UnimplementedError(
+        absl::StrCat(context(), ": ", e.what(), " (oneDNN ISA ", OneDnnIsaName(), ")"));
   }
   return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status CatchOneDnn(std::string_view context, const std::function<void()>& fn) {
+  return Catch(fn, [&] { return std::string(context); });
+}
+
+std::string OperandTypesText(const LowerContext& lc, const ir::Node& n) {
+  std::string out;
+  for (int op : n.operands())
+    absl::StrAppend(&out, out.empty() ? "" : ", ", lc.graph.node(op).type().ToString());
+  absl::StrAppend(&out, " -> ", n.type().ToString());
+  return out;
+}
+
+absl::Status DnnlStatus(const LowerContext& lc, const ir::Node& n, std::string_view what,
+                        const std::function<void()>& fn) {
+  return Catch(fn, [&] {
+    return absl::StrCat("cpu backend: ", std::string(ir::OpcodeName(n.opcode())), " %", n.id(),
+                        " (", OperandTypesText(lc, n), "): oneDNN ", std::string(what));
+  });
+}
+
+absl::Status DnnlStatus(const ir::Node& n, const std::function<void()>& fn) {
+  return Catch(fn, [&] {
+    return absl::StrCat("cpu backend: ", std::string(ir::OpcodeName(n.opcode())), " %", n.id(),
+                        " (-> ", n.type().ToString(), "): oneDNN");
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -212,7 +244,7 @@ class DnnlThunk : public Thunk {
 };
 
 DnnlThunkBuilder::DnnlThunkBuilder(LowerContext& lc, const ir::Node& n, std::string how)
-    : lc_(lc), name_(ThunkName(n, how)) {
+    : lc_(lc), node_(n), name_(ThunkName(n, how)) {
   name_.pop_back();  // the ")": NameImpl may add to it, Finish closes it
 }
 
@@ -263,15 +295,13 @@ absl::StatusOr<int> DnnlThunkBuilder::Reorder(int from, const dnnl::memory::desc
   dnnl::memory::desc have = mems_[from].memory.get_desc();
   if (have == want) return from;
   int w = TempMemory(want);
-  try {
-    auto pd =
-        dnnl::reorder::primitive_desc(lc_.cpu->engine(), have, lc_.cpu->engine(), want, Attr());
-    AddStepWithScratchpad(dnnl::reorder(pd), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, w}},
-                          pd.scratchpad_desc());
-    ++reorders_;
-  } catch (const dnnl::error& e) {
-    return absl::UnimplementedError(absl::StrCat(name_, ": oneDNN reorder: ", e.what()));
-  }
+  dnnl::reorder::primitive_desc pd;
+  KILN_RETURN_IF_ERROR(Create("reorder", [&] {
+    pd = dnnl::reorder::primitive_desc(lc_.cpu->engine(), have, lc_.cpu->engine(), want, Attr());
+  }));
+  KILN_RETURN_IF_ERROR(
+      AddPrimitive<dnnl::reorder>("reorder", pd, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, w}}));
+  ++reorders_;
   return w;
 }
 
@@ -280,21 +310,19 @@ absl::StatusOr<int> DnnlThunkBuilder::Output(int node, const dnnl::memory::desc&
   int u = NodeMemory(node, user);
   if (user == have) return u;
   int h = TempMemory(have);
-  try {
-    auto pd =
-        dnnl::reorder::primitive_desc(lc_.cpu->engine(), have, lc_.cpu->engine(), user, Attr());
-    Step s;
+  Step s;
+  dnnl::reorder::primitive_desc pd;
+  KILN_RETURN_IF_ERROR(Create("reorder", [&] {
+    pd = dnnl::reorder::primitive_desc(lc_.cpu->engine(), have, lc_.cpu->engine(), user, Attr());
     s.prim = dnnl::reorder(pd);
-    s.args = {{DNNL_ARG_FROM, mems_[h].memory.get()}, {DNNL_ARG_TO, mems_[u].memory.get()}};
-    if (pd.scratchpad_desc().get_size() > 0) {
-      int sp = TempMemory(pd.scratchpad_desc());
-      s.args.push_back({DNNL_ARG_SCRATCHPAD, mems_[sp].memory.get()});
-    }
-    post_steps_.push_back(std::move(s));
-    ++reorders_;
-  } catch (const dnnl::error& e) {
-    return absl::UnimplementedError(absl::StrCat(name_, ": oneDNN reorder: ", e.what()));
+  }));
+  s.args = {{DNNL_ARG_FROM, mems_[h].memory.get()}, {DNNL_ARG_TO, mems_[u].memory.get()}};
+  if (pd.scratchpad_desc().get_size() > 0) {
+    int sp = TempMemory(pd.scratchpad_desc());
+    s.args.push_back({DNNL_ARG_SCRATCHPAD, mems_[sp].memory.get()});
   }
+  post_steps_.push_back(std::move(s));
+  ++reorders_;
   return h;
 }
 

@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -316,14 +317,50 @@ dnnl::memory::desc NodeDesc(const LowerContext& lc, int node, const std::vector<
 inline bool IsRefImpl(const dnnl::primitive_desc_base& pd) {
   return std::string(pd.impl_info_str()).find("ref") != std::string::npos;
 }
-// Runs a oneDNN call that may throw, turning dnnl::error into a Status.
+// The one wrapper around every oneDNN call that may throw (primitive descriptors, primitives, the
+// memory objects made for them): runs `fn` and turns a dnnl::error into Unimplemented naming the
+// op, its operand and result types, what was being made and the ISA oneDNN runs at:
+//   cpu backend: conv2d %7 (bf16[8,3,32,32], bf16[16,3,3,3] -> bf16[8,16,32,32]): oneDNN
+//   convolution: could not create a primitive descriptor iterator (oneDNN ISA avx2)
+// Unimplemented because a refusal means oneDNN has no kernel for that form: an op with a loop
+// (OneDnnOrLoop, the matmul's and convolution's f32 retries) falls back to it, and the others
+// fail with this message instead of an exception escaping the backend.
+absl::Status DnnlStatus(const LowerContext& lc, const ir::Node& n, std::string_view what,
+                        const std::function<void()>& fn);
+// As above where only the node is at hand: names its result type, not its operands'.
 absl::Status DnnlStatus(const ir::Node& n, const std::function<void()>& fn);
+// The core of both, for callers outside a graph (machine.cc): `context` says what was being made
+// ("oneDNN bf16 matmul 1024x1024x1024"); the message adds the error and the ISA.
+absl::Status CatchOneDnn(std::string_view context, const std::function<void()>& fn);
+// "bf16[8,3,32,32], bf16[16,3,3,3] -> bf16[8,16,32,32]": the operand and result types of `n`.
+std::string OperandTypesText(const LowerContext& lc, const ir::Node& n);
 
 // Builds a thunk that runs a short sequence of oneDNN primitives (input reorders, the main
 // primitive, output reorders). Memory objects are created here, bound to their data at run time.
 class DnnlThunkBuilder {
  public:
   DnnlThunkBuilder(LowerContext& lc, const ir::Node& n, std::string how);
+
+  // DnnlStatus for this builder's node: runs `fn`, a oneDNN refusal becomes Unimplemented
+  // naming the node, its types, `what` and the ISA.
+  absl::Status Create(std::string_view what, const std::function<void()>& fn) {
+    return DnnlStatus(lc_, node_, what, fn);
+  }
+  // Creates primitive P (dnnl::matmul, dnnl::convolution_forward, ...) from `pd` through Create,
+  // and appends it with its arguments and `pd`'s scratchpad (AddStepWithScratchpad), or as a
+  // final step (AddFinalStep) when `final`.
+  template <typename P, typename Pd>
+  absl::Status AddPrimitive(std::string_view what, const Pd& pd,
+                            std::vector<std::pair<int, int>> args, bool final = false) {
+    P prim;
+    KILN_RETURN_IF_ERROR(Create(what, [&] { prim = P(pd); }));
+    if (final) {
+      AddFinalStep(std::move(prim), std::move(args), pd.scratchpad_desc());
+    } else {
+      AddStepWithScratchpad(std::move(prim), std::move(args), pd.scratchpad_desc());
+    }
+    return absl::OkStatus();
+  }
 
   // A memory object over node `node`'s buffer, described by `md`.
   int NodeMemory(int node, const dnnl::memory::desc& md);
@@ -399,6 +436,7 @@ class DnnlThunkBuilder {
   friend class DnnlThunk;
 
   LowerContext& lc_;
+  const ir::Node& node_;
   std::string name_;
   WorkspaceLayout layout_;
   std::vector<Mem> mems_;
