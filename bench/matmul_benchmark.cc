@@ -9,8 +9,12 @@
 // residual post-op, and the per-layer MLP matmuls), each against the default oneDNN matmul
 // primitive (brgemm) with the same strides and post-op, and oneDNN's jit sgemm (beta = 1 over a
 // copy of the residual where there is one).
+// --shapes=packed: serving matmuls with a bound weight (256x1024x1024 + bias + relu, 64x1024x1024,
+// ...): Kiln's executable with the weight bound (below AVX-512 the packed sgemm, sgemm.cc; at
+// AVX-512 oneDNN over its pre-packed layout) against the bare oneDNN matmul primitive on the plain
+// weight with the same post-ops (what runs unbound), and Kiln unbound, alternating run by run.
 //
-//   matmul_benchmark [--threads=2] [--size=1024] [--reps=30] [--shapes=gpt2] [--only=lm]
+//   matmul_benchmark [--threads=2] [--size=1024] [--reps=30] [--shapes=gpt2|packed] [--only=lm]
 #include <malloc.h>
 #include <omp.h>
 
@@ -25,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench/roofline.h"
 #include "bench/timing.h"
 #include "kiln/base/cpu_isa.h"
 #include "kiln/base/status.h"
@@ -338,6 +343,132 @@ int RunGpt(int reps, const std::string& only) {
   return 0;
 }
 
+// One serving matmul y = relu?(x[M,K] . W[K,N] + b?) with W (and b) bound constant.
+struct PackedCase {
+  int64_t M, K, N;
+  bool bias_relu;
+};
+
+struct PackedResult {
+  double bound, unbound, primitive;  // GFLOP/s
+  std::string bound_impl, primitive_impl;
+  float max_diff;  // bound Kiln vs the primitive, max |a - b| / max(1, |b|)
+};
+
+PackedResult BenchPacked(const PackedCase& c, int reps, int warmup) {
+  using dt = dnnl::memory::data_type;
+  ir::Builder b("packed_matmul");
+  ir::Value x = b.Parameter("x", DType::kF32, Shape{c.M, c.K});
+  ir::Value w = b.Parameter("w", DType::kF32, Shape{c.K, c.N});
+  ir::Value bias = b.Parameter("b", DType::kF32, Shape{c.N});
+  ir::Value y = ir::MatMul(x, w);
+  if (c.bias_relu) y = ir::Relu(y + ir::BroadcastInDim(bias, Shape{c.M, c.N}, {1}));
+  b.Output("y", y);
+  ir::Graph graph = b.Build().value();
+  auto backend = runtime::MakeCpuBackend();
+  std::unique_ptr<runtime::Executable> bound = backend->Compile(graph).value();
+  std::unique_ptr<runtime::Executable> unbound = backend->Compile(graph).value();
+
+  std::mt19937 rng(42);
+  Tensor xt = Random({c.M, c.K}, rng), wt = Random({c.K, c.N}, rng), bt = Random({c.N}, rng);
+  KILN_CHECK_OK(bound->BindConstantParameters({{1, wt}, {2, bt}}));
+  std::string bound_impl;
+  for (int i = 0; i < bound->num_thunks(); ++i) {
+    if (!bound_impl.empty()) bound_impl += "; ";
+    bound_impl += bound->thunk(i).name();
+  }
+  Tensor yb(DType::kF32, Shape{c.M, c.N}), yu(DType::kF32, Shape{c.M, c.N}),
+      yp(DType::kF32, Shape{c.M, c.N});
+
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  dnnl::memory::desc xmd({c.M, c.K}, dt::f32, dnnl::memory::format_tag::ab);
+  dnnl::memory::desc wmd({c.K, c.N}, dt::f32, dnnl::memory::format_tag::ab);
+  dnnl::memory::desc bmd({1, c.N}, dt::f32, dnnl::memory::format_tag::ab);
+  dnnl::memory::desc ymd({c.M, c.N}, dt::f32, dnnl::memory::format_tag::ab);
+  dnnl::primitive_attr attr;
+  if (c.bias_relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::primitive_desc pd =
+      c.bias_relu ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(xmd, wmd, bmd, ymd), attr, eng)
+                  : dnnl::matmul::primitive_desc(dnnl::matmul::desc(xmd, wmd, ymd), attr, eng);
+  dnnl::matmul prim(pd);
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, dnnl::memory(xmd, eng, xt.raw_data())},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(wmd, eng, wt.raw_data())},
+      {DNNL_ARG_DST, dnnl::memory(ymd, eng, yp.raw_data())}};
+  if (c.bias_relu) args[DNNL_ARG_BIAS] = dnnl::memory(bmd, eng, bt.raw_data());
+
+  auto run_bound = [&] { KILN_CHECK_OK(bound->RunInto({&xt, &wt, &bt}, {&yb})); };
+  auto run_unbound = [&] { KILN_CHECK_OK(unbound->RunInto({&xt, &wt, &bt}, {&yu})); };
+  auto run_primitive = [&] {
+    prim.execute(stream, args);
+    stream.wait();
+  };
+  for (int i = 0; i < warmup; ++i) {
+    run_bound();
+    run_primitive();
+    run_unbound();
+  }
+  std::vector<double> tb, tp, tu;
+  for (int i = 0; i < reps; ++i) {
+    double t0 = Seconds();
+    run_bound();
+    double t1 = Seconds();
+    run_primitive();
+    double t2 = Seconds();
+    run_unbound();
+    double t3 = Seconds();
+    tb.push_back(t1 - t0);
+    tp.push_back(t2 - t1);
+    tu.push_back(t3 - t2);
+  }
+  float diff = 0;
+  const float* pb = static_cast<const float*>(yb.raw_data());
+  const float* pp = static_cast<const float*>(yp.raw_data());
+  for (int64_t i = 0; i < c.M * c.N; ++i)
+    diff = std::max(diff, std::abs(pb[i] - pp[i]) / std::max(1.f, std::abs(pp[i])));
+  const double flops = 2.0 * c.M * c.N * c.K;
+  return {flops / Median(tb) * 1e-9, flops / Median(tu) * 1e-9,
+          flops / Median(tp) * 1e-9, bound_impl,
+          pd.impl_info_str(),        diff};
+}
+
+int RunPacked(int threads, int reps, const std::string& only) {
+  // The FMA peak of the ISA the kernels run at (AVX2 below avx512; best of many short runs).
+  const bench::FmaIsa fma =
+      ActiveCpuIsa() >= CpuIsa::kAvx512
+          ? bench::FmaIsa::kAvx512
+          : (ActiveCpuIsa() >= CpuIsa::kAvx2 ? bench::FmaIsa::kAvx2 : bench::FmaIsa::kScalar);
+  const bench::FmaPeak peak = bench::MeasureFmaPeak(threads, fma);
+  std::printf("FMA peak (%s, %d threads): %.1f GFLOP/s\n", bench::FmaIsaName(peak.isa).c_str(),
+              threads, peak.gflop_per_s);
+  std::printf(
+      "bound-weight matmuls (f32), %d threads, median of %d alternating runs after warmup\n",
+      threads, reps);
+  std::printf("%-24s %11s %11s %11s %7s %9s  %s\n", "case", "kiln bound", "oneDNN", "kiln unbnd",
+              "ratio", "max|rel|", "kiln bound thunk / oneDNN impl");
+  for (const PackedCase& c : std::vector<PackedCase>{{256, 1024, 1024, true},
+                                                     {64, 1024, 1024, false},
+                                                     {64, 1024, 1024, true},
+                                                     {256, 1024, 1024, false},
+                                                     {33, 100, 130, true},
+                                                     {512, 3072, 768, false}}) {
+    std::string name = std::to_string(c.M) + "x" + std::to_string(c.K) + "x" + std::to_string(c.N) +
+                       (c.bias_relu ? "+bias+relu" : "");
+    if (!only.empty() && name.find(only) == std::string::npos) continue;
+    PackedResult r = BenchPacked(c, reps, /*warmup=*/5);
+    std::printf("%-24s %11.1f %11.1f %11.1f %7.3f %9.2g  %s / %s\n", name.c_str(), r.bound,
+                r.primitive, r.unbound, r.bound / r.primitive, r.max_diff, r.bound_impl.c_str(),
+                r.primitive_impl.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace kiln
 
@@ -363,7 +494,8 @@ int main(int argc, char** argv) {
       only = a.substr(7);
     else {
       std::fprintf(stderr,
-                   "usage: %s [--threads=2] [--size=1024] [--reps=30] [--shapes=gpt2] [--only=S]\n",
+                   "usage: %s [--threads=2] [--size=1024] [--reps=30] [--shapes=gpt2|packed] "
+                   "[--only=S]\n",
                    argv[0]);
       return 2;
     }
@@ -380,8 +512,9 @@ int main(int argc, char** argv) {
   }
   std::printf("cpu isa: %s\n", kiln::runtime::CpuIsaDescription().c_str());
   if (shapes == "gpt2") return kiln::RunGpt(reps_set ? reps : 7, only);
+  if (shapes == "packed") return kiln::RunPacked(threads, reps_set ? reps : 100, only);
   if (!shapes.empty()) {
-    std::fprintf(stderr, "--shapes: only gpt2 is known\n");
+    std::fprintf(stderr, "--shapes: gpt2 or packed\n");
     return 2;
   }
   std::printf("matmul %lldx%lldx%lld, %d threads, median of %d alternating runs after warmup\n",

@@ -8,12 +8,13 @@
 #include "kiln/base/isa_dispatch.h"
 #include "kiln/base/memory.h"
 #include "kiln/runtime/cpu/internal/common.h"
+#include "kiln/runtime/cpu/internal/sgemm.h"
 
 namespace kiln::runtime::cpu {
 namespace {
 
-constexpr int64_t kPanel = 16;  // columns per packed panel: one AVX-512 register of floats
-constexpr int kGroup = 4;       // panels per unit of work split between threads
+constexpr int64_t kPanel = kPackPanel;  // columns per packed panel: one AVX-512 register
+constexpr int kGroup = 4;               // panels per unit of work split between threads
 
 // The vector types of the variants: 16, 8 and 4 floats, one zmm, ymm or xmm register. A panel
 // of 16 columns is 16 / lanes vectors. Each variant uses the width its ISA has natively: GCC
@@ -29,16 +30,7 @@ inline __attribute__((always_inline)) void Load(V& v, const float* p) {
   std::memcpy(&v, p, sizeof(v));
 }
 
-struct Args {
-  const float* x;
-  int64_t xs_m, xs_k;
-  const float* pack;      // [panels][K][16]
-  const float* bias;      // [N] or null
-  const float* residual;  // [M, N] or null
-  float* out;             // [M, N]
-  int64_t M, K, N;
-  bool relu;
-};
+using Args = PackedMatmulArgs;
 
 // Rows [m0, m0 + R) x panels [p0, p0 + P): accumulate over all of K, then the epilogue and store.
 // V is the variant's vector (L lanes); each panel is S = 16 / L vectors.
@@ -205,6 +197,11 @@ class GemvThunk : public Thunk {
     a.K = spec_.K;
     a.N = spec_.N;
     a.relu = spec_.relu;
+    // Above the gemv's rows the product is compute-bound: the blocked kernel (sgemm.cc).
+    if (a.M > kGemvMaxRows) {
+      PackedSgemm(a);
+      return;
+    }
     // Whole groups per thread; a thread gets at least ~256 KiB of weights, so small layers stay on
     // the calling thread (an OpenMP region costs more than they do).
     const int64_t groups = (panels_ + kGroup - 1) / kGroup;

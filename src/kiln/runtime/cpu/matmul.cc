@@ -13,6 +13,7 @@
 #include "kiln/ir/op_traits.h"
 #include "kiln/runtime/cpu/internal/common.h"
 #include "kiln/runtime/cpu/internal/gemv.h"
+#include "kiln/runtime/cpu/internal/sgemm.h"
 
 namespace kiln::runtime::cpu {
 namespace {
@@ -358,52 +359,58 @@ class ConstantWeightThunk : public Thunk {
   const void* packed_from_ = nullptr;
 };
 
-// The oneDNN matmul, wrapped for small f32 batches in the packed-weight kernel (gemv.cc), and
-// for larger ones (or epilogues the kernel lacks) in a oneDNN matmul over the weight pre-packed
-// into oneDNN's blocked layout; either takes over when the weight is bound constant, and the plain
-// oneDNN matmul runs otherwise.
+// The oneDNN matmul, wrapped for bound f32 weights in the packed-weight kernels: the gemv
+// (gemv.cc) for small batches, and below AVX-512 the blocked sgemm (sgemm.cc) for larger ones,
+// where oneDNN's gemm:jit would re-pack the plain weight on every call. Other bound weights (an
+// epilogue the kernels lack, larger batches at AVX-512) run a oneDNN matmul over the weight
+// pre-packed into oneDNN's blocked layout. Either takes over when the weight is bound constant,
+// and the plain oneDNN matmul runs otherwise.
 absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerContext& lc,
                                                     const DotPlan& p, bool force_copy,
                                                     const Epilogue& ep = {}) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Thunk> onednn, OneDnnMatmulImpl(n, lc, p, force_copy, ep));
+  if (!lc.options.prepack_weights) return onednn;
   const ir::Type& lt = lc.operand_type(n, 0);
   const ir::Type& rt = lc.operand_type(n, 1);
   const bool f32 =
       lt.dtype == DType::kF32 && rt.dtype == DType::kF32 && n.type().dtype == DType::kF32;
   const bool act_ok = !ep.has_act || (ep.act == dnnl::algorithm::eltwise_relu && ep.alpha == 0.f);
-  const bool gemv_ok = f32 && act_ok && p.B == 1 && p.M >= 1 && p.M <= kGemvMaxRows && p.N >= 1;
-  if (!lc.options.prepack_weights) return onednn;
-  if (!gemv_ok) {
-    if (!MayBeConstant(lc.graph, n.operand(1))) return onednn;
-    LowerResult packed = OneDnnMatmulImpl(n, lc, p, force_copy, ep, /*pack_weights=*/true);
-    if (!packed.ok()) {
-      if (packed.status().code() == absl::StatusCode::kUnimplemented) return onednn;
-      return packed.status();
+  const bool gemv = p.M <= kGemvMaxRows;
+  const bool packed_ok = f32 && act_ok && p.B == 1 && p.M >= 1 && p.N >= 1 &&
+                         (gemv || PackedSgemmRunsAt(ActiveKernelLevel()));
+  if (packed_ok) {
+    const std::vector<int64_t>* lg[3] = {&p.lhs.batch, &p.lhs.free, &p.lhs.contract};
+    const std::vector<int64_t>* rg[3] = {&p.rhs.batch, &p.rhs.contract, &p.rhs.free};
+    OperandView lv = MakeView(p.lhs_dims, lt.dtype, lg, /*force_copy=*/false);
+    OperandView rv = MakeView(p.rhs_dims, rt.dtype, rg, /*force_copy=*/false);
+    if (lv.in_place && rv.in_place) {
+      GemvSpec s;
+      s.lhs = n.operand(0);
+      s.rhs = n.operand(1);
+      s.out = ep.out >= 0 ? ep.out : n.id();
+      s.M = p.M;
+      s.K = p.K;
+      s.N = p.N;
+      s.x_row_stride = lv.strides[1];
+      s.x_col_stride = lv.strides[2];
+      s.w_k_stride = rv.strides[1];
+      s.w_n_stride = rv.strides[2];
+      s.bias = ep.bias;
+      s.relu = ep.has_act;
+      s.residual = ep.residual;
+      s.name = ThunkName(n, (gemv ? "packed gemv" : "packed sgemm") + ep.label);
+      return MakeGemvThunk(s, std::move(onednn));
     }
-    return std::unique_ptr<Thunk>(
-        new ConstantWeightThunk(n.operand(1), std::move(*packed), std::move(onednn)));
+    if (gemv) return onednn;
   }
-  const std::vector<int64_t>* lg[3] = {&p.lhs.batch, &p.lhs.free, &p.lhs.contract};
-  const std::vector<int64_t>* rg[3] = {&p.rhs.batch, &p.rhs.contract, &p.rhs.free};
-  OperandView lv = MakeView(p.lhs_dims, lt.dtype, lg, /*force_copy=*/false);
-  OperandView rv = MakeView(p.rhs_dims, rt.dtype, rg, /*force_copy=*/false);
-  if (!lv.in_place || !rv.in_place) return onednn;
-  GemvSpec s;
-  s.lhs = n.operand(0);
-  s.rhs = n.operand(1);
-  s.out = ep.out >= 0 ? ep.out : n.id();
-  s.M = p.M;
-  s.K = p.K;
-  s.N = p.N;
-  s.x_row_stride = lv.strides[1];
-  s.x_col_stride = lv.strides[2];
-  s.w_k_stride = rv.strides[1];
-  s.w_n_stride = rv.strides[2];
-  s.bias = ep.bias;
-  s.relu = ep.has_act;
-  s.residual = ep.residual;
-  s.name = ThunkName(n, "packed gemv" + ep.label);
-  return MakeGemvThunk(s, std::move(onednn));
+  if (!MayBeConstant(lc.graph, n.operand(1))) return onednn;
+  LowerResult packed = OneDnnMatmulImpl(n, lc, p, force_copy, ep, /*pack_weights=*/true);
+  if (!packed.ok()) {
+    if (packed.status().code() == absl::StatusCode::kUnimplemented) return onednn;
+    return packed.status();
+  }
+  return std::unique_ptr<Thunk>(
+      new ConstantWeightThunk(n.operand(1), std::move(*packed), std::move(onednn)));
 }
 
 // The loop path: any dtype with arithmetic (floats accumulate in their compute type, integers in
