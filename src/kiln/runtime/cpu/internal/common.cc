@@ -87,8 +87,7 @@ dnnl::memory::desc PlainDesc(const std::vector<int64_t>& dims, dnnl::memory::dat
 
 dnnl::memory::desc NodeDesc(const LowerContext& lc, int node, const std::vector<int64_t>& dims,
                             dnnl::memory::data_type dt) {
-  if (lc.is_blocked(node) && dims.size() == 4)
-    return dnnl::memory::desc(dims, dt, BlockedTag());
+  if (lc.is_blocked(node) && dims.size() == 4) return dnnl::memory::desc(dims, dt, BlockedTag());
   return PlainDesc(dims, dt);
 }
 
