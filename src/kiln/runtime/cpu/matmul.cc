@@ -359,7 +359,7 @@ class ConstantWeightThunk : public Thunk {
 };
 
 // The oneDNN matmul, wrapped for bound f32 weights in the packed-weight kernels: the gemv
-// (gemv.cc) for small batches, and below AVX-512 the blocked sgemm (sgemm.cc) up to
+// (gemv.cc) for small batches, and at AVX2 the blocked sgemm (sgemm.cc) up to
 // kPackedSgemmMaxRows, where oneDNN's gemm:jit would re-pack the plain weight on every call. Other
 // bound weights (an epilogue the kernels lack, more rows, AVX-512) run a oneDNN matmul over the
 // weight pre-packed into oneDNN's blocked layout where oneDNN has one. Either takes over when the

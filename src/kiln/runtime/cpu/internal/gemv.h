@@ -32,9 +32,8 @@
 
 namespace kiln::runtime::cpu {
 
-// Most rows the gemv kernel runs; above it the matmul is compute-bound: below AVX-512 the same
-// thunk runs the blocked sgemm over the same pack (internal/sgemm.h), at AVX-512 oneDNN's blocked
-// kernels win.
+// Most rows the gemv kernel runs; above it the matmul is compute-bound: at AVX2 the same thunk
+// runs the blocked sgemm over the same pack (internal/sgemm.h), elsewhere oneDNN's kernels.
 inline constexpr int64_t kGemvMaxRows = 8;
 
 struct GemvSpec {

@@ -1,5 +1,5 @@
 // f32 matmul over the packed constant weights of gemv.cc, for batches above kGemvMaxRows
-// (sgemm.cc; GemvThunk runs it for 9 to kPackedSgemmMaxRows rows below AVX-512): out[M,N] =
+// (sgemm.cc; GemvThunk runs it for 9 to kPackedSgemmMaxRows rows at AVX2): out[M,N] =
 // residual + relu?(x[M,K] . W[K,N] + bias), W packed once at bind time into panels of 16 columns,
 // [panels][K][16] floats (the last panel padded with zeros).
 //
@@ -50,14 +50,15 @@ struct PackedMatmulArgs {
 };
 
 // Whether bound weights of matmuls above kGemvMaxRows (and up to kPackedSgemmMaxRows) run
-// PackedSgemm at `level`: below x86-64-v4, where oneDNN's matmul is gemm:jit on plain weights.
-// At v4 oneDNN's brgemm over its own pre-packed layout runs instead.
+// PackedSgemm at `level`: at x86-64-v3 (avx2), where oneDNN's matmul is gemm:jit on plain
+// weights. At v4 oneDNN's brgemm over its own pre-packed layout runs instead, and at the baseline
+// (sse41) oneDNN's gemm:jit, which the baseline variant does not clearly beat (sgemm.cc).
 bool PackedSgemmRunsAt(KernelLevel level);
 
 // Most rows the packed sgemm is chosen for. oneDNN's gemm:jit re-packs the weight on every call,
 // a cost that its M rows share: at 64-256 rows that is what makes it 1.5-1.9x slower than this
 // kernel (avx2, 2 threads, K and N of 768-3072), while from 512 rows its kernel's steady state,
-// 5-10% above this one's on long K, wins back the packing (0.88-1.0x measured, avx2 and sse41).
+// 5-10% above this one's on long K, wins back the packing (0.88-1.0x measured).
 inline constexpr int64_t kPackedSgemmMaxRows = 256;
 
 // The blocked product, split over the OpenMP threads; the variant of ActiveKernelLevel().
