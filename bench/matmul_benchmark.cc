@@ -456,7 +456,12 @@ int RunPacked(int threads, int reps, const std::string& only) {
                                                      {64, 1024, 1024, true},
                                                      {256, 1024, 1024, false},
                                                      {33, 100, 130, true},
-                                                     {512, 3072, 768, false}}) {
+                                                     {512, 3072, 768, false},
+                                                     {256, 3072, 768, false},
+                                                     {512, 1024, 1024, false},
+                                                     {1024, 1024, 1024, false},
+                                                     {512, 768, 3072, false},
+                                                     {128, 768, 3072, false}}) {
     std::string name = std::to_string(c.M) + "x" + std::to_string(c.K) + "x" + std::to_string(c.N) +
                        (c.bias_relu ? "+bias+relu" : "");
     if (!only.empty() && name.find(only) == std::string::npos) continue;

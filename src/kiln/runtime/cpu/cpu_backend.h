@@ -54,10 +54,11 @@ struct CpuBackendOptions {
   // softmax, log_softmax, layer_norm, convert, matmul, avg/max pooling). For tests of the loops.
   bool prefer_loops = false;
   // Pre-pack weights that Executable::BindConstantParameters fixes (Thunk::PrepareConstants):
-  // small-batch f32 matmuls run the packed gemv kernel (internal/gemv.h), larger ones a oneDNN
-  // matmul created for its own blocked weight layout (format `any`), and forward convolutions keep
-  // their filter reordered into the primitive's layout; each once, at bind time, not per run. Off:
-  // bound weights run the same kernels as unbound ones (for tests and A/B benchmarks).
+  // small-batch f32 matmuls run the packed gemv kernel (internal/gemv.h), at avx2 those of 9-256
+  // rows the packed sgemm (internal/sgemm.h), larger ones a oneDNN matmul created for its own
+  // blocked weight layout (format `any`), and forward convolutions keep their filter reordered
+  // into the primitive's layout; each once, at bind time, not per run. Off: bound weights run the
+  // same kernels as unbound ones (for tests and A/B benchmarks).
   bool prepack_weights = true;
   // Keep convolution and pooling activations in oneDNN's 16-channel blocked layout (nChw16c)
   // between the kernels that take it (layout.cc), instead of reordering to and from row-major

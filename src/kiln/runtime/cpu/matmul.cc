@@ -360,11 +360,11 @@ class ConstantWeightThunk : public Thunk {
 };
 
 // The oneDNN matmul, wrapped for bound f32 weights in the packed-weight kernels: the gemv
-// (gemv.cc) for small batches, and below AVX-512 the blocked sgemm (sgemm.cc) for larger ones,
-// where oneDNN's gemm:jit would re-pack the plain weight on every call. Other bound weights (an
-// epilogue the kernels lack, larger batches at AVX-512) run a oneDNN matmul over the weight
-// pre-packed into oneDNN's blocked layout. Either takes over when the weight is bound constant,
-// and the plain oneDNN matmul runs otherwise.
+// (gemv.cc) for small batches, and at AVX2 the blocked sgemm (sgemm.cc) up to
+// kPackedSgemmMaxRows, where oneDNN's gemm:jit would re-pack the plain weight on every call. Other
+// bound weights (an epilogue the kernels lack, more rows, AVX-512) run a oneDNN matmul over the
+// weight pre-packed into oneDNN's blocked layout where oneDNN has one. Either takes over when the
+// weight is bound constant, and the plain oneDNN matmul runs otherwise.
 absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerContext& lc,
                                                     const DotPlan& p, bool force_copy,
                                                     const Epilogue& ep = {}) {
@@ -376,8 +376,9 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerCont
       lt.dtype == DType::kF32 && rt.dtype == DType::kF32 && n.type().dtype == DType::kF32;
   const bool act_ok = !ep.has_act || (ep.act == dnnl::algorithm::eltwise_relu && ep.alpha == 0.f);
   const bool gemv = p.M <= kGemvMaxRows;
-  const bool packed_ok = f32 && act_ok && p.B == 1 && p.M >= 1 && p.N >= 1 &&
-                         (gemv || PackedSgemmRunsAt(ActiveKernelLevel()));
+  const bool packed_ok =
+      f32 && act_ok && p.B == 1 && p.M >= 1 && p.N >= 1 &&
+      (gemv || (p.M <= kPackedSgemmMaxRows && PackedSgemmRunsAt(ActiveKernelLevel())));
   if (packed_ok) {
     const std::vector<int64_t>* lg[3] = {&p.lhs.batch, &p.lhs.free, &p.lhs.contract};
     const std::vector<int64_t>* rg[3] = {&p.rhs.batch, &p.rhs.contract, &p.rhs.free};

@@ -1,12 +1,11 @@
 // Pre-packed constant weights above the gemv kernel's batch (CpuBackendOptions::prepack_weights):
 // a bound weight of a larger matmul runs, at avx512, a oneDNN matmul over the weight reordered
-// once into oneDNN's blocked layout, and below avx512 Kiln's blocked sgemm over the weight packed
-// once into 16-column panels (internal/sgemm.h); a bound convolution filter is reordered once
-// into the primitive's layout. Each test checks the packed path is taken (the thunk's name says
-// so) and that it gives
-// the outputs of the unpacked paths (the same executable unbound, an executable with
-// prepack_weights off, bound) and of the reference backend; and that re-binding or unbinding never
-// leaves a stale pack.
+// once into oneDNN's blocked layout, and at avx2 (up to 256 rows) Kiln's blocked sgemm over the
+// weight packed once into 16-column panels (internal/sgemm.h); a bound convolution filter is
+// reordered once into the primitive's layout. Each test checks the packed path is taken (the
+// thunk's name says so) and that it gives the outputs of the unpacked paths (the same executable
+// unbound, an executable with prepack_weights off, bound) and of the reference backend; and that
+// re-binding or unbinding never leaves a stale pack.
 #include <cmath>
 #include <map>
 #include <random>
@@ -165,17 +164,23 @@ TEST(Prepack, MatmulAboveTheGemvBatchRunsOnPackedWeights) {
                                          {9, 1024, 130, true},
                                          {33, 1024, 48, false},
                                          {256, 1024, 1024, false},
-                                         {256, 100, 1024, true}}) {
+                                         {256, 100, 1024, true},
+                                         {300, 64, 48, false},
+                                         {300, 64, 48, true}}) {
     const std::string what = "M=" + std::to_string(c.M) + " K=" + std::to_string(c.K) +
                              " N=" + std::to_string(c.N) + (c.transposed ? " W^T" : "");
     std::vector<Tensor> in = {Random(Shape{c.M, c.K}, seed++),
                               Random(c.transposed ? Shape{c.N, c.K} : Shape{c.K, c.N}, seed++),
                               Random(Shape{c.N}, seed++)};
-    // At avx512 oneDNN's brgemm over its blocked layout; below, where oneDNN 2.6's matmul is its
-    // gemm kernel on plain weights, Kiln's packed sgemm. Either packs every case.
-    const std::string kernel =
-        ActiveCpuIsa() >= CpuIsa::kAvx512 ? "weights pre-packed" : "packed sgemm+bias+relu";
-    CheckPrepacked(MatmulProgram(c.M, c.K, c.N, c.transposed), in, what, true, kernel);
+    // At avx512 oneDNN's brgemm over its blocked layout. Below, oneDNN 2.6's matmul is its gemm
+    // kernel on plain weights: at avx2 and up to 256 rows Kiln's packed sgemm runs instead;
+    // otherwise oneDNN does, and only a transposed weight is reordered, once, into the plain
+    // layout it reads.
+    const bool avx512 = ActiveCpuIsa() >= CpuIsa::kAvx512;
+    const bool sgemm = ActiveCpuIsa() == CpuIsa::kAvx2 && c.M <= 256;
+    CheckPrepacked(MatmulProgram(c.M, c.K, c.N, c.transposed), in, what,
+                   avx512 || sgemm || c.transposed,
+                   sgemm ? "packed sgemm+bias+relu" : "weights pre-packed");
   }
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
 #include "kiln/base/memory.h"
 #include "kiln/runtime/cpu/internal/common.h"
@@ -45,9 +46,17 @@ KILN_ALWAYS_INLINE inline void StoreN(float* p, const V& v, int64_t n) {
   std::memcpy(p, &v, static_cast<size_t>(n) * sizeof(float));
 }
 
+// Copies of each packed x value: the baseline (SSE2) has no broadcast from memory (a load and a
+// shuffle per value), so its packing stores each value as a whole vector and the kernel loads it
+// as one; AVX2's vbroadcastss reads the single float.
+template <typename V>
+constexpr int kBcast = std::is_same_v<V, V4> ? 4 : 1;
+
 struct Blocking {
   int64_t kc = 0, nk = 0;  // K blocks: nk of kc (the last may be shorter)
-  int64_t mc = 0, nm = 0;  // row blocks: nm of mc (a multiple of R; the last may be shorter)
+  // Row blocks: nm of at most mc rows, each a run of R-row strips (the strips split as evenly as
+  // the count allows, so threads that take equal numbers of blocks get equal work).
+  int64_t mc = 0, nm = 0, strips = 0;
   int64_t panels = 0, groups = 0;
   bool residual_first = false;  // the residual is added with the first K block (no activation)
 };
@@ -65,8 +74,9 @@ Blocking Plan(const PackedMatmulArgs& a, int64_t R) {
   bl.nk = aliased && a.relu ? 1 : std::max<int64_t>(1, (a.K + kKc - 1) / kKc);
   bl.kc = std::max<int64_t>(1, (a.K + bl.nk - 1) / bl.nk);
   const int64_t mc_max = std::max<int64_t>(R, kABlockFloats / bl.kc / R * R);
+  bl.strips = (a.M + R - 1) / R;
   bl.nm = (a.M + mc_max - 1) / mc_max;
-  bl.mc = ((a.M + bl.nm - 1) / bl.nm + R - 1) / R * R;
+  bl.mc = (bl.strips + bl.nm - 1) / bl.nm * R;
   bl.panels = (a.N + kPackPanel - 1) / kPackPanel;
   bl.groups = (bl.panels + kGroup - 1) / kGroup;
   return bl;
@@ -85,27 +95,38 @@ float* ThreadABuffer(int64_t floats) {
   return reinterpret_cast<float*>(mem.get());
 }
 
-// x[m0 + i, k0 + k] for i < rows, k < kc into dst[i / R][k][i % R]: the R values one step of the
-// micro-kernel broadcasts are adjacent, whatever x's strides (a transposed x is read k-major).
-template <int R>
+// x[m0 + i, k0 + k] for i < rows, k < kc into dst[i / R][k][i % R] (B copies of each): the R
+// values one step of the micro-kernel broadcasts are adjacent, whatever x's strides. Strip by
+// strip, so the writes are sequential.
+template <typename V, int R, int B>
 KILN_ALWAYS_INLINE inline void PackA(const PackedMatmulArgs& a, int64_t m0, int64_t rows,
                                      int64_t k0, int64_t kc, float* dst) {
-  if (a.xs_k == 1) {
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* src = a.x + (m0 + i) * a.xs_m + k0;
-      float* d = dst + (i / R) * kc * R + i % R;
-      for (int64_t k = 0; k < kc; ++k) d[k * R] = src[k];
+  for (int64_t s = 0; s < rows; s += R) {
+    const int64_t rr = std::min<int64_t>(R, rows - s);
+    float* d = dst + (s / R) * kc * R * B;
+    // A short last strip repeats its last row: the lanes are never read, and every strip is then
+    // one unrolled loop of R reads and R writes per k.
+    const float* src[R];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) src[i] = a.x + (m0 + s + std::min<int64_t>(i, rr - 1)) * a.xs_m;
+    const int64_t xs_k = a.xs_k;
+    for (int64_t k = 0; k < kc; ++k) {
+      const int64_t off = (k0 + k) * xs_k;
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        if constexpr (B == 1) {
+          d[k * R + i] = src[i][off];
+        } else {
+          V v = V{} + src[i][off];
+          std::memcpy(d + (k * R + i) * B, &v, sizeof(v));
+        }
+      }
     }
-    return;
-  }
-  for (int64_t k = 0; k < kc; ++k) {
-    const float* src = a.x + m0 * a.xs_m + (k0 + k) * a.xs_k;
-    for (int64_t i = 0; i < rows; ++i) dst[(i / R) * kc * R + k * R + i % R] = src[i * a.xs_m];
   }
 }
 
 // Rows [m0, m0 + r) x the panel at column n0, over one K block: r x 16 accumulators in
-// registers (ap: the packed rows, R floats per k; bp: the panel's kc x 16 strip), then added to
+// registers (ap: the packed strip, R values per k; bp: the panel's kc x 16 strip), then added to
 // the partial sums in the output, and on the last K block the epilogue.
 template <typename V, int R, int r>
 KILN_ALWAYS_INLINE inline void Tile(const PackedMatmulArgs& a, const Blocking& bl, const float* ap,
@@ -118,13 +139,35 @@ KILN_ALWAYS_INLINE inline void Tile(const PackedMatmulArgs& a, const Blocking& b
   for (int i = 0; i < r; ++i)
 #pragma GCC unroll 4
     for (int c = 0; c < S; ++c) acc[i][c] = V{};
+  // The partial sums this tile adds to at its end: rows a row stride apart, on lines no hardware
+  // prefetcher predicts; fetched now, they arrive while the products run.
+  if (!first || bl.residual_first) {
+    const float* base = !first ? a.out : a.residual;
+    if (base != nullptr) {
+#pragma GCC unroll 8
+      for (int i = 0; i < r; ++i) {
+        const float* p = base + (m0 + i) * a.N + n0;
+        __builtin_prefetch(p, 0, 3);
+        __builtin_prefetch(p + kPackPanel - 1, 0, 3);
+      }
+    }
+  }
   for (int64_t k = 0; k < kc; ++k) {
     V w[S];
 #pragma GCC unroll 4
     for (int c = 0; c < S; ++c) Load(w[c], bp + k * kPackPanel + c * L);
 #pragma GCC unroll 8
     for (int i = 0; i < r; ++i) {
-      const float xv = ap[k * R + i];
+      constexpr int B = kBcast<V>;
+      auto xv = [&] {
+        if constexpr (B == 1) {
+          return ap[k * R + i];
+        } else {
+          V t;
+          Load(t, ap + (k * R + i) * B);
+          return t;
+        }
+      }();
 #pragma GCC unroll 4
       for (int c = 0; c < S; ++c) acc[i][c] += w[c] * xv;
     }
@@ -189,19 +232,28 @@ KILN_ALWAYS_INLINE inline void TailTile(int64_t rows, const PackedMatmulArgs& a,
 }
 
 // Row block `rb` x panels [p0, p1), all K blocks: per K block the rows are packed once and every
-// panel's strip is multiplied with all of them while it sits in L1.
+// panel's strip is multiplied with all of them while it sits in L1. The next panel's strip is in
+// L3 or memory, 16 KiB that the hardware prefetchers only find once its first lines miss: each
+// tile asks for its share of it (into L2) so that it is there when its turn comes.
 template <typename V, int R>
 KILN_ALWAYS_INLINE inline void Segment(const PackedMatmulArgs& a, const Blocking& bl, int64_t rb,
                                        int64_t p0, int64_t p1, float* abuf) {
-  const int64_t m0 = rb * bl.mc, rows = std::min(bl.mc, a.M - m0);
+  const int64_t m0 = rb * bl.strips / bl.nm * R;
+  const int64_t rows = std::min(a.M, (rb + 1) * bl.strips / bl.nm * R) - m0;
   for (int64_t kb = 0; kb < bl.nk; ++kb) {
     const int64_t k0 = kb * bl.kc, kc = std::min(bl.kc, a.K - k0);
     const bool first = kb == 0, last = kb == bl.nk - 1;
-    PackA<R>(a, m0, rows, k0, kc, abuf);
+    PackA<V, R, kBcast<V>>(a, m0, rows, k0, kc, abuf);
+    const int64_t strips = (rows + R - 1) / R;
     for (int64_t p = p0; p < p1; ++p) {
       const float* bp = a.pack + p * a.K * kPackPanel + k0 * kPackPanel;
+      const float* next = p + 1 < p1 ? bp + a.K * kPackPanel : nullptr;
       for (int64_t i = 0; i < rows; i += R) {
-        const float* ap = abuf + (i / R) * kc * R;
+        if (next != nullptr) {
+          const int64_t s = i / R, l0 = s * kc / strips, l1 = (s + 1) * kc / strips;
+          for (int64_t l = l0; l < l1; ++l) __builtin_prefetch(next + l * kPackPanel, 0, 2);
+        }
+        const float* ap = abuf + (i / R) * kc * R * kBcast<V>;
         if (rows - i >= R) {
           Tile<V, R, R>(a, bl, ap, bp, kc, m0 + i, p * kPackPanel, first, last);
         } else {
@@ -217,7 +269,7 @@ KILN_ALWAYS_INLINE inline void Segment(const PackedMatmulArgs& a, const Blocking
 template <typename V, int R>
 KILN_ALWAYS_INLINE inline void UnitsBody(const PackedMatmulArgs& a, const Blocking& bl, int64_t b,
                                          int64_t e) {
-  float* abuf = ThreadABuffer(bl.mc * bl.kc);
+  float* abuf = ThreadABuffer(bl.mc * bl.kc * kBcast<V>);
   for (int64_t t = b; t < e;) {
     const int64_t rb = t / bl.groups, g0 = t % bl.groups;
     const int64_t g1 = std::min(bl.groups, g0 + (e - t));
@@ -226,11 +278,13 @@ KILN_ALWAYS_INLINE inline void UnitsBody(const PackedMatmulArgs& a, const Blocki
   }
 }
 
-// Rows per strip, fitted to the register file: at v3 a panel is two ymm, 6 x 2 accumulators plus
-// 2 weight vectors and a broadcast of 16; at the baseline four xmm, 2 x 4 accumulators plus 4
-// weights, a broadcast and the product (no FMA) of 16.
+// Rows per strip, fitted to the register file (16 vector registers): at v3 a panel is two ymm,
+// 6 x 2 accumulators plus 2 weight vectors and a broadcast (8 loads per 12 FMAs; 3 rows x 2
+// panels, the other 12-accumulator shape, measured 40% slower: GCC re-reads the weights from
+// memory for each row); at the baseline four xmm, 3 x 4 accumulators plus the 3 broadcast rows
+// and a product (SSE has no FMA, so each multiply needs a register of its own).
 constexpr int kRowsV3 = 6;
-constexpr int kRowsBase = 2;
+constexpr int kRowsBase = 3;
 
 KILN_TARGET_V3 void UnitsV3(const PackedMatmulArgs& a, const Blocking& bl, int64_t b, int64_t e) {
   UnitsBody<V8, kRowsV3>(a, bl, b, e);
@@ -241,7 +295,11 @@ void UnitsBase(const PackedMatmulArgs& a, const Blocking& bl, int64_t b, int64_t
 
 }  // namespace
 
-bool PackedSgemmRunsAt(KernelLevel level) { return level != KernelLevel::kV4; }
+// v3 only. At v4 oneDNN's brgemm over its own layout is as fast. At the baseline this kernel
+// measured 0.77-1.16x oneDNN's sse41 gemm:jit (2 threads, 64-256 rows, K and N 768-3072; ahead
+// only with the bias + relu epilogue), not clearly faster, so oneDNN keeps those; the baseline
+// variant stays for direct callers (and the kernel tests at sse41).
+bool PackedSgemmRunsAt(KernelLevel level) { return level == KernelLevel::kV3; }
 
 void PackedSgemm(const PackedMatmulArgs& a) {
   if (a.M <= 0 || a.N <= 0) return;

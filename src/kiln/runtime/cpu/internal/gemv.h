@@ -32,8 +32,8 @@
 
 namespace kiln::runtime::cpu {
 
-// Most rows the packed path runs; above it the matmul is compute-bound and oneDNN's blocked
-// kernels win.
+// Most rows the gemv kernel runs; above it the matmul is compute-bound: at AVX2 the same thunk
+// runs the blocked sgemm over the same pack (internal/sgemm.h), elsewhere oneDNN's kernels.
 inline constexpr int64_t kGemvMaxRows = 8;
 
 struct GemvSpec {
@@ -47,8 +47,8 @@ struct GemvSpec {
   std::string name;   // the thunk's name when the packed path runs
 };
 
-// A thunk that runs the packed kernel once its weight is bound constant, and `fallback` (the same
-// computation through oneDNN) otherwise.
+// A thunk that runs the packed kernel (the gemv up to kGemvMaxRows rows, PackedSgemm above) once
+// its weight is bound constant, and `fallback` (the same computation through oneDNN) otherwise.
 std::unique_ptr<Thunk> MakeGemvThunk(const GemvSpec& spec, std::unique_ptr<Thunk> fallback);
 
 }  // namespace kiln::runtime::cpu

@@ -1,6 +1,7 @@
 // f32 matmul over the packed constant weights of gemv.cc, for batches above kGemvMaxRows
-// (sgemm.cc): out[M,N] = residual + relu?(x[M,K] . W[K,N] + bias), W packed once at bind time into
-// panels of 16 columns, [panels][K][16] floats (the last panel padded with zeros).
+// (sgemm.cc; GemvThunk runs it for 9 to kPackedSgemmMaxRows rows at AVX2): out[M,N] =
+// residual + relu?(x[M,K] . W[K,N] + bias), W packed once at bind time into panels of 16 columns,
+// [panels][K][16] floats (the last panel padded with zeros).
 //
 // Why: below AVX-512, oneDNN 2.6's f32 matmul is its `gemm:jit` kernel, which reads plain weights
 // and packs them again on every call, and reaches about half the FMA rate of a register-blocked
@@ -15,13 +16,15 @@
 //       for each panel: for each R rows: R x 16 accumulators over Kc, added to the output
 //   the epilogue (bias, relu, residual) once, in registers, after the last K block
 //
-// R x 16 is 6 rows x 2 ymm (12 accumulators) at x86-64-v3 and 2 rows x 4 xmm at the baseline.
-// Each output element is summed in the same order whatever the thread count, so results are
-// deterministic and do not depend on the split. At x86-64-v4 oneDNN's brgemm over its own
-// pre-packed layout runs instead (matmul.cc).
+// R x 16 is 6 rows x 2 ymm (12 accumulators) at x86-64-v3 and 3 rows x 4 xmm at the baseline
+// (whose packed x holds each value as a whole vector: SSE2 cannot broadcast from memory). The
+// blocking is BLIS's for Haswell (Kc = 256, up to 168 rows per A block); row blocks x groups of 4
+// panels are split between the threads. Each output element is summed in the same order whatever
+// the thread count and x's layout, so results are deterministic and do not depend on the split.
+// At x86-64-v4 oneDNN's brgemm over its own pre-packed layout runs instead (matmul.cc).
 //
 //   PackedMatmulArgs a = ...;   // the pack from GemvThunk::PrepareConstants
-//   PackedSgemm(a);             // any M >= 1
+//   PackedSgemm(a);             // any M >= 1 (matmul.cc: 9 to kPackedSgemmMaxRows)
 #ifndef KILN_RUNTIME_CPU_INTERNAL_SGEMM_H_
 #define KILN_RUNTIME_CPU_INTERNAL_SGEMM_H_
 
@@ -46,9 +49,17 @@ struct PackedMatmulArgs {
   bool relu = false;
 };
 
-// Whether bound weights of matmuls above kGemvMaxRows run PackedSgemm at `level` (rather than
-// oneDNN over its own pre-packed layout).
+// Whether bound weights of matmuls above kGemvMaxRows (and up to kPackedSgemmMaxRows) run
+// PackedSgemm at `level`: at x86-64-v3 (avx2), where oneDNN's matmul is gemm:jit on plain
+// weights. At v4 oneDNN's brgemm over its own pre-packed layout runs instead, and at the baseline
+// (sse41) oneDNN's gemm:jit, which the baseline variant does not clearly beat (sgemm.cc).
 bool PackedSgemmRunsAt(KernelLevel level);
+
+// Most rows the packed sgemm is chosen for. oneDNN's gemm:jit re-packs the weight on every call,
+// a cost that its M rows share: at 64-256 rows that is what makes it 1.5-1.9x slower than this
+// kernel (avx2, 2 threads, K and N of 768-3072), while from 512 rows its kernel's steady state,
+// 5-10% above this one's on long K, wins back the packing (0.88-1.0x measured).
+inline constexpr int64_t kPackedSgemmMaxRows = 256;
 
 // The blocked product, split over the OpenMP threads; the variant of ActiveKernelLevel().
 void PackedSgemm(const PackedMatmulArgs& a);
