@@ -46,4 +46,15 @@ if [ "$expect" -eq 1 ]; then
 fi
 grep -q '"bf16_computes_in_f32": '"$([ "$expect" -eq 1 ] && echo true || echo false)" \
   "$W/run/run.json" || fail "run.json matmul_gflops.bf16_computes_in_f32 disagrees"
+# Again from the compile cache (the optimized step read back, no pass run): the same line, read off
+# the cached program's float_normalized attributes.
+# (The same config: the schedule is part of the step graph.)
+KILN_CACHE_DIR="$W/cache" "$KILN" train "$CONFIG" --set precision=mixed_bf16 --set steps=60 \
+  --set log_every=20 --set eval_every=0 --set checkpoint_every=60 --output-dir "$W/run2" \
+  > "$W/train2.log" 2>&1 \
+  || { cat "$W/train2.log"; fail "the cached rerun exited $?"; }
+grep -q "miss for graph '[a-z]*_loss_train_step'" "$W/train2.log" \
+  && { cat "$W/train2.log"; fail "the rerun missed the compile cache"; }
+test "$(grep -c "$note" "$W/train2.log")" -eq "$expect" \
+  || { cat "$W/train2.log"; fail "the cached rerun does not report the f32-compute ops the same"; }
 echo "PASS (KILN_CPU_ISA=${KILN_CPU_ISA:-native}, f32-compute lines: $notes)"
