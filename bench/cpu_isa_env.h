@@ -9,11 +9,18 @@
 //
 // Returns 0 (unset, or applied), or 2 after printing why to stderr: a bad name, or a level above
 // this CPU's (a benchmark that silently ran natively would report the wrong machine).
+//
+// The peers (PyTorch with OpenBLAS, ONNX Runtime) have no such cap: below the host's level every
+// program the benchmark starts preloads libkiln_cpuid_cap.so (tests/support/cpuid_cap.cc), which
+// shows it a CPU of that level through CPUID, so both sides run the kernels that CPU would get.
+// Where the CPU cannot fault CPUID the peers run natively, and the benchmark says so.
 #ifndef KILN_BENCH_CPU_ISA_ENV_H_
 #define KILN_BENCH_CPU_ISA_ENV_H_
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -21,23 +28,40 @@
 
 namespace kiln::bench {
 
+// Every program started from here on sees a CPU of `isa` (a level below the host's).
+inline void CapPeersCpuid(const char* program, CpuIsa isa) {
+#ifdef KILN_CPUID_CAP_LIBRARY
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::stringstream text;
+  text << cpuinfo.rdbuf();
+  if (text.str().find(" cpuid_fault") == std::string::npos) {
+    std::fprintf(stderr,
+                 "%s: this CPU cannot fault CPUID: the peers run at %s, Kiln at %s (ratios compare "
+                 "different kernels)\n",
+                 program, CpuIsaName(HostCpuIsa()).c_str(), CpuIsaName(isa).c_str());
+    return;
+  }
+  const char* old = std::getenv("LD_PRELOAD");
+  std::string preload = KILN_CPUID_CAP_LIBRARY;
+  if (old != nullptr && *old != '\0') preload += std::string(":") + old;
+  setenv("LD_PRELOAD", preload.c_str(), 1);
+  setenv("KILN_CPUID_CAP", CpuIsaName(isa).c_str(), 1);
+  std::fprintf(stderr, "%s: the peers see a %s CPU (libkiln_cpuid_cap.so)\n", program,
+               CpuIsaName(isa).c_str());
+#else
+  (void)program;
+  (void)isa;
+#endif
+}
+
 inline int ApplyCpuIsaEnvironment(const char* program) {
   const char* v = std::getenv("KILN_CPU_ISA");
   if (v == nullptr || *v == '\0') return 0;
-  absl::StatusOr<CpuIsa> isa = ParseCpuIsa(v);
-  if (!isa.ok()) {
-    std::fprintf(stderr, "%s: %s\n", program, std::string(isa.status().message()).c_str());
-    return 2;
-  }
-  if (*isa > HostCpuIsa()) {
-    std::fprintf(stderr, "%s: KILN_CPU_ISA=%s, but this CPU runs at most %s\n", program, v,
-                 CpuIsaName(HostCpuIsa()).c_str());
-    return 2;
-  }
-  if (absl::Status s = SetCpuIsaCap(*isa); !s.ok()) {
+  if (absl::Status s = ApplyCpuIsaSetting(v, /*strict=*/true); !s.ok()) {
     std::fprintf(stderr, "%s: %s\n", program, std::string(s.message()).c_str());
     return 2;
   }
+  if (CpuIsaCapped()) CapPeersCpuid(program, ActiveCpuIsa());
   return 0;
 }
 

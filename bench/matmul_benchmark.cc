@@ -507,10 +507,8 @@ int main(int argc, char** argv) {
   }
   omp_set_num_threads(threads);
   // KILN_CPU_ISA caps Kiln's and oneDNN's ISA level, as in the kiln CLI (docs/cli.md).
-  if (const char* v = std::getenv("KILN_CPU_ISA"); v != nullptr && *v != '\0') {
-    absl::StatusOr<kiln::CpuIsa> isa = kiln::ParseCpuIsa(v);
-    absl::Status s = isa.ok() ? kiln::SetCpuIsaCap(*isa) : isa.status();
-    if (!s.ok()) {
+  if (const char* v = std::getenv("KILN_CPU_ISA"); v != nullptr) {
+    if (absl::Status s = kiln::ApplyCpuIsaSetting(v, /*strict=*/true); !s.ok()) {
       std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
       return 2;
     }

@@ -1,6 +1,7 @@
 #include "bench/peer_blas.h"
 
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <utility>
 
@@ -69,6 +70,26 @@ int CpuBlasLevel(const CpuInfo& cpu) {
   if (cpu.Has("avx2") && cpu.Has("fma")) return 2;
   if (cpu.Has("avx")) return 1;
   return 0;
+}
+
+CpuInfo CapCpuInfo(CpuInfo cpu, std::string_view level) {
+  const bool sse41 = level == "sse41";
+  const bool avx2 = sse41 || level == "avx2";
+  const bool avx512 = avx2 || level == "avx512";
+  const bool vnni = avx512 || level == "avx512_vnni";
+  const bool bf16 = vnni || level == "avx512_bf16";
+  static const std::set<std::string> kV3 = {"avx",  "avx2",       "fma",     "f16c",
+                                            "bmi1", "bmi2",       "movbe",   "abm",
+                                            "vaes", "vpclmulqdq", "avx_vnni"};
+  for (auto it = cpu.flags.begin(); it != cpu.flags.end();) {
+    const std::string& f = *it;
+    const bool is_avx512 = f.rfind("avx512", 0) == 0;
+    const bool drop = (bf16 && (f.rfind("amx", 0) == 0 || f == "avx512_fp16" || f == "avx_vnni")) ||
+                      (vnni && f == "avx512_bf16") || (avx512 && f == "avx512_vnni") ||
+                      (avx2 && is_avx512) || (sse41 && kV3.count(f) > 0);
+    it = drop ? cpu.flags.erase(it) : std::next(it);
+  }
+  return cpu;
 }
 
 std::string BestOpenBlasCore(const CpuInfo& cpu) {

@@ -28,6 +28,10 @@ struct CpuInfo {
 CpuInfo ParseCpuInfo(std::string_view text);
 // /proc/cpuinfo of this machine (empty when unreadable).
 CpuInfo ReadCpuInfo();
+// `cpu` as a CPU of Kiln's ISA `level` (base/cpu_isa.h names: sse41, avx2, avx512, avx512_vnni,
+// avx512_bf16) shows it: the flags above that level removed, as libkiln_cpuid_cap.so removes them
+// from CPUID for the peers when the benchmark runs under KILN_CPU_ISA. An unknown level keeps all.
+CpuInfo CapCpuInfo(CpuInfo cpu, std::string_view level);
 
 // The SIMD level of an OpenBLAS core type's f32 kernels: 0 SSE (the generic fallbacks: Prescott,
 // Core2, Nehalem, ...), 1 AVX (Sandybridge, Bulldozer family), 2 AVX2+FMA (Haswell, Zen),

@@ -27,6 +27,22 @@ TEST(PeerBlasTest, ParsesTheFirstProcessor) {
             "avx512f avx512vl fma sse4_1 sse4_2");
 }
 
+TEST(PeerBlasTest, CappedCpuShowsOnlyTheFlagsOfItsLevel) {
+  const CpuInfo spr = ParseCpuInfo(kSapphireRapids);
+  EXPECT_EQ(BestOpenBlasCore(CapCpuInfo(spr, "avx512_bf16")), "Cooperlake");
+  EXPECT_FALSE(CapCpuInfo(spr, "avx512_bf16").Has("amx_tile"));
+  EXPECT_EQ(BestOpenBlasCore(CapCpuInfo(spr, "avx512")), "SkylakeX");
+  const CpuInfo avx2 = CapCpuInfo(spr, "avx2");
+  EXPECT_EQ(BestOpenBlasCore(avx2), "Haswell");
+  EXPECT_TRUE(avx2.Has("fma"));
+  EXPECT_FALSE(avx2.Has("avx512f"));
+  const CpuInfo v2 = CapCpuInfo(spr, "sse41");
+  EXPECT_EQ(BestOpenBlasCore(v2), "");
+  EXPECT_TRUE(v2.Has("sse4_2"));
+  EXPECT_FALSE(v2.Has("avx"));
+  EXPECT_EQ(CapCpuInfo(spr, "native").flags, spr.flags);
+}
+
 TEST(PeerBlasTest, NewestCoreTheCpuRuns) {
   EXPECT_EQ(BestOpenBlasCore(ParseCpuInfo(kSapphireRapids)), "Cooperlake");
   EXPECT_EQ(BestOpenBlasCore(ParseCpuInfo(kSkylake)), "SkylakeX");

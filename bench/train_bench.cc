@@ -839,7 +839,10 @@ void Bench::Add(const std::string& name, absl::StatusOr<Workload> w, int reps, i
 absl::Status StartAndReport(Bench& b) {
   const Flags& f = b.flags;
   omp_set_num_threads(f.threads);
+  // Under KILN_CPU_ISA the peer sees a CPU of that level (bench/cpu_isa_env.h): so does its
+  // OpenBLAS core choice.
   b.cpu_info = bench::ReadCpuInfo();
+  if (CpuIsaCapped()) b.cpu_info = bench::CapCpuInfo(b.cpu_info, CpuIsaName(ActiveCpuIsa()));
   b.isa = runtime::OneDnnIsaName();
   std::printf("cpu: %s; oneDNN ISA %s; flags: %s\n", b.cpu_info.model.c_str(), b.isa.c_str(),
               bench::SimdFlags(b.cpu_info).c_str());

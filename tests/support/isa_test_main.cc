@@ -11,21 +11,12 @@
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  if (const char* v = std::getenv("KILN_CPU_ISA"); v != nullptr && *v != '\0') {
-    absl::StatusOr<kiln::CpuIsa> isa = kiln::ParseCpuIsa(v);
-    if (!isa.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(isa.status().message()).c_str());
-      return 2;
-    }
-    if (*isa > kiln::HostCpuIsa()) {
-      std::printf("KILN_CPU_ISA=%s: this CPU runs at most %s; skipped\n", v,
-                  kiln::CpuIsaName(kiln::HostCpuIsa()).c_str());
-      return 77;
-    }
-    if (absl::Status s = kiln::SetCpuIsaCap(*isa); !s.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-      return 2;
-    }
+  const char* v = std::getenv("KILN_CPU_ISA");
+  if (absl::Status s = kiln::ApplyCpuIsaSetting(v == nullptr ? "" : v, /*strict=*/true); !s.ok()) {
+    const bool above = s.code() == absl::StatusCode::kOutOfRange;
+    std::fprintf(above ? stdout : stderr, "%s%s\n", std::string(s.message()).c_str(),
+                 above ? "; skipped" : "");
+    return above ? 77 : 2;
   }
   std::printf("[ cpu isa  ] %s (host %s)\n", kiln::CpuIsaName(kiln::ActiveCpuIsa()).c_str(),
               kiln::CpuIsaName(kiln::HostCpuIsa()).c_str());

@@ -89,6 +89,17 @@ absl::Status SetCpuIsaCap(CpuIsa cap) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyCpuIsaSetting(std::string_view value, bool strict) {
+  if (value.empty()) return absl::OkStatus();
+  absl::StatusOr<CpuIsa> isa = ParseCpuIsa(value);
+  if (!isa.ok()) return isa.status();
+  if (strict && *isa > HostCpuIsa()) {
+    return absl::OutOfRangeError(absl::StrFormat("KILN_CPU_ISA=%s, but this CPU runs at most %s",
+                                                 value, CpuIsaName(HostCpuIsa())));
+  }
+  return SetCpuIsaCap(*isa);
+}
+
 CpuIsa ActiveCpuIsa() {
   const int v = g_level.load(std::memory_order_acquire);
   if (v >= 0) return static_cast<CpuIsa>(v);

@@ -16,8 +16,9 @@
 //   avx512_bf16  + AVX-512 BF16: oneDNN's avx512_core_bf16, its bf16 matmul and convolution
 //   amx          + AMX tiles: oneDNN's avx512_core_amx
 //
-// The libraries read no environment: the kiln CLI and the test support library read
-// KILN_CPU_ISA and call SetCpuIsaCap before the first kernel (docs/cli.md, "Environment").
+// The libraries read no environment: the kiln CLI, the test support library and the benchmarks
+// read KILN_CPU_ISA and pass its value to ApplyCpuIsaSetting before the first kernel (docs/cli.md,
+// "Environment").
 #ifndef KILN_BASE_CPU_ISA_H_
 #define KILN_BASE_CPU_ISA_H_
 
@@ -47,6 +48,12 @@ CpuIsa HostCpuIsa();
 // before the level is first used (ActiveCpuIsa, any kernel): FailedPrecondition naming both
 // levels when it was already decided otherwise; the same effective level again is fine.
 absl::Status SetCpuIsaCap(CpuIsa cap);
+
+// Applies a KILN_CPU_ISA value, as every program that reads the variable does: empty does nothing;
+// otherwise ParseCpuIsa, then SetCpuIsaCap (its errors). A level above this CPU's is OutOfRange
+// naming both when `strict` (tests and benchmarks: a silent native run would report the wrong
+// machine), and the CPU's own level otherwise (the kiln CLI).
+absl::Status ApplyCpuIsaSetting(std::string_view value, bool strict);
 
 // The process's level: min(host, cap). Decided on first call and fixed from then on.
 CpuIsa ActiveCpuIsa();

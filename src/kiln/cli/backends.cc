@@ -33,9 +33,7 @@ absl::StatusOr<EnvOptions> FromEnvironment() {
 absl::Status ApplyCpuIsaFromEnvironment() {
   // KILN_CPU_ISA alone: the other variables' errors belong to the command that reads them.
   const char* v = std::getenv("KILN_CPU_ISA");
-  if (v == nullptr || *v == '\0') return absl::OkStatus();
-  KILN_ASSIGN_OR_RETURN(CpuIsa isa, ParseCpuIsa(v));
-  return SetCpuIsaCap(isa);
+  return ApplyCpuIsaSetting(v == nullptr ? "" : v, /*strict=*/false);
 }
 
 std::vector<std::string> BackendNames() { return {"cpu", "reference"}; }

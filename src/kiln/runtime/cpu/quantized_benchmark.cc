@@ -191,10 +191,8 @@ int Main(int argc, char** argv) {
     if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[++i]);
   }
   // The cap must come before the first kernel or backend decides the level.
-  if (const char* v = std::getenv("KILN_CPU_ISA"); v != nullptr && *v != '\0') {
-    absl::StatusOr<CpuIsa> isa = ParseCpuIsa(v);
-    absl::Status s = isa.ok() ? SetCpuIsaCap(*isa) : isa.status();
-    if (!s.ok()) {
+  if (const char* v = std::getenv("KILN_CPU_ISA"); v != nullptr) {
+    if (absl::Status s = ApplyCpuIsaSetting(v, /*strict=*/true); !s.ok()) {
       fprintf(stderr, "%s\n", std::string(s.message()).c_str());
       return 2;
     }
