@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "kiln/base/crc32c.h"
 #include "kiln/base/status.h"
+#include "kiln/data/csv.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/dataset_manifest.h"
 #include "kiln/data/digits.h"
@@ -149,95 +150,9 @@ absl::StatusOr<Schema> ParseSchema(const std::string& path, const std::string& t
   return s;
 }
 
-struct Record {
-  int64_t line = 0;  // 1-based line where it starts
-  std::vector<std::string> fields;
-};
-
-// RFC 4180 records; a quote inside an unquoted field, or text after a closing quote, is an error.
-absl::StatusOr<std::vector<Record>> SplitCsv(const std::string& text, char delim,
-                                             const std::string& path) {
-  std::vector<Record> out;
-  size_t i = 0;
-  int64_t line = 1;
-  if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) i = 3;  // UTF-8 byte order mark
-  while (i < text.size()) {
-    Record r;
-    r.line = line;
-    int64_t col_start = 1;
-    size_t line_start = i;
-    std::string field;
-    bool quoted = false;
-    bool done = false;
-    while (!done) {
-      if (i >= text.size()) {
-        r.fields.push_back(std::move(field));
-        break;
-      }
-      const char ch = text[i];
-      if (field.empty() && !quoted && ch == '"') {
-        quoted = true;
-        ++i;
-        while (true) {
-          if (i >= text.size()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(path, ":", r.line, ":", col_start, ": unterminated quoted field"));
-          }
-          if (text[i] == '"') {
-            if (i + 1 < text.size() && text[i + 1] == '"') {
-              field.push_back('"');
-              i += 2;
-              continue;
-            }
-            ++i;
-            break;
-          }
-          if (text[i] == '\n') {
-            ++line;
-            line_start = i + 1;
-          }
-          field.push_back(text[i++]);
-        }
-        if (i < text.size() && text[i] != delim && text[i] != '\n' && text[i] != '\r') {
-          return absl::InvalidArgumentError(absl::StrCat(path, ":", line, ":", i - line_start + 1,
-                                                         ": text after a closing quote"));
-        }
-        continue;
-      }
-      if (ch == delim) {
-        r.fields.push_back(std::move(field));
-        field.clear();
-        quoted = false;
-        ++i;
-        col_start = static_cast<int64_t>(i - line_start) + 1;
-      } else if (ch == '\n' || ch == '\r') {
-        r.fields.push_back(std::move(field));
-        i += (ch == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ? 2 : 1;
-        ++line;
-        done = true;
-      } else {
-        if (ch == '"' && !quoted) {
-          return absl::InvalidArgumentError(absl::StrCat(path, ":", line, ":", i - line_start + 1,
-                                                         ": quote inside an unquoted field"));
-        }
-        field.push_back(ch);
-        ++i;
-      }
-    }
-    const bool blank = r.fields.size() == 1 && r.fields[0].empty();
-    if (!blank) out.push_back(std::move(r));
-  }
-  return out;
-}
-
 absl::StatusOr<double> ParseNumber(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && (s[b] == ' ' || s[b] == '\t')) ++b;
-  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) --e;
-  if (b < e && s[b] == '+') ++b;
   double v = 0;
-  auto [ptr, ec] = std::from_chars(s.data() + b, s.data() + e, v);
-  if (b == e || ec != std::errc() || ptr != s.data() + e || !std::isfinite(v)) {
+  if (!ParseCsvDouble(TrimCsvField(s), &v) || !std::isfinite(v)) {
     return absl::InvalidArgumentError("'" + s + "' is not a finite number");
   }
   return v;
@@ -259,13 +174,13 @@ absl::Status CheckCsvOptions(const CsvImportOptions& o) {
 }
 
 // Binds schema columns to record positions; every header column must be in the schema.
-absl::Status BindColumns(Schema* s, std::vector<Record>* records, const std::string& path) {
+absl::Status BindColumns(Schema* s, std::vector<CsvRecord>* records, const std::string& path) {
   if (!s->header) {
     for (size_t k = 0; k < s->columns.size(); ++k) s->columns[k].csv_index = static_cast<int>(k);
     return absl::OkStatus();
   }
   if (records->empty()) return absl::InvalidArgumentError(path + ": empty file (no header)");
-  const Record header = std::move(records->front());
+  const CsvRecord header = std::move(records->front());
   records->erase(records->begin());
   std::map<std::string, int> pos;
   for (size_t k = 0; k < header.fields.size(); ++k) {
@@ -297,14 +212,14 @@ absl::Status BindColumns(Schema* s, std::vector<Record>* records, const std::str
 
 // Pass 1 over the records (in file order): checks every cell, collects each numeric column's
 // statistics and each categorical column's vocabulary.
-absl::Status CheckCells(const std::string& file, const std::vector<Record>& records, Schema* schema,
-                        std::vector<ChannelStats>* stats) {
+absl::Status CheckCells(const std::string& file, const std::vector<CsvRecord>& records,
+                        Schema* schema, std::vector<ChannelStats>* stats) {
   int expected = 0;
   for (const Column& c : schema->columns) expected = std::max(expected, c.csv_index + 1);
 
   std::vector<std::set<std::string>> seen(schema->columns.size());
   stats->assign(schema->columns.size(), ChannelStats(1));
-  for (const Record& r : records) {
+  for (const CsvRecord& r : records) {
     if (r.fields.size() != static_cast<size_t>(expected)) {
       return absl::InvalidArgumentError(
           absl::StrCat(file, ":", r.line, ": ", r.fields.size(), " fields, expected ", expected));
@@ -393,7 +308,8 @@ absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& o,
   KILN_ASSIGN_OR_RETURN(uint64_t file_size, env->GetFileSize(o.file));
   KILN_ASSIGN_OR_RETURN(std::string text, ReadMaybeGzippedFile(o.file, env));
   const uint32_t file_crc = crc32c::Value(text.data(), text.size());
-  KILN_ASSIGN_OR_RETURN(std::vector<Record> records, SplitCsv(text, schema.delimiter, o.file));
+  KILN_ASSIGN_OR_RETURN(std::vector<CsvRecord> records,
+                        ParseCsv(text, o.file, CsvOptions{schema.delimiter}));
   text.clear();
   text.shrink_to_fit();
   KILN_RETURN_IF_ERROR(BindColumns(&schema, &records, o.file));
@@ -417,7 +333,7 @@ absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& o,
   const int threads = ResolveThreads(o.threads);
 
   auto encode = [&](int64_t row) {
-    const Record& r = records[row];
+    const CsvRecord& r = records[row];
     Example ex;
     for (size_t k = 0; k < schema.columns.size(); ++k) {
       const Column& c = schema.columns[k];
