@@ -104,24 +104,98 @@ double ClickModel::Score(int64_t u, int64_t i, double hour) const {
          0.5 * std::cos(2 * kPi * (hour - 20) / 24) - 1.0;
 }
 
+namespace {
+
+// The log's events, in order: who saw which item at what hour, and whether they clicked.
+std::vector<Event> DrawEvents(const ClickLogOptions& o, const ClickModel& model) {
+  std::vector<Event> events(static_cast<size_t>(o.events));
+  Stream s(o.seed, "events", o.day);
+  for (Event& e : events) {
+    e.user = s.Below(o.users);
+    e.item = s.Below(o.items);
+    e.hour = static_cast<float>(s.Below(24));
+    const double p = Sigmoid(model.Score(e.user, e.item, e.hour));
+    e.probability = static_cast<float>(p);
+    e.click = s.Uniform() < p ? 1 : 0;
+    e.price = static_cast<float>(std::exp(model.log_price[e.item]));
+  }
+  return events;
+}
+
+// Statistics of the dense features (the dataset: source normalizes with them) over the train
+// split, and the Bayes-optimal metrics of the held-out split.
+void SummarizeEvents(const ShardPlan& split, const std::vector<Event>& events, int64_t recall_k,
+                     ClickLogSummary* summary, ChannelStats* price, ChannelStats* hour) {
+  std::vector<int64_t> users;
+  std::vector<double> scores;
+  std::vector<int> labels;
+  int64_t clicks = 0;
+  for (size_t s = 0; s < split.shards.size(); ++s) {
+    const bool held = split.shards[s].split == "held_out";
+    for (int64_t row : split.items[s]) {
+      const Event& e = events[row];
+      clicks += e.click;
+      if (held) {
+        users.push_back(e.user);
+        scores.push_back(e.probability);
+        labels.push_back(e.click);
+      } else {
+        price->Add(e.price, 0);
+        hour->Add(e.hour, 0);
+      }
+    }
+  }
+  summary->click_rate = static_cast<double>(clicks) / static_cast<double>(events.size());
+  summary->held_out_examples = static_cast<int64_t>(labels.size());
+  summary->bayes_auc = Auc(scores, labels).value_or(0.5);
+  summary->bayes_recall = RecallAtK(users, scores, labels, recall_k).value_or(0.0);
+}
+
+DatasetManifest ClickLogManifest(const ClickLogOptions& o, const std::string& fingerprint,
+                                 const std::vector<FinishedShard>& finished,
+                                 const ChannelStats& price_stats, const ChannelStats& hour_stats,
+                                 const ClickLogSummary& summary) {
+  DatasetManifest m;
+  m.kind = "clicks";
+  m.features = {
+      {"user", "int64", {}, "user id in [0, users)"},
+      {"item", "int64", {}, "item id in [0, items)"},
+      {"price", "float32", {}, "the item's price (dense feature)"},
+      {"hour", "float32", {}, "hour of the impression, 0..23 (dense feature)"},
+      {"click", "int64", {}, "1: clicked (the label)"},
+      {"probability", "float32", {}, "the hidden model's click probability (not a model input)"}};
+  m.label_feature = "click";
+  m.label_vocabulary = {"0", "1"};
+  m.statistics = {{"price", price_stats.Summary()}, {"hour", hour_stats.Summary()}};
+  m.source_fingerprint = fingerprint;
+  m.source_files = 0;
+  for (const FinishedShard& f : finished) m.shards.push_back(f.entry);
+  m.import_options = {{"users", o.users},      {"items", o.items},       {"events", o.events},
+                      {"day", o.day},          {"seed", o.seed},         {"dim", o.dim},
+                      {"drift", o.drift},      {"held_out", o.held_out}, {"shards", o.shards},
+                      {"recall_k", o.recall_k}};
+  m.extra = {{"sparse", {"user", "item"}},
+             {"tables", {o.users, o.items}},
+             {"dense", {"price", "hour"}},
+             {"day", o.day},
+             {"click_rate", summary.click_rate},
+             {"bayes",
+              {{"split", "held_out"},
+               {"examples", summary.held_out_examples},
+               {"auc", summary.bayes_auc},
+               {"recall_k", o.recall_k},
+               {"recall_at_k", summary.bayes_recall}}}};
+  return m;
+}
+
+}  // namespace
+
 absl::StatusOr<ClickLogSummary> GenerateClickLog(Env* env, const ClickLogOptions& o,
                                                  const ProgressFn& progress) {
   KILN_RETURN_IF_ERROR(CheckOptions(o));
   const ClickModel model = ClickModel::Make(o);
   const int64_t n = o.events;
-  std::vector<Event> events(static_cast<size_t>(n));
-  {
-    Stream s(o.seed, "events", o.day);
-    for (Event& e : events) {
-      e.user = s.Below(o.users);
-      e.item = s.Below(o.items);
-      e.hour = static_cast<float>(s.Below(24));
-      const double p = Sigmoid(model.Score(e.user, e.item, e.hour));
-      e.probability = static_cast<float>(p);
-      e.click = s.Uniform() < p ? 1 : 0;
-      e.price = static_cast<float>(std::exp(model.log_price[e.item]));
-    }
-  }
+  const std::vector<Event> events = DrawEvents(o, model);
   const ShardPlan split = PlanSplits(n, o.held_out, o.shards, o.seed);
   const std::string plan_text =
       absl::StrCat("clicks|", o.users, "|", o.items, "|", o.events, "|", o.day, "|", o.seed, "|",
@@ -162,63 +236,11 @@ absl::StatusOr<ClickLogSummary> GenerateClickLog(Env* env, const ClickLogOptions
                                       if (progress) progress({"generate", done, n, "events"});
                                     }));
 
-  // Statistics of the dense features (the dataset: source normalizes with them) over the train
-  // split, and the Bayes-optimal metrics of the held-out split.
   ChannelStats price_stats, hour_stats;
-  std::vector<int64_t> users;
-  std::vector<double> scores;
-  std::vector<int> labels;
-  int64_t clicks = 0;
-  for (size_t s = 0; s < split.shards.size(); ++s) {
-    const bool held = split.shards[s].split == "held_out";
-    for (int64_t row : split.items[s]) {
-      const Event& e = events[row];
-      clicks += e.click;
-      if (held) {
-        users.push_back(e.user);
-        scores.push_back(e.probability);
-        labels.push_back(e.click);
-      } else {
-        price_stats.Add(e.price, 0);
-        hour_stats.Add(e.hour, 0);
-      }
-    }
-  }
-  summary.click_rate = static_cast<double>(clicks) / n;
-  summary.held_out_examples = static_cast<int64_t>(labels.size());
-  summary.bayes_auc = Auc(scores, labels).value_or(0.5);
-  summary.bayes_recall = RecallAtK(users, scores, labels, o.recall_k).value_or(0.0);
+  SummarizeEvents(split, events, o.recall_k, &summary, &price_stats, &hour_stats);
 
-  DatasetManifest m;
-  m.kind = "clicks";
-  m.features = {
-      {"user", "int64", {}, "user id in [0, users)"},
-      {"item", "int64", {}, "item id in [0, items)"},
-      {"price", "float32", {}, "the item's price (dense feature)"},
-      {"hour", "float32", {}, "hour of the impression, 0..23 (dense feature)"},
-      {"click", "int64", {}, "1: clicked (the label)"},
-      {"probability", "float32", {}, "the hidden model's click probability (not a model input)"}};
-  m.label_feature = "click";
-  m.label_vocabulary = {"0", "1"};
-  m.statistics = {{"price", price_stats.Summary()}, {"hour", hour_stats.Summary()}};
-  m.source_fingerprint = fingerprint;
-  m.source_files = 0;
-  for (const FinishedShard& f : finished) m.shards.push_back(f.entry);
-  m.import_options = {{"users", o.users},      {"items", o.items},       {"events", o.events},
-                      {"day", o.day},          {"seed", o.seed},         {"dim", o.dim},
-                      {"drift", o.drift},      {"held_out", o.held_out}, {"shards", o.shards},
-                      {"recall_k", o.recall_k}};
-  m.extra = {{"sparse", {"user", "item"}},
-             {"tables", {o.users, o.items}},
-             {"dense", {"price", "hour"}},
-             {"day", o.day},
-             {"click_rate", summary.click_rate},
-             {"bayes",
-              {{"split", "held_out"},
-               {"examples", summary.held_out_examples},
-               {"auc", summary.bayes_auc},
-               {"recall_k", o.recall_k},
-               {"recall_at_k", summary.bayes_recall}}}};
+  const DatasetManifest m =
+      ClickLogManifest(o, fingerprint, finished, price_stats, hour_stats, summary);
   KILN_RETURN_IF_ERROR(WriteManifest(env, o.out_dir, m));
   summary.import.shards = static_cast<int>(m.shards.size());
   summary.import.splits = m.SplitExamples();

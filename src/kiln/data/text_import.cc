@@ -581,6 +581,104 @@ absl::StatusOr<int64_t> PackWindows(const std::vector<int64_t>& stream, int64_t 
   return records;
 }
 
+// What tokenizing the shards of one import shares (TokenizeShard): the corpus, the tokenizer,
+// the plan, and the progress and CPU time counted across shards.
+struct TokenizeContext {
+  const std::vector<std::string>& docs;
+  const std::vector<std::vector<int64_t>>& shard_docs;
+  const internal::SentencePieceEncoder& sp;
+  int unk_id = 0;
+  int64_t seq_len = 0;
+  int threads = 1;
+  int64_t d = 0;  // documents in all
+  const ProgressFn& progress;
+  std::thread::id caller;   // the thread that reports progress
+  int64_t docs_done = 0;    // documents tokenized (or kept) so far
+  double parallel_cpu = 0;  // the calling thread's CPU time inside the parallel loops
+};
+
+// Shard `index`: its documents tokenized, joined by EOS into one stream and packed into windows
+// of seq_len + 1 tokens written to `w`; *state gets its counts.
+absl::Status TokenizeShard(TokenizeContext& c, size_t index, ShardWriter& w,
+                           nlohmann::json* state) {
+  const std::vector<int64_t>& group = c.shard_docs[index];
+  const int64_t g = static_cast<int64_t>(group.size());
+  std::vector<std::vector<int>> ids(g);
+  std::vector<std::string> errors(g);
+  std::vector<int64_t> unk_of(g, 0);
+  // One loop over the shard's documents (taken one at a time, so long and short documents
+  // balance; no barrier until the shard is encoded); the calling thread reports progress.
+  std::atomic<int64_t> encoded{0};
+  const int64_t done_before = c.docs_done;
+  TimedParallelFor(
+      c.threads, g,
+      [&](int64_t i) {
+        errors[i] = c.sp.Encode(c.docs[group[i]], &ids[i]);
+        for (int t : ids[i]) unk_of[i] += t == c.unk_id;
+        const int64_t n = encoded.fetch_add(1, std::memory_order_relaxed) + 1;
+        if (c.progress && (n & 255) == 0 && std::this_thread::get_id() == c.caller)
+          c.progress({"tokenize", done_before + n, c.d, "documents"});
+      },
+      &c.parallel_cpu);
+  c.docs_done += g;
+  if (c.progress) c.progress({"tokenize", c.docs_done, c.d, "documents"});
+  // The stream: every document's tokens then EOS, copied in parallel to offsets known ahead.
+  std::vector<int64_t> start(g + 1, 0);
+  int64_t unk = 0;
+  for (int64_t i = 0; i < g; ++i) {
+    if (!errors[i].empty())
+      return absl::InternalError("SentencePiece could not encode a document: " + errors[i]);
+    start[i + 1] = start[i] + static_cast<int64_t>(ids[i].size()) + 1;
+    unk += unk_of[i];
+  }
+  std::vector<int64_t> stream(start[g]);
+  TimedParallelFor(
+      c.threads, g,
+      [&](int64_t i) {
+        std::copy(ids[i].begin(), ids[i].end(), stream.begin() + start[i]);
+        stream[start[i + 1] - 1] = kEosId;
+        std::vector<int>().swap(ids[i]);
+      },
+      &c.parallel_cpu);
+  const int64_t tokens = static_cast<int64_t>(stream.size());
+  KILN_ASSIGN_OR_RETURN(const int64_t records,
+                        PackWindows(stream, c.seq_len, c.threads, w, &c.parallel_cpu));
+  const int64_t used = records > 0 ? records * c.seq_len + 1 : 0;
+  *state = {
+      {"documents", g}, {"tokens", tokens}, {"dropped_tokens", tokens - used}, {"unk_tokens", unk}};
+  return absl::OkStatus();
+}
+
+// dataset.json "languages" of a multilingual import: each language's inputs and its held-out
+// shard's counts (held_lang: the language of each finished shard, -1 for train shards).
+nlohmann::json LanguagesJson(const std::vector<LanguageInput>& langs,
+                             const std::vector<int64_t>& sample_by_language,
+                             const std::vector<FinishedShard>& finished,
+                             const std::vector<int>& held_lang) {
+  nlohmann::json list = nlohmann::json::array();
+  for (size_t k = 0; k < langs.size(); ++k) {
+    nlohmann::json l = {
+        {"name", langs[k].name},
+        {"dir", langs[k].dir},
+        {"files", langs[k].files.size()},
+        {"documents", langs[k].documents},
+        {"sample_lines", k < sample_by_language.size() ? sample_by_language[k] : int64_t{0}},
+        {"held_out_shards", nlohmann::json::array()},
+        {"held_out_documents", 0},
+        {"held_out_tokens", 0},
+        {"held_out_examples", 0}};
+    for (size_t i = 0; i < finished.size(); ++i) {
+      if (held_lang[i] != static_cast<int>(k)) continue;
+      l["held_out_shards"].push_back(finished[i].entry.file);
+      l["held_out_documents"] = finished[i].state.value("documents", int64_t{0});
+      l["held_out_tokens"] = finished[i].state.value("tokens", int64_t{0});
+      l["held_out_examples"] = finished[i].entry.examples;
+    }
+    list.push_back(std::move(l));
+  }
+  return list;
+}
+
 }  // namespace
 
 absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
@@ -630,103 +728,41 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& o,
   const int threads = ResolveThreads(o.threads);
   const int64_t window = o.seq_len + 1;
 
-  int64_t docs_done = 0;
-  double parallel_cpu = 0;  // the calling thread's CPU time inside the parallel loops
   const double cpu0 = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
   const double main0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
-  const std::thread::id caller = std::this_thread::get_id();
-  const int unk_id = sp->unk_id();
-  auto produce = [&](size_t index, ShardWriter& w, nlohmann::json* state) -> absl::Status {
-    const std::vector<int64_t>& group = shard_docs[index];
-    const int64_t g = static_cast<int64_t>(group.size());
-    std::vector<std::vector<int>> ids(g);
-    std::vector<std::string> errors(g);
-    std::vector<int64_t> unk_of(g, 0);
-    // One loop over the shard's documents (taken one at a time, so long and short documents
-    // balance; no barrier until the shard is encoded); the calling thread reports progress.
-    std::atomic<int64_t> encoded{0};
-    const int64_t done_before = docs_done;
-    TimedParallelFor(
-        threads, g,
-        [&](int64_t i) {
-          errors[i] = sp->Encode(docs[group[i]], &ids[i]);
-          for (int t : ids[i]) unk_of[i] += t == unk_id;
-          const int64_t n = encoded.fetch_add(1, std::memory_order_relaxed) + 1;
-          if (progress && (n & 255) == 0 && std::this_thread::get_id() == caller)
-            progress({"tokenize", done_before + n, d, "documents"});
-        },
-        &parallel_cpu);
-    docs_done += g;
-    if (progress) progress({"tokenize", docs_done, d, "documents"});
-    // The stream: every document's tokens then EOS, copied in parallel to offsets known ahead.
-    std::vector<int64_t> start(g + 1, 0);
-    int64_t unk = 0;
-    for (int64_t i = 0; i < g; ++i) {
-      if (!errors[i].empty())
-        return absl::InternalError("SentencePiece could not encode a document: " + errors[i]);
-      start[i + 1] = start[i] + static_cast<int64_t>(ids[i].size()) + 1;
-      unk += unk_of[i];
-    }
-    std::vector<int64_t> stream(start[g]);
-    TimedParallelFor(
-        threads, g,
-        [&](int64_t i) {
-          std::copy(ids[i].begin(), ids[i].end(), stream.begin() + start[i]);
-          stream[start[i + 1] - 1] = kEosId;
-          std::vector<int>().swap(ids[i]);
-        },
-        &parallel_cpu);
-    const int64_t tokens = static_cast<int64_t>(stream.size());
-    KILN_ASSIGN_OR_RETURN(const int64_t records,
-                          PackWindows(stream, o.seq_len, threads, w, &parallel_cpu));
-    const int64_t used = records > 0 ? records * o.seq_len + 1 : 0;
-    *state = {{"documents", g},
-              {"tokens", tokens},
-              {"dropped_tokens", tokens - used},
-              {"unk_tokens", unk}};
-    return absl::OkStatus();
+  TokenizeContext tc{docs,
+                     shard_docs,
+                     *sp,
+                     sp->unk_id(),
+                     o.seq_len,
+                     threads,
+                     d,
+                     progress,
+                     std::this_thread::get_id()};
+  auto produce = [&](size_t index, ShardWriter& w, nlohmann::json* state) {
+    return TokenizeShard(tc, index, w, state);
   };
   double sync_seconds = 0;
   KILN_ASSIGN_OR_RETURN(std::vector<FinishedShard> finished,
                         WriteShards(
                             env, o.out_dir, plan_fp, plan, produce, &summary.shards_kept,
                             [&](size_t i) {
-                              docs_done += static_cast<int64_t>(shard_docs[i].size());
-                              if (progress) progress({"tokenize", docs_done, d, "documents"});
+                              tc.docs_done += static_cast<int64_t>(shard_docs[i].size());
+                              if (progress) progress({"tokenize", tc.docs_done, d, "documents"});
                             },
                             &sync_seconds));
 
   lap("tokenize and write");
   summary.tokenize_cpu_seconds = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
-  summary.tokenize_serial_cpu_seconds = CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - main0 - parallel_cpu;
+  summary.tokenize_serial_cpu_seconds =
+      CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - main0 - tc.parallel_cpu;
   summary.phase_seconds.back().second -= sync_seconds;
   summary.phase_seconds.emplace_back("fsync shards", sync_seconds);
   KILN_ASSIGN_OR_RETURN(DatasetManifest m,
                         TextManifest(o, finished, *sp, source, summary.input_bytes, d, sample_size,
                                      model_crc, window));
   if (!langs.empty()) {
-    nlohmann::json list = nlohmann::json::array();
-    for (size_t k = 0; k < langs.size(); ++k) {
-      nlohmann::json l = {
-          {"name", langs[k].name},
-          {"dir", langs[k].dir},
-          {"files", langs[k].files.size()},
-          {"documents", langs[k].documents},
-          {"sample_lines", k < sample_by_language.size() ? sample_by_language[k] : int64_t{0}},
-          {"held_out_shards", nlohmann::json::array()},
-          {"held_out_documents", 0},
-          {"held_out_tokens", 0},
-          {"held_out_examples", 0}};
-      for (size_t i = 0; i < finished.size(); ++i) {
-        if (held_lang[i] != static_cast<int>(k)) continue;
-        l["held_out_shards"].push_back(finished[i].entry.file);
-        l["held_out_documents"] = finished[i].state.value("documents", int64_t{0});
-        l["held_out_tokens"] = finished[i].state.value("tokens", int64_t{0});
-        l["held_out_examples"] = finished[i].entry.examples;
-      }
-      list.push_back(std::move(l));
-    }
-    m.extra["languages"] = std::move(list);
+    m.extra["languages"] = LanguagesJson(langs, sample_by_language, finished, held_lang);
     m.import_options["language_from_dir"] = true;
   }
   if (!langs.empty()) m.source_files = 0;
