@@ -6,9 +6,9 @@
 
 #include "gtest/gtest.h"
 #include "kiln/base/env.h"
-#include "kiln/data/csv_import.h"
-#include "kiln/data/image_codec.h"
-#include "kiln/data/image_import.h"
+#include "kiln/data/import/csv_import.h"
+#include "kiln/data/import/image_codec.h"
+#include "kiln/data/import/image_import.h"
 #include "tests/support/temp_dir.h"
 
 namespace kiln::data {

@@ -6,11 +6,11 @@
 #include <set>
 
 #include "gtest/gtest.h"
-#include "kiln/data/csv_import.h"
+#include "kiln/data/import/csv_import.h"
+#include "kiln/data/import/text_import.h"
 #include "kiln/data/pipeline.h"
 #include "kiln/data/shard_io.h"
 #include "kiln/data/source.h"
-#include "kiln/data/text_import.h"
 #include "tests/support/temp_dir.h"
 
 namespace kiln::data {

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "kiln/data/text_import.h"
+#include "kiln/data/import/text_import.h"
 #include "kiln/data/token_source.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/train/evaluator.h"

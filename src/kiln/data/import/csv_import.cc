@@ -1,4 +1,4 @@
-#include "kiln/data/csv_import.h"
+#include "kiln/data/import/csv_import.h"
 
 #include <algorithm>
 #include <charconv>

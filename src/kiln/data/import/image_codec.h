@@ -15,8 +15,8 @@
 // The format is found from the first bytes (FF D8 FF: JPEG; 89 50 4E 47: PNG), not the name.
 // Images above 2^28 pixels (or, for PNG, 32768 pixels a side) are refused, not allocated.
 // Errors are InvalidArgument naming `name`.
-#ifndef KILN_DATA_IMAGE_CODEC_H_
-#define KILN_DATA_IMAGE_CODEC_H_
+#ifndef KILN_DATA_IMPORT_IMAGE_CODEC_H_
+#define KILN_DATA_IMPORT_IMAGE_CODEC_H_
 
 #include <cstdint>
 #include <string>
@@ -63,4 +63,4 @@ absl::StatusOr<std::string> EncodeJpeg(const Image& image, int quality = 90);
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_IMAGE_CODEC_H_
+#endif  // KILN_DATA_IMPORT_IMAGE_CODEC_H_

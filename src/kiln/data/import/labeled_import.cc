@@ -1,4 +1,4 @@
-#include "kiln/data/labeled_import.h"
+#include "kiln/data/import/labeled_import.h"
 
 #include <algorithm>
 #include <vector>

@@ -13,12 +13,12 @@
 //   partial pixels weighted by their overlap) when shrinking, bilinear with half-pixel centres
 //   (TensorFlow's half_pixel_centers, PyTorch's align_corners=False) when enlarging. Same input,
 //   same bytes: float arithmetic in a fixed order, no threads.
-#ifndef KILN_DATA_IMAGE_TRANSFORM_H_
-#define KILN_DATA_IMAGE_TRANSFORM_H_
+#ifndef KILN_DATA_IMPORT_IMAGE_TRANSFORM_H_
+#define KILN_DATA_IMPORT_IMAGE_TRANSFORM_H_
 
 #include <cstdint>
 
-#include "kiln/data/image_codec.h"
+#include "kiln/data/import/image_codec.h"
 
 namespace kiln::data {
 
@@ -31,4 +31,4 @@ Image ResizeImage(const Image& in, int height, int width, ResizeMode mode);
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_IMAGE_TRANSFORM_H_
+#endif  // KILN_DATA_IMPORT_IMAGE_TRANSFORM_H_

@@ -1,5 +1,5 @@
 // Only this file includes the SentencePiece headers (see the header).
-#include "kiln/data/internal/sentencepiece_wrapper.h"
+#include "kiln/data/import/internal/sentencepiece_wrapper.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>

@@ -1,4 +1,4 @@
-#include "kiln/data/image_transform.h"
+#include "kiln/data/import/image_transform.h"
 
 #include <algorithm>
 #include <cmath>

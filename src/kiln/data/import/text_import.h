@@ -43,8 +43,8 @@
 //   shard per language, so windows of a held-out shard never mix languages. dataset.json
 //   "languages" lists each language with its files, documents, sample lines and held-out shard
 //   (what the `tokens:` source's per-language evaluation reads).
-#ifndef KILN_DATA_TEXT_IMPORT_H_
-#define KILN_DATA_TEXT_IMPORT_H_
+#ifndef KILN_DATA_IMPORT_TEXT_IMPORT_H_
+#define KILN_DATA_IMPORT_TEXT_IMPORT_H_
 
 #include <cstdint>
 #include <string>
@@ -52,7 +52,7 @@
 
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
-#include "kiln/data/image_import.h"
+#include "kiln/data/import/image_import.h"
 #include "kiln/data/import_util.h"
 
 namespace kiln::data {
@@ -83,4 +83,4 @@ absl::StatusOr<ImportSummary> ImportText(Env* env, const TextImportOptions& opti
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_TEXT_IMPORT_H_
+#endif  // KILN_DATA_IMPORT_TEXT_IMPORT_H_

@@ -1,4 +1,4 @@
-#include "kiln/data/dicom/dicom_import.h"
+#include "kiln/data/import/dicom/dicom_import.h"
 
 #include <gdcmImageWriter.h>
 

@@ -1,4 +1,4 @@
-#include "kiln/data/image_import.h"
+#include "kiln/data/import/image_import.h"
 
 #include <png.h>
 
@@ -9,8 +9,8 @@
 #include "gtest/gtest.h"
 #include "kiln/base/env.h"
 #include "kiln/data/dataset_manifest.h"
-#include "kiln/data/image_codec.h"
-#include "kiln/data/image_transform.h"
+#include "kiln/data/import/image_codec.h"
+#include "kiln/data/import/image_transform.h"
 #include "kiln/data/shard_io.h"
 #include "tests/support/temp_dir.h"
 

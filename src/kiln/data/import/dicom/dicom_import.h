@@ -36,8 +36,8 @@
 // listed in dataset.json "skipped" with the reason.
 //
 // Records: tf.train.Example {"image": bytes (H*W*C uint8, HWC), "label": int64, "path": bytes}.
-#ifndef KILN_DATA_DICOM_DICOM_IMPORT_H_
-#define KILN_DATA_DICOM_DICOM_IMPORT_H_
+#ifndef KILN_DATA_IMPORT_DICOM_DICOM_IMPORT_H_
+#define KILN_DATA_IMPORT_DICOM_DICOM_IMPORT_H_
 
 #include <cstdint>
 #include <optional>
@@ -46,7 +46,7 @@
 
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
-#include "kiln/data/image_import.h"
+#include "kiln/data/import/image_import.h"
 #include "kiln/data/import_util.h"
 
 namespace kiln::data {
@@ -84,4 +84,4 @@ uint8_t ApplyWindow(double value, double center, double width);
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_DICOM_DICOM_IMPORT_H_
+#endif  // KILN_DATA_IMPORT_DICOM_DICOM_IMPORT_H_

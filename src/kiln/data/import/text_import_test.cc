@@ -1,4 +1,4 @@
-#include "kiln/data/text_import.h"
+#include "kiln/data/import/text_import.h"
 
 #include <map>
 #include <random>
@@ -7,7 +7,7 @@
 #include "gtest/gtest.h"
 #include "kiln/base/env.h"
 #include "kiln/data/dataset_manifest.h"
-#include "kiln/data/internal/sentencepiece_wrapper.h"
+#include "kiln/data/import/internal/sentencepiece_wrapper.h"
 #include "kiln/data/shard_io.h"
 #include "tests/support/temp_dir.h"
 

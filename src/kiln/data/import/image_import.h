@@ -17,8 +17,8 @@
 //   "image": bytes_list, one value of height*width*channels uint8 (HWC, row-major)
 //   "label": int64_list, one value (the label id)
 //   "path":  bytes_list, one value (the file's path relative to SRC_DIR)
-#ifndef KILN_DATA_IMAGE_IMPORT_H_
-#define KILN_DATA_IMAGE_IMPORT_H_
+#ifndef KILN_DATA_IMPORT_IMAGE_IMPORT_H_
+#define KILN_DATA_IMPORT_IMAGE_IMPORT_H_
 
 #include <cstdint>
 #include <map>
@@ -71,4 +71,4 @@ absl::StatusOr<ImportSummary> ImportImages(Env* env, const ImageImportOptions& o
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_IMAGE_IMPORT_H_
+#endif  // KILN_DATA_IMPORT_IMAGE_IMPORT_H_

@@ -1,8 +1,8 @@
 // A thin wrapper over libsentencepiece. Its header declares `namespace absl { using
 // std::string_view; }`, which clashes with Abseil's own absl::string_view, so only
 // sentencepiece_wrapper.cc includes it and this interface uses the standard library alone.
-#ifndef KILN_DATA_INTERNAL_SENTENCEPIECE_WRAPPER_H_
-#define KILN_DATA_INTERNAL_SENTENCEPIECE_WRAPPER_H_
+#ifndef KILN_DATA_IMPORT_INTERNAL_SENTENCEPIECE_WRAPPER_H_
+#define KILN_DATA_IMPORT_INTERNAL_SENTENCEPIECE_WRAPPER_H_
 
 #include <memory>
 #include <string>
@@ -38,4 +38,4 @@ class SentencePieceEncoder {
 
 }  // namespace kiln::data::internal
 
-#endif  // KILN_DATA_INTERNAL_SENTENCEPIECE_WRAPPER_H_
+#endif  // KILN_DATA_IMPORT_INTERNAL_SENTENCEPIECE_WRAPPER_H_

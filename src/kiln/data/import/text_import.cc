@@ -1,4 +1,4 @@
-#include "kiln/data/text_import.h"
+#include "kiln/data/import/text_import.h"
 
 #include <time.h>
 
@@ -23,7 +23,7 @@
 #include "kiln/data/dataset_manifest.h"
 #include "kiln/data/digits.h"
 #include "kiln/data/example_proto.h"
-#include "kiln/data/internal/sentencepiece_wrapper.h"
+#include "kiln/data/import/internal/sentencepiece_wrapper.h"
 #include "kiln/data/shard_io.h"
 
 namespace kiln::data {

@@ -1,4 +1,4 @@
-#include "kiln/data/dicom/dicom_import.h"
+#include "kiln/data/import/dicom/dicom_import.h"
 
 #include <gdcmImage.h>
 #include <gdcmImageApplyLookupTable.h>
@@ -29,11 +29,11 @@
 #include "kiln/base/status.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/dataset_manifest.h"
-#include "kiln/data/dicom/internal/isolated.h"
 #include "kiln/data/example_proto.h"
-#include "kiln/data/image_codec.h"
-#include "kiln/data/image_transform.h"
-#include "kiln/data/labeled_import.h"
+#include "kiln/data/import/dicom/internal/isolated.h"
+#include "kiln/data/import/image_codec.h"
+#include "kiln/data/import/image_transform.h"
+#include "kiln/data/import/labeled_import.h"
 #include "kiln/data/shard_io.h"
 
 namespace kiln::data {

@@ -1,4 +1,4 @@
-#include "kiln/data/image_import.h"
+#include "kiln/data/import/image_import.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,9 +16,9 @@
 #include "kiln/data/dataset.h"
 #include "kiln/data/dataset_manifest.h"
 #include "kiln/data/example_proto.h"
-#include "kiln/data/image_codec.h"
-#include "kiln/data/image_transform.h"
-#include "kiln/data/labeled_import.h"
+#include "kiln/data/import/image_codec.h"
+#include "kiln/data/import/image_transform.h"
+#include "kiln/data/import/labeled_import.h"
 #include "kiln/data/shard_io.h"
 
 namespace kiln::data {

@@ -1,4 +1,4 @@
-#include "kiln/data/image_codec.h"
+#include "kiln/data/import/image_codec.h"
 
 #include <algorithm>
 #include <csetjmp>

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "kiln/base/env.h"
+#include "kiln/data/import/text_import.h"
 #include "kiln/data/shard_io.h"
-#include "kiln/data/text_import.h"
 
 namespace {
 

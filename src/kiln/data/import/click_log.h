@@ -19,8 +19,8 @@
 //   p = sigmoid(score); click ~ Bernoulli(p).
 // Records (tf.train.Example): "user", "item" (int64), "price", "hour" (float), "click" (int64,
 // the label) and "probability" (float, the true p: for analysis, never a model input).
-#ifndef KILN_DATA_CLICK_LOG_H_
-#define KILN_DATA_CLICK_LOG_H_
+#ifndef KILN_DATA_IMPORT_CLICK_LOG_H_
+#define KILN_DATA_IMPORT_CLICK_LOG_H_
 
 #include <cstdint>
 #include <string>
@@ -28,7 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
-#include "kiln/data/image_import.h"
+#include "kiln/data/import/image_import.h"
 #include "kiln/data/import_util.h"
 
 namespace kiln::data {
@@ -70,4 +70,4 @@ absl::StatusOr<ClickLogSummary> GenerateClickLog(Env* env, const ClickLogOptions
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_CLICK_LOG_H_
+#endif  // KILN_DATA_IMPORT_CLICK_LOG_H_

@@ -22,15 +22,15 @@
 // value of the file sorted bytewise, or numerically when all are integers]. The label column's
 // vocabulary is the manifest's label vocabulary. Quoting is RFC 4180 ("a ""b""", newlines inside
 // quotes). Errors name file:line:column and the column.
-#ifndef KILN_DATA_CSV_IMPORT_H_
-#define KILN_DATA_CSV_IMPORT_H_
+#ifndef KILN_DATA_IMPORT_CSV_IMPORT_H_
+#define KILN_DATA_IMPORT_CSV_IMPORT_H_
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
-#include "kiln/data/image_import.h"
+#include "kiln/data/import/image_import.h"
 #include "kiln/data/import_util.h"
 
 namespace kiln::data {
@@ -50,4 +50,4 @@ absl::StatusOr<ImportSummary> ImportCsv(Env* env, const CsvImportOptions& option
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_CSV_IMPORT_H_
+#endif  // KILN_DATA_IMPORT_CSV_IMPORT_H_

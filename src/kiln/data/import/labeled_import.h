@@ -12,8 +12,8 @@
 //   KILN_ASSIGN_OR_RETURN(LabeledShards s, WriteLabeledShards(env, li, progress));
 //   DatasetManifest m;  ... kind, features, labels, import options ...
 //   s.FillManifest(&m);
-#ifndef KILN_DATA_LABELED_IMPORT_H_
-#define KILN_DATA_LABELED_IMPORT_H_
+#ifndef KILN_DATA_IMPORT_LABELED_IMPORT_H_
+#define KILN_DATA_IMPORT_LABELED_IMPORT_H_
 
 #include <cstdint>
 #include <functional>
@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
 #include "kiln/data/dataset_manifest.h"
-#include "kiln/data/image_import.h"
+#include "kiln/data/import/image_import.h"
 #include "kiln/data/import_util.h"
 #include "nlohmann/json.hpp"
 
@@ -77,4 +77,4 @@ void SummarizeManifest(const DatasetManifest& m, ImportSummary* summary);
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_LABELED_IMPORT_H_
+#endif  // KILN_DATA_IMPORT_LABELED_IMPORT_H_

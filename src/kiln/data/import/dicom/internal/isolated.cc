@@ -1,4 +1,4 @@
-#include "kiln/data/dicom/internal/isolated.h"
+#include "kiln/data/import/dicom/internal/isolated.h"
 
 #include <poll.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-#include "kiln/data/click_log.h"
+#include "kiln/data/import/click_log.h"
 
 #include <cmath>
 #include <random>

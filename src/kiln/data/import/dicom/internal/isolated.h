@@ -11,8 +11,8 @@
 // fn runs in a copy of the process made by fork() from a multi-threaded parent: it must only use
 // what is safe there (glibc's malloc and stdio are; GDCM's decoders are), and it must not touch
 // other threads' state.
-#ifndef KILN_DATA_DICOM_INTERNAL_ISOLATED_H_
-#define KILN_DATA_DICOM_INTERNAL_ISOLATED_H_
+#ifndef KILN_DATA_IMPORT_DICOM_INTERNAL_ISOLATED_H_
+#define KILN_DATA_IMPORT_DICOM_INTERNAL_ISOLATED_H_
 
 #include <functional>
 #include <string>
@@ -25,4 +25,4 @@ absl::StatusOr<std::string> RunIsolated(const std::function<absl::StatusOr<std::
 
 }  // namespace kiln::data::internal
 
-#endif  // KILN_DATA_DICOM_INTERNAL_ISOLATED_H_
+#endif  // KILN_DATA_IMPORT_DICOM_INTERNAL_ISOLATED_H_
