@@ -89,33 +89,16 @@ absl::Status CheckOptions(const ImageImportOptions& o) {
 }
 
 LabeledDecode DecodeOne(Env* env, const ImageImportOptions& o, const SourceFile& f) {
-  LabeledDecode d;
-  d.stats = ChannelStats(o.channels);
-  absl::StatusOr<std::string> bytes = ReadFileToString(env, JoinPath(o.src_dir, f.rel));
-  if (!bytes.ok()) {
-    d.error = std::string(bytes.status().message());
-    return d;
-  }
-  d.crc = crc32c::Value(bytes->data(), bytes->size());
-  absl::StatusOr<Image> img = DecodeImage(*bytes, f.rel, o.width, o.height);
-  if (!img.ok()) {
-    d.error = std::string(img.status().message());
-    return d;
-  }
-  if (img->width < 1 || img->height < 1) {
-    d.error = f.rel + ": image has no pixels";
-    return d;
-  }
-  Image px = ConvertChannels(*img, o.channels, static_cast<uint8_t>(o.background));
-  px =
-      ResizeImage(px, o.height, o.width, o.resize == "crop" ? ResizeMode::kCrop : ResizeMode::kFit);
-  d.stats.Add(px.pixels.data(), static_cast<int64_t>(px.pixels.size()));
-  Example ex;
-  ex.features["image"] = Feature::Bytes({std::string(px.pixels.begin(), px.pixels.end())});
-  ex.features["label"] = Feature::Int64s({f.label});
-  ex.features["path"] = Feature::Bytes({f.rel});
-  d.payload = EncodeExample(ex);
-  return d;
+  auto pixels = [&](const std::string& bytes) -> absl::StatusOr<std::vector<uint8_t>> {
+    KILN_ASSIGN_OR_RETURN(Image img, DecodeImage(bytes, f.rel, o.width, o.height));
+    if (img.width < 1 || img.height < 1)
+      return absl::InvalidArgumentError(f.rel + ": image has no pixels");
+    Image px = ConvertChannels(img, o.channels, static_cast<uint8_t>(o.background));
+    px = ResizeImage(px, o.height, o.width,
+                     o.resize == "crop" ? ResizeMode::kCrop : ResizeMode::kFit);
+    return std::move(px.pixels);
+  };
+  return DecodeLabeledFile(env, o.src_dir, f.rel, o.channels, f.label, f.rel, pixels);
 }
 
 std::string PlanFingerprint(const ImageImportOptions& o, const std::vector<SourceFile>& files,

@@ -4,11 +4,38 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/crc32c.h"
 #include "kiln/base/log.h"
 #include "kiln/base/status.h"
+#include "kiln/data/example_proto.h"
 #include "kiln/data/shard_io.h"
 
 namespace kiln::data {
+
+LabeledDecode DecodeLabeledFile(Env* env, const std::string& src_dir, const std::string& rel,
+                                int channels, int64_t label, const std::string& path,
+                                const PixelDecoder& pixels) {
+  LabeledDecode d;
+  d.stats = ChannelStats(channels);
+  absl::StatusOr<std::string> bytes = ReadFileToString(env, JoinPath(src_dir, rel));
+  if (!bytes.ok()) {
+    d.error = std::string(bytes.status().message());
+    return d;
+  }
+  d.crc = crc32c::Value(bytes->data(), bytes->size());
+  absl::StatusOr<std::vector<uint8_t>> px = pixels(*bytes);
+  if (!px.ok()) {
+    d.error = std::string(px.status().message());
+    return d;
+  }
+  d.stats.Add(px->data(), static_cast<int64_t>(px->size()));
+  Example ex;
+  ex.features["image"] = Feature::Bytes({std::string(px->begin(), px->end())});
+  ex.features["label"] = Feature::Int64s({label});
+  ex.features["path"] = Feature::Bytes({path});
+  d.payload = EncodeExample(ex);
+  return d;
+}
 
 void LabeledShards::FillManifest(DatasetManifest* m) const {
   m->shards = shards;

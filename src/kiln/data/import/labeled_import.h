@@ -2,13 +2,17 @@
 // item is decoded: the train/held_out split and shard plan (PlanSplits), decoding in blocks on a
 // thread pool, the error policy, per-shard resume state (statistics, label counts, source CRCs,
 // skipped items) and, from the finished shards, the manifest's shards, statistics, label counts
-// and skipped list.
+// and skipped list. DecodeLabeledFile is the per-item prologue and epilogue they share around their
+// own pixel decoder: read the file, CRC it, count the pixels' statistics, encode the record.
 //
 //   LabeledImport li;
 //   li.out_dir = o.out_dir; li.items = files.size(); li.num_labels = labels.size(); ...
 //   li.key = [&](int64_t i) { return files[i].rel; };
 //   li.label = [&](int64_t i) { return files[i].label; };
-//   li.decode = [&](int64_t i) { return DecodeOne(env, o, files[i]); };
+//   li.decode = [&](int64_t i) {
+//     return DecodeLabeledFile(env, o.src_dir, files[i].rel, o.channels, files[i].label,
+//                              files[i].rel, [&](const std::string& bytes) { ... pixels ... });
+//   };
 //   KILN_ASSIGN_OR_RETURN(LabeledShards s, WriteLabeledShards(env, li, progress));
 //   DatasetManifest m;  ... kind, features, labels, import options ...
 //   s.FillManifest(&m);
@@ -19,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kiln/base/env.h"
@@ -35,6 +40,16 @@ struct LabeledDecode {
   uint32_t crc = 0;
   ChannelStats stats;
 };
+
+// Turns a source file's bytes into its HWC pixels (height x width x channels of the import).
+using PixelDecoder = std::function<absl::StatusOr<std::vector<uint8_t>>(const std::string& bytes)>;
+
+// Reads src_dir/rel, keeps its CRC32C, decodes it with `pixels`, adds the pixels to the item's
+// statistics (`channels` interleaved) and encodes the record {"image": the pixels, "label",
+// "path"}. A read or decode failure is the LabeledDecode's error (its status message).
+LabeledDecode DecodeLabeledFile(Env* env, const std::string& src_dir, const std::string& rel,
+                                int channels, int64_t label, const std::string& path,
+                                const PixelDecoder& pixels);
 
 struct LabeledImport {
   std::string out_dir;

@@ -344,32 +344,11 @@ absl::StatusOr<std::vector<uint8_t>> DecodeDicomPixelsHere(const std::string& by
 }
 
 LabeledDecode DecodeOne(Env* env, const DicomImportOptions& o, const Item& item) {
-  LabeledDecode d;
-  d.stats = ChannelStats(o.channels);
-  absl::StatusOr<std::string> bytes = ReadFileToString(env, JoinPath(o.src_dir, item.rel));
-  if (!bytes.ok()) {
-    d.error = std::string(bytes.status().message());
-    return d;
-  }
-  d.crc = crc32c::Value(bytes->data(), bytes->size());
-  absl::StatusOr<std::vector<uint8_t>> pixels = DecodeDicomPixels(*bytes, item.rel, o, item.frame);
-  if (!pixels.ok()) {
-    d.error = std::string(pixels.status().message());
-    return d;
-  }
-  Image px;
-  px.height = o.height;
-  px.width = o.width;
-  px.channels = o.channels;
-  px.pixels = *std::move(pixels);
-  d.stats.Add(px.pixels.data(), static_cast<int64_t>(px.pixels.size()));
-  Example ex;
-  ex.features["image"] = Feature::Bytes({std::string(px.pixels.begin(), px.pixels.end())});
-  ex.features["label"] = Feature::Int64s({item.label});
-  ex.features["path"] = Feature::Bytes(
-      {item.frames > 1 && o.frames == "all" ? absl::StrCat(item.rel, "#", item.frame) : item.rel});
-  d.payload = EncodeExample(ex);
-  return d;
+  const std::string path =
+      item.frames > 1 && o.frames == "all" ? absl::StrCat(item.rel, "#", item.frame) : item.rel;
+  return DecodeLabeledFile(
+      env, o.src_dir, item.rel, o.channels, item.label, path,
+      [&](const std::string& bytes) { return DecodeDicomPixels(bytes, item.rel, o, item.frame); });
 }
 
 std::string PlanFingerprint(const DicomImportOptions& o, const std::vector<Item>& items,
