@@ -8,15 +8,15 @@
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
 #include "kiln/data/dataset_manifest.h"
+#include "kiln/data/dataset_reader.h"
 #include "kiln/data/internal/example_source.h"
-#include "kiln/data/record_source.h"
-#include "kiln/data/token_source.h"
+#include "kiln/data/token_dataset.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln::data::internal {
 namespace {
 
-// "dataset:DIR": a folder `kiln data import` wrote (record_source.h). Its train split's examples
+// "dataset:DIR": a folder `kiln data import` wrote (dataset_reader.h). Its train split's examples
 // come first, then its held_out split's (presplit_train: the pipeline keeps the import's split).
 // x and y by the manifest's kind:
 //   images, dicom  x = f32 [C*H*W]: the "image" feature's HWC bytes transposed to CHW (the layout
@@ -29,7 +29,7 @@ namespace {
 //   clicks         x = f32 [S + D]: the sparse ids (exact floats) then the dense features
 //                  normalized as for csv (OpenClicks below); y = s32 click.
 //
-// "tokens:DIR" is the same source for a text import only (token_source.h); with
+// "tokens:DIR" is the same source for a text import only (token_dataset.h); with
 // PipelineConfig::language set it is that language's held-out examples alone (a contiguous range
 // of the held_out split: the import gives each language one held-out shard).
 class DatasetExampleSource final : public ExampleSource {
@@ -50,9 +50,8 @@ class DatasetExampleSource final : public ExampleSource {
     } else if (!language.empty()) {
       return absl::InvalidArgumentError("a language applies to tokens: sources only");
     }
-    KILN_ASSIGN_OR_RETURN(s->train_, ExampleDataset::Open(env, dir, "train"));
-    absl::StatusOr<std::unique_ptr<ExampleDataset>> held =
-        ExampleDataset::Open(env, dir, "held_out");
+    KILN_ASSIGN_OR_RETURN(s->train_, DatasetReader::Open(env, dir, "train"));
+    absl::StatusOr<std::unique_ptr<DatasetReader>> held = DatasetReader::Open(env, dir, "held_out");
     if (held.ok()) s->held_ = *std::move(held);
     const DatasetManifest& m = s->train_->manifest();
     s->kind_ = m.kind;
@@ -125,7 +124,7 @@ class DatasetExampleSource final : public ExampleSource {
   int64_t presplit_train() const override { return n_train_; }
 
   absl::Status Fetch(int64_t i, uint8_t* x_dst, uint8_t* y_dst, Reader*) const override {
-    const ExampleDataset& ds = i < n_train_ ? *train_ : *held_;
+    const DatasetReader& ds = i < n_train_ ? *train_ : *held_;
     KILN_ASSIGN_OR_RETURN(ExampleBatch b,
                           ds.ReadBatch({i < n_train_ ? i : i - n_train_ + held_offset_}));
     float* x = reinterpret_cast<float*>(x_dst);
@@ -190,7 +189,7 @@ class DatasetExampleSource final : public ExampleSource {
     return absl::OkStatus();
   }
 
-  absl::Status FetchClicks(const ExampleBatch& b, const ExampleDataset& ds, int64_t i,
+  absl::Status FetchClicks(const ExampleBatch& b, const DatasetReader& ds, int64_t i,
                            float* x) const {
     for (size_t k = 0; k < sparse_.size(); ++k) {
       const int64_t id = b.tensors.at(sparse_[k]).data<int64_t>()[0];
@@ -218,7 +217,7 @@ class DatasetExampleSource final : public ExampleSource {
  private:
   DatasetExampleSource() = default;
   std::string dir_, kind_, language_;
-  std::unique_ptr<ExampleDataset> train_, held_;
+  std::unique_ptr<DatasetReader> train_, held_;
   int64_t n_train_ = 0;
   int64_t held_offset_ = 0;  // a language's examples start here in the held_out split
   std::vector<int64_t> hwc_;

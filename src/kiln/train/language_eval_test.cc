@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "kiln/data/import/text_import.h"
-#include "kiln/data/token_source.h"
+#include "kiln/data/token_dataset.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/train/evaluator.h"
 #include "kiln/train/trainer.h"

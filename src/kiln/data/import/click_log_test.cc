@@ -7,7 +7,7 @@
 #include "kiln/base/mem_env.h"
 #include "kiln/data/click_metrics.h"
 #include "kiln/data/dataset_manifest.h"
-#include "kiln/data/source.h"
+#include "kiln/data/train_data.h"
 #include "tests/support/temp_dir.h"
 
 namespace kiln::data {
@@ -91,11 +91,11 @@ TEST(ClickLog, WritesADatasetWithItsBayesMetrics) {
     EXPECT_EQ(m2->shards[i].crc32c, m->shards[i].crc32c);
 
   // Read back as a dataset: source: x = [user, item, price, hour] with the ids exact.
-  SourceConfig sc;
+  TrainDataConfig sc;
   sc.source = "dataset:/day1";
   sc.batch_size = 100;
   sc.shuffle = false;
-  auto src = MakeSource(sc, /*with_train=*/true, &env);
+  auto src = OpenTrainData(sc, /*with_train=*/true, &env);
   ASSERT_TRUE(src.ok()) << src.status();
   EXPECT_EQ(src->shape.features, 4);
   EXPECT_EQ(src->shape.num_classes, 2);

@@ -1,4 +1,4 @@
-#include "kiln/data/record_source.h"
+#include "kiln/data/dataset_reader.h"
 
 #include <cstring>
 #include <utility>
@@ -48,10 +48,9 @@ std::string CopyFeature(const FeatureSchema& f, const Example& ex, int64_t row, 
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ExampleDataset>> ExampleDataset::Open(Env* env,
-                                                                     const std::string& dir,
-                                                                     const std::string& split) {
-  std::unique_ptr<ExampleDataset> ds(new ExampleDataset());
+absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(Env* env, const std::string& dir,
+                                                                   const std::string& split) {
+  std::unique_ptr<DatasetReader> ds(new DatasetReader());
   ds->env_ = env;
   ds->dir_ = dir;
   KILN_ASSIGN_OR_RETURN(ds->manifest_, ReadManifest(env, dir));
@@ -87,13 +86,13 @@ absl::StatusOr<std::unique_ptr<ExampleDataset>> ExampleDataset::Open(Env* env,
   return ds;
 }
 
-std::string ExampleDataset::Location(int64_t i) const {
+std::string DatasetReader::Location(int64_t i) const {
   const Entry& e = index_[i];
   return absl::StrCat(paths_[e.shard], " record at offset ", e.offset);
 }
 
-absl::StatusOr<ExampleBatch> ExampleDataset::ReadBatch(const std::vector<int64_t>& indices,
-                                                       int threads) const {
+absl::StatusOr<ExampleBatch> DatasetReader::ReadBatch(const std::vector<int64_t>& indices,
+                                                      int threads) const {
   const int64_t b = static_cast<int64_t>(indices.size());
   ExampleBatch out;
   std::vector<const FeatureSchema*> numeric;

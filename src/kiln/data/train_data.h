@@ -1,21 +1,21 @@
-// data::MakeSource: from a trainer's data section, the input it reads: training batches (with a
+// data::OpenTrainData: from a trainer's data section, the input it reads: training batches (with a
 // checkpointable position) and the held-out batches of one evaluation, both from input pipelines
 // (pipeline.h). `source` is a pipeline source (digits:, records:, safetensors:, text:) or a plain
 // CSV path (.csv / .csv.gz, digits layout), which reads as the pipeline's csv: source: split,
 // ordered and batched as Kiln's trainer always has for a CSV file, so a run on one keeps its
 // batches across versions.
 //
-//   SourceConfig sc;
+//   TrainDataConfig sc;
 //   sc.source = "examples/data/digits.csv.gz";  // or "records:/data/shards", "text:FILE", ...
 //   sc.batch_size = 64;
-//   KILN_ASSIGN_OR_RETURN(TrainSource s, MakeSource(sc, /*with_train=*/true));
+//   KILN_ASSIGN_OR_RETURN(TrainData s, OpenTrainData(sc, /*with_train=*/true));
 //   Tensor x = MakeInputTensor(s.shape, sc.batch_size), y = MakeTargetTensor(s.shape, 64);
 //   KILN_RETURN_IF_ERROR(s.train->Next(x, y));     // x: s.shape.x_dims, y: [batch] labels
 //   nlohmann::json state = s.train->State();       // into the checkpoint; Restore(state) later
 //
 // `with_train = false` opens only the held-out split (kiln eval); the shapes are the same.
-#ifndef KILN_DATA_SOURCE_H_
-#define KILN_DATA_SOURCE_H_
+#ifndef KILN_DATA_TRAIN_DATA_H_
+#define KILN_DATA_TRAIN_DATA_H_
 
 #include <cstdint>
 #include <memory>
@@ -78,7 +78,7 @@ struct DataShape {
   std::vector<int64_t> categorical_sizes;
 };
 
-struct TrainSource {
+struct TrainData {
   std::unique_ptr<Batcher> train;  // null when opened without it
   std::unique_ptr<EvalData> held_out;
   DataShape shape;
@@ -90,7 +90,7 @@ struct TrainSource {
 };
 
 // A trainer's data section (train::DataConfig) as the data layer needs it.
-struct SourceConfig {
+struct TrainDataConfig {
   std::string source;
   int64_t batch_size = 64;
   bool shuffle = true;
@@ -116,8 +116,8 @@ struct SourceConfig {
 bool IsPlainCsvPath(const std::string& source);
 
 // Errors name the config key (data.source, data.remainder, data.batch_size, ...).
-absl::StatusOr<TrainSource> MakeSource(const SourceConfig& config, bool with_train,
-                                       Env* env = Env::Default());
+absl::StatusOr<TrainData> OpenTrainData(const TrainDataConfig& config, bool with_train,
+                                        Env* env = Env::Default());
 
 // x / y tensors shaped for `shape` with `batch` examples (training: the config's batch_size).
 Tensor MakeInputTensor(const DataShape& shape, int64_t batch);
@@ -125,4 +125,4 @@ Tensor MakeTargetTensor(const DataShape& shape, int64_t batch);
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_SOURCE_H_
+#endif  // KILN_DATA_TRAIN_DATA_H_

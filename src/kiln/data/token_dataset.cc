@@ -1,4 +1,4 @@
-#include "kiln/data/token_source.h"
+#include "kiln/data/token_dataset.h"
 
 #include <map>
 

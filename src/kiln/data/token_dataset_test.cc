@@ -1,6 +1,6 @@
 // The tokens: source: a text import read by the input pipeline (train / held_out split, one
-// language's held-out shard, per-host shards) and data::MakeSource's checks against the model.
-#include "kiln/data/token_source.h"
+// language's held-out shard, per-host shards) and data::OpenTrainData's checks against the model.
+#include "kiln/data/token_dataset.h"
 
 #include <random>
 #include <set>
@@ -10,7 +10,7 @@
 #include "kiln/data/import/text_import.h"
 #include "kiln/data/pipeline.h"
 #include "kiln/data/shard_io.h"
-#include "kiln/data/source.h"
+#include "kiln/data/train_data.h"
 #include "tests/support/temp_dir.h"
 
 namespace kiln::data {
@@ -150,12 +150,12 @@ TEST(TokenSource, ReadsSplitsLanguagesAndShards) {
 TEST(TokenSource, MakeSourceChecksTheModelAgainstTheImport) {
   const std::string dir = Import(test_support::MakeTempDir("token_source_check"));
   const int64_t vocab = ReadTokenDataset(Env::Default(), dir)->vocab_size;
-  SourceConfig sc;
+  TrainDataConfig sc;
   sc.source = "tokens:" + dir;
   sc.batch_size = 4;
   sc.language_model = true;
   sc.vocab_size = 0;  // from the dataset
-  absl::StatusOr<TrainSource> s = MakeSource(sc, /*with_train=*/true);
+  absl::StatusOr<TrainData> s = OpenTrainData(sc, /*with_train=*/true);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->shape.num_classes, vocab);
   EXPECT_EQ(s->shape.features, 8);
@@ -163,19 +163,19 @@ TEST(TokenSource, MakeSourceChecksTheModelAgainstTheImport) {
   EXPECT_EQ(s->held_out_by_language[1].language, "ru");
 
   sc.vocab_size = vocab + 1;
-  absl::Status st = MakeSource(sc, true).status();
+  absl::Status st = OpenTrainData(sc, true).status();
   EXPECT_NE(st.message().find("model.vocab_size: " + std::to_string(vocab + 1) +
                               " does not match the tokenizer"),
             std::string::npos)
       << st;
   sc.vocab_size = vocab;
   sc.seq_len = 16;
-  st = MakeSource(sc, true).status();
+  st = OpenTrainData(sc, true).status();
   EXPECT_NE(st.message().find("data.seq_len: 16 does not match"), std::string::npos) << st;
   sc.seq_len = 8;
-  ASSERT_TRUE(MakeSource(sc, true).ok());
+  ASSERT_TRUE(OpenTrainData(sc, true).ok());
   sc.language_model = false;
-  EXPECT_NE(MakeSource(sc, true).status().message().find("needs model.kind gpt"),
+  EXPECT_NE(OpenTrainData(sc, true).status().message().find("needs model.kind gpt"),
             std::string::npos);
 
   // tokens: on another kind of dataset.
@@ -194,7 +194,7 @@ TEST(TokenSource, MakeSourceChecksTheModelAgainstTheImport) {
   ASSERT_TRUE(ImportCsv(env, co).ok());
   sc.language_model = true;
   sc.source = "tokens:" + co.out_dir;
-  st = MakeSource(sc, true).status();
+  st = OpenTrainData(sc, true).status();
   EXPECT_NE(st.message().find("is a dataset of kind 'csv'"), std::string::npos) << st;
 }
 

@@ -1,4 +1,4 @@
-#include "kiln/data/source.h"
+#include "kiln/data/train_data.h"
 
 #include <algorithm>
 #include <optional>
@@ -8,7 +8,7 @@
 #include "kiln/base/status.h"
 #include "kiln/data/dataset_manifest.h"
 #include "kiln/data/pipeline.h"
-#include "kiln/data/token_source.h"
+#include "kiln/data/token_dataset.h"
 
 namespace kiln::data {
 namespace {
@@ -86,7 +86,7 @@ bool IsTokens(const std::string& source) { return source.rfind("tokens:", 0) == 
 
 // tokens: sources: the model's vocabulary and sequence length against the import's (an error
 // names the config key and both values); *vocab gets the tokenizer's vocabulary size.
-absl::Status CheckTokenDataset(const SourceConfig& c, const TokenDatasetInfo& t,
+absl::Status CheckTokenDataset(const TrainDataConfig& c, const TokenDatasetInfo& t,
                                const std::string& dir, int64_t* vocab) {
   if (!c.language_model) {
     return absl::InvalidArgumentError(
@@ -108,8 +108,8 @@ absl::Status CheckTokenDataset(const SourceConfig& c, const TokenDatasetInfo& t,
 }
 
 // Each language's held-out data of a multilingual tokens: source, at `batch` (padded).
-absl::Status OpenLanguageHeldOut(const SourceConfig& c, const TokenDatasetInfo& t,
-                                 PipelineConfig pc, Env* env, TrainSource* d) {
+absl::Status OpenLanguageHeldOut(const TrainDataConfig& c, const TokenDatasetInfo& t,
+                                 PipelineConfig pc, Env* env, TrainData* d) {
   pc.remainder = "pad";
   pc.shrink_batch = false;
   for (const TokenLanguage& l : t.languages) {
@@ -142,7 +142,7 @@ absl::Status CheckPipelineTypes(const InputPipeline& p, bool lm) {
   return absl::OkStatus();
 }
 
-absl::Status CheckRemainder(const SourceConfig& c, bool csv) {
+absl::Status CheckRemainder(const TrainDataConfig& c, bool csv) {
   if (csv && c.remainder == "pad") {
     return absl::InvalidArgumentError(
         "data.remainder: 'pad' needs an input-pipeline source (digits:, records:, "
@@ -155,7 +155,7 @@ absl::Status CheckRemainder(const SourceConfig& c, bool csv) {
   return absl::OkStatus();
 }
 
-PipelineConfig TrainPipelineConfig(const SourceConfig& c, bool csv) {
+PipelineConfig TrainPipelineConfig(const TrainDataConfig& c, bool csv) {
   PipelineConfig pc;
   pc.source = csv ? "csv:" + c.source : c.source;
   pc.seq_len = c.seq_len;
@@ -184,12 +184,12 @@ PipelineConfig HeldOutPipelineConfig(PipelineConfig pc) {
   return pc;
 }
 
-absl::StatusOr<TrainSource> OpenCsv(const SourceConfig& c, bool with_train, Env* env) {
+absl::StatusOr<TrainData> OpenCsv(const TrainDataConfig& c, bool with_train, Env* env) {
   const PipelineConfig pc = TrainPipelineConfig(c, /*csv=*/true);
   absl::StatusOr<std::unique_ptr<InputPipeline>> held =
       InputPipeline::Create(HeldOutPipelineConfig(pc), env);
   if (!held.ok()) return Annotate(held.status(), "data.source");
-  TrainSource d;
+  TrainData d;
   d.held_out_examples = (*held)->examples_per_epoch();
   const int64_t train_size = (*held)->source_examples() - d.held_out_examples;
   if (c.batch_size > train_size) {
@@ -213,10 +213,10 @@ absl::StatusOr<TrainSource> OpenCsv(const SourceConfig& c, bool with_train, Env*
   return d;
 }
 
-absl::StatusOr<TrainSource> OpenPipeline(const SourceConfig& c, bool with_train, Env* env) {
+absl::StatusOr<TrainData> OpenPipeline(const TrainDataConfig& c, bool with_train, Env* env) {
   const bool lm = c.language_model;
   PipelineConfig pc = TrainPipelineConfig(c, /*csv=*/false);
-  TrainSource d;
+  TrainData d;
   int64_t token_vocab = 0;
   std::optional<TokenDatasetInfo> tokens;
   if (IsTokens(c.source)) {
@@ -282,10 +282,10 @@ bool IsPlainCsvPath(const std::string& s) {
            s.rfind("text:", 0) == 0 || s.rfind("tokens:", 0) == 0);
 }
 
-absl::StatusOr<TrainSource> MakeSource(const SourceConfig& config, bool with_train, Env* env) {
+absl::StatusOr<TrainData> OpenTrainData(const TrainDataConfig& config, bool with_train, Env* env) {
   const bool csv = IsPlainCsvPath(config.source);
   KILN_RETURN_IF_ERROR(CheckRemainder(config, csv));
-  absl::StatusOr<TrainSource> d =
+  absl::StatusOr<TrainData> d =
       csv ? OpenCsv(config, with_train, env) : OpenPipeline(config, with_train, env);
   if (d.ok()) d->shape.language_model = config.language_model;
   return d;

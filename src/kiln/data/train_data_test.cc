@@ -1,7 +1,7 @@
-// data::MakeSource, and the csv: pipeline source behind a plain CSV path, checked against an
+// data::OpenTrainData, and the csv: pipeline source behind a plain CSV path, checked against an
 // independent model of the trainer's CSV batcher that the pipeline replaced: the same split, the
 // same batches in the same order, the same epoch numbers, and its checkpoint states restore.
-#include "kiln/data/source.h"
+#include "kiln/data/train_data.h"
 
 #include <unistd.h>
 
@@ -89,8 +89,8 @@ struct OldCsvBatcher {
   }
 };
 
-SourceConfig Csv(const std::string& path, int64_t batch, bool shuffle, const std::string& rem) {
-  SourceConfig c;
+TrainDataConfig Csv(const std::string& path, int64_t batch, bool shuffle, const std::string& rem) {
+  TrainDataConfig c;
   c.source = path;
   c.batch_size = batch;
   c.shuffle = shuffle;
@@ -106,13 +106,13 @@ std::vector<int64_t> Ids(const Tensor& x) {
   return ids;
 }
 
-TEST(MakeSource, PlainCsvPathGivesTheOldBatcherBatchesAndEpochs) {
+TEST(OpenTrainData, PlainCsvPathGivesTheOldBatcherBatchesAndEpochs) {
   const std::string path = WriteCsv();
   for (bool shuffle : {true, false}) {
     for (const char* rem : {"drop", "wrap"}) {
       SCOPED_TRACE(std::string(rem) + (shuffle ? " shuffled" : " in order"));
-      SourceConfig c = Csv(path, 7, shuffle, rem);
-      auto s = MakeSource(c, /*with_train=*/true);
+      TrainDataConfig c = Csv(path, 7, shuffle, rem);
+      auto s = OpenTrainData(c, /*with_train=*/true);
       ASSERT_TRUE(s.ok()) << s.status();
       EXPECT_EQ(s->shape.features, 64);
       EXPECT_EQ(s->shape.num_classes, 10);
@@ -129,10 +129,10 @@ TEST(MakeSource, PlainCsvPathGivesTheOldBatcherBatchesAndEpochs) {
   }
 }
 
-TEST(MakeSource, WrapAcrossUnevenEpochsAndResumeFromPipelineAndOldStates) {
+TEST(OpenTrainData, WrapAcrossUnevenEpochsAndResumeFromPipelineAndOldStates) {
   const std::string path = WriteCsv();
-  SourceConfig c = Csv(path, 15, true, "wrap");  // 98 % 15 != 0: batches straddle epochs
-  auto s = MakeSource(c, true);
+  TrainDataConfig c = Csv(path, 15, true, "wrap");  // 98 % 15 != 0: batches straddle epochs
+  auto s = OpenTrainData(c, true);
   ASSERT_TRUE(s.ok()) << s.status();
   OldCsvBatcher old(15, true, true, c.seed, c.held_out_fraction);
   Tensor x = MakeInputTensor(s->shape, 15), y = MakeTargetTensor(s->shape, 15);
@@ -145,7 +145,7 @@ TEST(MakeSource, WrapAcrossUnevenEpochsAndResumeFromPipelineAndOldStates) {
   std::vector<std::vector<int64_t>> want;
   for (int b = 0; b < 12; ++b) want.push_back(old.Next());
   for (const nlohmann::json& state : {saved, old_state}) {
-    auto resumed = MakeSource(c, true);
+    auto resumed = OpenTrainData(c, true);
     ASSERT_TRUE(resumed.ok());
     ASSERT_TRUE(resumed->train->Restore(state).ok()) << state.dump();
     EXPECT_EQ(resumed->train->epoch(), 3);  // 23 * 15 = 345 rows: the last one in epoch 3
@@ -154,20 +154,20 @@ TEST(MakeSource, WrapAcrossUnevenEpochsAndResumeFromPipelineAndOldStates) {
       ASSERT_EQ(Ids(x), want[b]) << state.dump() << " batch " << b;
     }
   }
-  auto fresh = MakeSource(c, true);
+  auto fresh = OpenTrainData(c, true);
   EXPECT_EQ(fresh->train->Restore({{"epoch", 1}, {"position", 99}}).code(),
             absl::StatusCode::kDataLoss);
   EXPECT_EQ(fresh->train->Restore({{"epoch", "x"}, {"position", 1}}).code(),
             absl::StatusCode::kDataLoss);
 }
 
-TEST(MakeSource, OldDropStatesAtAnEpochsEndResumeAtTheNextEpoch) {
+TEST(OpenTrainData, OldDropStatesAtAnEpochsEndResumeAtTheNextEpoch) {
   const std::string path = WriteCsv();
-  SourceConfig c = Csv(path, 30, true, "drop");  // 3 batches an epoch, 8 rows dropped
+  TrainDataConfig c = Csv(path, 30, true, "drop");  // 3 batches an epoch, 8 rows dropped
   OldCsvBatcher old(30, true, false, c.seed, c.held_out_fraction);
   for (int b = 0; b < 3; ++b) old.Next();
   ASSERT_EQ(old.position, 90);
-  auto s = MakeSource(c, true);
+  auto s = OpenTrainData(c, true);
   ASSERT_TRUE(s.ok());
   ASSERT_TRUE(s->train->Restore({{"epoch", old.epoch}, {"position", old.position}}).ok());
   EXPECT_EQ(s->train->epoch(), 0);
@@ -179,10 +179,10 @@ TEST(MakeSource, OldDropStatesAtAnEpochsEndResumeAtTheNextEpoch) {
             absl::StatusCode::kDataLoss);  // not a batch boundary
 }
 
-TEST(MakeSource, HeldOutIsTheSplitsRowsInItsOrder) {
+TEST(OpenTrainData, HeldOutIsTheSplitsRowsInItsOrder) {
   const std::string path = WriteCsv();
-  SourceConfig c = Csv(path, 8, true, "drop");
-  auto s = MakeSource(c, /*with_train=*/false);
+  TrainDataConfig c = Csv(path, 8, true, "drop");
+  auto s = OpenTrainData(c, /*with_train=*/false);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->train, nullptr);
   const std::vector<int64_t> held = SplitExampleIndices(kRows, 0.25, c.seed).value().held_out;
@@ -201,24 +201,24 @@ TEST(MakeSource, HeldOutIsTheSplitsRowsInItsOrder) {
   }
   // A batch larger than the held-out split evaluates all of it at once.
   c.batch_size = 50;
-  s = MakeSource(c, false);
+  s = OpenTrainData(c, false);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->shape.eval_batch, 33);
   EXPECT_EQ(s->held_out->batches(), 1);
 }
 
-TEST(MakeSource, ErrorsNameTheKey) {
+TEST(OpenTrainData, ErrorsNameTheKey) {
   const std::string path = WriteCsv();
-  SourceConfig c = Csv(path, 99, true, "drop");
-  EXPECT_THAT(MakeSource(c, true).status().message(),
+  TrainDataConfig c = Csv(path, 99, true, "drop");
+  EXPECT_THAT(OpenTrainData(c, true).status().message(),
               HasSubstr("data.batch_size: 99 is larger than the training split (98 examples)"));
   c = Csv(path, 8, true, "pad");
-  EXPECT_THAT(MakeSource(c, true).status().message(), HasSubstr("data.remainder: 'pad'"));
+  EXPECT_THAT(OpenTrainData(c, true).status().message(), HasSubstr("data.remainder: 'pad'"));
   c.source = "digits:" + path;
   c.remainder = "wrap";
-  EXPECT_THAT(MakeSource(c, true).status().message(), HasSubstr("data.remainder: 'wrap'"));
+  EXPECT_THAT(OpenTrainData(c, true).status().message(), HasSubstr("data.remainder: 'wrap'"));
   c = Csv("/nonexistent/d.csv", 8, true, "drop");
-  auto missing = MakeSource(c, true);
+  auto missing = OpenTrainData(c, true);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("data.source"));
   EXPECT_TRUE(IsPlainCsvPath("data/digits.csv.gz"));

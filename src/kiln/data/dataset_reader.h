@@ -2,8 +2,8 @@
 // shards) as batches of host tensors: what the training input pipeline uses for `kiln train` on
 // imported data.
 //
-//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ExampleDataset> ds,
-//                         ExampleDataset::Open(Env::Default(), "/data/icons", "train"));
+//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<DatasetReader> ds,
+//                         DatasetReader::Open(Env::Default(), "/data/icons", "train"));
 //   ds->size();                                     // examples in the split
 //   KILN_ASSIGN_OR_RETURN(ExampleBatch b, ds->ReadBatch({0, 5, 9}, /*threads=*/2));
 //   b.tensors.at("image");                          // u8 [3, 32, 32, 3]
@@ -16,8 +16,8 @@
 // into one tensor [batch, ...shape]: uint8 -> u8, float32 -> f32, int64 -> s64 (string features
 // are skipped). A record whose feature is missing, of another list kind or another element count
 // is DataLoss naming the shard and the record's byte offset.
-#ifndef KILN_DATA_RECORD_SOURCE_H_
-#define KILN_DATA_RECORD_SOURCE_H_
+#ifndef KILN_DATA_DATASET_READER_H_
+#define KILN_DATA_DATASET_READER_H_
 
 #include <cstdint>
 #include <map>
@@ -36,11 +36,11 @@ struct ExampleBatch {
   std::map<std::string, Tensor> tensors;  // feature name -> [batch, ...shape]
 };
 
-class ExampleDataset {
+class DatasetReader {
  public:
   // `split`: "train", "held_out", or "" for every shard.
-  static absl::StatusOr<std::unique_ptr<ExampleDataset>> Open(Env* env, const std::string& dir,
-                                                              const std::string& split);
+  static absl::StatusOr<std::unique_ptr<DatasetReader>> Open(Env* env, const std::string& dir,
+                                                             const std::string& split);
 
   const DatasetManifest& manifest() const { return manifest_; }
   int64_t size() const { return static_cast<int64_t>(index_.size()); }
@@ -65,4 +65,4 @@ class ExampleDataset {
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_RECORD_SOURCE_H_
+#endif  // KILN_DATA_DATASET_READER_H_

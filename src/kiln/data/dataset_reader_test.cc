@@ -1,4 +1,4 @@
-#include "kiln/data/record_source.h"
+#include "kiln/data/dataset_reader.h"
 
 #include <png.h>
 
@@ -38,8 +38,7 @@ TEST(RecordSource, BatchesOfImportedImagesAndCsv) {
   o.shards = 2;
   o.held_out = 0;
   ASSERT_TRUE(ImportImages(env, o).ok());
-  absl::StatusOr<std::unique_ptr<ExampleDataset>> ds =
-      ExampleDataset::Open(env, o.out_dir, "train");
+  absl::StatusOr<std::unique_ptr<DatasetReader>> ds = DatasetReader::Open(env, o.out_dir, "train");
   ASSERT_TRUE(ds.ok()) << ds.status();
   ASSERT_EQ((*ds)->size(), 6);
   absl::StatusOr<ExampleBatch> b = (*ds)->ReadBatch({0, 1, 2, 3, 4, 5}, 3);
@@ -59,7 +58,7 @@ TEST(RecordSource, BatchesOfImportedImagesAndCsv) {
   EXPECT_EQ(seen[0], 3);
   EXPECT_EQ(seen[1], 3);
   EXPECT_EQ((*ds)->ReadBatch({6}).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(ExampleDataset::Open(env, o.out_dir, "held_out").status().code(),
+  EXPECT_EQ(DatasetReader::Open(env, o.out_dir, "held_out").status().code(),
             absl::StatusCode::kNotFound);
 
   // A damaged record: DataLoss naming the shard and the record's offset at Open.
@@ -67,7 +66,7 @@ TEST(RecordSource, BatchesOfImportedImagesAndCsv) {
   std::string bytes = *ReadFileToString(env, shard);
   bytes[20] ^= 4;
   ASSERT_TRUE(WriteStringToFile(env, bytes, shard).ok());
-  absl::Status st = ExampleDataset::Open(env, o.out_dir, "train").status();
+  absl::Status st = DatasetReader::Open(env, o.out_dir, "train").status();
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(st.message().find("train-00001-of-00002.tfrecord"), std::string::npos) << st;
   EXPECT_NE(st.message().find("offset 0"), std::string::npos) << st;
@@ -79,7 +78,7 @@ TEST(RecordSource, BatchesOfImportedImagesAndCsv) {
       WriteStringToFile(env, "label: y\ncolumns: {x: numeric, y: categorical}\n", schema).ok());
   CsvImportOptions c{csv, schema, JoinPath(tmp, "csv"), 1, 0.0, 0, 1};
   ASSERT_TRUE(ImportCsv(env, c).ok());
-  absl::StatusOr<std::unique_ptr<ExampleDataset>> cs = ExampleDataset::Open(env, c.out_dir, "");
+  absl::StatusOr<std::unique_ptr<DatasetReader>> cs = DatasetReader::Open(env, c.out_dir, "");
   ASSERT_TRUE(cs.ok()) << cs.status();
   absl::StatusOr<ExampleBatch> cb = (*cs)->ReadBatch({0, 1});
   ASSERT_TRUE(cb.ok()) << cb.status();

@@ -1,5 +1,6 @@
-// The `tokens:DIR` training source: the token shards and SentencePiece tokenizer that
-// `kiln data import text` writes (text_import.h), read by the GPT (docs/data.md "tokens:").
+// A token dataset: the token shards and SentencePiece tokenizer that `kiln data import text`
+// writes (import/text_import.h), which the `tokens:DIR` source spec reads for the GPT (docs/data.md
+// "tokens:").
 //
 //   KILN_ASSIGN_OR_RETURN(TokenDatasetInfo t, ReadTokenDataset(Env::Default(), "/data/fortunes"));
 //   t.vocab_size;   // the tokenizer's ids: model.vocab_size must equal it (or be 0)
@@ -9,9 +10,9 @@
 // The input pipeline (pipeline.h) reads "tokens:DIR" as it reads "dataset:DIR" for a text import
 // (the import's own train / held_out split; x, y s32 [seq_len], the targets shifted by one), and
 // with PipelineConfig::language set, only that language's held-out examples. This header holds
-// what both the pipeline and data::MakeSource (source.h) need from the manifest.
-#ifndef KILN_DATA_TOKEN_SOURCE_H_
-#define KILN_DATA_TOKEN_SOURCE_H_
+// what both the pipeline and data::OpenTrainData (train_data.h) need from the manifest.
+#ifndef KILN_DATA_TOKEN_DATASET_H_
+#define KILN_DATA_TOKEN_DATASET_H_
 
 #include <cstdint>
 #include <string>
@@ -49,4 +50,4 @@ absl::StatusOr<TokenLanguage> FindTokenLanguage(const DatasetManifest& m, const 
 
 }  // namespace kiln::data
 
-#endif  // KILN_DATA_TOKEN_SOURCE_H_
+#endif  // KILN_DATA_TOKEN_DATASET_H_
