@@ -192,8 +192,8 @@ absl::Status DeleteTree(const std::string& path) {
 // fork() copies the descriptor table, so a child made by fork() holds a second reference to the
 // description and with it the lock, until it closes that descriptor or exits; O_CLOEXEC closes it
 // only at an exec, so a child that goes on running our code (the DICOM decoder's child,
-// data/dicom/internal/isolated.h, or any fork() that does not exec) would keep the lock alive
-// after its parent released it or was SIGKILLed. OFD locks (F_OFD_SETLK) belong to the
+// data/import/dicom/internal/isolated.h, or any fork() that does not exec) would keep the lock
+// alive after its parent released it or was SIGKILLed. OFD locks (F_OFD_SETLK) belong to the
 // description too, so they have the same problem. Process-associated fcntl(F_SETLK) locks are not
 // inherited by fork(), but a process loses one when it closes *any* descriptor of the file (the
 // pid write in train/run_dir.cc does exactly that), and they do not exclude a second holder in the

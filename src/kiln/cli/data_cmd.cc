@@ -17,9 +17,9 @@
 #include "absl/strings/str_split.h"
 #include "kiln/base/env.h"
 #include "kiln/base/status.h"
-#include "kiln/data/click_log.h"
 #include "kiln/data/dataset_manifest.h"
 #include "kiln/data/example_proto.h"
+#include "kiln/data/import/click_log.h"
 #include "kiln/data/import_util.h"
 #include "kiln/data/shard_io.h"
 

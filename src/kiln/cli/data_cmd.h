@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "kiln/data/click_log.h"
-#include "kiln/data/csv_import.h"
+#include "kiln/data/import/click_log.h"
+#include "kiln/data/import/csv_import.h"
 #ifdef KILN_HAVE_GDCM
-#include "kiln/data/dicom/dicom_import.h"
+#include "kiln/data/import/dicom/dicom_import.h"
 #endif
-#include "kiln/data/image_import.h"
-#include "kiln/data/text_import.h"
+#include "kiln/data/import/image_import.h"
+#include "kiln/data/import/text_import.h"
 
 namespace kiln::cli {
 

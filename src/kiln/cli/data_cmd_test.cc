@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "kiln/base/env.h"
 #include "kiln/cli/app.h"
-#include "kiln/data/image_codec.h"
+#include "kiln/data/import/image_codec.h"
 #include "tests/support/temp_dir.h"
 
 namespace kiln::cli {

@@ -21,8 +21,8 @@
 #include "kiln/base/status.h"
 #include "kiln/cli/backends.h"
 #include "kiln/cli/input_normalization.h"
-#include "kiln/cli/internal/csv_fields.h"
 #include "kiln/compiler/artifact.h"
+#include "kiln/data/csv.h"
 #include "kiln/data/digits.h"
 #include "kiln/tensor/safetensors.h"
 
@@ -147,9 +147,7 @@ absl::StatusOr<std::map<std::string, Tensor>> ReadTensorInput(const std::string&
   return out;
 }
 
-using internal::ParseDouble;
-using internal::SplitFields;
-using internal::Trim;
+using data::ParseCsvDouble;
 
 bool ParseInt(std::string_view s, int64_t* v) {
   if (!s.empty() && s.front() == '+') s.remove_prefix(1);
@@ -180,7 +178,7 @@ absl::Status StoreField(std::string_view field, Tensor& t, int64_t i) {
     return absl::OkStatus();
   }
   double v = 0;
-  if (!ParseDouble(field, &v)) return absl::InvalidArgumentError("is not a number");
+  if (!ParseCsvDouble(field, &v)) return absl::InvalidArgumentError("is not a number");
   t.SetDouble(i, v);
   return absl::OkStatus();
 }
@@ -194,25 +192,17 @@ absl::StatusOr<std::map<std::string, Tensor>> ReadCsvInput(const std::string& pa
         SpecList(l.inputs), ": pass a .safetensors --input instead"));
   }
   KILN_ASSIGN_OR_RETURN(std::string text, data::ReadMaybeGzippedFile(path));
-  // (line number, line) of every data row.
-  std::vector<std::pair<int64_t, std::string_view>> rows;
-  std::string_view rest = text;
-  bool first = true;
-  for (int64_t line_no = 1; !rest.empty(); ++line_no) {
-    size_t nl = rest.find('\n');
-    std::string_view line = rest.substr(0, nl);
-    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
-    if (Trim(line).empty()) continue;
-    if (first) {
-      first = false;
-      bool any_number = false;
-      for (std::string_view f : SplitFields(line)) {
-        double d;
-        any_number = any_number || ParseDouble(f, &d);
-      }
-      if (!any_number) continue;  // a header
+  data::CsvOptions csv;
+  csv.quoting = false;  // rows of plain values
+  csv.trim = true;
+  KILN_ASSIGN_OR_RETURN(std::vector<data::CsvRecord> rows, data::ParseCsv(text, path, csv));
+  if (!rows.empty()) {
+    bool any_number = false;
+    for (const std::string& f : rows.front().fields) {
+      double d;
+      any_number = any_number || ParseCsvDouble(f, &d);
     }
-    rows.emplace_back(line_no, line);
+    if (!any_number) rows.erase(rows.begin());  // a header
   }
   if (rows.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no data rows"));
   *n = static_cast<int64_t>(rows.size());
@@ -229,8 +219,8 @@ absl::StatusOr<std::map<std::string, Tensor>> ReadCsvInput(const std::string& pa
                                      TypeName(s.dtype), " values"));
   }
   for (int64_t r = 0; r < *n; ++r) {
-    const auto& [line_no, line] = rows[r];
-    std::vector<std::string_view> fields = SplitFields(line);
+    const int64_t line_no = rows[r].line;
+    const std::vector<std::string>& fields = rows[r].fields;
     if (static_cast<int64_t>(fields.size()) != l.features) {
       return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": expected ", l.features,
                                                      " columns (", absl::StrJoin(per_input, ", "),

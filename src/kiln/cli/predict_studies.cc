@@ -35,7 +35,7 @@
 #include "kiln/train/evaluator.h"
 #include "nlohmann/json.hpp"
 #ifdef KILN_HAVE_GDCM
-#include "kiln/data/dicom/dicom_import.h"
+#include "kiln/data/import/dicom/dicom_import.h"
 #endif
 
 namespace kiln::cli {

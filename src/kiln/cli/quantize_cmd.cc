@@ -22,9 +22,9 @@
 #include "kiln/base/env.h"
 #include "kiln/base/status.h"
 #include "kiln/cli/backends.h"
-#include "kiln/cli/internal/csv_fields.h"
 #include "kiln/cli/quantize_rewrite.h"
 #include "kiln/compiler/artifact.h"
+#include "kiln/data/csv.h"
 #include "kiln/data/digits.h"
 #include "kiln/runtime/cpu/isa.h"
 #include "kiln/tensor/safetensors.h"
@@ -42,9 +42,7 @@ struct Examples {
   int64_t n = 0;
 };
 
-using internal::ParseDouble;
-using internal::SplitFields;
-using internal::Trim;
+using data::ParseCsvDouble;
 
 Shape WithLeading(int64_t n, const Shape& s) {
   std::vector<int64_t> dims = {n};
@@ -79,16 +77,16 @@ absl::StatusOr<Examples> ReadCsvExamples(const std::string& path,
   const int64_t want = features + (labels_column == "none" ? 0 : 1);
   std::vector<std::vector<double>> rows;
   std::vector<int64_t> labels;
-  std::string_view rest = text;
-  for (int64_t line_no = 1; !rest.empty(); ++line_no) {
-    const size_t nl = rest.find('\n');
-    std::string_view line = rest.substr(0, nl);
-    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
-    if (Trim(line).empty()) continue;
-    std::vector<std::string_view> fields = SplitFields(line);
+  data::CsvOptions csv;
+  csv.quoting = false;  // rows of plain numbers
+  csv.trim = true;
+  KILN_ASSIGN_OR_RETURN(std::vector<data::CsvRecord> records, data::ParseCsv(text, path, csv));
+  for (const data::CsvRecord& record : records) {
+    const int64_t line_no = record.line;
+    const std::vector<std::string>& fields = record.fields;
     std::vector<double> values(fields.size());
     bool any_number = false;
-    for (size_t i = 0; i < fields.size(); ++i) any_number |= ParseDouble(fields[i], &values[i]);
+    for (size_t i = 0; i < fields.size(); ++i) any_number |= ParseCsvDouble(fields[i], &values[i]);
     if (rows.empty() && labels.empty() && !any_number) continue;  // a header
     if (static_cast<int64_t>(fields.size()) != want)
       return absl::InvalidArgumentError(absl::StrCat(
@@ -97,7 +95,7 @@ absl::StatusOr<Examples> ReadCsvExamples(const std::string& path,
     KILN_ASSIGN_OR_RETURN(int64_t label_col, LabelColumn(labels_column, want));
     std::vector<double> row;
     for (int64_t i = 0; i < want; ++i) {
-      if (!ParseDouble(fields[i], &values[i]) || !std::isfinite(values[i]))
+      if (!ParseCsvDouble(fields[i], &values[i]) || !std::isfinite(values[i]))
         return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": column ", i + 1,
                                                        " ('", std::string(fields[i]),
                                                        "') is not a number"));

@@ -1,5 +1,5 @@
 // In-memory classification datasets: a feature matrix and a label vector, and a deterministic
-// shuffled split. Batches come from the input pipeline (pipeline.h; source.h for a trainer).
+// shuffled split. Batches come from the input pipeline (pipeline.h; train_data.h for a trainer).
 //
 //   KILN_ASSIGN_OR_RETURN(Dataset all, LoadDigitsCsv("examples/data/digits.csv.gz"));
 //   KILN_ASSIGN_OR_RETURN(TrainTestSplit split, SplitDataset(all, /*held_out_fraction=*/0.2,

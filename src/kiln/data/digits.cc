@@ -2,7 +2,6 @@
 
 #include <zlib.h>
 
-#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -10,26 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
+#include "kiln/data/csv.h"
 
 namespace kiln::data {
 namespace {
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) {
-    s.remove_prefix(1);
-  }
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
-    s.remove_suffix(1);
-  }
-  return s;
-}
-
-bool ParseDouble(std::string_view s, double* out) {
-  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
-  if (s.empty()) return false;
-  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && ptr == s.data() + s.size() && std::isfinite(*out);
-}
 
 // For messages: the field as written, shortened if long.
 std::string Quote(std::string_view s) {
@@ -50,31 +33,13 @@ absl::StatusOr<Dataset> ParseLabeledCsv(std::string_view text, const std::string
   const int64_t columns = f + 1;
   std::vector<float> features;
   std::vector<int32_t> labels;
-  std::vector<std::string_view> fields;
-  fields.reserve(columns);
-
-  int64_t line_no = 0;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view line = Trim(text.substr(pos, end - pos));
-    pos = end + 1;
-    ++line_no;
-    if (line.empty()) continue;
-    const std::string where = absl::StrCat(source, ":", line_no, ": ");
-
-    fields.clear();
-    size_t start = 0;
-    while (true) {
-      size_t comma = line.find(',', start);
-      if (comma == std::string_view::npos) {
-        fields.push_back(Trim(line.substr(start)));
-        break;
-      }
-      fields.push_back(Trim(line.substr(start, comma - start)));
-      start = comma + 1;
-    }
+  CsvOptions csv;
+  csv.quoting = false;  // rows of plain numbers
+  csv.trim = true;
+  KILN_ASSIGN_OR_RETURN(std::vector<CsvRecord> rows, ParseCsv(text, source, csv));
+  for (const CsvRecord& row : rows) {
+    const std::vector<std::string>& fields = row.fields;
+    const std::string where = absl::StrCat(source, ":", row.line, ": ");
     if (static_cast<int64_t>(fields.size()) != columns) {
       return absl::InvalidArgumentError(absl::StrCat(where, "expected ", columns, " columns (", f,
                                                      " features, then the label), got ",
@@ -82,7 +47,7 @@ absl::StatusOr<Dataset> ParseLabeledCsv(std::string_view text, const std::string
     }
     for (int64_t c = 0; c < f; ++c) {
       double v;
-      if (!ParseDouble(fields[c], &v)) {
+      if (!ParseCsvDouble(fields[c], &v) || !std::isfinite(v)) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, "column ", c + 1, ": ", Quote(fields[c]), " is not a number"));
       }
@@ -93,7 +58,7 @@ absl::StatusOr<Dataset> ParseLabeledCsv(std::string_view text, const std::string
       features.push_back(static_cast<float>(v / options.max_feature));
     }
     double label;
-    if (!ParseDouble(fields[f], &label) || label != std::floor(label)) {
+    if (!ParseCsvDouble(fields[f], &label) || !std::isfinite(label) || label != std::floor(label)) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, "column ", columns, " (label): ", Quote(fields[f]), " is not an integer"));
     }

@@ -16,7 +16,23 @@
 //   ...
 //   KILN_RETURN_IF_ERROR(p2->RestoreState(state));  // p2 now continues where p stopped
 //
-// Sources (PipelineConfig::source):
+// Vocabulary (one name per concept, across data/ and its callers):
+//   source spec     the "kind:PATH" string that says where examples come from
+//                   (PipelineConfig::source, a trainer's data.source); the kinds are below.
+//   example source  what a source spec opens: N examples of one fixed type, fetched by global
+//                   index (internal/example_source.h, private to the pipeline).
+//   dataset         a folder `kiln data import` wrote (dataset.json + tf.train.Example shards),
+//                   read by DatasetReader (dataset_reader.h); a token dataset is a text import
+//                   (token_dataset.h). Importers, in data/import/, write datasets.
+//   record shards   TFRecord files of examples: a dataset's shards, or WriteRecordShards' own
+//                   safetensors-per-record shards that "records:" reads (record_shards.cc).
+//   train data      what a trainer gets from its data section: a Batcher of training batches
+//                   and the held-out EvalData, each an InputPipeline (train_data.h).
+// The pipeline itself, by concern: the engine (pipeline.cc: workers, prefetch, Next), epoch
+// order and splits (pipeline_order.cc), saved state (pipeline_state.cc), example sources
+// (example_source.cc, dataset_example_source.cc) and record shard writing (record_shards.cc).
+//
+// Source specs (PipelineConfig::source):
 //   "safetensors:PATH"  tensors "x" (features, [N, ...]) and "y" (labels, [N, ...]) with the same
 //                       first dimension N = number of examples. Any dtypes.
 //   "records:GLOB|DIR"  TFRecord shards (record_io.h). A directory means every file in it (names
@@ -26,18 +42,18 @@
 //                       "x" and "y" WITHOUT the example dimension (docs/formats.md "Dataset
 //                       records and iterator state"). All records must have the same dtypes and
 //                       shapes as the first one.
-//   "dataset:DIR"       a folder `kiln data import` wrote (record_source.h; docs/data.md "Training
+//   "dataset:DIR"       a folder `kiln data import` wrote (dataset_reader.h; docs/data.md "Training
 //                       on an imported dataset"): its train split's examples, then its held_out
 //                       split's, and the pipeline keeps that split (held_out_fraction does not
 //                       apply). Images/DICOM: x f32 [C*H*W] (CHW, normalized per channel by the
 //                       manifest's statistics); CSV: x f32 [F] (float columns z-scored); y s32
 //                       the label. Text: x, y s32 [L] from each record's L + 1 tokens.
-//   "tokens:DIR"        a text import (token_source.h): as "dataset:DIR" of kind text, and
+//   "tokens:DIR"        a text import (token_dataset.h): as "dataset:DIR" of kind text, and
 //                       refused for any other kind; with `language` set, only that language's
 //                       held-out shard.
 //   "digits:PATH"       the digits CSV (digits.h): x f32 [N, 64], y s32 [N].
 //   "csv:PATH"          the same file, split and batched as a trainer's plain CSV path always was
-//                       (source.h): the held-out split is data::SplitDataset's (the first
+//                       (train_data.h): the held-out split is data::SplitDataset's (the first
 //                       round(held_out_fraction * N) examples of a permutation drawn from
 //                       mt19937_64(split_seed); train is the rest), each split's "source order"
 //                       is that permuted order, and remainder may also be "wrap".

@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kiln/base/mem_env.h"
-#include "kiln/data/csv_import.h"
+#include "kiln/data/import/csv_import.h"
 #include "kiln/data/import_util.h"
 #include "kiln/data/record_io.h"
 #include "kiln/tensor/safetensors.h"

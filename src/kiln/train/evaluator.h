@@ -25,7 +25,7 @@
 
 namespace kiln::train {
 
-// One language's held-out result (multilingual tokens: sources; data/source.h).
+// One language's held-out result (multilingual tokens: sources; data/train_data.h).
 struct LanguageEval {
   std::string language;
   double loss = 0;        // mean cross-entropy per token over every held-out window, nats

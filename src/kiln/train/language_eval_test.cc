@@ -8,8 +8,8 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "kiln/data/text_import.h"
-#include "kiln/data/token_source.h"
+#include "kiln/data/import/text_import.h"
+#include "kiln/data/token_dataset.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/train/evaluator.h"
 #include "kiln/train/trainer.h"

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kiln/data/source.h"
+#include "kiln/data/train_data.h"
 #include "kiln/nn/model.h"
 #include "kiln/train/config.h"
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "kiln/data/click_log.h"
+#include "kiln/data/import/click_log.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/train/trainer.h"
 #include "tests/support/temp_dir.h"

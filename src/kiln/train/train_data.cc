@@ -2,8 +2,8 @@
 
 namespace kiln::train {
 
-data::SourceConfig SourceConfigFor(const TrainConfig& c, bool language_model) {
-  data::SourceConfig sc;
+data::TrainDataConfig TrainDataConfigFor(const TrainConfig& c, bool language_model) {
+  data::TrainDataConfig sc;
   sc.source = c.data.source;
   sc.batch_size = c.data.batch_size;
   sc.shuffle = c.data.shuffle;
@@ -33,7 +33,7 @@ data::SourceConfig SourceConfigFor(const TrainConfig& c, bool language_model) {
 
 absl::StatusOr<TrainData> OpenTrainData(const TrainConfig& config, bool language_model,
                                         bool with_train, Env* env) {
-  return data::MakeSource(SourceConfigFor(config, language_model), with_train, env);
+  return data::OpenTrainData(TrainDataConfigFor(config, language_model), with_train, env);
 }
 
 }  // namespace kiln::train

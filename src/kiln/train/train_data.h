@@ -1,4 +1,5 @@
-// The data a trainer reads: data::MakeSource (data/source.h) fed from the config's data section.
+// The data a trainer reads: data::OpenTrainData (data/train_data.h) fed from the config's data
+// section.
 //
 //   KILN_ASSIGN_OR_RETURN(TrainData d, OpenTrainData(config, /*language_model=*/false,
 //                                                    /*with_train=*/true));
@@ -9,7 +10,7 @@
 #define KILN_TRAIN_TRAIN_DATA_H_
 
 #include "absl/status/statusor.h"
-#include "kiln/data/source.h"
+#include "kiln/data/train_data.h"
 #include "kiln/train/config.h"
 
 namespace kiln::train {
@@ -17,13 +18,13 @@ namespace kiln::train {
 using Batcher = data::Batcher;
 using EvalData = data::EvalData;
 using DataShape = data::DataShape;
-using TrainData = data::TrainSource;
+using TrainData = data::TrainData;
 using data::MakeInputTensor;
 using data::MakeTargetTensor;
 
-// The config's data section as a data::SourceConfig (language models: num_classes is
+// The config's data section as a data::TrainDataConfig (language models: num_classes is
 // model.vocab_size).
-data::SourceConfig SourceConfigFor(const TrainConfig& config, bool language_model);
+data::TrainDataConfig TrainDataConfigFor(const TrainConfig& config, bool language_model);
 
 absl::StatusOr<TrainData> OpenTrainData(const TrainConfig& config, bool language_model,
                                         bool with_train, Env* env = Env::Default());
