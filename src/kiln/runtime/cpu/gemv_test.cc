@@ -160,7 +160,11 @@ TEST(Sgemm, ResidualInPlaceThreadCountAndLayoutIndependent) {
     bool relu;
   };
   for (const KernelCase& c : std::vector<KernelCase>{
-           {9, 700, 48, true}, {33, 1024, 130, false}, {256, 513, 100, true}, {40, 5, 20, false}}) {
+           {9, 700, 48, true},
+           {33, 1024, 130, false},
+           {256, 513, 100, true},
+           {40, 5, 20, false},
+           {600, 300, 40, true}}) {  // 600 rows: several row blocks at any L2 size
     const std::string what = "M=" + std::to_string(c.M) + " K=" + std::to_string(c.K) +
                              " N=" + std::to_string(c.N) + (c.relu ? " relu" : "");
     std::mt19937 rng(static_cast<uint32_t>(c.M * 7 + c.K));

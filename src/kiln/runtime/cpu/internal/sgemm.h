@@ -18,10 +18,11 @@
 //
 // R x 16 is 6 rows x 2 ymm (12 accumulators) at x86-64-v3 and 3 rows x 4 xmm at the baseline
 // (whose packed x holds each value as a whole vector: SSE2 cannot broadcast from memory). The
-// blocking is BLIS's for Haswell (Kc = 256, up to 168 rows per A block); row blocks x groups of 4
+// blocking is BLIS's for Haswell (Kc = 256, up to 168 rows per A block; up to 264 with a 512 KiB
+// or larger L2, read from sysfs, sgemm.cc); row blocks x groups of 4
 // panels are split between the threads. Each output element is summed in the same order whatever
-// the thread count and x's layout, so results are deterministic and do not depend on the split.
-// At x86-64-v4 oneDNN's brgemm over its own pre-packed layout runs instead (matmul.cc).
+// the thread count, the L2 size and x's layout, so results are deterministic and do not depend on
+// the split. At x86-64-v4 oneDNN's brgemm over its own pre-packed layout runs instead (matmul.cc).
 //
 //   PackedMatmulArgs a = ...;   // the pack from GemvThunk::PrepareConstants
 //   PackedSgemm(a);             // any M >= 1 (matmul.cc: 9 to kPackedSgemmMaxRows)
