@@ -1009,7 +1009,7 @@ TEST(CpuBackendTest, LongContractionsUseSgemm) {
     if (c.epi != kBiasRelu || fusion) {
       // Below avx512_core a bf16 dot computes in f32 (float normalization): the f32 rules apply.
       const bool want = c.sgemm || (c.dt == DType::kBF16 && !OneDnnHasBf16());
-      EXPECT_EQ(names.find("sgemm") != std::string::npos, want) << what << names;
+      EXPECT_EQ(names.find("sgemm:jit") != std::string::npos, want) << what << names;
     }
     if (fusion && c.epi == kBiasResidual) {
       EXPECT_NE(names.find("+bias+residual sgemm"), std::string::npos) << what << names;

@@ -148,39 +148,34 @@ class GemvThunk : public Thunk {
     panels_ = (spec_.N + kPanel - 1) / kPanel;
   }
 
-  std::string name() const override { return pack_ ? spec_.name : fallback_->name(); }
+  std::string name() const override {
+    if (pack_) return spec_.name;
+    if (PacksPerRun()) return spec_.per_run_name;
+    return fallback_->name();
+  }
 
   absl::Status PrepareConstants(const RunContext& ctx) override {
     pack_.reset();
     packed_from_ = nullptr;
-    const int rhs = spec_.rhs;
-    if (rhs >= static_cast<int>(ctx.constant.size()) || !ctx.constant[rhs] ||
-        ctx.buffers[rhs] == nullptr)
-      return absl::OkStatus();  // not constant: the fallback runs
-    const float* w = static_cast<const float*>(ctx.buffers[rhs]);
-    const int64_t K = spec_.K, N = spec_.N, sk = spec_.w_k_stride, sn = spec_.w_n_stride;
-    std::shared_ptr<uint8_t> mem = AllocatePopulated(
-        AlignUp(panels_ * K * kPanel * static_cast<int64_t>(sizeof(float))), kBufferAlignment);
-    float* pack = reinterpret_cast<float*>(mem.get());
-    ParallelFor(panels_, 1, [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) {
-        float* dst = pack + p * K * kPanel;
-        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
-        for (int64_t k = 0; k < K; ++k) {
-          for (int64_t j = 0; j < cols; ++j) dst[k * kPanel + j] = w[k * sk + (n0 + j) * sn];
-          for (int64_t j = cols; j < kPanel; ++j) dst[k * kPanel + j] = 0.f;
-        }
-      }
-    });
+    if (!IsConstant(ctx)) return absl::OkStatus();  // the fallback, or a pack per run
+    std::shared_ptr<uint8_t> mem = AllocatePopulated(AlignUp(PackFloats() * 4), kBufferAlignment);
+    Pack(static_cast<const float*>(ctx.buffers[spec_.rhs]), reinterpret_cast<float*>(mem.get()));
     pack_ = std::move(mem);
-    packed_from_ = w;
+    packed_from_ = ctx.buffers[spec_.rhs];
     return absl::OkStatus();
   }
 
   void Run(RunContext& ctx) override {
-    const int rhs = spec_.rhs;
-    if (!pack_ || ctx.buffers[rhs] != packed_from_ ||
-        rhs >= static_cast<int>(ctx.constant.size()) || !ctx.constant[rhs]) {
+    const float* pack = nullptr;
+    if (pack_ && ctx.buffers[spec_.rhs] == packed_from_ && IsConstant(ctx)) {
+      pack = reinterpret_cast<const float*>(pack_.get());
+    } else if (PacksPerRun()) {
+      // The calling thread's scratch, grown to the largest weight it has packed: no allocation
+      // per step, and one buffer for all the executable's matmuls (each packs, then runs).
+      float* scratch = ThreadPackBuffer(PackFloats());
+      Pack(static_cast<const float*>(ctx.buffers[spec_.rhs]), scratch);
+      pack = scratch;
+    } else {
       fallback_->Run(ctx);
       return;
     }
@@ -188,7 +183,7 @@ class GemvThunk : public Thunk {
     a.x = static_cast<const float*>(ctx.buffers[spec_.lhs]);
     a.xs_m = spec_.x_row_stride;
     a.xs_k = spec_.x_col_stride;
-    a.pack = reinterpret_cast<const float*>(pack_.get());
+    a.pack = pack;
     a.bias = spec_.bias >= 0 ? static_cast<const float*>(ctx.buffers[spec_.bias]) : nullptr;
     a.residual =
         spec_.residual >= 0 ? static_cast<const float*>(ctx.buffers[spec_.residual]) : nullptr;
@@ -214,6 +209,40 @@ class GemvThunk : public Thunk {
   }
 
  private:
+  bool IsConstant(const RunContext& ctx) const {
+    const int rhs = spec_.rhs;
+    return rhs < static_cast<int>(ctx.constant.size()) && ctx.constant[rhs] &&
+           ctx.buffers[rhs] != nullptr;
+  }
+  int64_t PackFloats() const { return panels_ * spec_.K * kPanel; }
+  bool PacksPerRun() const { return spec_.pack_per_run && spec_.M > kGemvMaxRows; }
+
+  // W (through its strides) into [panels][K][16], the last panel's missing columns zero.
+  void Pack(const float* w, float* pack) const {
+    const int64_t K = spec_.K, N = spec_.N, sk = spec_.w_k_stride, sn = spec_.w_n_stride;
+    ParallelFor(panels_, 1, [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        float* dst = pack + p * K * kPanel;
+        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+        for (int64_t k = 0; k < K; ++k) {
+          for (int64_t j = 0; j < cols; ++j) dst[k * kPanel + j] = w[k * sk + (n0 + j) * sn];
+          for (int64_t j = cols; j < kPanel; ++j) dst[k * kPanel + j] = 0.f;
+        }
+      }
+    });
+  }
+
+  static float* ThreadPackBuffer(int64_t floats) {
+    thread_local std::shared_ptr<uint8_t> mem;
+    thread_local int64_t capacity = 0;
+    if (floats > capacity) {
+      mem = AllocatePopulated(AlignUp(floats * static_cast<int64_t>(sizeof(float))),
+                              kBufferAlignment);
+      capacity = floats;
+    }
+    return reinterpret_cast<float*>(mem.get());
+  }
+
   GemvSpec spec_;
   std::unique_ptr<Thunk> fallback_;
   int64_t panels_ = 0;

@@ -361,10 +361,11 @@ class ConstantWeightThunk : public Thunk {
 
 // The oneDNN matmul, wrapped for bound f32 weights in the packed-weight kernels: the gemv
 // (gemv.cc) for small batches, and at AVX2 the blocked sgemm (sgemm.cc) up to
-// kPackedSgemmMaxRows, where oneDNN's gemm:jit would re-pack the plain weight on every call. Other
-// bound weights (an epilogue the kernels lack, more rows, AVX-512) run a oneDNN matmul over the
-// weight pre-packed into oneDNN's blocked layout where oneDNN has one. Either takes over when the
-// weight is bound constant, and the plain oneDNN matmul runs otherwise.
+// kPackedSgemmMaxRows, where oneDNN's gemm:jit would re-pack the plain weight on every call (and
+// there also weights that are not constant, packed on each run). Other bound weights (an epilogue
+// the kernels lack, more rows, AVX-512) run a oneDNN matmul over the weight pre-packed into
+// oneDNN's blocked layout where oneDNN has one. Either takes over when the weight is bound
+// constant, and the plain oneDNN matmul runs otherwise.
 absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerContext& lc,
                                                     const DotPlan& p, bool force_copy,
                                                     const Epilogue& ep = {}) {
@@ -400,6 +401,14 @@ absl::StatusOr<std::unique_ptr<Thunk>> OneDnnMatmul(const ir::Node& n, LowerCont
       s.relu = ep.has_act;
       s.residual = ep.residual;
       s.name = ThunkName(n, (gemv ? "packed gemv" : "packed sgemm") + ep.label);
+      // A weight that is not constant (training, or weights passed as inputs) is packed on every
+      // run where gemm:jit runs at half rate: up to K = 1024. avx2, 2 threads, M x K x N,
+      // GFLOP/s of pack + sgemm against gemm:jit: 256x1024x1024 167 vs 101, 64x1024x1024 122 vs
+      // 98, 128x768x3072 153 vs 99; but 256x3072x768 176 vs 198, where gemm:jit is at rate. At
+      // least 64 columns: a narrow product (a classifier head, a long contraction into a few
+      // outputs: sgemm:jit) would compute mostly zero padding in 16-column panels.
+      s.pack_per_run = !gemv && p.K <= 1024 && p.N >= 64;
+      s.per_run_name = ThunkName(n, "packed sgemm" + ep.label + ", weight packed per run");
       return MakeGemvThunk(s, std::move(onednn));
     }
     if (gemv) return onednn;

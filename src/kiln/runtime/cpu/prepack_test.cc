@@ -75,8 +75,10 @@ int PrePackedThunks(const Executable& exe) {
   int n = 0;
   for (int i = 0; i < exe.num_thunks(); ++i) {
     const std::string name = exe.thunk(i).name();
+    // A weight packed on every run (not constant) is not pre-packed.
     n += name.find("weights pre-packed") != std::string::npos ||
-         name.find("packed sgemm") != std::string::npos;
+         (name.find("packed sgemm") != std::string::npos &&
+          name.find("packed per run") == std::string::npos);
   }
   return n;
 }

@@ -45,10 +45,16 @@ struct GemvSpec {
   bool relu = false;
   int residual = -1;  // node of the plain [M, N] residual, or -1
   std::string name;   // the thunk's name when the packed path runs
+  // Above kGemvMaxRows: also when the weight is not constant (a training step's, or a forward
+  // pass whose weights are inputs), pack it on every run and run PackedSgemm, where that beats
+  // the fallback (matmul.cc: at AVX2, where the fallback is oneDNN's gemm:jit).
+  bool pack_per_run = false;
+  std::string per_run_name;  // the thunk's name then
 };
 
 // A thunk that runs the packed kernel (the gemv up to kGemvMaxRows rows, PackedSgemm above) once
-// its weight is bound constant, and `fallback` (the same computation through oneDNN) otherwise.
+// its weight is bound constant, and `fallback` (the same computation through oneDNN) otherwise;
+// with `pack_per_run`, PackedSgemm over a weight packed on each run instead of the fallback.
 std::unique_ptr<Thunk> MakeGemvThunk(const GemvSpec& spec, std::unique_ptr<Thunk> fallback);
 
 }  // namespace kiln::runtime::cpu
