@@ -6,12 +6,15 @@
 
 #include "kiln/base/status.h"
 #include "kiln/compiler/buffer_plan.h"
-#include "kiln/runtime/reference/kernels.h"
+#include "kiln/eval/kernels.h"
 #include "kiln/runtime/shard_collectives.h"
 
 namespace kiln::runtime {
 namespace reference {
 namespace {
+
+using eval::Kernel;
+using eval::MakeKernel;
 
 // One reference kernel (kernels.h) over the executable's buffers: slot i is operand i's buffer,
 // the last slot the node's own.
