@@ -21,7 +21,8 @@
 // computes bit-identical steps.
 //
 // Mixed precision: options.precision other than kF32 rewrites the loss graph before autodiff
-// (compiler::ApplyPrecisionPolicy, the compiler's one entry for policies: the JAX/jmp recipe).
+// (the compiler's program pipeline, compiler::ProgramPipeline, with the backend's pipeline
+// switches, so its "mixed-precision" pass is dumped and disabled by name: the JAX/jmp recipe).
 // Matmuls and convolutions (and, under kBf16, elementwise math) compute in bf16 forward and
 // backward, through convert's VJP; parameters stay f32 master weights, their gradients arrive in
 // f32, and the optimizer update and its state stay f32. Reductions, softmax, norms and the loss
@@ -62,12 +63,13 @@
 // Tensor parallel: with options.model_parallel = M > 1 the parameters named in
 // options.shardings (e.g. nn::Gpt::TensorParallelShardings, Megatron's layouts) are split over
 // M ranks. The whole step graph (forward, backward, clipping, update) is annotated, the
-// optimizer state like its parameter, and partitioned (compiler::PartitionSpmd) into the
-// per-rank program before compiling: each rank holds and updates only its shards, and the
-// program's collectives (the partitioner's all-reduces, all-gathers) run over the model ranks.
-// The loss and grad_norm outputs are replicated, so they equal the one-process step's. With
-// D > 1 as well (a data x model mesh) every gradient is its own data-parallel bucket (buckets
-// of concatenated shards would need regathering).
+// optimizer state like its parameter, and partitioned into the per-rank program by the compile
+// (compiler::ProgramOptions::mesh and shardings: the "sharding-propagation" and
+// "spmd-partitioner" passes of compiler::Compile's program pipeline): each rank holds and updates
+// only its shards, and the program's collectives (the partitioner's all-reduces, all-gathers) run
+// over the model ranks. The loss and grad_norm outputs are replicated, so they equal the
+// one-process step's. With D > 1 as well (a data x model mesh) every gradient is its own
+// data-parallel bucket (buckets of concatenated shards would need regathering).
 #ifndef KILN_NN_TRAIN_STEP_H_
 #define KILN_NN_TRAIN_STEP_H_
 
@@ -216,6 +218,11 @@ class TrainStep {
  private:
   struct Zero;  // ZeRO-1's executables and buffers (train_step_zero.cc)
   TrainStep();
+  // Create's steps after compiling: the resident parameters, optimizer state and counters
+  // (ZeRO-1's executables too), then the input/output tables of the executable.
+  absl::Status InitTensors(runtime::Backend& backend, const ir::Graph& loss,
+                           const std::vector<ParamSpec>& param_specs, ParamStore initial);
+  absl::Status MakeSlots();
   absl::Status CreateZero(runtime::Backend& backend, const ir::Graph& loss,
                           const std::vector<ParamSpec>& param_specs);
   absl::Status RunZero();

@@ -174,7 +174,18 @@ class Backend {
   virtual std::string name() const = 0;
   // How this backend runs a graph, as the compiler's execution plan needs it.
   virtual compiler::BackendTraits Traits() const = 0;
-  virtual absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) = 0;
+  // Compiles `graph` to compute what it says.
+  absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) {
+    return Compile(graph, compiler::ProgramOptions{});
+  }
+  // ... rewritten first by compiler::Compile's program pipeline under `program` (precision
+  // policy, SPMD partitioning over a mesh: compiler::ProgramOptions).
+  virtual absl::StatusOr<std::unique_ptr<Executable>> Compile(
+      const ir::Graph& graph, const compiler::ProgramOptions& program) = 0;
+  // The pipeline switches (disabled passes, IR dumps, verification) this backend compiles with,
+  // for a caller that runs a compiler pipeline of its own on a graph it then compiles here
+  // (nn::TrainStep runs the program pipeline on its loss graph, before autodiff).
+  virtual compiler::PipelineOptions pipeline_options() const { return {}; }
   // `module` must have been compiled for Traits().
   virtual absl::StatusOr<std::unique_ptr<Executable>> Lower(
       const compiler::CompiledModule& module) = 0;

@@ -94,10 +94,14 @@ class ReferenceBackend : public Backend {
     return t;
   }
 
-  // The oracle runs the graph as given: no pass at all (compiler::CompileOptions::optimize off).
-  absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) override {
+  // The oracle runs the graph as given: no optimization pass (compiler::CompileOptions::optimize
+  // off), only the program passes `program` asks for.
+  using Backend::Compile;
+  absl::StatusOr<std::unique_ptr<Executable>> Compile(
+      const ir::Graph& graph, const compiler::ProgramOptions& program) override {
     compiler::CompileOptions options;
     options.optimize = false;
+    options.program = program;
     absl::StatusOr<compiler::CompiledModule> m = compiler::Compile(graph, Traits(), options);
     KILN_RETURN_IF_ERROR(Annotate(m.status(), "reference backend"));
     return Lower(*m);
