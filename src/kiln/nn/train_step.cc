@@ -14,7 +14,6 @@
 #include "kiln/compiler/pipeline.h"
 #include "kiln/nn/internal/train_step_zero.h"
 #include "kiln/nn/model.h"
-#include "kiln/runtime/shard_collectives.h"
 
 namespace kiln::nn {
 namespace {
@@ -184,12 +183,12 @@ absl::StatusOr<ir::Graph> BuildZeroGradientGraph(const ir::Graph& loss, const Pa
 absl::Status StepShardings(const std::vector<ParamSpec>& specs, const ParamStore& initial,
                            const TrainStepOptions& options,
                            std::map<std::string, ir::Sharding>* tensor_shardings) {
-  auto* shard = dynamic_cast<runtime::ShardCollectives*>(options.collectives);
+  const runtime::Collectives* shard = options.collectives;
   if (shard == nullptr || shard->num_shards() != options.model_parallel)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TrainStep: model_parallel = ", options.model_parallel,
-        " needs collectives that implement runtime::ShardCollectives over as many ranks, got ",
-        shard == nullptr ? std::string("none") : std::to_string(shard->num_shards())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: model_parallel = ", options.model_parallel,
+                     " needs collectives whose mesh axis (num_shards) has as many ranks, got ",
+                     shard == nullptr ? std::string("none") : std::to_string(shard->num_shards())));
   if (options.model_rank < 0 || options.model_rank >= options.model_parallel)
     return absl::InvalidArgumentError(absl::StrCat("TrainStep: model_rank ", options.model_rank,
                                                    " is not below model_parallel ",
@@ -516,7 +515,7 @@ ir::Sharding TrainStep::ShardingOfTensor(const std::string& name, int rank) cons
 
 absl::StatusOr<ParamStore> TrainStep::Gathered(const ParamStore& local) const {
   if (options_.model_parallel <= 1) return local.Clone();
-  auto* shard = dynamic_cast<runtime::ShardCollectives*>(options_.collectives);
+  runtime::Collectives* shard = options_.collectives;
   const compiler::sharding::Mesh mesh{"model", options_.model_parallel};
   ParamStore full;
   for (int i = 0; i < local.size(); ++i) {

@@ -57,8 +57,8 @@
 // grad_norm, for clipping), the update executable (norm, clipping, schedule and optimizer on the
 // pieces of shard d: BuildOptimizerUpdate), and an all-gather of the updated shards into the
 // parameters. Per element the gradient mean and the update are those of the unsharded step; only
-// the norm sums in another order. Needs f32 parameters and options.collectives implementing
-// ShardedCollectives (dist::CommunicatorCollectives does) when D > 1.
+// the norm sums in another order. Needs f32 parameters and options.collectives (its
+// ReduceScatterSum and AllGather, over the D data ranks) when D > 1.
 //
 // Tensor parallel: with options.model_parallel = M > 1 the parameters named in
 // options.shardings (e.g. nn::Gpt::TensorParallelShardings, Megatron's layouts) are split over
@@ -113,23 +113,13 @@ struct TrainStepOptions {
   int data_rank = 0;
   // Tensor parallel (see the header comment): the parameters named in `shardings`
   // (ir/sharding.h, over mesh axis "model") are split over model_parallel ranks. `collectives`
-  // must then also implement runtime::ShardCollectives over those ranks (num_shards() ==
-  // model_parallel; dist::MeshCollectives for a data x model mesh); model_rank is this rank's
+  // must then run the mesh-axis collectives over those ranks (num_shards() == model_parallel;
+  // dist::MeshCollectives for a data x model mesh); model_rank is this rank's
   // place among them, used only to cut the initial values (the program is the same on every
   // rank).
   int model_parallel = 1;
   int model_rank = 0;
   std::map<std::string, ir::Sharding> shardings;
-};
-
-// What ZeRO-1 needs besides the all-reduce (f32 only); dist::CommunicatorCollectives implements
-// it over a Communicator.
-class ShardedCollectives : public runtime::Collectives {
- public:
-  // recv[i] = the sum over the ranks, in rank order, of their send[rank * recv_count + i].
-  virtual absl::Status ReduceScatterSum(const float* send, float* recv, int64_t recv_count) = 0;
-  // recv[r * send_count + i] = rank r's send[i].
-  virtual absl::Status AllGather(const float* send, float* recv, int64_t send_count) = 0;
 };
 
 // ZeRO-1's partition of tensors of `sizes` elements, flattened and concatenated in order, into

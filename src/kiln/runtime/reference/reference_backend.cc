@@ -53,8 +53,8 @@ class KernelThunk : public Thunk {
 };
 
 // all_gather / reduce_scatter over more than one replica and all_reduce over a mesh axis or
-// with reduction max: the SPMD partitioner's collectives, run through the run's ShardCollectives
-// (shard_collectives.h).
+// with reduction max: the SPMD partitioner's collectives, run through the Shard* calls of the run's
+// Collectives (shard_collectives.h).
 class ShardCollectiveThunk : public Thunk {
  public:
   ShardCollectiveThunk(const ir::Node& n, const ir::Type& in_type)

@@ -542,7 +542,7 @@ TEST(ReferenceBackendTest, CompileRejectsWhatItCannotRun) {
     auto g = b.Build();
     ASSERT_TRUE(g.ok()) << g.status();
     // An all_gather over 2 replicas compiles (the SPMD partitioner's programs use them) and runs
-    // through the run's ShardCollectives; without them the run fails, naming the op.
+    // through the Shard* calls of the run's Collectives; without them the run fails, naming the op.
     auto exe = MakeReferenceBackend()->Compile(*g);
     ASSERT_TRUE(exe.ok()) << exe.status();
     auto run = (*exe)->Run({Tensor(DType::kF32, Shape{2})});
