@@ -2,8 +2,8 @@
 # Prints, for every op in src/kiln/ir/opcodes.def (or just the ones named), where its pieces are,
 # found through the code itself (no markers): its table row, its shape rule (a `case Opcode::kFoo`
 # in shape_inference*.cc, or the family rule InferUnary/InferBinary its `family` column selects),
-# its reference kernel (the `case F::k<family>` of MakeKernel in runtime/reference/kernels.cc, plus
-# the op's own cases in runtime/reference/ and its per-element rule in ir/element_semantics.cc), its cpu lowering (the `case F::k<family>` of LowerNode in
+# its reference kernel (the `case F::k<family>` of MakeKernel in eval/kernels.cc, plus
+# the op's own cases in eval/ and its per-element rule in ir/element_semantics.cc), its cpu lowering (the `case F::k<family>` of LowerNode in
 # cpu_backend.cc, plus the op's own cases in runtime/cpu/) and its VJP rule (the function
 # FindVjpRule returns for it, or "not differentiable").
 #   scripts/op-index.sh            # every op
@@ -20,14 +20,14 @@ cases='case Opcode::k[A-Za-z0-9]+:'
   grep -n '^KILN_OP(' src/kiln/ir/opcodes.def |
     sed -E 's/^([0-9]+):KILN_OP\(([A-Z][A-Za-z0-9]*), "([a-z0-9_]+)", *-?[0-9]+, *k[A-Za-z]+, *(k[A-Za-z]+),.*/OP k\2 \3 \1 \4/'
   # CASE <file:line> <Enum> for every opcode case outside tests.
-  grep -rnE --include='*.cc' "$cases" src/kiln/ir src/kiln/runtime |
+  grep -rnE --include='*.cc' "$cases" src/kiln/ir src/kiln/eval src/kiln/runtime |
     grep -v '_test\.cc:' | sed -E 's/^([^:]*):([0-9]+):.*case Opcode::(k[A-Za-z0-9]+):.*/CASE \1:\2 \3/'
   # FAMILY <family> <file:line>: LowerNode's cases in the cpu backend.
   grep -nE 'case F::k[A-Za-z]+:' src/kiln/runtime/cpu/cpu_backend.cc |
     sed -E 's/^([0-9]+):.*case F::(k[A-Za-z]+):.*/FAMILY \2 src\/kiln\/runtime\/cpu\/cpu_backend.cc:\1/'
   # REFFAMILY <family> <file:line>: MakeKernel's cases in the reference kernels.
-  grep -nE 'case F::k[A-Za-z]+:' src/kiln/runtime/reference/kernels.cc |
-    sed -E 's/^([0-9]+):.*case F::(k[A-Za-z]+):.*/REFFAMILY \2 src\/kiln\/runtime\/reference\/kernels.cc:\1/'
+  grep -nE 'case F::k[A-Za-z]+:' src/kiln/eval/kernels.cc |
+    sed -E 's/^([0-9]+):.*case F::(k[A-Za-z]+):.*/REFFAMILY \2 src\/kiln\/eval\/kernels.cc:\1/'
   # RULE <name> <file:line>: the shape rules for the plain elementwise families.
   grep -nE '^absl::StatusOr<Type> Infer(Unary|Binary)\(' src/kiln/ir/shape_inference.cc |
     sed -E 's/^([0-9]+):absl::StatusOr<Type> (Infer[A-Za-z]+)\(.*/RULE \2 src\/kiln\/ir\/shape_inference.cc:\1/'
@@ -46,7 +46,7 @@ cases='case Opcode::k[A-Za-z0-9]+:'
     loc = $2; op = op_of[$3]
     if (op == "") next
     if (loc ~ /^src\/kiln\/ir\/shape_inference/) add(op, "shape", loc)
-    else if (loc ~ /^src\/kiln\/runtime\/reference\// || loc ~ /^src\/kiln\/ir\/element_semantics/) add(op, "reference", loc)
+    else if (loc ~ /^src\/kiln\/eval\// || loc ~ /^src\/kiln\/ir\/element_semantics/) add(op, "reference", loc)
     else if (loc ~ /^src\/kiln\/runtime\/cpu\//) add(op, "cpu", loc)
     next
   }

@@ -567,12 +567,9 @@ int TrainCommands::RunTrain(const std::vector<std::string>& args, std::ostream& 
 #endif
   }
   int rc = RunRank(args, comm.get(), out, err);
-#ifdef KILN_HAVE_MPI
   // After a collective timed out the job's state is unknown: end every rank now (no peer then
   // waits for this one), instead of MPI_Finalize waiting on the collective still in flight.
-  if (rc != 0 && comm != nullptr && static_cast<dist::MpiCommunicator*>(comm.get())->broken())
-    static_cast<dist::MpiCommunicator*>(comm.get())->Abort(rc);
-#endif
+  if (rc != 0 && comm != nullptr && comm->broken()) comm->Abort(rc);
   return rc;
 }
 

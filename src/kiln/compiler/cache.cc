@@ -202,6 +202,19 @@ std::string CanonicalOptionsString(const CompileOptions& options) {
   }
   // The overlap-collectives pass runs for such backends (only then: older keys stay as they were).
   if (options.traits.async_collectives) s += "\nasync_collectives=1";
+  // The program options: the keyed graph is the program pipeline's output, so they are in it
+  // already; named too where set, so a miss can say so (unset: older keys stay as they were).
+  const ProgramOptions& program = options.program;
+  if (program.precision != PrecisionPolicy::kF32)
+    s += "\nprecision=" + PrecisionPolicyName(program.precision);
+  if (program.mesh.size > 1) {
+    s += absl::StrCat("\nmesh=", program.mesh.axis, ":", program.mesh.size, ",shardings=");
+    first = true;
+    for (const auto& [name, sharding] : program.shardings) {  // a std::map: sorted
+      s += absl::StrCat(first ? "" : ",", name, "=", sharding.ToString());
+      first = false;
+    }
+  }
   return s + "\n";
 }
 

@@ -14,6 +14,7 @@
 #include "kiln/compiler/version.h"
 #include "kiln/ir/builder.h"
 #include "kiln/ir/printer.h"
+#include "kiln/ir/sharding.h"
 
 namespace kiln::compiler {
 namespace {
@@ -159,6 +160,33 @@ TEST(CompileCacheTest, KeyChangesWithEachPart) {
   EXPECT_THAT(CanonicalOptionsString(keep), HasSubstr("softmax:keep"));
   EXPECT_THAT(CanonicalOptionsString(keep), HasSubstr("attention:decompose"));
   EXPECT_THAT(CanonicalOptionsString(disabled), HasSubstr("disabled_passes=cse\n"));
+}
+
+// The program pipeline's options (precision policy, SPMD mesh and shardings) are in the key;
+// unset, the options string is what it was before they existed.
+TEST(CompileCacheTest, ProgramOptionsArePartOfTheKey) {
+  Fixture f;
+  CompileCache cache(f.Options());
+  ir::Graph g = Model("net", 4);
+  CompileOptions o = Opts();
+  const std::string base = cache.Key(g, o, "cpu");
+  EXPECT_THAT(CanonicalOptionsString(o), ::testing::Not(HasSubstr("precision=")));
+  EXPECT_THAT(CanonicalOptionsString(o), ::testing::Not(HasSubstr("mesh=")));
+  CompileOptions mixed = o;
+  mixed.program.precision = PrecisionPolicy::kMixedBf16;
+  EXPECT_NE(base, cache.Key(g, mixed, "cpu"));
+  EXPECT_THAT(CanonicalOptionsString(mixed), HasSubstr("\nprecision=mixed_bf16\n"));
+  absl::StatusOr<ir::Sharding> cols = ir::ParseSharding("[_,model]");
+  ASSERT_TRUE(cols.ok()) << cols.status();
+  CompileOptions tp = o;
+  tp.program.mesh = {"model", 2};
+  tp.program.shardings = {{"w", *cols}};
+  EXPECT_NE(base, cache.Key(g, tp, "cpu"));
+  EXPECT_THAT(CanonicalOptionsString(tp),
+              HasSubstr("\nmesh=model:2,shardings=w=" + cols->ToString() + "\n"));
+  CompileOptions tp4 = tp;
+  tp4.program.mesh.size = 4;
+  EXPECT_NE(cache.Key(g, tp, "cpu"), cache.Key(g, tp4, "cpu"));
 }
 
 TEST(CompileCacheTest, DisabledPassesFromVariablesArePartOfTheKey) {

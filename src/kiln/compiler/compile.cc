@@ -13,6 +13,8 @@
 #include "kiln/compiler/passes/fusion.h"
 #include "kiln/compiler/passes/remat.h"
 #include "kiln/compiler/passes/schedule.h"
+#include "kiln/compiler/passes/sharding_propagation.h"
+#include "kiln/compiler/passes/spmd_partitioner.h"
 #include "kiln/compiler/passes/transpose_fold.h"
 #include "kiln/ir/verifier.h"
 
@@ -40,14 +42,53 @@ std::string JoinNames(const std::vector<std::string>& names) {
   return list;
 }
 
+// The program pipeline's passes, in order.
+std::vector<std::string> ProgramPassNames() {
+  return {MixedPrecisionPass(PrecisionPolicy::kF32).name(),
+          ShardingPropagation(sharding::Mesh{}).name(), SpmdPartitioner(SpmdOptions{}).name()};
+}
+
+// Every pass name of the optimize pipeline in some configuration (fusion and remat on), in order.
+std::vector<std::string> OptimizePassNames() {
+  CompileOptions all;
+  all.fuse_loops = true;
+  all.remat.enabled = true;
+  all.traits.async_collectives = true;
+  all.traits.supports_bf16 = [](const ir::Node&) { return true; };
+  return DefaultPipeline(all)->PassNames();
+}
+
 }  // namespace
 
+std::unique_ptr<Pipeline> ProgramPipeline(const CompileOptions& options) {
+  // One disabled list serves both pipelines: this one may name every pass of the other.
+  PipelineOptions pipeline_options = options.pipeline;
+  pipeline_options.optional_pass_names = ProgramPassNames();
+  for (const std::string& name : OptimizePassNames())
+    pipeline_options.optional_pass_names.push_back(name);
+  auto p = std::make_unique<Pipeline>("program", std::move(pipeline_options));
+  const ProgramOptions& program = options.program;
+  // First the precision: what the program computes, on the global program.
+  if (program.precision != PrecisionPolicy::kF32)
+    p->Add<MixedPrecisionPass>(program.precision, program.master_weights);
+  // Then the per-rank program, before any optimization (the simplifier knows partitioned
+  // programs: passes/algebraic.h).
+  if (program.mesh.size > 1) {
+    p->Add<ShardingPropagation>(program.mesh, program.shardings);
+    p->Add<SpmdPartitioner>(SpmdOptions{.mesh = program.mesh});
+  }
+  return p;
+}
+
 std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
-  // disabled_passes may also name the optional passes this configuration leaves out.
+  // disabled_passes may also name the optional passes this configuration leaves out, and those
+  // of the program pipeline.
   PipelineOptions pipeline_options = options.pipeline;
   pipeline_options.optional_pass_names = {FloatNormalizationPass(nullptr).name(),
                                           FusionPass().name(), RematPass().name(),
                                           OverlapCollectivesPass().name()};
+  for (const std::string& name : ProgramPassNames())
+    pipeline_options.optional_pass_names.push_back(name);
   auto p = std::make_unique<Pipeline>("optimize", std::move(pipeline_options));
   p->Add<DecomposePass>(options.keep_composite);
   std::vector<std::unique_ptr<Pass>> simplify;
@@ -73,12 +114,9 @@ std::unique_ptr<Pipeline> DefaultPipeline(const CompileOptions& options) {
 }
 
 std::vector<std::string> AllPassNames() {
-  CompileOptions all;
-  all.fuse_loops = true;
-  all.remat.enabled = true;
-  all.traits.async_collectives = true;
-  all.traits.supports_bf16 = [](const ir::Node&) { return true; };
-  return DefaultPipeline(all)->PassNames();
+  std::vector<std::string> names = OptimizePassNames();
+  for (const std::string& name : ProgramPassNames()) names.push_back(name);
+  return names;
 }
 
 absl::Status ApplyPipelineVariables(const PipelineVariables& vars, PipelineOptions* options) {
@@ -111,19 +149,7 @@ absl::StatusOr<ir::Graph> Optimize(const ir::Graph& graph, const CompileOptions&
 absl::StatusOr<ir::Graph> ApplyPrecisionPolicy(const ir::Graph& graph, PrecisionPolicy policy,
                                                const std::vector<std::string>& master_weights) {
   ir::Graph out = graph;
-  if (policy == PrecisionPolicy::kF32) return out;
-  for (const std::string& name : master_weights) {
-    const int id = graph.FindParameter(name);
-    if (id < 0) continue;
-    const DType dtype = graph.node(id).type().dtype;
-    if (dtype != DType::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat("precision ", PrecisionPolicyName(policy),
-                                                     " keeps f32 master weights, but parameter '",
-                                                     name, "' is ", std::string(DTypeName(dtype)),
-                                                     " (use precision f32 for a non-f32 model)"));
-    }
-  }
-  MixedPrecisionPass pass(policy);
+  MixedPrecisionPass pass(policy, master_weights);
   KILN_RETURN_IF_ERROR(pass.Run(out).status());
   return out;
 }
@@ -132,11 +158,15 @@ absl::StatusOr<CompiledModule> Compile(const ir::Graph& input, const BackendTrai
                                        const CompileOptions& options, CompileCache* cache,
                                        const std::string& backend_key) {
   KILN_RETURN_IF_ERROR(Annotate(ir::Verify(input), "compile: invalid graph"));
-  // The precision policy first: it decides what the program computes (kF32: as given).
+  // The program pipeline first: it decides what the program computes (empty: as given).
   ir::Graph rewritten;
   const ir::Graph* graph_ptr = &input;
-  if (options.precision != PrecisionPolicy::kF32) {
-    KILN_ASSIGN_OR_RETURN(rewritten, ApplyPrecisionPolicy(input, options.precision));
+  std::unique_ptr<Pipeline> program = ProgramPipeline(options);
+  if (!program->PassNames().empty()) {
+    rewritten = input;
+    KILN_RETURN_IF_ERROR(Annotate(program->Run(rewritten).status(), "compile: program"));
+    // Also without verify_each_pass: a partitioned program is checked before it runs.
+    KILN_RETURN_IF_ERROR(Annotate(ir::Verify(rewritten), "compile: after the program pipeline"));
     graph_ptr = &rewritten;
   }
   const ir::Graph& graph = *graph_ptr;

@@ -19,6 +19,7 @@
 #include "kiln/compiler/passes/decompose.h"
 #include "kiln/ir/builder.h"
 #include "kiln/ir/printer.h"
+#include "kiln/ir/sharding.h"
 #include "kiln/ir/verifier.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
@@ -192,7 +193,7 @@ TEST(Compile, AppliesThePrecisionPolicy) {
     absl::StatusOr<CompiledModule> f32 = Compile(*loss, BackendTraits{}, o);
     ASSERT_TRUE(f32.ok()) << f32.status();
     EXPECT_EQ(bf16_matmuls(f32->graph), 0);
-    o.precision = PrecisionPolicy::kMixedBf16;
+    o.program.precision = PrecisionPolicy::kMixedBf16;
     absl::StatusOr<CompiledModule> mixed = Compile(*loss, BackendTraits{}, o);
     ASSERT_TRUE(mixed.ok()) << mixed.status();
     EXPECT_EQ(bf16_matmuls(mixed->graph), 3);
@@ -220,6 +221,117 @@ TEST(Compile, PrecisionPolicyKeepsF32MasterWeights) {
   absl::StatusOr<ir::Graph> same = ApplyPrecisionPolicy(*loss, PrecisionPolicy::kF32, kParams);
   ASSERT_TRUE(same.ok());
   EXPECT_EQ(ir::PrintGraph(*same), ir::PrintGraph(*loss));
+}
+
+// The program pipeline: precision and SPMD partitioning are passes of Compile, listed by name
+// (after the optimize passes in AllPassNames), run only where CompileOptions::program asks.
+TEST(ProgramPipeline, ListsThePassesTheProgramOptionsChoose) {
+  CompileOptions o;
+  EXPECT_EQ(ProgramPipeline(o)->name(), "program");
+  EXPECT_TRUE(ProgramPipeline(o)->PassNames().empty());
+  o.program.precision = PrecisionPolicy::kMixedBf16;
+  EXPECT_EQ(ProgramPipeline(o)->PassNames(), std::vector<std::string>({"mixed-precision"}));
+  o.program.mesh = {"model", 2};
+  EXPECT_EQ(
+      ProgramPipeline(o)->PassNames(),
+      std::vector<std::string>({"mixed-precision", "sharding-propagation", "spmd-partitioner"}));
+  const std::vector<std::string> all = AllPassNames();
+  ASSERT_GE(all.size(), 4u);
+  EXPECT_EQ(all[0], "decompose");
+  EXPECT_EQ(
+      std::vector<std::string>(all.end() - 3, all.end()),
+      std::vector<std::string>({"mixed-precision", "sharding-propagation", "spmd-partitioner"}));
+  // One disabled list serves both pipelines.
+  CompileOptions plain;
+  plain.pipeline.disabled_passes = {"spmd-partitioner", "cse"};
+  EXPECT_TRUE(ProgramPipeline(plain)->CheckDisabledPasses().ok());
+  EXPECT_TRUE(DefaultPipeline(plain)->CheckDisabledPasses().ok());
+  PipelineOptions from_env;
+  EXPECT_TRUE(
+      ApplyPipelineVariables({.disable_passes = "mixed-precision,sharding-propagation"}, &from_env)
+          .ok());
+}
+
+int CountBf16Matmuls(const ir::Graph& g) {
+  int n = 0;
+  for (const ir::Node& node : g.nodes())
+    n += node.opcode() == ir::Opcode::kDotGeneral && node.type().dtype == DType::kBF16;
+  return n;
+}
+
+TEST(ProgramPipeline, MixedPrecisionCanBeDisabledByName) {
+  absl::StatusOr<ir::Graph> loss = MlpLoss(DType::kF32, 4);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  for (bool optimize : {false, true}) {
+    CompileOptions o = TestOptions(/*decompose=*/true);
+    o.optimize = optimize;
+    o.program.precision = PrecisionPolicy::kMixedBf16;
+    absl::StatusOr<CompiledModule> mixed = Compile(*loss, BackendTraits{}, o);
+    ASSERT_TRUE(mixed.ok()) << mixed.status();
+    EXPECT_EQ(CountBf16Matmuls(mixed->graph), 3);
+    o.pipeline.disabled_passes = {"mixed-precision"};
+    absl::StatusOr<CompiledModule> off = Compile(*loss, BackendTraits{}, o);
+    ASSERT_TRUE(off.ok()) << off.status();
+    EXPECT_EQ(CountBf16Matmuls(off->graph), 0);
+  }
+  // The master-weight check is the pass's.
+  absl::StatusOr<ir::Graph> f64 = MlpLoss(DType::kF64, 4);
+  ASSERT_TRUE(f64.ok()) << f64.status();
+  CompileOptions o;
+  o.program = {.precision = PrecisionPolicy::kBf16, .master_weights = kParams};
+  ir::Graph g = *f64;
+  absl::Status s = ProgramPipeline(o)->Run(g).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("pass mixed-precision: precision bf16 keeps f32 master weights"),
+            std::string::npos)
+      << s;
+}
+
+// x . w1 (w1 split by columns over 2 ranks) . w2 (split by rows): the per-rank program takes
+// local shards and all-reduces the partial sum; with either SPMD pass disabled it stays global.
+TEST(ProgramPipeline, SpmdPassesPartitionAndCanBeDisabledByName) {
+  ir::Builder b("tp_mlp");
+  Value x = b.Parameter("x", DType::kF32, {4, 8});
+  Value w1 = b.Parameter("w1", DType::kF32, {8, 16});
+  Value w2 = b.Parameter("w2", DType::kF32, {16, 8});
+  b.Output("y", ir::MatMul(ir::Relu(ir::MatMul(x, w1)), w2));
+  absl::StatusOr<ir::Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<ir::Sharding> cols = ir::ParseSharding("[_,model]");
+  absl::StatusOr<ir::Sharding> rows = ir::ParseSharding("[model,_]");
+  ASSERT_TRUE(cols.ok() && rows.ok());
+  auto w1_shape = [](const ir::Graph& graph) {
+    return graph.node(graph.FindParameter("w1")).type().shape;
+  };
+  auto all_reduces = [](const ir::Graph& graph) {
+    int n = 0;
+    for (const ir::Node& node : graph.nodes()) n += node.opcode() == ir::Opcode::kAllReduce;
+    return n;
+  };
+  for (bool optimize : {false, true}) {
+    SCOPED_TRACE(optimize ? "optimized" : "as given");
+    CompileOptions o = TestOptions(/*decompose=*/true);
+    o.optimize = optimize;
+    o.program.mesh = {"model", 2};
+    o.program.shardings = {{"w1", *cols}, {"w2", *rows}};
+    absl::StatusOr<CompiledModule> local = Compile(*g, BackendTraits{}, o);
+    ASSERT_TRUE(local.ok()) << local.status();
+    EXPECT_EQ(w1_shape(local->graph), Shape({8, 8}));
+    EXPECT_EQ(all_reduces(local->graph), 1);
+    for (const char* pass : {"sharding-propagation", "spmd-partitioner"}) {
+      SCOPED_TRACE(std::string("disabled: ") + pass);
+      CompileOptions off = o;
+      off.pipeline.disabled_passes = {pass};
+      std::unique_ptr<Pipeline> p = ProgramPipeline(off);
+      ir::Graph global = *g;
+      ASSERT_TRUE(p->Run(global).ok());
+      bool skipped = false;
+      for (const PassRecord& r : p->last_run()) skipped = skipped || (r.name == pass && r.skipped);
+      EXPECT_TRUE(skipped);
+      EXPECT_EQ(w1_shape(global), Shape({8, 16}));
+      EXPECT_EQ(all_reduces(global), 0);
+    }
+  }
 }
 
 }  // namespace

@@ -210,26 +210,11 @@ std::vector<char> PlanInPlaceOutputs(const ir::Graph& graph, const ExecutionPlan
   return in_place;
 }
 
-}  // namespace
+using Kind = ExecutionPlan::KernelKind;
 
-int64_t ArenaBytes(const ir::Type& type) { return AlignUp(type.byte_size()); }
-
-ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits) {
-  using Kind = ExecutionPlan::KernelKind;
-  const int n = graph.num_nodes();
-  ExecutionPlan plan;
-  plan.kernel_of.assign(n, -1);
-  plan.group_of.assign(n, -1);
-  plan.step.resize(n);
-  plan.reads.resize(n);
-  plan.operand_reads.resize(n);
-  plan.alias_of.resize(n);
-  plan.needed.assign(n, 0);
-  plan.in_arena.assign(n, 0);
-  plan.outside_arena.assign(n, 0);
-  for (int i = 0; i < n; ++i) plan.step[i] = i;
-
-  // Fused groups, in graph order.
+// The fusion groups the backend runs as one kernel, in graph order (plan.groups), and where each
+// member runs (group_of, step).
+void PlanGroups(const ir::Graph& graph, const BackendTraits& traits, ExecutionPlan& plan) {
   std::vector<ExecutionPlan::Kernel>& fused = plan.groups;
   if (traits.fusion) {
     for (auto& [group, members] : FusionGroups(graph)) {
@@ -251,14 +236,12 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
       plan.group_of[m] = static_cast<int>(k);
       plan.step[m] = fused[k].members.back();
     }
+}
 
-  PlanFusedReads(graph, plan);
-  for (const ir::Node& node : graph.nodes())
-    if (plan.group_of[node.id()] < 0) plan.reads[node.id()] = node.operands();
-
-  // Aliases: a dense reshape is the same bytes as its operand (outputs keep their own buffer).
-  std::vector<char> is_output(n, 0);
-  for (const ir::Output& o : graph.outputs()) is_output[o.node] = 1;
+// Aliases: a dense reshape is the same bytes as its operand (outputs keep their own buffer).
+// Reads then name the value that owns the bytes.
+void PlanAliases(const ir::Graph& graph, const BackendTraits& traits,
+                 const std::vector<char>& is_output, ExecutionPlan& plan) {
   for (const ir::Node& node : graph.nodes()) {
     int id = node.id();
     plan.alias_of[id] = id;
@@ -268,11 +251,12 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
   }
   for (std::vector<int>& rs : plan.reads)
     for (int& r : rs) r = plan.alias_of[r];
+}
 
-  const std::vector<char> runs = MarkNeeded(graph, plan);
-
-  // Kernels in graph order: each running group at its first member, each needed non-empty node
-  // that is not a source or an alias on its own.
+// Kernels in graph order: each running group at its first member, each needed non-empty node
+// that is not a source or an alias on its own.
+void PlanKernels(const ir::Graph& graph, const std::vector<char>& runs, ExecutionPlan& plan) {
+  const std::vector<ExecutionPlan::Kernel>& fused = plan.groups;
   std::vector<int> kernel_of_group(fused.size(), -1);
   for (const ir::Node& node : graph.nodes()) {
     int id = node.id();
@@ -292,11 +276,14 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
     plan.kernel_of[id] = static_cast<int>(plan.kernels.size());
     plan.kernels.push_back({Kind::kNode, {id}});
   }
-  for (int id = 0; id < n; ++id)
+  for (int id = 0; id < graph.num_nodes(); ++id)
     if (plan.kernel_of[id] < 0) plan.reads[id].clear();  // reads of what never runs extend nothing
+}
 
-  // Hoisted: constant-valued one-node kernels, computed once (ExecutionPlan::hoisted).
-  plan.hoisted.assign(n, 0);
+// Hoisted: constant-valued one-node kernels, computed once (ExecutionPlan::hoisted).
+void PlanHoisted(const ir::Graph& graph, const BackendTraits& traits,
+                 const std::vector<char>& is_output, ExecutionPlan& plan) {
+  plan.hoisted.assign(graph.num_nodes(), 0);
   for (const ExecutionPlan::Kernel& k : plan.kernels) {
     if (!traits.hoist_constants || k.kind != Kind::kNode) continue;
     const ir::Node& node = graph.node(k.members[0]);
@@ -311,9 +298,12 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
     }
     plan.hoisted[node.id()] = constant;
   }
+}
 
-  // Storage: needed values a kernel computes; graph outputs in the caller's tensors when the
-  // backend says so.
+// Storage: needed values a kernel computes; graph outputs in the caller's tensors when the
+// backend says so.
+void PlanStorage(const ir::Graph& graph, const BackendTraits& traits,
+                 const std::vector<char>& is_output, ExecutionPlan& plan) {
   for (const ir::Node& node : graph.nodes()) {
     int id = node.id();
     if (IsSource(node) || !plan.needed[id] || plan.alias_of[id] != id || plan.hoisted[id]) continue;
@@ -322,22 +312,58 @@ ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits)
     else
       plan.in_arena[id] = 1;
   }
-  // Asynchronous collectives: each is waited for before the first kernel that reads it.
+}
+
+// Asynchronous collectives: each is waited for before the first kernel that reads it.
+void PlanCollectiveWaits(const ir::Graph& graph, const BackendTraits& traits,
+                         const std::vector<char>& is_output, ExecutionPlan& plan) {
+  const int n = graph.num_nodes();
   plan.done_step.assign(n, -1);
-  if (traits.async_collectives) {
-    for (const ExecutionPlan::Kernel& k : plan.kernels) {
-      const int id = k.members.back();
-      if (k.kind == Kind::kNode && IsAsyncCollective(graph.node(id)) && !plan.hoisted[id])
-        plan.done_step[id] = is_output[id] ? n : -2;  // -2: the first reader, found below
-    }
-    for (const ExecutionPlan::Kernel& k : plan.kernels)  // in graph order: the first reader
-      for (int m : k.members)
-        for (int b : plan.reads[m])
-          if (plan.done_step[b] == -2 || (plan.done_step[b] > plan.step[m] && b != m))
-            plan.done_step[b] = plan.step[m];
-    for (int id = 0; id < n; ++id)
-      if (plan.done_step[id] == -2) plan.done_step[id] = n;  // read by nothing that runs
+  if (!traits.async_collectives) return;
+  for (const ExecutionPlan::Kernel& k : plan.kernels) {
+    const int id = k.members.back();
+    if (k.kind == Kind::kNode && IsAsyncCollective(graph.node(id)) && !plan.hoisted[id])
+      plan.done_step[id] = is_output[id] ? n : -2;  // -2: the first reader, found below
   }
+  for (const ExecutionPlan::Kernel& k : plan.kernels)  // in graph order: the first reader
+    for (int m : k.members)
+      for (int b : plan.reads[m])
+        if (plan.done_step[b] == -2 || (plan.done_step[b] > plan.step[m] && b != m))
+          plan.done_step[b] = plan.step[m];
+  for (int id = 0; id < n; ++id)
+    if (plan.done_step[id] == -2) plan.done_step[id] = n;  // read by nothing that runs
+}
+
+}  // namespace
+
+int64_t ArenaBytes(const ir::Type& type) { return AlignUp(type.byte_size()); }
+
+ExecutionPlan PlanExecution(const ir::Graph& graph, const BackendTraits& traits) {
+  const int n = graph.num_nodes();
+  ExecutionPlan plan;
+  plan.kernel_of.assign(n, -1);
+  plan.group_of.assign(n, -1);
+  plan.step.resize(n);
+  plan.reads.resize(n);
+  plan.operand_reads.resize(n);
+  plan.alias_of.resize(n);
+  plan.needed.assign(n, 0);
+  plan.in_arena.assign(n, 0);
+  plan.outside_arena.assign(n, 0);
+  for (int i = 0; i < n; ++i) plan.step[i] = i;
+
+  PlanGroups(graph, traits, plan);
+  PlanFusedReads(graph, plan);
+  for (const ir::Node& node : graph.nodes())
+    if (plan.group_of[node.id()] < 0) plan.reads[node.id()] = node.operands();
+  std::vector<char> is_output(n, 0);
+  for (const ir::Output& o : graph.outputs()) is_output[o.node] = 1;
+  PlanAliases(graph, traits, is_output, plan);
+  const std::vector<char> runs = MarkNeeded(graph, plan);
+  PlanKernels(graph, runs, plan);
+  PlanHoisted(graph, traits, is_output, plan);
+  PlanStorage(graph, traits, is_output, plan);
+  PlanCollectiveWaits(graph, traits, is_output, plan);
   plan.in_place_outputs = PlanInPlaceOutputs(graph, plan);
   return plan;
 }

@@ -114,6 +114,15 @@ class Communicator {
   absl::Status AllGather(const Tensor& send, Tensor& recv);
   absl::Status Broadcast(Tensor& data, int root);
 
+  // Whether the group is broken (see the header comment: a collective timed out, so every later
+  // call fails): then the job should end, Abort, and restart from a checkpoint.
+  virtual bool broken() const = 0;
+  // Ends the job at once, so that no peer waits on this rank: OpenMPI aborts every rank with
+  // exit status `code` (MPI_Abort: it does not return); in-process ranks, being threads of one
+  // process, break the group instead (every peer's pending and later collectives fail at once)
+  // and return.
+  virtual void Abort(int code) = 0;
+
  protected:
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
 

@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/dist/collectives_adapter.h"
 #include "kiln/dist/internal/oracle.h"
 #include "kiln/dist/thread_communicator.h"
 #include "kiln/tensor/dtype.h"
@@ -196,6 +197,32 @@ TEST(ThreadCommunicatorTest, AMissingRankTimesOutInsteadOfHanging) {
   absl::Status s = comms[2]->AllReduce(late, ReduceOp::kSum);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_EQ(comms[0]->Barrier().code(), absl::StatusCode::kFailedPrecondition);
+  // The seam says so on every rank, and so do the collectives over it.
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(comms[r]->broken()) << "rank " << r;
+  CommunicatorCollectives collectives(*comms[0]);
+  EXPECT_TRUE(collectives.broken());
+}
+
+// Abort on one in-process rank breaks the group: a peer waiting in a collective fails at once
+// (not at its timeout), and every rank then reports broken().
+TEST(ThreadCommunicatorTest, AbortBreaksTheGroupForEveryRank) {
+  auto comms = MakeThreadCommunicators(2, std::chrono::milliseconds(60000));
+  EXPECT_FALSE(comms[0]->broken());
+  EXPECT_FALSE(CommunicatorCollectives(*comms[1]).broken());
+  absl::Status waiting;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread peer([&] { waiting = comms[0]->Barrier(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  comms[1]->Abort(3);
+  peer.join();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(waiting.ok());
+  EXPECT_THAT(std::string(waiting.message()), HasSubstr("rank 1 aborted the job (code 3)"));
+  EXPECT_LT(ms, 30000);
+  EXPECT_TRUE(comms[0]->broken());
+  EXPECT_TRUE(comms[1]->broken());
+  EXPECT_EQ(comms[1]->Barrier().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ThreadCommunicatorTest, MismatchedArgumentsAcrossRanksFailOnEveryRank) {

@@ -400,6 +400,24 @@ class ProbeCollectives : public runtime::Collectives {
     for (int64_t i = 0; i < count; ++i) x[i] = x[i] + x[i];
     return absl::OkStatus();
   }
+  // Only the gradient all-reduce is probed; no mesh axis.
+  absl::Status ReduceScatterSum(const void*, void*, int64_t, DType) override {
+    return absl::UnimplementedError("ProbeCollectives: reduce-scatter");
+  }
+  absl::Status AllGather(const void*, void*, int64_t, DType) override {
+    return absl::UnimplementedError("ProbeCollectives: all-gather");
+  }
+  int num_shards() const override { return 1; }
+  absl::Status ShardAllGather(const void*, void*, int64_t, DType) override {
+    return absl::UnimplementedError("ProbeCollectives: shard all-gather");
+  }
+  absl::Status ShardReduceScatterSum(const void*, void*, int64_t, DType) override {
+    return absl::UnimplementedError("ProbeCollectives: shard reduce-scatter");
+  }
+  absl::Status ShardAllReduce(void*, int64_t, DType, bool) override {
+    return absl::UnimplementedError("ProbeCollectives: shard all-reduce");
+  }
+  bool broken() const override { return false; }
   // The thunk observer: counts kernels that ran after the first start thunk.
   void Observe(const std::string& thunk) {
     if (thunk.find("(start)") != std::string::npos) {

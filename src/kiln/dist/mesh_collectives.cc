@@ -44,6 +44,18 @@ absl::Status MeshCollectives::AllReduceSum(void* data, int64_t count, DType dtyp
   return data_->AllReduce(data, count, dtype, ReduceOp::kSum);
 }
 
+absl::Status MeshCollectives::ReduceScatterSum(const void* send, void* recv, int64_t recv_count,
+                                               DType dtype) {
+  Count(traffic_.data, data_->size(), recv_count * data_->size() * DTypeSize(dtype), 1);
+  return data_->ReduceScatter(send, recv, recv_count, dtype, ReduceOp::kSum);
+}
+
+absl::Status MeshCollectives::AllGather(const void* send, void* recv, int64_t send_count,
+                                        DType dtype) {
+  Count(traffic_.data, data_->size(), send_count * DTypeSize(dtype), data_->size());
+  return data_->AllGather(send, recv, send_count, dtype);
+}
+
 absl::Status MeshCollectives::ShardAllReduce(void* data, int64_t count, DType dtype, bool max) {
   Count(traffic_.model, model_->size(), count * DTypeSize(dtype), 2);
   return model_->AllReduce(data, count, dtype, max ? ReduceOp::kMax : ReduceOp::kSum);

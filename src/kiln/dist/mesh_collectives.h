@@ -1,10 +1,11 @@
 // The collectives of a data x model mesh (docs/distributed.md "Tensor parallel"), over one
 // communicator per mesh axis split from the world (Communicator::Split, MPI_Comm_split):
-// runtime::Collectives over this rank's data-parallel group (the D ranks of its model column:
-// the train step's gradient all-reduce) and runtime::ShardCollectives over its model-parallel
-// group (the M ranks of its data row: the SPMD partitioner's collectives). World rank r sits at
-// data coordinate r / model and model coordinate r % model (train/mesh.h); each group is ordered
-// by the other coordinate, so a group's rank is the rank's coordinate along that axis.
+// runtime::Collectives with its data-parallel calls over this rank's data group (the D ranks of
+// its model column: the train step's gradient all-reduce) and its Shard* calls over its
+// model-parallel group (the M ranks of its data row: the SPMD partitioner's collectives). World
+// rank r sits at data coordinate r / model and model coordinate r % model (train/mesh.h); each
+// group is ordered by the other coordinate, so a group's rank is the rank's coordinate along that
+// axis.
 //
 //   KILN_ASSIGN_OR_RETURN(std::unique_ptr<MeshCollectives> collectives,
 //                         MeshCollectives::Create(*world, /*data=*/2, /*model=*/2));
@@ -24,11 +25,10 @@
 #include "absl/status/statusor.h"
 #include "kiln/dist/communicator.h"
 #include "kiln/runtime/executable.h"
-#include "kiln/runtime/shard_collectives.h"
 
 namespace kiln::dist {
 
-class MeshCollectives final : public runtime::Collectives, public runtime::ShardCollectives {
+class MeshCollectives final : public runtime::Collectives {
  public:
   // Collective over `world` (two Splits; every world rank must call it): InvalidArgument unless
   // data, model >= 1 and world.size() == data * model. `world` is not kept.
@@ -38,6 +38,9 @@ class MeshCollectives final : public runtime::Collectives, public runtime::Shard
   // Over the data-parallel ranks (same model coordinate).
   int size() const override { return data_->size(); }
   absl::Status AllReduceSum(void* data, int64_t count, DType dtype) override;
+  absl::Status ReduceScatterSum(const void* send, void* recv, int64_t recv_count,
+                                DType dtype) override;
+  absl::Status AllGather(const void* send, void* recv, int64_t send_count, DType dtype) override;
 
   // Over the model-parallel ranks (same data coordinate).
   int num_shards() const override { return model_->size(); }
@@ -46,6 +49,9 @@ class MeshCollectives final : public runtime::Collectives, public runtime::Shard
   absl::Status ShardReduceScatterSum(const void* send, void* recv, int64_t recv_count,
                                      DType dtype) override;
   absl::Status ShardAllReduce(void* data, int64_t count, DType dtype, bool max) override;
+
+  // Either group broken (a timeout in it).
+  bool broken() const override { return data_->broken() || model_->broken(); }
 
   // This rank's position in its model group (its model coordinate) and data group.
   int model_rank() const { return model_->rank(); }

@@ -89,6 +89,20 @@ class ThreadCommunicator final : public Communicator {
   ThreadCommunicator(std::shared_ptr<Group> group, int rank)
       : Communicator(rank, group->size), group_(std::move(group)) {}
 
+  bool broken() const override {
+    std::lock_guard<std::mutex> lock(group_->mu);
+    return group_->broken;
+  }
+
+  void Abort(int code) override {
+    std::lock_guard<std::mutex> lock(group_->mu);
+    if (!group_->broken) {
+      group_->broken = true;
+      group_->broken_reason = absl::StrCat("rank ", rank(), " aborted the job (code ", code, ")");
+    }
+    group_->cv.notify_all();
+  }
+
  protected:
   absl::Status DoAllReduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
     const int64_t bytes = count * DTypeSize(dtype);

@@ -11,9 +11,9 @@
 #include "kiln/base/status.h"
 #include "kiln/compiler/compile.h"
 #include "kiln/compiler/passes/spmd_partitioner.h"
+#include "kiln/compiler/pipeline.h"
 #include "kiln/nn/internal/train_step_zero.h"
 #include "kiln/nn/model.h"
-#include "kiln/runtime/shard_collectives.h"
 
 namespace kiln::nn {
 namespace {
@@ -177,17 +177,18 @@ absl::StatusOr<ir::Graph> BuildZeroGradientGraph(const ir::Graph& loss, const Pa
   return b.Build();
 }
 
-// Tensor parallel: annotates the step graph's parameters and optimizer state with
-// options.shardings (a state tensor like its parameter) and partitions it.
-absl::StatusOr<ir::Graph> PartitionStep(const ir::Graph& step, const std::vector<ParamSpec>& specs,
-                                        const ParamStore& initial, const TrainStepOptions& options,
-                                        std::map<std::string, ir::Sharding>* tensor_shardings) {
-  auto* shard = dynamic_cast<runtime::ShardCollectives*>(options.collectives);
+// Tensor parallel: checks the options and sets *tensor_shardings to options.shardings for the
+// parameters and, like its parameter, for each optimizer-state tensor: what the compiler's
+// program pipeline annotates and partitions the step graph with.
+absl::Status StepShardings(const std::vector<ParamSpec>& specs, const ParamStore& initial,
+                           const TrainStepOptions& options,
+                           std::map<std::string, ir::Sharding>* tensor_shardings) {
+  const runtime::Collectives* shard = options.collectives;
   if (shard == nullptr || shard->num_shards() != options.model_parallel)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TrainStep: model_parallel = ", options.model_parallel,
-        " needs collectives that implement runtime::ShardCollectives over as many ranks, got ",
-        shard == nullptr ? std::string("none") : std::to_string(shard->num_shards())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: model_parallel = ", options.model_parallel,
+                     " needs collectives whose mesh axis (num_shards) has as many ranks, got ",
+                     shard == nullptr ? std::string("none") : std::to_string(shard->num_shards())));
   if (options.model_rank < 0 || options.model_rank >= options.model_parallel)
     return absl::InvalidArgumentError(absl::StrCat("TrainStep: model_rank ", options.model_rank,
                                                    " is not below model_parallel ",
@@ -204,13 +205,80 @@ absl::StatusOr<ir::Graph> PartitionStep(const ir::Graph& step, const std::vector
     for (const ParamSpec& st : OptimizerStateSpecs(options.optimizer, {spec}))
       (*tensor_shardings)[st.name] = it->second;
   }
-  ir::Graph annotated = step;
-  KILN_RETURN_IF_ERROR(Annotate(compiler::AnnotateParameters(annotated, *tensor_shardings),
-                                "TrainStep: tensor parallel"));
-  absl::StatusOr<ir::Graph> local =
-      compiler::PartitionSpmd(annotated, {.mesh = {"model", options.model_parallel}});
-  if (!local.ok()) return Annotate(local.status(), "TrainStep: partitioning the step");
-  return *std::move(local);
+  return absl::OkStatus();
+}
+
+// The checks Create starts with; the trained parameters' specs.
+absl::StatusOr<std::vector<ParamSpec>> CheckLossGraph(const ir::Graph& loss_graph,
+                                                      const ParamStore& initial,
+                                                      const TrainStepOptions& options) {
+  if (loss_graph.FindOutput(options.loss_output) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: the loss graph has no output '", options.loss_output, "'"));
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<ParamSpec> param_specs, CheckedParamSpecs(loss_graph, initial));
+  KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngSeedInput));
+  KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngStepInput));
+  if (options.model_parallel < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep: model_parallel must be >= 1, got ", options.model_parallel));
+  }
+  if (options.shard_state && options.model_parallel > 1) {
+    return absl::UnimplementedError(
+        "TrainStep: shard_state (ZeRO-1) with tensor parallelism (model_parallel > 1) is not "
+        "built yet; use one of them");
+  }
+  return param_specs;
+}
+
+// The precision policy, on the LOSS graph before autodiff, through the compiler's program
+// pipeline with the backend's pipeline switches (so "mixed-precision" is dumped, verified and
+// disabled by name like every pass), not through the step's compile: rewritten first, the
+// backward pass inherits the bf16 compute through convert's VJP while the f32 parameters
+// (master weights) get f32 gradients and the optimizer update stays f32. Applied after autodiff
+// it would be another program (compiler::ApplyPrecisionPolicy, compile.h, says how). Null when
+// there is nothing to rewrite (kF32).
+absl::StatusOr<std::unique_ptr<ir::Graph>> PrecisionLoss(const runtime::Backend& backend,
+                                                         const ir::Graph& loss_graph,
+                                                         const ParamStore& initial,
+                                                         const TrainStepOptions& options) {
+  compiler::CompileOptions pre;
+  pre.pipeline = backend.pipeline_options();
+  pre.program.precision = options.precision;
+  pre.program.master_weights = initial.names();
+  std::unique_ptr<compiler::Pipeline> pipeline = compiler::ProgramPipeline(pre);
+  if (pipeline->PassNames().empty()) return nullptr;
+  auto loss = std::make_unique<ir::Graph>(loss_graph);
+  KILN_RETURN_IF_ERROR(Annotate(pipeline->Run(*loss).status(), "TrainStep"));
+  return loss;
+}
+
+// The step graph to compile (a ZeRO-1 gradient graph with shard_state) and, with model_parallel
+// > 1, the program options that partition it: the mesh and every split tensor's sharding
+// (*tensor_shardings). *buckets: the data-parallel all-reduces the graph issues.
+absl::StatusOr<ir::Graph> BuildStep(const ir::Graph& loss, const std::vector<ParamSpec>& specs,
+                                    const ParamStore& initial, const TrainStepOptions& options,
+                                    compiler::ProgramOptions* program,
+                                    std::map<std::string, ir::Sharding>* tensor_shardings,
+                                    int* buckets) {
+  if (options.shard_state) {
+    KILN_RETURN_IF_ERROR(CheckZeroOptions(initial, options));
+    return BuildZeroGradientGraph(loss, initial, options);
+  }
+  TrainStepOptions build_options = options;
+  if (options.model_parallel > 1) {
+    // One data-parallel bucket per gradient: a concatenation of differently split gradients
+    // would be gathered whole by the partitioner.
+    build_options.first_bucket_bytes = 0;
+    build_options.bucket_bytes = 0;
+  }
+  KILN_ASSIGN_OR_RETURN(ir::Graph step, BuildStepGraph(loss, initial, build_options, buckets));
+  if (options.model_parallel > 1) {
+    KILN_RETURN_IF_ERROR(StepShardings(specs, initial, options, tensor_shardings));
+    program->mesh = {"model", options.model_parallel};
+    program->shardings = *tensor_shardings;
+  }
+  return step;
 }
 
 }  // namespace
@@ -238,61 +306,21 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
                                                              const ir::Graph& loss_graph,
                                                              ParamStore initial,
                                                              const TrainStepOptions& options) {
-  if (loss_graph.FindOutput(options.loss_output) < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TrainStep: the loss graph has no output '", options.loss_output, "'"));
-  }
-  KILN_ASSIGN_OR_RETURN(std::vector<ParamSpec> param_specs, CheckedParamSpecs(loss_graph, initial));
-  KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngSeedInput));
-  KILN_RETURN_IF_ERROR(CheckScalarS64(loss_graph, kRngStepInput));
-  // The precision policy goes through the compiler's one entry for it, on the LOSS graph before
-  // autodiff, not through CompileOptions::precision on the step graph: rewritten first, the
-  // backward pass inherits the bf16 compute through convert's VJP while the f32 parameters
-  // (master weights) get f32 gradients and the optimizer update stays f32. Applied after autodiff
-  // it would be another program (compiler::ApplyPrecisionPolicy, compile.h, says how).
-  const ir::Graph* loss = &loss_graph;
-  ir::Graph low_precision_loss;
-  if (options.precision != compiler::PrecisionPolicy::kF32) {
-    absl::StatusOr<ir::Graph> rewritten =
-        compiler::ApplyPrecisionPolicy(loss_graph, options.precision, initial.names());
-    if (!rewritten.ok()) return Annotate(rewritten.status(), "TrainStep");
-    low_precision_loss = *std::move(rewritten);
-    loss = &low_precision_loss;
-  }
+  KILN_ASSIGN_OR_RETURN(std::vector<ParamSpec> param_specs,
+                        CheckLossGraph(loss_graph, initial, options));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ir::Graph> precision_loss,
+                        PrecisionLoss(backend, loss_graph, initial, options));
+  const ir::Graph& loss = precision_loss != nullptr ? *precision_loss : loss_graph;
   int buckets = 0;
-  TrainStepOptions build_options = options;
-  if (options.model_parallel > 1) {
-    // One data-parallel bucket per gradient: a concatenation of differently split gradients
-    // would be gathered whole by the partitioner.
-    build_options.first_bucket_bytes = 0;
-    build_options.bucket_bytes = 0;
-  }
-  ir::Graph step_graph;
+  compiler::ProgramOptions program;
   std::map<std::string, ir::Sharding> tensor_shardings;
-  if (options.model_parallel < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TrainStep: model_parallel must be >= 1, got ", options.model_parallel));
-  }
-  if (options.shard_state) {
-    if (options.model_parallel > 1) {
-      return absl::UnimplementedError(
-          "TrainStep: shard_state (ZeRO-1) with tensor parallelism (model_parallel > 1) is not "
-          "built yet; use one of them");
-    }
-    KILN_RETURN_IF_ERROR(CheckZeroOptions(initial, options));
-    KILN_ASSIGN_OR_RETURN(step_graph, BuildZeroGradientGraph(*loss, initial, options));
-  } else {
-    KILN_ASSIGN_OR_RETURN(step_graph, BuildStepGraph(*loss, initial, build_options, &buckets));
-    if (options.model_parallel > 1) {
-      KILN_ASSIGN_OR_RETURN(
-          step_graph, PartitionStep(step_graph, param_specs, initial, options, &tensor_shardings));
-    }
-  }
+  KILN_ASSIGN_OR_RETURN(ir::Graph step_graph, BuildStep(loss, param_specs, initial, options,
+                                                        &program, &tensor_shardings, &buckets));
 
   std::unique_ptr<TrainStep> t(new TrainStep());
   t->options_ = options;
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = backend.Compile(step_graph);
+  absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = backend.Compile(step_graph, program);
   if (!exe.ok()) {
     return Annotate(exe.status(),
                     absl::StrCat("compiling the train step on backend ", backend.name()));
@@ -303,48 +331,55 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
   t->num_buckets_ = buckets;
   if (options.data_parallel > 1 || options.model_parallel > 1)
     t->exe_->set_collectives(options.collectives);
-  const ir::Graph& g = t->exe_->graph();
-
   t->tensor_shardings_ = std::move(tensor_shardings);
-  std::vector<ParamSpec> state_specs = OptimizerStateSpecs(options.optimizer, param_specs);
+  KILN_RETURN_IF_ERROR(t->InitTensors(backend, loss, param_specs, std::move(initial)));
+  KILN_RETURN_IF_ERROR(t->MakeSlots());
+  t->inputs_.assign(t->in_slots_.size(), nullptr);
+  t->outputs_.assign(t->out_slots_.size(), nullptr);
+  t->Bind();
+  return t;
+}
+
+absl::Status TrainStep::InitTensors(runtime::Backend& backend, const ir::Graph& loss,
+                                    const std::vector<ParamSpec>& param_specs, ParamStore initial) {
+  std::vector<ParamSpec> state_specs = OptimizerStateSpecs(options_.optimizer, param_specs);
   for (ParamSpec& spec : state_specs) {
-    auto it = t->tensor_shardings_.find(spec.name);
-    if (it != t->tensor_shardings_.end())
+    auto it = tensor_shardings_.find(spec.name);
+    if (it != tensor_shardings_.end())
       spec.shape = compiler::sharding::LocalType({spec.dtype, spec.shape}, it->second,
-                                                 {"model", options.model_parallel})
+                                                 {"model", options_.model_parallel})
                        .shape;
   }
-  KILN_ASSIGN_OR_RETURN(t->state_, ZerosLike(state_specs));
-  if (options.model_parallel > 1) {
-    KILN_ASSIGN_OR_RETURN(initial, t->Sharded(initial, initial));
+  KILN_ASSIGN_OR_RETURN(state_, ZerosLike(state_specs));
+  if (options_.model_parallel > 1) {
+    KILN_ASSIGN_OR_RETURN(initial, Sharded(initial, initial));
   }
-  t->params_ = std::move(initial);
-  t->step_tensor_ = Tensor(DType::kS64, Shape{});
-  t->rng_seed_ = Tensor(DType::kS64, Shape{});
-  t->rng_step_ = Tensor(DType::kS64, Shape{});
-  t->rng_seed_.data<int64_t>()[0] = static_cast<int64_t>(options.rng_seed);
-  if (options.shard_state) {
-    KILN_RETURN_IF_ERROR(t->CreateZero(backend, *loss, param_specs));
-  } else {
-    for (int i = 0; i < t->state_.size(); ++i) {
-      const Tensor& v = t->state_.value(i);
-      t->state_pieces_.push_back({t->state_.names()[i], v.shape(), 0, v.num_elements()});
-    }
+  params_ = std::move(initial);
+  step_tensor_ = Tensor(DType::kS64, Shape{});
+  rng_seed_ = Tensor(DType::kS64, Shape{});
+  rng_step_ = Tensor(DType::kS64, Shape{});
+  rng_seed_.data<int64_t>()[0] = static_cast<int64_t>(options_.rng_seed);
+  if (options_.shard_state) return CreateZero(backend, loss, param_specs);
+  for (int i = 0; i < state_.size(); ++i) {
+    const Tensor& v = state_.value(i);
+    state_pieces_.push_back({state_.names()[i], v.shape(), 0, v.num_elements()});
   }
+  return absl::OkStatus();
+}
 
+absl::Status TrainStep::MakeSlots() {
+  const ir::Graph& g = exe_->graph();
   for (int id : g.parameters()) {
     const std::string& name = g.node(id).attr_str("name");
-    const ParamStore& params = t->params_;
-    const ParamStore& state = t->state_;
     Slot slot{Source::kData, -1};
-    if (params.Contains(name)) {
+    if (params_.Contains(name)) {
       slot = {Source::kParam,
-              static_cast<int>(std::find(params.names().begin(), params.names().end(), name) -
-                               params.names().begin())};
-    } else if (state.Contains(name)) {
+              static_cast<int>(std::find(params_.names().begin(), params_.names().end(), name) -
+                               params_.names().begin())};
+    } else if (state_.Contains(name)) {
       slot = {Source::kState,
-              static_cast<int>(std::find(state.names().begin(), state.names().end(), name) -
-                               state.names().begin())};
+              static_cast<int>(std::find(state_.names().begin(), state_.names().end(), name) -
+                               state_.names().begin())};
     } else if (name == kStepInput) {
       slot = {Source::kStep, -1};
     } else if (name == kRngSeedInput) {
@@ -352,39 +387,36 @@ absl::StatusOr<std::unique_ptr<TrainStep>> TrainStep::Create(runtime::Backend& b
     } else if (name == kRngStepInput) {
       slot = {Source::kRngStep, -1};
     } else {
-      slot = {Source::kData, static_cast<int>(t->data_names_.size())};
-      t->data_names_.push_back(name);
+      slot = {Source::kData, static_cast<int>(data_names_.size())};
+      data_names_.push_back(name);
     }
-    t->in_slots_.push_back(slot);
+    in_slots_.push_back(slot);
   }
 
-  t->extra_outputs_.reserve(g.outputs().size());  // never reallocates: outputs_ points into it
+  extra_outputs_.reserve(g.outputs().size());  // never reallocates: outputs_ points into it
   for (const ir::Output& out : g.outputs()) {
     Slot slot{Source::kData, -1};
-    for (int i = 0; i < t->params_.size() && slot.index < 0; ++i) {
-      if (UpdatedName(t->params_.names()[i]) == out.name) slot = {Source::kParam, i};
+    for (int i = 0; i < params_.size() && slot.index < 0; ++i) {
+      if (UpdatedName(params_.names()[i]) == out.name) slot = {Source::kParam, i};
     }
-    for (int i = 0; i < t->state_.size() && slot.index < 0; ++i) {
-      if (UpdatedName(t->state_.names()[i]) == out.name) slot = {Source::kState, i};
+    for (int i = 0; i < state_.size() && slot.index < 0; ++i) {
+      if (UpdatedName(state_.names()[i]) == out.name) slot = {Source::kState, i};
     }
     if (slot.index < 0) {
       const ir::Type& type = g.node(out.node).type();
-      slot = {Source::kData, static_cast<int>(t->extra_outputs_.size())};
-      t->extra_outputs_.emplace_back(type.dtype, type.shape);
-      t->extra_names_.push_back(out.name);
-      if (out.name == options.loss_output) t->loss_ = slot.index;
-      if (out.name == kGradNormOutput) t->grad_norm_ = slot.index;
-      if (out.name == kLearningRateOutput) t->lr_ = slot.index;
+      slot = {Source::kData, static_cast<int>(extra_outputs_.size())};
+      extra_outputs_.emplace_back(type.dtype, type.shape);
+      extra_names_.push_back(out.name);
+      if (out.name == options_.loss_output) loss_ = slot.index;
+      if (out.name == kGradNormOutput) grad_norm_ = slot.index;
+      if (out.name == kLearningRateOutput) lr_ = slot.index;
     }
-    t->out_slots_.push_back(slot);
+    out_slots_.push_back(slot);
   }
-  if (t->loss_ < 0 || (!options.shard_state && (t->grad_norm_ < 0 || t->lr_ < 0))) {
+  if (loss_ < 0 || (!options_.shard_state && (grad_norm_ < 0 || lr_ < 0))) {
     return absl::InternalError("TrainStep: the train step lacks its loss / grad_norm / lr outputs");
   }
-  t->inputs_.assign(t->in_slots_.size(), nullptr);
-  t->outputs_.assign(t->out_slots_.size(), nullptr);
-  t->Bind();
-  return t;
+  return absl::OkStatus();
 }
 
 void TrainStep::Bind() {
@@ -483,7 +515,7 @@ ir::Sharding TrainStep::ShardingOfTensor(const std::string& name, int rank) cons
 
 absl::StatusOr<ParamStore> TrainStep::Gathered(const ParamStore& local) const {
   if (options_.model_parallel <= 1) return local.Clone();
-  auto* shard = dynamic_cast<runtime::ShardCollectives*>(options_.collectives);
+  runtime::Collectives* shard = options_.collectives;
   const compiler::sharding::Mesh mesh{"model", options_.model_parallel};
   ParamStore full;
   for (int i = 0; i < local.size(); ++i) {

@@ -21,7 +21,8 @@
 // computes bit-identical steps.
 //
 // Mixed precision: options.precision other than kF32 rewrites the loss graph before autodiff
-// (compiler::ApplyPrecisionPolicy, the compiler's one entry for policies: the JAX/jmp recipe).
+// (the compiler's program pipeline, compiler::ProgramPipeline, with the backend's pipeline
+// switches, so its "mixed-precision" pass is dumped and disabled by name: the JAX/jmp recipe).
 // Matmuls and convolutions (and, under kBf16, elementwise math) compute in bf16 forward and
 // backward, through convert's VJP; parameters stay f32 master weights, their gradients arrive in
 // f32, and the optimizer update and its state stay f32. Reductions, softmax, norms and the loss
@@ -56,18 +57,19 @@
 // grad_norm, for clipping), the update executable (norm, clipping, schedule and optimizer on the
 // pieces of shard d: BuildOptimizerUpdate), and an all-gather of the updated shards into the
 // parameters. Per element the gradient mean and the update are those of the unsharded step; only
-// the norm sums in another order. Needs f32 parameters and options.collectives implementing
-// ShardedCollectives (dist::CommunicatorCollectives does) when D > 1.
+// the norm sums in another order. Needs f32 parameters and options.collectives (its
+// ReduceScatterSum and AllGather, over the D data ranks) when D > 1.
 //
 // Tensor parallel: with options.model_parallel = M > 1 the parameters named in
 // options.shardings (e.g. nn::Gpt::TensorParallelShardings, Megatron's layouts) are split over
 // M ranks. The whole step graph (forward, backward, clipping, update) is annotated, the
-// optimizer state like its parameter, and partitioned (compiler::PartitionSpmd) into the
-// per-rank program before compiling: each rank holds and updates only its shards, and the
-// program's collectives (the partitioner's all-reduces, all-gathers) run over the model ranks.
-// The loss and grad_norm outputs are replicated, so they equal the one-process step's. With
-// D > 1 as well (a data x model mesh) every gradient is its own data-parallel bucket (buckets
-// of concatenated shards would need regathering).
+// optimizer state like its parameter, and partitioned into the per-rank program by the compile
+// (compiler::ProgramOptions::mesh and shardings: the "sharding-propagation" and
+// "spmd-partitioner" passes of compiler::Compile's program pipeline): each rank holds and updates
+// only its shards, and the program's collectives (the partitioner's all-reduces, all-gathers) run
+// over the model ranks. The loss and grad_norm outputs are replicated, so they equal the
+// one-process step's. With D > 1 as well (a data x model mesh) every gradient is its own
+// data-parallel bucket (buckets of concatenated shards would need regathering).
 #ifndef KILN_NN_TRAIN_STEP_H_
 #define KILN_NN_TRAIN_STEP_H_
 
@@ -111,23 +113,13 @@ struct TrainStepOptions {
   int data_rank = 0;
   // Tensor parallel (see the header comment): the parameters named in `shardings`
   // (ir/sharding.h, over mesh axis "model") are split over model_parallel ranks. `collectives`
-  // must then also implement runtime::ShardCollectives over those ranks (num_shards() ==
-  // model_parallel; dist::MeshCollectives for a data x model mesh); model_rank is this rank's
+  // must then run the mesh-axis collectives over those ranks (num_shards() == model_parallel;
+  // dist::MeshCollectives for a data x model mesh); model_rank is this rank's
   // place among them, used only to cut the initial values (the program is the same on every
   // rank).
   int model_parallel = 1;
   int model_rank = 0;
   std::map<std::string, ir::Sharding> shardings;
-};
-
-// What ZeRO-1 needs besides the all-reduce (f32 only); dist::CommunicatorCollectives implements
-// it over a Communicator.
-class ShardedCollectives : public runtime::Collectives {
- public:
-  // recv[i] = the sum over the ranks, in rank order, of their send[rank * recv_count + i].
-  virtual absl::Status ReduceScatterSum(const float* send, float* recv, int64_t recv_count) = 0;
-  // recv[r * send_count + i] = rank r's send[i].
-  virtual absl::Status AllGather(const float* send, float* recv, int64_t send_count) = 0;
 };
 
 // ZeRO-1's partition of tensors of `sizes` elements, flattened and concatenated in order, into
@@ -216,6 +208,11 @@ class TrainStep {
  private:
   struct Zero;  // ZeRO-1's executables and buffers (train_step_zero.cc)
   TrainStep();
+  // Create's steps after compiling: the resident parameters, optimizer state and counters
+  // (ZeRO-1's executables too), then the input/output tables of the executable.
+  absl::Status InitTensors(runtime::Backend& backend, const ir::Graph& loss,
+                           const std::vector<ParamSpec>& param_specs, ParamStore initial);
+  absl::Status MakeSlots();
   absl::Status CreateZero(runtime::Backend& backend, const ir::Graph& loss,
                           const std::vector<ParamSpec>& param_specs);
   absl::Status RunZero();

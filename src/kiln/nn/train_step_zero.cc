@@ -39,10 +39,10 @@ absl::Status CheckZeroOptions(const ParamStore& initial, const TrainStepOptions&
     return absl::InvalidArgumentError(absl::StrCat("TrainStep: shard_state needs 0 <= data_rank (",
                                                    o.data_rank, ") < data_parallel (", d, ")"));
   }
-  if (d > 1 && dynamic_cast<ShardedCollectives*>(o.collectives) == nullptr) {
+  if (d > 1 && o.collectives == nullptr) {
     return absl::InvalidArgumentError(
-        "TrainStep: shard_state needs collectives with reduce-scatter and all-gather "
-        "(nn::ShardedCollectives, e.g. dist::CommunicatorCollectives)");
+        "TrainStep: shard_state needs collectives for its reduce-scatter and all-gather "
+        "(runtime::Collectives, e.g. dist::CommunicatorCollectives)");
   }
   for (const ParamGroup& g : o.optimizer.param_groups) {
     if (g.freeze) {
@@ -78,7 +78,7 @@ absl::Status TrainStep::CreateZero(runtime::Backend& backend, const ir::Graph& l
   auto z = std::make_unique<Zero>();
   z->ranks = options_.data_parallel;
   z->rank = options_.data_rank;
-  if (z->ranks > 1) z->collectives = dynamic_cast<ShardedCollectives*>(options_.collectives);
+  if (z->ranks > 1) z->collectives = options_.collectives;
   int64_t offset = 0;
   for (int i = 0; i < params_.size(); ++i) {
     z->param_offsets.push_back(offset);
@@ -202,8 +202,8 @@ absl::Status TrainStep::RunZero() {
   const int64_t s = z.shard;
   // 1. Rank d gets the sum over the ranks of shard d of the gradients.
   if (z.collectives != nullptr) {
-    KILN_RETURN_IF_ERROR(
-        Annotate(z.collectives->ReduceScatterSum(flat, gs, s), "ZeRO-1 gradient reduce-scatter"));
+    KILN_RETURN_IF_ERROR(Annotate(z.collectives->ReduceScatterSum(flat, gs, s, DType::kF32),
+                                  "ZeRO-1 gradient reduce-scatter"));
   } else {
     std::memcpy(gs, flat, static_cast<size_t>(s) * sizeof(float));
   }
@@ -231,7 +231,7 @@ absl::Status TrainStep::RunZero() {
   float* all = z.flat_params.data<float>();
   if (z.collectives != nullptr) {
     KILN_RETURN_IF_ERROR(
-        Annotate(z.collectives->AllGather(ps, all, s), "ZeRO-1 parameter all-gather"));
+        Annotate(z.collectives->AllGather(ps, all, s, DType::kF32), "ZeRO-1 parameter all-gather"));
   } else {
     std::memcpy(all, ps, static_cast<size_t>(s) * sizeof(float));
   }

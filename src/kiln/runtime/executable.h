@@ -28,17 +28,53 @@
 
 namespace kiln::runtime {
 
-// The collectives a graph's collective ops (all_reduce) run through in a multi-process job: the
-// runtime's view of dist::Communicator (dist/collectives_adapter.h implements it over one, since
-// the runtime may not depend on dist). With none set, or size() == 1, they are identities.
+// The one collective seam of the runtime and of training: what a graph's collective ops and a
+// train step (nn::TrainStep: data parallel, ZeRO-1, tensor parallel) run through in a
+// multi-process job. It is the runtime's view of dist::Communicator: dist::CommunicatorCollectives
+// (dist/collectives_adapter.h) implements it over one communicator, dist::MeshCollectives over a
+// data x model mesh (the runtime may not depend on dist). Every implementation answers every
+// call: two groups of ranks, and whether they still work.
+// - The data-parallel ranks (size()): the gradient all_reduce (no `axis` attribute) and ZeRO-1's
+//   reduce-scatter and all-gather.
+// - The ranks of the SPMD mesh axis (num_shards(): the model-parallel ranks): the collectives
+//   the partitioner inserts (all_gather, reduce_scatter, all_reduce with `axis`,
+//   runtime/shard_collectives.h runs them). Over one communicator the two groups are the same.
+// With none set, or a group of 1, the collectives are identities. Every rank calls the same
+// collectives in the same order; sums are rank-order deterministic; DeadlineExceeded when a peer
+// does not join in time, after which broken() is true.
+//
+//   class MyCollectives : public runtime::Collectives { ... every method ... };
+//   exe->set_collectives(&my_collectives);
 class Collectives {
  public:
   virtual ~Collectives() = default;
+  // The data-parallel ranks.
   virtual int size() const = 0;
-  // data[i] = sum over the ranks of data[i], in place, rank-order deterministic; `count`
-  // elements of `dtype` (f32, bf16: accumulated in f32, s32). Every rank calls the same
-  // collectives in the same order. DeadlineExceeded when a peer does not join in time.
+  // data[i] = sum over the ranks of data[i], in place; `count` elements of `dtype` (f32, bf16:
+  // accumulated in f32, s32).
   virtual absl::Status AllReduceSum(void* data, int64_t count, DType dtype) = 0;
+  // recv[i] = the sum over the ranks, in rank order, of their send[rank * recv_count + i] (f32,
+  // bf16, s32).
+  virtual absl::Status ReduceScatterSum(const void* send, void* recv, int64_t recv_count,
+                                        DType dtype) = 0;
+  // recv[r * send_count + i] = rank r's send[i] (any dtype).
+  virtual absl::Status AllGather(const void* send, void* recv, int64_t send_count, DType dtype) = 0;
+
+  // The ranks of the mesh axis the SPMD collectives run over (1: every such op is the identity).
+  virtual int num_shards() const = 0;
+  // recv[r * send_count + i] = send of rank r [i] (rank order; any dtype).
+  virtual absl::Status ShardAllGather(const void* send, void* recv, int64_t send_count,
+                                      DType dtype) = 0;
+  // recv[i] = sum over the ranks of their send[rank * recv_count + i] (f32, bf16, s32).
+  virtual absl::Status ShardReduceScatterSum(const void* send, void* recv, int64_t recv_count,
+                                             DType dtype) = 0;
+  // data[i] = sum (max: max) over the ranks of data[i], in place, in rank order (f32, bf16, s32).
+  virtual absl::Status ShardAllReduce(void* data, int64_t count, DType dtype, bool max) = 0;
+
+  // Whether a group these run over is broken: a collective timed out, the ranks no longer agree
+  // on what was reduced, and every later collective fails. The job should end (and restart from
+  // a checkpoint): dist::Communicator::Abort.
+  virtual bool broken() const = 0;
 };
 
 // Per-run state handed to every thunk: buffers[id] is the storage of node `id` (parameters point
@@ -174,7 +210,18 @@ class Backend {
   virtual std::string name() const = 0;
   // How this backend runs a graph, as the compiler's execution plan needs it.
   virtual compiler::BackendTraits Traits() const = 0;
-  virtual absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) = 0;
+  // Compiles `graph` to compute what it says.
+  absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) {
+    return Compile(graph, compiler::ProgramOptions{});
+  }
+  // ... rewritten first by compiler::Compile's program pipeline under `program` (precision
+  // policy, SPMD partitioning over a mesh: compiler::ProgramOptions).
+  virtual absl::StatusOr<std::unique_ptr<Executable>> Compile(
+      const ir::Graph& graph, const compiler::ProgramOptions& program) = 0;
+  // The pipeline switches (disabled passes, IR dumps, verification) this backend compiles with,
+  // for a caller that runs a compiler pipeline of its own on a graph it then compiles here
+  // (nn::TrainStep runs the program pipeline on its loss graph, before autodiff).
+  virtual compiler::PipelineOptions pipeline_options() const { return {}; }
   // `module` must have been compiled for Traits().
   virtual absl::StatusOr<std::unique_ptr<Executable>> Lower(
       const compiler::CompiledModule& module) = 0;

@@ -1,12 +1,10 @@
-// The collectives a partitioned (SPMD) program runs over its mesh axis (the model-parallel
-// ranks), apart from runtime::Collectives (the data-parallel ranks): all_gather,
-// reduce_scatter and all_reduce (sum or max) with an `axis` attribute
-// (compiler/passes/spmd_partitioner.h inserts them). A Collectives implementation that can run
-// them also derives from ShardCollectives (dist::CommunicatorCollectives does); the cpu and
-// reference backends' collective thunks find it with dynamic_cast, so executables of programs
-// without these ops never need it.
+// Running the collectives a partitioned (SPMD) program has over its mesh axis (the
+// model-parallel ranks): all_gather, reduce_scatter and all_reduce (sum or max) with an `axis`
+// attribute (compiler/passes/spmd_partitioner.h inserts them), through the Shard* calls of the
+// run's runtime::Collectives (executable.h). The cpu and reference backends' collective thunks
+// call RunShardCollective.
 //
-//   class MyCollectives : public runtime::Collectives, public runtime::ShardCollectives {...};
+//   RunShardCollective(node, operand_type, in, out, scratch, ctx);   // ctx.status on failure
 #ifndef KILN_RUNTIME_SHARD_COLLECTIVES_H_
 #define KILN_RUNTIME_SHARD_COLLECTIVES_H_
 
@@ -22,32 +20,16 @@
 
 namespace kiln::runtime {
 
-class ShardCollectives {
- public:
-  virtual ~ShardCollectives() = default;
-  // The ranks of the mesh axis these collectives run over (1: every op is the identity).
-  virtual int num_shards() const = 0;
-  // recv[r * send_count + i] = send of rank r [i] (rank order; any dtype).
-  virtual absl::Status ShardAllGather(const void* send, void* recv, int64_t send_count,
-                                      DType dtype) = 0;
-  // recv[i] = sum over the ranks of their send[rank * recv_count + i] (f32, bf16, s32).
-  virtual absl::Status ShardReduceScatterSum(const void* send, void* recv, int64_t recv_count,
-                                             DType dtype) = 0;
-  // data[i] = sum (max: max) over the ranks of data[i], in place, in rank order (f32, bf16, s32).
-  virtual absl::Status ShardAllReduce(void* data, int64_t count, DType dtype, bool max) = 0;
-};
-
-// The ShardCollectives behind `c` for a collective over `replicas` ranks, or an error naming
-// `what` (no collectives, collectives that cannot run it, another number of ranks).
-inline absl::StatusOr<ShardCollectives*> ShardCollectivesFor(Collectives* c, int64_t replicas,
-                                                             const std::string& what) {
-  auto* s = dynamic_cast<ShardCollectives*>(c);
-  const int size = s == nullptr ? 1 : s->num_shards();
+// `c` for a collective over `replicas` ranks of the mesh axis, or an error naming `what` (no
+// collectives, or another number of ranks).
+inline absl::StatusOr<Collectives*> ShardCollectivesFor(Collectives* c, int64_t replicas,
+                                                        const std::string& what) {
+  const int size = c == nullptr ? 1 : c->num_shards();
   if (size != replicas)
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": runs over ", replicas, " ranks, but the run's shard collectives have ", size,
         " (set them with Executable::set_collectives)"));
-  return s;
+  return c;
 }
 
 // An all_reduce the partitioner inserted (attribute `axis`: it reduces over that mesh axis, not
@@ -86,7 +68,7 @@ inline void RunShardCollective(const ir::Node& n, const ir::Type& in_type, const
   const int64_t elem = DTypeSize(dt);
   if (n.opcode() == ir::Opcode::kAllReduce) {  // over the axis: the copy, then in place
     if (in != out) std::memcpy(out, in, static_cast<size_t>(n.type().byte_size()));
-    auto* s = dynamic_cast<ShardCollectives*>(ctx.collectives);
+    Collectives* s = ctx.collectives;
     if (s == nullptr || s->num_shards() <= 1) return;
     absl::Status st =
         s->ShardAllReduce(out, n.type().shape.num_elements(), dt, n.attr_str("reduction") == "max");
@@ -95,7 +77,7 @@ inline void RunShardCollective(const ir::Node& n, const ir::Type& in_type, const
   }
   const int64_t replicas = n.attr_int("replicas");
   const int dim = static_cast<int>(n.attr_int("dimension"));
-  absl::StatusOr<ShardCollectives*> s = ShardCollectivesFor(ctx.collectives, replicas, what);
+  absl::StatusOr<Collectives*> s = ShardCollectivesFor(ctx.collectives, replicas, what);
   if (!s.ok()) {
     ctx.status = s.status();
     return;

@@ -5,8 +5,8 @@
 
 #include "kiln/base/status.h"
 #include "kiln/compiler/graph_editor.h"
+#include "kiln/eval/kernels.h"
 #include "kiln/ir/op_traits.h"
-#include "kiln/runtime/reference/kernels.h"
 
 namespace kiln::compiler {
 
@@ -35,7 +35,7 @@ absl::StatusOr<bool> ConstantFoldPass::Run(ir::Graph& graph) {
     if (!all_constant || input_elements > kMaxFoldInputElements) continue;
     // The reference kernel computes it; a dtype or attribute it rejects leaves the node alone, so
     // folding never turns a graph the backends would reject into one they accept.
-    absl::StatusOr<Tensor> v = runtime::reference::EvaluateNode(n, operands);
+    absl::StatusOr<Tensor> v = eval::EvaluateNode(n, operands);
     if (!v.ok()) continue;
     value[n.id()] = *v;
     if (op == ir::Opcode::kBroadcastInDim || op == ir::Opcode::kIota) continue;

@@ -15,8 +15,8 @@
 // Constant-valued means a constant, or a broadcast_in_dim or iota of constant-valued operands:
 // those two are evaluated but never replaced themselves (as in XLA, materializing a broadcast
 // only costs memory), so add(broadcast(2.0), broadcast(3.0)) folds while broadcast(2.0) stays.
-// Values are computed by the reference kernels (runtime/reference/kernels.h, EvaluateNode), the
-// ones the reference backend runs, so a folded constant is bit for bit what the backend computes.
+// Values are computed by the evaluator (eval/kernels.h, eval::EvaluateNode): the kernels the
+// reference backend runs, so a folded constant is bit for bit what the backend computes.
 // What it leaves alone: parameters, random_bits, contractions, convolutions, pooling,
 // composites, gather/scatter, pad, collectives, and anything over the limits.
 // Cost: O(nodes) plus the element work of each fold (bounded by the limits above).

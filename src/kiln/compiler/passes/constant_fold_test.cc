@@ -12,9 +12,9 @@
 
 #include "gtest/gtest.h"
 #include "kiln/compiler/passes/internal/pass_test_util.h"
+#include "kiln/eval/kernels.h"
 #include "kiln/ir/builder.h"
 #include "kiln/ir/op_traits.h"
-#include "kiln/runtime/reference/kernels.h"
 #include "kiln/runtime/reference/reference_backend.h"
 
 namespace kiln::compiler {
@@ -338,7 +338,7 @@ TEST(ConstantFoldEvaluator, MatchesReferenceBackendBitForBit) {
     for (const Tensor& t : literals) ptrs.push_back(&t);
     const ir::Node& node = g->node(g->outputs()[0].node);
     ASSERT_TRUE(ir::OpTraits(node.opcode()).constant_foldable());
-    absl::StatusOr<Tensor> got = runtime::reference::EvaluateNode(node, ptrs);
+    absl::StatusOr<Tensor> got = eval::EvaluateNode(node, ptrs);
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_TRUE(got->BitwiseEquals((*want)[0])) << "first difference at element " << [&] {
       for (int64_t i = 0; i < got->num_elements(); ++i)
@@ -358,7 +358,7 @@ TEST(ConstantFoldEvaluator, RejectsDtypesTheReferenceRejects) {
   ir::Node exp_f8(1, Opcode::kExp, {0}, {DType::kF8E4M3, Shape{2}}, {});
   ir::Node add_bool(1, Opcode::kAdd, {0, 0}, {DType::kBool, Shape{2}}, {});
   ir::Node dot(1, Opcode::kDotGeneral, {0, 0}, {DType::kS32, Shape{}}, {});
-  using runtime::reference::EvaluateNode;
+  using eval::EvaluateNode;
   EXPECT_EQ(EvaluateNode(exp_s32, {&s32}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(EvaluateNode(exp_f8, {&f8}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(EvaluateNode(add_bool, {&b, &b}).status().code(), absl::StatusCode::kInvalidArgument);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
 #include "kiln/compiler/graph_editor.h"
 
@@ -138,6 +139,17 @@ std::string PrecisionPolicyName(PrecisionPolicy policy) {
 
 absl::StatusOr<bool> MixedPrecisionPass::Run(ir::Graph& graph) {
   if (policy_ == PrecisionPolicy::kF32) return false;
+  for (const std::string& name : master_weights_) {
+    const int id = graph.FindParameter(name);
+    if (id < 0) continue;
+    const DType dtype = graph.node(id).type().dtype;
+    if (dtype != DType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("precision ", PrecisionPolicyName(policy_),
+                                                     " keeps f32 master weights, but parameter '",
+                                                     name, "' is ", std::string(DTypeName(dtype)),
+                                                     " (use precision f32 for a non-f32 model)"));
+    }
+  }
   Rewriter r(graph, policy_);
   return r.Run(graph);
 }

@@ -15,8 +15,11 @@
 //   %5 = convert(%4) : f32[8,4]
 //   %6 = relu(%5) : f32[8,4]
 //
-//   MixedPrecisionPass pass(PrecisionPolicy::kMixedBf16);
+//   MixedPrecisionPass pass(PrecisionPolicy::kMixedBf16, /*master_weights=*/{"w"});
 //   KILN_ASSIGN_OR_RETURN(bool changed, pass.Run(graph));
+//
+// compiler::Compile runs it first, in its "program" pipeline (CompileOptions::program.precision,
+// compile.h); a training step runs that pipeline on its loss graph before autodiff instead.
 //
 // Policies (ParsePrecisionPolicy takes their names):
 // - f32: no change.
@@ -49,6 +52,8 @@
 #define KILN_COMPILER_PASSES_MIXED_PRECISION_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kiln/compiler/pass.h"
@@ -64,12 +69,17 @@ std::string PrecisionPolicyName(PrecisionPolicy policy);
 
 class MixedPrecisionPass : public Pass {
  public:
-  explicit MixedPrecisionPass(PrecisionPolicy policy) : policy_(policy) {}
+  // Parameters named in `master_weights` must be f32 under a policy other than f32 (Run returns
+  // InvalidArgument naming the first that is not: a policy keeps f32 master weights); names the
+  // graph lacks are ignored.
+  explicit MixedPrecisionPass(PrecisionPolicy policy, std::vector<std::string> master_weights = {})
+      : policy_(policy), master_weights_(std::move(master_weights)) {}
   std::string name() const override { return "mixed-precision"; }
   absl::StatusOr<bool> Run(ir::Graph& graph) override;
 
  private:
   PrecisionPolicy policy_;
+  std::vector<std::string> master_weights_;
 };
 
 }  // namespace kiln::compiler

@@ -1,10 +1,12 @@
 #include "kiln/compiler/passes/sharding_propagation.h"
 
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kiln/base/status.h"
+#include "kiln/compiler/passes/spmd_partitioner.h"
 #include "kiln/ir/op_traits.h"
 
 namespace kiln::compiler {
@@ -27,6 +29,24 @@ bool Hintable(const ir::Node& n) {
 }  // namespace
 
 absl::StatusOr<bool> ShardingPropagation::Run(ir::Graph& graph) {
+  if (parameter_shardings_.empty()) return Propagate(graph);
+  bool annotates = false;  // does an annotation change a parameter?
+  for (int id : graph.parameters()) {
+    const ir::Node& p = graph.node(id);
+    auto it = parameter_shardings_.find(p.attr_str("name"));
+    if (it == parameter_shardings_.end()) continue;
+    annotates = annotates || !p.has_attr(ir::kShardingAttr) ||
+                p.attr_str(ir::kShardingAttr) != it->second.ToString();
+  }
+  ir::Graph annotated = graph;  // on a copy: an error leaves `graph` unchanged
+  KILN_RETURN_IF_ERROR(
+      Annotate(AnnotateParameters(annotated, parameter_shardings_), "sharding-propagation"));
+  KILN_ASSIGN_OR_RETURN(bool propagated, Propagate(annotated));
+  graph = std::move(annotated);
+  return annotates || propagated;
+}
+
+absl::StatusOr<bool> ShardingPropagation::Propagate(ir::Graph& graph) {
   if (mesh_.size < 1)
     return absl::InvalidArgumentError(
         absl::StrCat("sharding-propagation: mesh axis size must be >= 1, got ", mesh_.size));

@@ -26,10 +26,12 @@
 #ifndef KILN_COMPILER_PASSES_SHARDING_PROPAGATION_H_
 #define KILN_COMPILER_PASSES_SHARDING_PROPAGATION_H_
 
+#include <map>
 #include <string>
 
 #include "kiln/compiler/pass.h"
 #include "kiln/compiler/passes/sharding_rules.h"
+#include "kiln/ir/sharding.h"
 
 namespace kiln::compiler {
 
@@ -37,12 +39,20 @@ class ShardingPropagation : public Pass {
  public:
   // Annotations must name `mesh.axis` (InvalidArgument otherwise, naming the parameter), and
   // every split dimension must divide over mesh.size ranks.
-  explicit ShardingPropagation(sharding::Mesh mesh) : mesh_(std::move(mesh)) {}
+  // With `parameter_shardings` the pass first annotates the parameters they name
+  // (AnnotateParameters, spmd_partitioner.h: what compiler::Compile does with
+  // CompileOptions::program.shardings); names the graph lacks are ignored.
+  explicit ShardingPropagation(sharding::Mesh mesh,
+                               std::map<std::string, ir::Sharding> parameter_shardings = {})
+      : mesh_(std::move(mesh)), parameter_shardings_(std::move(parameter_shardings)) {}
   std::string name() const override { return "sharding-propagation"; }
   absl::StatusOr<bool> Run(ir::Graph& graph) override;
 
  private:
+  absl::StatusOr<bool> Propagate(ir::Graph& graph);
+
   sharding::Mesh mesh_;
+  std::map<std::string, ir::Sharding> parameter_shardings_;
 };
 
 }  // namespace kiln::compiler

@@ -71,10 +71,10 @@ class MpiCommunicator final : public Communicator {
   // True after a collective of this communicator timed out (every later call on it returns
   // FailedPrecondition), or one of any other communicator of this process (one split from it):
   // either way the job must end (Abort).
-  bool broken() const;
+  bool broken() const override;
   // Ends the whole job (MPI_Abort on MPI_COMM_WORLD with `code`): what a rank does after a
   // DeadlineExceeded, so that no peer waits for it.
-  [[noreturn]] void Abort(int code);
+  [[noreturn]] void Abort(int code) override;
 
  protected:
   absl::Status DoAllReduce(void* data, int64_t count, DType dtype, ReduceOp op) override;

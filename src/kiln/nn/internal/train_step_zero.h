@@ -15,12 +15,12 @@ namespace kiln::nn {
 // The gradient executable's output: the flattened, padded f32 gradients.
 inline constexpr char kZeroGradsOutput[] = "zero/grads";
 
-// InvalidArgument unless ZeRO-1 can run: f32 parameters, data_rank in range, collectives that
-// implement ShardedCollectives when data_parallel > 1, and a non-empty shard on every rank.
+// InvalidArgument unless ZeRO-1 can run: f32 parameters, data_rank in range, collectives when
+// data_parallel > 1, and a non-empty shard on every rank.
 absl::Status CheckZeroOptions(const ParamStore& initial, const TrainStepOptions& options);
 
 struct TrainStep::Zero {
-  ShardedCollectives* collectives = nullptr;  // null when data_parallel == 1
+  runtime::Collectives* collectives = nullptr;  // null when data_parallel == 1
   int ranks = 1, rank = 0;
   int64_t shard = 0;                   // S
   std::vector<int64_t> param_offsets;  // into the flat parameters

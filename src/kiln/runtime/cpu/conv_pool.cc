@@ -167,108 +167,90 @@ bool IsChannelBlocked(const dnnl::memory::desc& md) {
          md == dnnl::memory::desc(dims, static_cast<dt>(md.data.data_type), BlockedTag());
 }
 
-LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
-                         const Epilogue* ep = nullptr) {
-  DType t = n.type().dtype;
-  dt user = DnnlType(t);
-  Shape input, filter, output;
-  switch (n.opcode()) {
-    case Opcode::kConv2d:
-      input = lc.operand_type(n, 0).shape;
-      filter = lc.operand_type(n, 1).shape;
-      output = n.type().shape;
-      break;
-    case Opcode::kConv2dBackwardInput:
-      input = n.type().shape;
-      filter = lc.operand_type(n, 1).shape;
-      output = lc.operand_type(n, 0).shape;
-      break;
-    default:
-      input = lc.operand_type(n, 0).shape;
-      filter = n.type().shape;
-      output = lc.operand_type(n, 1).shape;
-      break;
+// A conv2d, with its epilogue group `ep` (null: none), as oneDNN's forward convolution.
+LowerResult LowerConvForward(const ir::Node& n, LowerContext& lc, const ConvGeometry& g, dt compute,
+                             dt user, const Epilogue* ep, DnnlThunkBuilder& b) {
+  const auto wei_user = PlainDesc(g.wei, user);
+  const auto& eng = lc.cpu->engine();
+  // Epilogue (an output fusion group): bias through the primitive's bias argument, the
+  // residual as a binary-add post-op and the activation as an eltwise one, in the group's
+  // order; the result goes to the group's last member.
+  bool has_bias = ep && ep->bias >= 0;
+  dnnl::memory::desc bias_user = PlainDesc({g.dst[1]}, user);
+  // Activation layouts to ask for, best first (PreferredConvLayouts), then oneDNN's own pick.
+  // The node buffers' own layouts (row-major, or nChw16c where AssignBlockedLayouts kept them
+  // blocked) are what the reorders around the primitive convert from and to.
+  const dnnl::memory::desc src_user = NodeDesc(lc, n.operand(0), g.src, user);
+  const int out_node = ep && ep->out >= 0 ? ep->out : n.id();
+  const dnnl::memory::desc dst_user = NodeDesc(lc, out_node, g.dst, user);
+  KILN_ASSIGN_OR_RETURN(
+      ForwardConv fc,
+      ForwardConvPd(n, g, compute, ep,
+                    has_bias ? std::optional(WithType(bias_user, compute)) : std::nullopt,
+                    lc.is_blocked(n.operand(0)), lc));
+  const dnnl::convolution_forward::primitive_desc& pd = fc.pd;
+  if (compute != dt::f32 && IsRefImpl(pd)) return Unimplemented(n, "reference bf16/f16 conv");
+  b.NameImpl(pd);
+  KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
+  // A bound constant filter is reordered into the primitive's blocked layout once, when it is
+  // bound, instead of on every run (ConstantInput).
+  KILN_ASSIGN_OR_RETURN(int wei, lc.options.prepack_weights
+                                     ? b.ConstantInput(n.operand(1), wei_user, pd.weights_desc())
+                                     : b.Input(n.operand(1), wei_user, pd.weights_desc()));
+  std::vector<std::pair<int, int>> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}};
+  if (has_bias) {
+    KILN_ASSIGN_OR_RETURN(int bias, b.Input(ep->bias, bias_user, WithType(bias_user, compute)));
+    args.push_back({DNNL_ARG_BIAS, bias});
   }
-  ConvGeometry g = MakeConvGeometry(n, input, filter, output);
+  KILN_ASSIGN_OR_RETURN(int dst, b.Output(out_node, dst_user, pd.dst_desc()));
+  args.push_back({DNNL_ARG_DST, dst});
+  const bool fuse_residual = ep && ep->residual >= 0 && fc.residual_index >= 0;
+  if (fuse_residual) {
+    // The residual in the destination's layout (no reorder when both are blocked).
+    KILN_ASSIGN_OR_RETURN(int residual,
+                          b.Input(ep->residual, NodeDesc(lc, ep->residual, g.dst, user),
+                                  WithType(pd.dst_desc(), user)));
+    args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(fc.residual_index) | DNNL_ARG_SRC_1, residual});
+  }
+  KILN_RETURN_IF_ERROR(
+      b.AddPrimitive<dnnl::convolution_forward>("convolution", pd, std::move(args)));
+  if (ep && ep->residual >= 0 && !fuse_residual) {
+    // oneDNN has no kernel with the residual as a post-op here (its brgconv takes none): a
+    // binary add over the result in the node's own layout, after its reorder, as the residual
+    // loop would run, with the activation when it comes after the residual.
+    const int result = b.NodeMemory(out_node, dst_user);
+    KILN_ASSIGN_OR_RETURN(int residual,
+                          b.Input(ep->residual, NodeDesc(lc, ep->residual, g.dst, user), dst_user));
+    dnnl::binary::primitive_desc add;
+    KILN_RETURN_IF_ERROR(b.Create("binary add", [&] {
+      dnnl::primitive_attr attr2 = DnnlThunkBuilder::Attr();
+      if (ep->residual_first && ep->has_act) {
+        dnnl::post_ops ops;
+        ops.append_eltwise(1.f, ep->act, ep->alpha, 0.f);
+        attr2.set_post_ops(ops);
+      }
+      dnnl::binary::desc d(dnnl::algorithm::binary_add, dst_user, b.Desc(residual), dst_user);
+      add = dnnl::binary::primitive_desc(d, attr2, eng);
+    }));
+    KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::binary>(
+        "binary add", add,
+        {{DNNL_ARG_SRC_0, result}, {DNNL_ARG_SRC_1, residual}, {DNNL_ARG_DST, result}},
+        /*final=*/true));
+    b.AppendName(", residual by a binary add");
+  }
+  return b.Finish();
+}
+
+// conv2d_backward_input / conv2d_backward_filter as oneDNN's backward data / weights
+// convolution, with a forward primitive descriptor as the hint oneDNN asks for.
+LowerResult LowerConvBackward(const ir::Node& n, LowerContext& lc, const ConvGeometry& g,
+                              dt compute, dt user, DnnlThunkBuilder& b) {
   auto src_any = Any(g.src, compute), wei_any = Any(g.wei, compute), dst_any = Any(g.dst, compute);
   auto src_user = PlainDesc(g.src, user), wei_user = PlainDesc(g.wei, user),
        dst_user = PlainDesc(g.dst, user);
   auto attr = DnnlThunkBuilder::Attr();
   const auto& eng = lc.cpu->engine();
   auto alg = dnnl::algorithm::convolution_direct;
-  DnnlThunkBuilder b(lc, n, "onednn convolution" + (ep ? ep->label : std::string()));
-
-  if (n.opcode() == Opcode::kConv2d) {
-    // Epilogue (an output fusion group): bias through the primitive's bias argument, the
-    // residual as a binary-add post-op and the activation as an eltwise one, in the group's
-    // order; the result goes to the group's last member.
-    bool has_bias = ep && ep->bias >= 0;
-    dnnl::memory::desc bias_user = PlainDesc({g.dst[1]}, user);
-    // Activation layouts to ask for, best first (PreferredConvLayouts), then oneDNN's own pick.
-    // The node buffers' own layouts (row-major, or nChw16c where AssignBlockedLayouts kept them
-    // blocked) are what the reorders around the primitive convert from and to.
-    src_user = NodeDesc(lc, n.operand(0), g.src, user);
-    const int out_node = ep && ep->out >= 0 ? ep->out : n.id();
-    dst_user = NodeDesc(lc, out_node, g.dst, user);
-    KILN_ASSIGN_OR_RETURN(
-        ForwardConv fc,
-        ForwardConvPd(n, g, compute, ep,
-                      has_bias ? std::optional(WithType(bias_user, compute)) : std::nullopt,
-                      lc.is_blocked(n.operand(0)), lc));
-    const dnnl::convolution_forward::primitive_desc& pd = fc.pd;
-    if (compute != dt::f32 && IsRefImpl(pd)) return Unimplemented(n, "reference bf16/f16 conv");
-    b.NameImpl(pd);
-    KILN_ASSIGN_OR_RETURN(int src, b.Input(n.operand(0), src_user, pd.src_desc()));
-    // A bound constant filter is reordered into the primitive's blocked layout once, when it is
-    // bound, instead of on every run (ConstantInput).
-    KILN_ASSIGN_OR_RETURN(int wei, lc.options.prepack_weights
-                                       ? b.ConstantInput(n.operand(1), wei_user, pd.weights_desc())
-                                       : b.Input(n.operand(1), wei_user, pd.weights_desc()));
-    std::vector<std::pair<int, int>> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}};
-    if (has_bias) {
-      KILN_ASSIGN_OR_RETURN(int bias, b.Input(ep->bias, bias_user, WithType(bias_user, compute)));
-      args.push_back({DNNL_ARG_BIAS, bias});
-    }
-    KILN_ASSIGN_OR_RETURN(int dst, b.Output(out_node, dst_user, pd.dst_desc()));
-    args.push_back({DNNL_ARG_DST, dst});
-    const bool fuse_residual = ep && ep->residual >= 0 && fc.residual_index >= 0;
-    if (fuse_residual) {
-      // The residual in the destination's layout (no reorder when both are blocked).
-      KILN_ASSIGN_OR_RETURN(int residual,
-                            b.Input(ep->residual, NodeDesc(lc, ep->residual, g.dst, user),
-                                    WithType(pd.dst_desc(), user)));
-      args.push_back(
-          {DNNL_ARG_ATTR_MULTIPLE_POST_OP(fc.residual_index) | DNNL_ARG_SRC_1, residual});
-    }
-    KILN_RETURN_IF_ERROR(
-        b.AddPrimitive<dnnl::convolution_forward>("convolution", pd, std::move(args)));
-    if (ep && ep->residual >= 0 && !fuse_residual) {
-      // oneDNN has no kernel with the residual as a post-op here (its brgconv takes none): a
-      // binary add over the result in the node's own layout, after its reorder, as the residual
-      // loop would run, with the activation when it comes after the residual.
-      const int result = b.NodeMemory(out_node, dst_user);
-      KILN_ASSIGN_OR_RETURN(
-          int residual, b.Input(ep->residual, NodeDesc(lc, ep->residual, g.dst, user), dst_user));
-      dnnl::binary::primitive_desc add;
-      KILN_RETURN_IF_ERROR(b.Create("binary add", [&] {
-        dnnl::primitive_attr attr2 = DnnlThunkBuilder::Attr();
-        if (ep->residual_first && ep->has_act) {
-          dnnl::post_ops ops;
-          ops.append_eltwise(1.f, ep->act, ep->alpha, 0.f);
-          attr2.set_post_ops(ops);
-        }
-        dnnl::binary::desc d(dnnl::algorithm::binary_add, dst_user, b.Desc(residual), dst_user);
-        add = dnnl::binary::primitive_desc(d, attr2, eng);
-      }));
-      KILN_RETURN_IF_ERROR(b.AddPrimitive<dnnl::binary>(
-          "binary add", add,
-          {{DNNL_ARG_SRC_0, result}, {DNNL_ARG_SRC_1, residual}, {DNNL_ARG_DST, result}},
-          /*final=*/true));
-      b.AppendName(", residual by a binary add");
-    }
-    return b.Finish();
-  }
-
   dnnl::convolution_forward::primitive_desc hint;
   KILN_RETURN_IF_ERROR(b.Create("convolution (backward hint)", [&] {
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, alg, src_any, wei_any,
@@ -307,6 +289,34 @@ LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
       "convolution backward weights", pd,
       {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}}));
   return b.Finish();
+}
+
+LowerResult ConvWithType(const ir::Node& n, LowerContext& lc, dt compute,
+                         const Epilogue* ep = nullptr) {
+  DType t = n.type().dtype;
+  dt user = DnnlType(t);
+  Shape input, filter, output;
+  switch (n.opcode()) {
+    case Opcode::kConv2d:
+      input = lc.operand_type(n, 0).shape;
+      filter = lc.operand_type(n, 1).shape;
+      output = n.type().shape;
+      break;
+    case Opcode::kConv2dBackwardInput:
+      input = n.type().shape;
+      filter = lc.operand_type(n, 1).shape;
+      output = lc.operand_type(n, 0).shape;
+      break;
+    default:
+      input = lc.operand_type(n, 0).shape;
+      filter = n.type().shape;
+      output = lc.operand_type(n, 1).shape;
+      break;
+  }
+  const ConvGeometry g = MakeConvGeometry(n, input, filter, output);
+  DnnlThunkBuilder b(lc, n, "onednn convolution" + (ep ? ep->label : std::string()));
+  if (n.opcode() == Opcode::kConv2d) return LowerConvForward(n, lc, g, compute, user, ep, b);
+  return LowerConvBackward(n, lc, g, compute, user, b);
 }
 
 }  // namespace

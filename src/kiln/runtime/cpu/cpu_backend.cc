@@ -181,10 +181,15 @@ class CpuBackend : public Backend {
 
   compiler::BackendTraits Traits() const override { return CpuBackendTraits(options_); }
 
-  absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& input) override {
+  compiler::PipelineOptions pipeline_options() const override { return options_.pipeline; }
+
+  using Backend::Compile;
+  absl::StatusOr<std::unique_ptr<Executable>> Compile(
+      const ir::Graph& input, const compiler::ProgramOptions& program) override {
     KILN_RETURN_IF_ERROR(Annotate(isa_status_, "cpu backend"));
     compiler::CompileOptions copts;
     copts.optimize = options_.optimize;
+    copts.program = program;
     copts.pipeline = options_.pipeline;
     copts.keep_composite = LowersNatively;
     copts.fuse_loops = options_.fuse && !options_.prefer_loops;

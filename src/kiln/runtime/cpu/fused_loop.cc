@@ -855,6 +855,48 @@ void DirectOutputs(Program& p) {
   }
 }
 
+// Whether the group runs over values held channel-blocked (layout.cc: all its same-shape inputs
+// and outputs are, or none): element i of every operand is element i of the others, so the
+// elementwise code is the same; a sum over H and W accumulates through the blocked index space
+// [N, C/L, H*W, L], L = ChannelBlock().
+bool RunsBlocked(const std::vector<int>& members, const FusionReads& reads,
+                 const LowerContext& lc) {
+  for (int m : members) {
+    if (lc.is_blocked(m)) return true;
+    for (const FusionReads::Read& r : reads.at(m))
+      if (r.broadcast_dims == nullptr && lc.is_blocked(r.node)) return true;
+  }
+  return false;
+}
+
+// A reduce_sum member `n` of a group over `out_dims`: a sink, accumulated after the block's ops
+// through a view of its kept dims (appended to p.reductions).
+absl::Status AddReduction(const ir::Graph& g, const ir::Node& n,
+                          const std::vector<int64_t>& out_dims, bool blocked, Program& p) {
+  Reduction red;
+  red.node = n.id();
+  red.dtype = n.type().dtype;
+  red.out_count = n.type().shape.num_elements();
+  const std::vector<int64_t>& reduced = n.attr_ints("dimensions");
+  std::vector<int64_t> kept;
+  for (int64_t d = 0; d < static_cast<int64_t>(out_dims.size()); ++d)
+    if (std::find(reduced.begin(), reduced.end(), d) == reduced.end()) kept.push_back(d);
+  if (blocked) {
+    if (!IsSpatialSum(n, g))
+      return absl::InternalError(ThunkName(n, "fused loop") +
+                                 ": reduces a blocked value other than over H, W");
+    const int64_t L = ChannelBlock();
+    const int64_t N = out_dims[0], CB = out_dims[1] / L, HW = out_dims[2] * out_dims[3];
+    MakeBroadcastView({N, CB, L}, {0, 1, 3}, {N, CB, HW, L}, red.view);
+  } else {
+    MakeBroadcastView(n.type().shape.dims(), kept, out_dims, red.view);
+  }
+  red.acc_offset = p.acc_per_thread;
+  p.acc_per_thread += red.out_count;
+  p.reductions.push_back(red);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& reads,
@@ -883,15 +925,7 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
     return InputValue(g, reads.at(member)[operand_index], out_dims, nm, p);
   };
 
-  // A group over values held channel-blocked (layout.cc: all its same-shape inputs and outputs
-  // are, or none): element i of every operand is element i of the others, so the elementwise code
-  // is the same; a sum over H and W accumulates through the blocked index space
-  // [N, C/L, H*W, L], L = ChannelBlock().
-  bool blocked = false;
-  for (int m : members)
-    for (const FusionReads::Read& r : reads.at(m))
-      blocked = blocked || (r.broadcast_dims == nullptr && lc.is_blocked(r.node));
-  for (int m : members) blocked = blocked || lc.is_blocked(m);
+  const bool blocked = RunsBlocked(members, reads, lc);
 
   std::vector<Pending> code;
   std::vector<int> reduction_values;  // per reduction: the value it accumulates
@@ -931,27 +965,7 @@ LowerResult LowerFusedLoop(const std::vector<int>& members, const FusionReads& r
         // A sink: accumulated after the block's ops, through a view of its kept dims. One that
         // nothing reads (dead code the pipeline kept) has no buffer and is skipped.
         if (!needed[n.id()]) break;
-        Reduction red;
-        red.node = n.id();
-        red.dtype = t;
-        red.out_count = n.type().shape.num_elements();
-        const std::vector<int64_t>& reduced = n.attr_ints("dimensions");
-        std::vector<int64_t> kept;
-        for (int64_t d = 0; d < static_cast<int64_t>(out_dims.size()); ++d)
-          if (std::find(reduced.begin(), reduced.end(), d) == reduced.end()) kept.push_back(d);
-        if (blocked) {
-          if (!IsSpatialSum(n, g))
-            return absl::InternalError(ThunkName(n, "fused loop") +
-                                       ": reduces a blocked value other than over H, W");
-          const int64_t L = ChannelBlock();
-          const int64_t N = out_dims[0], CB = out_dims[1] / L, HW = out_dims[2] * out_dims[3];
-          MakeBroadcastView({N, CB, L}, {0, 1, 3}, {N, CB, HW, L}, red.view);
-        } else {
-          MakeBroadcastView(n.type().shape.dims(), kept, out_dims, red.view);
-        }
-        red.acc_offset = p.acc_per_thread;
-        p.acc_per_thread += red.out_count;
-        p.reductions.push_back(red);
+        KILN_RETURN_IF_ERROR(AddReduction(g, n, out_dims, blocked, p));
         reduction_values.push_back(ops[0]);
         break;
       }

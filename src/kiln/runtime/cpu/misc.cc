@@ -56,8 +56,8 @@ LowerResult LowerMisc(const ir::Node& n, LowerContext& lc) {
     // over the ranks through the run's Collectives (RunContext), when it has them for more than
     // one rank. A failure (a peer gone: DeadlineExceeded) stops the run. The SPMD partitioner's
     // collectives (all_reduce over a mesh axis or with reduction max, all_gather /
-    // reduce_scatter over more than one replica) run through the run's ShardCollectives
-    // (runtime/shard_collectives.h); over one replica they are copies.
+    // reduce_scatter over more than one replica) run through the Shard* calls of the run's
+    // Collectives (runtime/shard_collectives.h); over one replica they are copies.
     case ir::Opcode::kAllReduce:
     case ir::Opcode::kAllGather:
     case ir::Opcode::kReduceScatter: {

@@ -6,12 +6,15 @@
 
 #include "kiln/base/status.h"
 #include "kiln/compiler/buffer_plan.h"
-#include "kiln/runtime/reference/kernels.h"
+#include "kiln/eval/kernels.h"
 #include "kiln/runtime/shard_collectives.h"
 
 namespace kiln::runtime {
 namespace reference {
 namespace {
+
+using eval::Kernel;
+using eval::MakeKernel;
 
 // One reference kernel (kernels.h) over the executable's buffers: slot i is operand i's buffer,
 // the last slot the node's own.
@@ -50,8 +53,8 @@ class KernelThunk : public Thunk {
 };
 
 // all_gather / reduce_scatter over more than one replica and all_reduce over a mesh axis or
-// with reduction max: the SPMD partitioner's collectives, run through the run's ShardCollectives
-// (shard_collectives.h).
+// with reduction max: the SPMD partitioner's collectives, run through the Shard* calls of the run's
+// Collectives (shard_collectives.h).
 class ShardCollectiveThunk : public Thunk {
  public:
   ShardCollectiveThunk(const ir::Node& n, const ir::Type& in_type)
@@ -91,10 +94,14 @@ class ReferenceBackend : public Backend {
     return t;
   }
 
-  // The oracle runs the graph as given: no pass at all (compiler::CompileOptions::optimize off).
-  absl::StatusOr<std::unique_ptr<Executable>> Compile(const ir::Graph& graph) override {
+  // The oracle runs the graph as given: no optimization pass (compiler::CompileOptions::optimize
+  // off), only the program passes `program` asks for.
+  using Backend::Compile;
+  absl::StatusOr<std::unique_ptr<Executable>> Compile(
+      const ir::Graph& graph, const compiler::ProgramOptions& program) override {
     compiler::CompileOptions options;
     options.optimize = false;
+    options.program = program;
     absl::StatusOr<compiler::CompiledModule> m = compiler::Compile(graph, Traits(), options);
     KILN_RETURN_IF_ERROR(Annotate(m.status(), "reference backend"));
     return Lower(*m);

@@ -5,7 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kiln/runtime/reference/kernels.h"
+#include "kiln/eval/kernels.h"
 #include "kiln/runtime/reference/reference_test_util.h"
 
 namespace kiln::runtime {
@@ -432,7 +432,7 @@ TEST(ReferenceReductionTest, ArgMaxFirstMaxAndNan) {
 // Random
 
 TEST(ReferenceRandomTest, PhiloxKnownAnswers) {
-  using reference::Philox4x32;
+  using eval::Philox4x32;
   // Random123's known-answer vectors for philox4x32-10.
   EXPECT_EQ(Philox4x32({0, 0, 0, 0}, {0, 0}),
             (std::array<uint32_t, 4>{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
@@ -455,8 +455,8 @@ TEST(ReferenceRandomTest, RandomBitsLayout) {
   auto out = RunRef(b, {st, ct});
   ASSERT_EQ(out.size(), 2u);
   std::array<uint32_t, 2> key = {0x9abcdef0u, 0x12345678u};
-  auto b0 = reference::Philox4x32({0, 0, 7, 5}, key);
-  auto b1 = reference::Philox4x32({1, 0, 7, 5}, key);
+  auto b0 = eval::Philox4x32({0, 0, 7, 5}, key);
+  auto b1 = eval::Philox4x32({1, 0, 7, 5}, key);
   uint32_t want[6] = {b0[0], b0[1], b0[2], b0[3], b1[0], b1[1]};
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(static_cast<uint32_t>(out[0].data<int32_t>()[i]), want[i]) << i;
@@ -542,7 +542,7 @@ TEST(ReferenceBackendTest, CompileRejectsWhatItCannotRun) {
     auto g = b.Build();
     ASSERT_TRUE(g.ok()) << g.status();
     // An all_gather over 2 replicas compiles (the SPMD partitioner's programs use them) and runs
-    // through the run's ShardCollectives; without them the run fails, naming the op.
+    // through the Shard* calls of the run's Collectives; without them the run fails, naming the op.
     auto exe = MakeReferenceBackend()->Compile(*g);
     ASSERT_TRUE(exe.ok()) << exe.status();
     auto run = (*exe)->Run({Tensor(DType::kF32, Shape{2})});

@@ -9,9 +9,9 @@
 //   f32 output: (word >> 8) * 2^-24, uniform on [0, 1) with 24 random bits (exact in f32).
 // Philox4x32-10 itself is base/philox.h (one implementation for every backend).
 #include "kiln/base/status.h"
-#include "kiln/runtime/reference/kernels.h"
+#include "kiln/eval/kernels.h"
 
-namespace kiln::runtime::reference {
+namespace kiln::eval {
 namespace {
 
 uint32_t Lo32(uint64_t v) { return static_cast<uint32_t>(v); }
@@ -52,4 +52,4 @@ absl::StatusOr<Kernel> MakeRandomKernel(const ir::Node& n, OperandTypes types) {
   });
 }
 
-}  // namespace kiln::runtime::reference
+}  // namespace kiln::eval

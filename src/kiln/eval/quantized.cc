@@ -6,9 +6,9 @@
 #include <cstdint>
 
 #include "kiln/base/status.h"
-#include "kiln/runtime/reference/kernels.h"
+#include "kiln/eval/kernels.h"
 
-namespace kiln::runtime::reference {
+namespace kiln::eval {
 namespace {
 
 using ir::Opcode;
@@ -110,4 +110,4 @@ absl::StatusOr<Kernel> MakeQuantizedKernel(const ir::Node& n, OperandTypes types
   }
 }
 
-}  // namespace kiln::runtime::reference
+}  // namespace kiln::eval

@@ -1,12 +1,12 @@
 // MakeKernel's dispatch by opcode kind, EvaluateNode, and the dtype checks every family shares.
-#include "kiln/runtime/reference/kernels.h"
+#include "kiln/eval/kernels.h"
 
 #include <vector>
 
 #include "kiln/base/status.h"
 #include "kiln/ir/op_traits.h"
 
-namespace kiln::runtime::reference {
+namespace kiln::eval {
 
 absl::Status Unsupported(const ir::Node& n, const std::string& why) {
   return absl::InvalidArgumentError(
@@ -83,4 +83,4 @@ absl::StatusOr<Tensor> EvaluateNode(const ir::Node& n, absl::Span<const Tensor* 
   return out;
 }
 
-}  // namespace kiln::runtime::reference
+}  // namespace kiln::eval

@@ -4,9 +4,9 @@
 #include <limits>
 
 #include "kiln/base/status.h"
-#include "kiln/runtime/reference/kernels.h"
+#include "kiln/eval/kernels.h"
 
-namespace kiln::runtime::reference {
+namespace kiln::eval {
 namespace {
 
 using ir::Opcode;
@@ -153,4 +153,4 @@ absl::StatusOr<Kernel> MakePoolingKernel(const ir::Node& n, OperandTypes types) 
   return PoolGrad(n, types);
 }
 
-}  // namespace kiln::runtime::reference
+}  // namespace kiln::eval

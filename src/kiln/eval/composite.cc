@@ -5,9 +5,9 @@
 #include <limits>
 
 #include "kiln/base/status.h"
-#include "kiln/runtime/reference/kernels.h"
+#include "kiln/eval/kernels.h"
 
-namespace kiln::runtime::reference {
+namespace kiln::eval {
 namespace {
 
 using ir::Opcode;
@@ -185,4 +185,4 @@ absl::StatusOr<Kernel> MakeCompositeKernel(const ir::Node& n, OperandTypes types
   }
 }
 
-}  // namespace kiln::runtime::reference
+}  // namespace kiln::eval

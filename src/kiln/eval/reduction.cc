@@ -5,10 +5,10 @@
 #include <limits>
 
 #include "kiln/base/status.h"
+#include "kiln/eval/kernels.h"
 #include "kiln/ir/element_semantics.h"
-#include "kiln/runtime/reference/kernels.h"
 
-namespace kiln::runtime::reference {
+namespace kiln::eval {
 namespace {
 
 using ir::Opcode;
@@ -119,4 +119,4 @@ absl::StatusOr<Kernel> MakeReductionKernel(const ir::Node& n, OperandTypes types
   return Reduce(n, types);
 }
 
-}  // namespace kiln::runtime::reference
+}  // namespace kiln::eval

@@ -6,11 +6,11 @@
 #include <limits>
 
 #include "kiln/base/status.h"
+#include "kiln/eval/kernels.h"
 #include "kiln/ir/element_semantics.h"
 #include "kiln/ir/op_traits.h"
-#include "kiln/runtime/reference/kernels.h"
 
-namespace kiln::runtime::reference {
+namespace kiln::eval {
 namespace {
 
 using ir::Opcode;
@@ -191,4 +191,4 @@ absl::StatusOr<Kernel> MakeElementwiseKernel(const ir::Node& n, OperandTypes typ
                              std::string(ir::OpcodeName(n.opcode())));
 }
 
-}  // namespace kiln::runtime::reference
+}  // namespace kiln::eval

@@ -1,19 +1,22 @@
-// The reference kernels: every op in opcodes.def as plain loops over host buffers, computing in
-// double (exact int64 for integer ops) and rounding once to the result dtype. A tensor-level
-// library (it depends on ir, tensor and base only): the reference backend wraps each kernel in a
-// thunk, and the constant folder (compiler/passes/constant_fold.cc) calls EvaluateNode, so a
-// folded constant is bit for bit what the backend would compute.
+// The tensor-level evaluator (kiln::eval, between ir and compiler in the layers of DESIGN.md §1,
+// as XLA keeps its HloEvaluator beside the IR): every op in opcodes.def as plain loops over host
+// buffers, computing in double (exact int64 for integer ops) and rounding once to the result
+// dtype. It depends on ir, tensor and base only. The reference backend
+// (runtime/reference/reference_backend.h) wraps each kernel in a thunk, and the constant folder
+// (compiler/passes/constant_fold.cc) calls EvaluateNode, so a folded constant is bit for bit what
+// the backend would compute.
 //
-//   KILN_ASSIGN_OR_RETURN(Tensor y, EvaluateNode(node, {&a, &b}));    // one node on tensors
+//   KILN_ASSIGN_OR_RETURN(Tensor y, eval::EvaluateNode(node, {&a, &b}));    // one node on tensors
 //
-//   KILN_ASSIGN_OR_RETURN(Kernel k, MakeKernel(node, operand_types)); // checked once
+//   KILN_ASSIGN_OR_RETURN(eval::Kernel k, eval::MakeKernel(node, operand_types)); // checked once
 //   k(buffers);  // buffers[i] = operand i's data, buffers[node.operands().size()] = the result's
 //
 // A factory checks the node's dtypes and attributes once and returns a Kernel, or InvalidArgument
 // for a dtype or attribute the op does not allow (f8 outside data movement and convert, integers
-// in transcendental ops, more than one replica in a collective).
-#ifndef KILN_RUNTIME_REFERENCE_KERNELS_H_
-#define KILN_RUNTIME_REFERENCE_KERNELS_H_
+// in transcendental ops, more than one replica in a collective). Errors name the reference
+// backend, whose oracle these kernels are.
+#ifndef KILN_EVAL_KERNELS_H_
+#define KILN_EVAL_KERNELS_H_
 
 #include <array>
 #include <cstdint>
@@ -29,7 +32,7 @@
 #include "kiln/tensor/dtype.h"
 #include "kiln/tensor/tensor.h"
 
-namespace kiln::runtime::reference {
+namespace kiln::eval {
 
 // A kernel's buffers by slot: operand i at [i], the result at [ResultSlot(node)].
 using Buffers = absl::Span<void* const>;
@@ -108,6 +111,6 @@ inline AxisSplit SplitAt(const Shape& shape, int axis) {
   return s;
 }
 
-}  // namespace kiln::runtime::reference
+}  // namespace kiln::eval
 
-#endif  // KILN_RUNTIME_REFERENCE_KERNELS_H_
+#endif  // KILN_EVAL_KERNELS_H_

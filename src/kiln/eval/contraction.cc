@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "kiln/base/status.h"
-#include "kiln/runtime/reference/kernels.h"
+#include "kiln/eval/kernels.h"
 
-namespace kiln::runtime::reference {
+namespace kiln::eval {
 namespace {
 
 using ir::Opcode;
@@ -202,4 +202,4 @@ absl::StatusOr<Kernel> MakeContractionKernel(const ir::Node& n, OperandTypes typ
   return Conv(n, types);
 }
 
-}  // namespace kiln::runtime::reference
+}  // namespace kiln::eval

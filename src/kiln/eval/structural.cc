@@ -4,10 +4,10 @@
 #include <cstring>
 
 #include "kiln/base/status.h"
+#include "kiln/eval/kernels.h"
 #include "kiln/ir/element_semantics.h"
-#include "kiln/runtime/reference/kernels.h"
 
-namespace kiln::runtime::reference {
+namespace kiln::eval {
 namespace {
 
 using ir::Opcode;
@@ -273,4 +273,4 @@ absl::StatusOr<Kernel> MakeStructuralKernel(const ir::Node& n, OperandTypes type
   }
 }
 
-}  // namespace kiln::runtime::reference
+}  // namespace kiln::eval
