@@ -23,8 +23,8 @@
 #include "kiln/base/status.h"
 #include "kiln/cli/backends.h"
 #include "kiln/cli/internal/csv_fields.h"
-#include "kiln/cli/quantize_rewrite.h"
 #include "kiln/compiler/artifact.h"
+#include "kiln/compiler/passes/quantize_int8.h"
 #include "kiln/data/digits.h"
 #include "kiln/runtime/cpu/isa.h"
 #include "kiln/tensor/safetensors.h"
@@ -33,6 +33,12 @@ namespace kiln::cli {
 namespace {
 
 namespace fs = std::filesystem;
+using compiler::CalibrationProgram;
+using compiler::FindInt8Sites;
+using compiler::Int8Layer;
+using compiler::Int8Program;
+using compiler::Int8Site;
+using compiler::SymmetricScale;
 using compiler::TensorSpec;
 
 // Examples: one [N, ...] tensor per runtime input, plus labels when the data has them.
@@ -563,7 +569,10 @@ absl::StatusOr<QuantizeResult> RunQuantize(const QuantizeOptions& o, std::ostrea
   std::vector<double> absmax;
   KILN_ASSIGN_OR_RETURN(std::vector<float> scales,
                         Calibrate(*backend, a, sites, calib, batch, o, &absmax));
-  KILN_ASSIGN_OR_RETURN(Int8Program q, RewriteInt8(a.program, a.weights, sites, scales));
+  compiler::QuantizeInt8Pass int8_pass(a.weights, scales);
+  ir::Graph int8_program = a.program;
+  KILN_RETURN_IF_ERROR(int8_pass.Run(int8_program).status());
+  const Int8Program& q = int8_pass.result();
   KILN_ASSIGN_OR_RETURN(Runner f32, MakeRunner(*backend, a.program, a.weights));
   KILN_ASSIGN_OR_RETURN(Runner int8, MakeRunner(*backend, q.program, q.weights));
   KILN_ASSIGN_OR_RETURN(Metric m, Evaluate(f32, int8, ev, batch));
