@@ -1,6 +1,9 @@
-// kiln::predict on logits = x . w at batch 4 (reference backend): calibration (max |x| per site),
-// the metric of two equal programs (no drop, with and without labels), the latency runs, the
-// median.
+// kiln::predict on logits = x . w at batch 4 (reference backend): the classifier over an exported
+// artifact (probabilities of a ragged tail), calibration (max |x| per site), the metric of two
+// equal programs (no drop, with and without labels), the latency runs, the median, the study list.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -8,13 +11,20 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/compiler/artifact.h"
 #include "kiln/compiler/passes/quantize_int8.h"
 #include "kiln/ir/builder.h"
+#include "kiln/predict/classifier.h"
 #include "kiln/predict/quantize_eval.h"
+#include "kiln/predict/studies.h"
 #include "kiln/runtime/reference/reference_backend.h"
+#include "tests/support/temp_dir.h"
 
 namespace kiln::predict {
 namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
 
 constexpr int64_t kBatch = 4, kFeatures = 3, kClasses = 2;
 
@@ -46,6 +56,34 @@ Examples MakeExamples(int64_t n, bool labels) {
   }
   ex.inputs["x"] = Tensor::FromVector<float>({n, kFeatures}, v);
   return ex;
+}
+
+TEST(Classifier, ClassifiesARaggedTailOfAnArtifact) {
+  const std::string dir = test_support::MakeTempDir("predict_test") + "/art";
+  ASSERT_TRUE(compiler::WriteArtifact(dir, LogitsGraph(), Weights()).ok());
+  absl::StatusOr<std::unique_ptr<Classifier>> m =
+      Classifier::OpenArtifact(dir, runtime::MakeReferenceBackend());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->batch(), kBatch);
+  EXPECT_EQ((*m)->features(), kFeatures);
+  EXPECT_EQ((*m)->classes(), kClasses);
+  const Examples ex = MakeExamples(5, false);
+  std::vector<const float*> rows;
+  for (int64_t r = 0; r < 5; ++r) rows.push_back(ex.inputs.at("x").data<float>() + r * kFeatures);
+  absl::StatusOr<std::vector<std::vector<double>>> p = (*m)->Classify(rows);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->size(), 5u);
+  for (int64_t r = 0; r < 5; ++r) {
+    const std::vector<double>& q = (*p)[r];
+    ASSERT_EQ(q.size(), 2u);
+    EXPECT_NEAR(q[0] + q[1], 1.0, 1e-12);
+    // Logits (2, 0) or (0, 2): softmax 1 / (1 + e^-2) for the right class.
+    EXPECT_NEAR(q[r % 2], 1 / (1 + std::exp(-2.0)), 1e-6) << "row " << r;
+  }
+  EXPECT_THAT(Classifier::OpenArtifact(dir + "_missing", runtime::MakeReferenceBackend())
+                  .status()
+                  .message(),
+              HasSubstr("loading artifact"));
 }
 
 TEST(QuantizeEval, CalibrationTakesMaxAbsPerSite) {
@@ -90,6 +128,18 @@ TEST(QuantizeEval, Median) {
   EXPECT_EQ(Median({3, 1, 2}), 2);
   EXPECT_EQ(Median({4, 1, 3, 2}), 2.5);
   EXPECT_EQ(Median({}), 0);
+}
+
+TEST(Studies, ListsFilesSortedWithoutHiddenOnes) {
+  const std::string root = test_support::MakeTempDir("predict_studies");
+  fs::create_directories(root + "/b");
+  fs::create_directories(root + "/.cache");
+  for (const char* f : {"b/2.dcm", "a.dcm", ".hidden", ".cache/x.dcm"})
+    std::ofstream(root + "/" + f) << "x";
+  absl::StatusOr<std::vector<std::string>> files = ListStudies(root);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(*files, (std::vector<std::string>{"a.dcm", "b/2.dcm"}));
+  EXPECT_THAT(ListStudies(root + "/none").status().message(), HasSubstr("is not a folder"));
 }
 
 }  // namespace
