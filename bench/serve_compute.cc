@@ -22,7 +22,7 @@
 #include "bench/peer_kernels.h"
 #include "bench/roofline.h"
 #include "bench/timing.h"
-#include "kiln/cli/quantize_rewrite.h"
+#include "kiln/compiler/passes/quantize_int8.h"
 #include "kiln/ir/parser.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/params.h"
@@ -228,14 +228,14 @@ std::vector<ModelCase> Models() {
 
 // The int8 program of `g` by the `kiln quantize` rewrite: every site's activation scale from the
 // min-max of its input over `calib`.
-absl::StatusOr<cli::Int8Program> Quantize(runtime::Backend& backend, const ir::Graph& g,
-                                          const std::map<std::string, Tensor>& weights,
-                                          const Tensor& calib) {
+absl::StatusOr<compiler::Int8Program> Quantize(runtime::Backend& backend, const ir::Graph& g,
+                                               const std::map<std::string, Tensor>& weights,
+                                               const Tensor& calib) {
   std::set<std::string> names;
   for (const auto& [n, t] : weights) names.insert(n);
-  std::vector<cli::Int8Site> sites = cli::FindInt8Sites(g, names);
+  std::vector<compiler::Int8Site> sites = compiler::FindInt8Sites(g, names);
   if (sites.empty()) return absl::FailedPreconditionError("no int8 sites");
-  auto cg = cli::CalibrationProgram(g, sites);
+  auto cg = compiler::CalibrationProgram(g, sites);
   if (!cg.ok()) return cg.status();
   KilnRun c;
   absl::Status s = c.Prepare(backend, *cg, weights, calib);
@@ -247,9 +247,9 @@ absl::StatusOr<cli::Int8Program> Quantize(runtime::Backend& backend, const ir::G
     double absmax = 0;
     for (int64_t i = 0; i < t.num_elements(); ++i)
       absmax = std::max(absmax, static_cast<double>(std::fabs(t.data<float>()[i])));
-    scales.push_back(cli::SymmetricScale(absmax));
+    scales.push_back(compiler::SymmetricScale(absmax));
   }
-  return cli::RewriteInt8(g, weights, sites, scales);
+  return compiler::RewriteInt8(g, weights, sites, scales);
 }
 
 // ORT's profile file (a Chrome trace: one "Node" event per kernel run, "dur" in microseconds,

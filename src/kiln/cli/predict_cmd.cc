@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -24,6 +23,7 @@
 #include "kiln/compiler/artifact.h"
 #include "kiln/data/csv.h"
 #include "kiln/data/digits.h"
+#include "kiln/serve/fixed_batch_runner.h"
 #include "kiln/tensor/safetensors.h"
 
 namespace kiln::cli {
@@ -292,9 +292,9 @@ bool SameOrInside(const std::string& a, const std::string& b) {
   return ai == pa.end();
 }
 
-}  // namespace
-
-absl::StatusOr<PredictResult> RunPredict(const PredictOptions& o, std::ostream& out) {
+// The flags' paths: an --input and --output of known kinds that overwrite neither the input nor
+// the artifact.
+absl::Status CheckPaths(const PredictOptions& o) {
   const bool csv_in = absl::EndsWith(o.input, ".csv") || absl::EndsWith(o.input, ".csv.gz");
   const bool tensors_in = absl::EndsWith(o.input, ".safetensors");
   if (!csv_in && !tensors_in) {
@@ -321,7 +321,81 @@ absl::StatusOr<PredictResult> RunPredict(const PredictOptions& o, std::ostream& 
     return absl::InvalidArgumentError(
         absl::StrCat("--output ", o.output, " is a directory; name a file"));
   }
+  return absl::OkStatus();
+}
 
+// Compiles the artifact's program and runs it: once on an unbatched artifact's exact shapes
+// (n = 0), else n examples in batches of l.batch (serve::FixedBatchRunner: the last one padded
+// with zeros, its outputs trimmed). Sets result->batches.
+absl::StatusOr<std::vector<Tensor>> RunArtifact(const PredictOptions& o,
+                                                const compiler::Artifact& a, const Layout& l,
+                                                const std::map<std::string, Tensor>& inputs,
+                                                int64_t n, PredictResult* result) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Backend> backend, MakeBackendByName(o.backend));
+  absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = backend->Compile(a.program);
+  if (!exe.ok()) return Annotate(exe.status(), "compiling the artifact's program");
+  std::vector<Tensor> outs;
+  if (n == 0) {
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> args, a.BindInputs(inputs));
+    absl::StatusOr<std::vector<Tensor>> r = (*exe)->Run(args);
+    if (!r.ok()) return Annotate(r.status(), "running the artifact");
+    for (const Tensor& t : *r) outs.push_back(t.Clone());
+    result->batches = 1;
+    return outs;
+  }
+  // Every output must carry the batch dimension to be split back into examples.
+  for (const TensorSpec& s : a.signature.outputs) {
+    if (s.shape.rank() == 0 || s.shape.dim(0) != l.batch) {
+      return absl::InvalidArgumentError(absl::StrCat("output ", SpecString(s),
+                                                     " has no leading batch dimension of ", l.batch,
+                                                     ", so it cannot be split into examples"));
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(serve::FixedBatchRunner runner,
+                        serve::FixedBatchRunner::ForArtifact(**exe, a));
+  KILN_ASSIGN_OR_RETURN(outs, runner.RunAll(inputs, n));
+  result->batches = (n + l.batch - 1) / l.batch;
+  return outs;
+}
+
+// The outputs as CSV on `out` (no --output), or into --output (.csv or .safetensors) with a
+// summary line on `out`.
+absl::Status WriteOutputs(const PredictOptions& o, const std::vector<TensorSpec>& specs,
+                          const std::vector<Tensor>& outs, int64_t n, const Layout& l,
+                          const PredictResult& result, std::ostream& out) {
+  // An unbatched artifact's outputs are one CSV row (its exact shapes are one "example").
+  const int64_t rows = n == 0 ? 1 : n;
+  if (o.output.empty()) {
+    out << OutputsCsv(specs, outs, rows);
+    return absl::OkStatus();
+  }
+  if (absl::EndsWith(o.output, ".csv")) {
+    const std::string tmp = o.output + ".tmp";
+    absl::Status s = WriteStringToFile(Env::Default(), OutputsCsv(specs, outs, rows), tmp);
+    if (s.ok()) s = Env::Default()->RenameFile(tmp, o.output);
+    if (!s.ok()) return Annotate(s, "writing --output " + o.output);
+  } else {
+    std::vector<std::pair<std::string, Tensor>> named;
+    for (size_t k = 0; k < outs.size(); ++k) named.emplace_back(specs[k].name, outs[k]);
+    absl::Status s = WriteSafetensors(o.output, named, {{"format", "kiln.predictions"}});
+    if (!s.ok()) return Annotate(s, "writing --output " + o.output);
+  }
+  std::vector<std::string> names;
+  for (size_t k = 0; k < outs.size(); ++k)
+    names.push_back(absl::StrCat(specs[k].name, " ", outs[k].TypeString()));
+  out << "predicted " << rows << (rows == 1 ? " example" : " examples") << " in " << result.batches
+      << (result.batches == 1 ? " run" : " runs");
+  if (n > 0) out << " of batch " << l.batch;
+  if (result.normalized) out << " (inputs normalized as in training: data.augment.normalize)";
+  out << "; wrote " << absl::StrJoin(names, ", ") << " to " << o.output << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PredictResult> RunPredict(const PredictOptions& o, std::ostream& out) {
+  KILN_RETURN_IF_ERROR(CheckPaths(o));
+  const bool csv_in = absl::EndsWith(o.input, ".csv") || absl::EndsWith(o.input, ".csv.gz");
   absl::StatusOr<compiler::Artifact> artifact = compiler::LoadArtifact(o.artifact);
   if (!artifact.ok()) return Annotate(artifact.status(), "loading artifact " + o.artifact);
   const compiler::Artifact& a = *artifact;
@@ -346,82 +420,9 @@ absl::StatusOr<PredictResult> RunPredict(const PredictOptions& o, std::ostream& 
     if (!s.ok()) return Annotate(s, "--input " + o.input);
     result.normalized = true;
   }
-
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Backend> backend, MakeBackendByName(o.backend));
-  absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = backend->Compile(a.program);
-  if (!exe.ok()) return Annotate(exe.status(), "compiling the artifact's program");
-
-  const std::vector<TensorSpec>& specs = a.signature.outputs;
-  std::vector<Tensor> outs;
-  if (n == 0) {
-    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> args, a.BindInputs(*inputs));
-    absl::StatusOr<std::vector<Tensor>> r = (*exe)->Run(args);
-    if (!r.ok()) return Annotate(r.status(), "running the artifact");
-    for (const Tensor& t : *r) outs.push_back(t.Clone());
-    result.batches = 1;
-  } else {
-    // Every output must carry the batch dimension to be split back into examples.
-    for (const TensorSpec& s : specs) {
-      if (s.shape.rank() == 0 || s.shape.dim(0) != l.batch) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("output ", SpecString(s), " has no leading batch dimension of ", l.batch,
-                         ", so it cannot be split into examples"));
-      }
-    }
-    for (const TensorSpec& s : specs) outs.emplace_back(s.dtype, WithLeading(n, ExampleShape(s)));
-    std::map<std::string, Tensor> batch;
-    for (const TensorSpec& s : l.inputs) batch[s.name] = Tensor(s.dtype, s.shape);
-    for (int64_t start = 0; start < n; start += l.batch) {
-      const int64_t take = std::min(l.batch, n - start);
-      for (const TensorSpec& s : l.inputs) {
-        Tensor& b = batch[s.name];
-        const int64_t row_bytes = b.byte_size() / l.batch;
-        std::memset(b.raw_data(), 0, b.byte_size());  // the padding of a short last batch
-        std::memcpy(b.raw_data(),
-                    static_cast<const uint8_t*>(inputs->at(s.name).raw_data()) + start * row_bytes,
-                    take * row_bytes);
-      }
-      KILN_ASSIGN_OR_RETURN(std::vector<Tensor> args, a.BindInputs(batch));
-      absl::StatusOr<std::vector<Tensor>> r = (*exe)->Run(args);
-      if (!r.ok()) {
-        return Annotate(r.status(),
-                        absl::StrCat("running examples ", start + 1, "..", start + take));
-      }
-      for (size_t k = 0; k < outs.size(); ++k) {
-        const int64_t row_bytes = outs[k].byte_size() / n;
-        std::memcpy(static_cast<uint8_t*>(outs[k].raw_data()) + start * row_bytes,
-                    (*r)[k].raw_data(), take * row_bytes);
-      }
-      ++result.batches;
-    }
-  }
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, RunArtifact(o, a, l, *inputs, n, &result));
   result.examples = n;
-
-  // An unbatched artifact's outputs are one CSV row (its exact shapes are one "example").
-  const int64_t rows = n == 0 ? 1 : n;
-  if (o.output.empty()) {
-    out << OutputsCsv(specs, outs, rows);
-    return result;
-  }
-  if (csv_out) {
-    const std::string tmp = o.output + ".tmp";
-    absl::Status s = WriteStringToFile(Env::Default(), OutputsCsv(specs, outs, rows), tmp);
-    if (s.ok()) s = Env::Default()->RenameFile(tmp, o.output);
-    if (!s.ok()) return Annotate(s, "writing --output " + o.output);
-  } else {
-    std::vector<std::pair<std::string, Tensor>> named;
-    for (size_t k = 0; k < outs.size(); ++k) named.emplace_back(specs[k].name, outs[k]);
-    absl::Status s = WriteSafetensors(o.output, named, {{"format", "kiln.predictions"}});
-    if (!s.ok()) return Annotate(s, "writing --output " + o.output);
-  }
-  std::vector<std::string> names;
-  for (size_t k = 0; k < outs.size(); ++k)
-    names.push_back(absl::StrCat(specs[k].name, " ", outs[k].TypeString()));
-  out << "predicted " << rows << (rows == 1 ? " example" : " examples") << " in " << result.batches
-      << (result.batches == 1 ? " run" : " runs");
-  if (n > 0) out << " of batch " << l.batch;
-  if (result.normalized) out << " (inputs normalized as in training: data.augment.normalize)";
-  out << "; wrote " << absl::StrJoin(names, ", ") << " to " << o.output << "\n";
+  KILN_RETURN_IF_ERROR(WriteOutputs(o, a.signature.outputs, outs, n, l, result, out));
   return result;
 }
 

@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -22,10 +20,11 @@
 #include "kiln/base/env.h"
 #include "kiln/base/status.h"
 #include "kiln/cli/backends.h"
-#include "kiln/cli/quantize_rewrite.h"
 #include "kiln/compiler/artifact.h"
+#include "kiln/compiler/passes/quantize_int8.h"
 #include "kiln/data/csv.h"
 #include "kiln/data/digits.h"
+#include "kiln/predict/quantize_eval.h"
 #include "kiln/runtime/cpu/isa.h"
 #include "kiln/tensor/safetensors.h"
 
@@ -33,14 +32,13 @@ namespace kiln::cli {
 namespace {
 
 namespace fs = std::filesystem;
+using compiler::FindInt8Sites;
+using compiler::Int8Layer;
+using compiler::Int8Program;
+using compiler::Int8Site;
 using compiler::TensorSpec;
 
-// Examples: one [N, ...] tensor per runtime input, plus labels when the data has them.
-struct Examples {
-  std::map<std::string, Tensor> inputs;
-  std::vector<int64_t> labels;
-  int64_t n = 0;
-};
+using predict::Examples;
 
 using data::ParseCsvDouble;
 
@@ -182,233 +180,6 @@ absl::StatusOr<Examples> ReadExamples(const std::string& path, const std::vector
   return ex;
 }
 
-// Rows [begin, end) of `ex`.
-Examples Slice(const Examples& ex, int64_t begin, int64_t end) {
-  Examples r;
-  r.n = end - begin;
-  for (const auto& [name, t] : ex.inputs) {
-    const int64_t per = t.num_elements() / ex.n;
-    Tensor s(t.dtype(), WithLeading(r.n, t.shape()));
-    const int64_t es = DTypeSize(t.dtype());
-    std::memcpy(s.raw_data(), static_cast<const char*>(t.raw_data()) + begin * per * es,
-                r.n * per * es);
-    r.inputs[name] = std::move(s);
-  }
-  if (!ex.labels.empty()) r.labels.assign(ex.labels.begin() + begin, ex.labels.begin() + end);
-  return r;
-}
-
-// ---- Running a program on examples ----
-
-struct Runner {
-  ir::Graph program;
-  std::map<std::string, Tensor> weights;
-  std::unique_ptr<runtime::Executable> exe;
-};
-
-absl::StatusOr<Runner> MakeRunner(runtime::Backend& backend, ir::Graph program,
-                                  std::map<std::string, Tensor> weights) {
-  Runner r;
-  KILN_ASSIGN_OR_RETURN(r.exe, backend.Compile(program));
-  r.program = std::move(program);
-  r.weights = std::move(weights);
-  return r;
-}
-
-// Runs rows [b*batch, ...) of `ex` as batch b (the last one zero-padded); fn(outputs, rows).
-absl::Status RunBatches(
-    Runner& r, const Examples& ex, int64_t batch,
-    const std::function<absl::Status(const std::vector<Tensor>&, int64_t)>& fn) {
-  std::vector<int> params = r.program.parameters();
-  for (int64_t begin = 0; begin < ex.n; begin += batch) {
-    const int64_t rows = std::min(batch, ex.n - begin);
-    std::vector<Tensor> args;
-    for (int p : params) {
-      const ir::Node& node = r.program.node(p);
-      const std::string& name = node.attr_str("name");
-      auto w = r.weights.find(name);
-      if (w != r.weights.end()) {
-        args.push_back(w->second);
-        continue;
-      }
-      auto in = ex.inputs.find(name);
-      if (in == ex.inputs.end())
-        return absl::InternalError(absl::StrCat("no value for parameter '", name, "'"));
-      Tensor t(node.type().dtype, node.type().shape);
-      const int64_t bytes = in->second.byte_size() / ex.n;
-      std::memcpy(t.raw_data(), static_cast<const char*>(in->second.raw_data()) + begin * bytes,
-                  rows * bytes);
-      args.push_back(std::move(t));
-    }
-    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, r.exe->Run(args));
-    KILN_RETURN_IF_ERROR(fn(outs, rows));
-  }
-  return absl::OkStatus();
-}
-
-// ---- Calibration ----
-
-// |x| of every calibration activation per site (every value up to 2^22 per site, then a
-// deterministic stride), and the activation scale the method picks from them.
-absl::StatusOr<std::vector<float>> Calibrate(runtime::Backend& backend, const compiler::Artifact& a,
-                                             const std::vector<Int8Site>& sites,
-                                             const Examples& calib, int64_t batch,
-                                             const QuantizeOptions& o,
-                                             std::vector<double>* absmax) {
-  KILN_ASSIGN_OR_RETURN(ir::Graph g, CalibrationProgram(a.program, sites));
-  KILN_ASSIGN_OR_RETURN(Runner r, MakeRunner(backend, std::move(g), a.weights));
-  const size_t first = a.program.outputs().size();
-  std::vector<std::vector<float>> values(sites.size());
-  absmax->assign(sites.size(), 0.0);
-  KILN_RETURN_IF_ERROR(
-      RunBatches(r, calib, batch, [&](const std::vector<Tensor>& outs, int64_t rows) {
-        for (size_t k = 0; k < sites.size(); ++k) {
-          const Tensor& t = outs[first + k];
-          // Only the rows that hold examples (the activation's leading dim is the batch).
-          const int64_t count = t.num_elements() / batch * rows;
-          const float* v = t.data<float>();
-          const int64_t total =
-              t.num_elements() / batch * calib.n;  // this site's values, all batches
-          const int64_t stride = std::max<int64_t>(1, total >> 22);
-          for (int64_t i = 0; i < count; ++i) {
-            const float x = std::fabs(v[i]);
-            if (!std::isfinite(x)) continue;
-            (*absmax)[k] = std::max((*absmax)[k], static_cast<double>(x));
-            if (i % stride == 0) values[k].push_back(x);
-          }
-        }
-        return absl::OkStatus();
-      }));
-  std::vector<float> scales;
-  for (size_t k = 0; k < sites.size(); ++k) {
-    double range = (*absmax)[k];
-    if (o.method == "percentile" && !values[k].empty()) {
-      std::vector<float>& v = values[k];
-      const size_t idx =
-          std::min(v.size() - 1, static_cast<size_t>(std::ceil(o.percentile / 100.0 * v.size())) -
-                                     (o.percentile > 0 ? 1 : 0));
-      std::nth_element(v.begin(), v.begin() + idx, v.end());
-      range = v[idx];
-    }
-    scales.push_back(SymmetricScale(range));
-  }
-  return scales;
-}
-
-// ---- The metric ----
-
-// The output compared: "logits" when present, else the first f32 [B, C] output (C > 1) for
-// accuracy; every f32 output for the relative MSE.
-int LogitsOutput(const ir::Graph& g) {
-  int found = -1;
-  for (size_t i = 0; i < g.outputs().size(); ++i) {
-    const ir::Type& t = g.node(g.outputs()[i].node).type();
-    if (t.dtype != DType::kF32 || t.shape.rank() != 2 || t.shape.dim(1) < 2) continue;
-    if (g.outputs()[i].name == "logits") return static_cast<int>(i);
-    if (found < 0) found = static_cast<int>(i);
-  }
-  return found;
-}
-
-struct Metric {
-  std::string name;  // accuracy | relative_mse
-  double f32 = 0, int8 = 0, drop = 0;
-};
-
-// Accuracy (percent) of both programs when there are labels and logits, else the relative MSE of
-// the int8 outputs against the f32 ones (percent of the f32 outputs' mean square).
-absl::StatusOr<Metric> Evaluate(Runner& f32, Runner& int8, const Examples& ev, int64_t batch) {
-  const int logits = LogitsOutput(f32.program);
-  Metric m;
-  if (logits >= 0 && !ev.labels.empty()) {
-    m.name = "accuracy";
-    const int64_t classes =
-        f32.program.node(f32.program.outputs()[logits].node).type().shape.dim(1);
-    for (int64_t l : ev.labels)
-      if (l >= classes)
-        return absl::InvalidArgumentError(
-            absl::StrCat("label ", l, " is not a class of the model's ", classes, " logits"));
-    int64_t offset = 0;
-    int64_t right[2] = {0, 0};
-    for (int which = 0; which < 2; ++which) {
-      offset = 0;
-      KILN_RETURN_IF_ERROR(RunBatches(
-          which == 0 ? f32 : int8, ev, batch, [&](const std::vector<Tensor>& outs, int64_t rows) {
-            const float* v = outs[logits].data<float>();
-            for (int64_t r = 0; r < rows; ++r) {
-              const float* row = v + r * classes;
-              const int64_t pred = std::max_element(row, row + classes) - row;
-              right[which] += pred == ev.labels[offset + r];
-            }
-            offset += rows;
-            return absl::OkStatus();
-          }));
-    }
-    m.f32 = 100.0 * right[0] / ev.n;
-    m.int8 = 100.0 * right[1] / ev.n;
-    m.drop = m.f32 - m.int8;
-    return m;
-  }
-  m.name = "relative_mse";
-  std::vector<std::vector<Tensor>> ref;
-  KILN_RETURN_IF_ERROR(RunBatches(f32, ev, batch, [&](const std::vector<Tensor>& outs, int64_t) {
-    ref.push_back(outs);
-    return absl::OkStatus();
-  }));
-  double err = 0, norm = 0;
-  size_t b = 0;
-  KILN_RETURN_IF_ERROR(
-      RunBatches(int8, ev, batch, [&](const std::vector<Tensor>& outs, int64_t rows) {
-        for (size_t i = 0; i < outs.size(); ++i) {
-          if (outs[i].dtype() != DType::kF32) continue;
-          const int64_t count = outs[i].num_elements() / batch * rows;
-          const float* q = outs[i].data<float>();
-          const float* f = ref[b][i].data<float>();
-          for (int64_t j = 0; j < count; ++j) {
-            err += (double(q[j]) - f[j]) * (double(q[j]) - f[j]);
-            norm += double(f[j]) * f[j];
-          }
-        }
-        ++b;
-        return absl::OkStatus();
-      }));
-  m.int8 = norm > 0 ? 100.0 * err / norm : (err > 0 ? 100.0 : 0.0);
-  m.drop = m.int8;
-  return m;
-}
-
-// ---- Latency ----
-
-struct Latency {
-  std::vector<double> f32_ms, int8_ms;
-};
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
-}
-
-// One batch of the eval examples through each program, alternating, after 3 warm-up runs each.
-absl::StatusOr<Latency> MeasureLatency(Runner& f32, Runner& int8, const Examples& ev, int64_t batch,
-                                       int runs) {
-  Examples one = Slice(ev, 0, std::min(batch, ev.n));
-  Latency l;
-  for (int i = -3; i < runs; ++i) {
-    for (int which = 0; which < 2; ++which) {
-      const auto start = std::chrono::steady_clock::now();
-      KILN_RETURN_IF_ERROR(
-          RunBatches(which == 0 ? f32 : int8, one, batch,
-                     [](const std::vector<Tensor>&, int64_t) { return absl::OkStatus(); }));
-      const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count();
-      if (i >= 0) (which == 0 ? l.f32_ms : l.int8_ms).push_back(ms);
-    }
-  }
-  return l;
-}
-
 int64_t WeightBytes(const std::map<std::string, Tensor>& w) {
   int64_t b = 0;
   for (const auto& [name, t] : w) b += t.byte_size();
@@ -458,7 +229,7 @@ absl::StatusOr<std::pair<Examples, Examples>> LoadData(const QuantizeOptions& o,
                                                        std::string* eval_source) {
   KILN_ASSIGN_OR_RETURN(Examples all, ReadExamples(o.calibration, inputs, o));
   const int64_t nc = o.calibration_rows == 0 ? all.n : std::min(all.n, o.calibration_rows);
-  Examples calib = Slice(all, 0, nc);
+  Examples calib = predict::SliceExamples(all, 0, nc);
   if (!o.eval.empty()) {
     KILN_ASSIGN_OR_RETURN(Examples ev, ReadExamples(o.eval, inputs, o));
     *eval_source = o.eval;
@@ -469,7 +240,7 @@ absl::StatusOr<std::pair<Examples, Examples>> LoadData(const QuantizeOptions& o,
         o.calibration, ": all ", all.n, " examples calibrate (--calibration-rows ",
         o.calibration_rows, "); pass --eval DATA or fewer --calibration-rows to hold some out"));
   *eval_source = absl::StrCat(o.calibration, " rows ", nc + 1, "-", all.n);
-  return std::make_pair(std::move(calib), Slice(all, nc, all.n));
+  return std::make_pair(std::move(calib), predict::SliceExamples(all, nc, all.n));
 }
 
 void PrintReport(const nlohmann::json& r, std::ostream& out) {
@@ -559,13 +330,19 @@ absl::StatusOr<QuantizeResult> RunQuantize(const QuantizeOptions& o, std::ostrea
                                       ": no matmul or convolution reads an artifact weight");
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Backend> backend, MakeBackendByName(o.backend));
   std::vector<double> absmax;
-  KILN_ASSIGN_OR_RETURN(std::vector<float> scales,
-                        Calibrate(*backend, a, sites, calib, batch, o, &absmax));
-  KILN_ASSIGN_OR_RETURN(Int8Program q, RewriteInt8(a.program, a.weights, sites, scales));
-  KILN_ASSIGN_OR_RETURN(Runner f32, MakeRunner(*backend, a.program, a.weights));
-  KILN_ASSIGN_OR_RETURN(Runner int8, MakeRunner(*backend, q.program, q.weights));
-  KILN_ASSIGN_OR_RETURN(Metric m, Evaluate(f32, int8, ev, batch));
-  KILN_ASSIGN_OR_RETURN(Latency lat, MeasureLatency(f32, int8, ev, batch, o.latency_runs));
+  KILN_ASSIGN_OR_RETURN(
+      std::vector<float> scales,
+      predict::Calibrate(*backend, a.program, a.weights, sites, calib,
+                         {.method = o.method, .percentile = o.percentile}, &absmax));
+  compiler::QuantizeInt8Pass int8_pass(a.weights, scales);
+  ir::Graph int8_program = a.program;
+  KILN_RETURN_IF_ERROR(int8_pass.Run(int8_program).status());
+  const Int8Program& q = int8_pass.result();
+  KILN_ASSIGN_OR_RETURN(auto f32, predict::CompileProgram(*backend, a.program, a.weights));
+  KILN_ASSIGN_OR_RETURN(auto int8, predict::CompileProgram(*backend, q.program, q.weights));
+  KILN_ASSIGN_OR_RETURN(predict::Metric m, predict::CompareMetric(*f32, *int8, ev));
+  KILN_ASSIGN_OR_RETURN(predict::Latency lat,
+                        predict::MeasureLatency(*f32, *int8, ev, o.latency_runs));
 
   QuantizeResult res;
   res.accepted = m.drop <= o.budget;
@@ -587,7 +364,7 @@ absl::StatusOr<QuantizeResult> RunQuantize(const QuantizeOptions& o, std::ostrea
        {"accepted", res.accepted},
        {"sites", static_cast<int>(sites.size())}};
   if (o.method == "percentile") r["percentile"] = o.percentile;
-  const double f32_med = Median(lat.f32_ms), int8_med = Median(lat.int8_ms);
+  const double f32_med = predict::Median(lat.f32_ms), int8_med = predict::Median(lat.int8_ms);
   r["latency_ms"] = {{"batch", batch},
                      {"runs", o.latency_runs},
                      {"f32_median", f32_med},
@@ -616,7 +393,7 @@ absl::StatusOr<QuantizeResult> RunQuantize(const QuantizeOptions& o, std::ostrea
 
   // What the cpu backend's pipeline makes of the rewritten program (fusion of the bias adds and
   // activations after the int8 ops), as `kiln export` stores it.
-  const ir::Graph& program = int8.exe->graph();
+  const ir::Graph& program = int8->exe->graph();
   compiler::ArtifactOptions ao;
   ao.backend = a.backend;
   ao.metadata = a.metadata;

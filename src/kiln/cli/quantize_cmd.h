@@ -6,8 +6,8 @@
 // It calibrates the activation scale of every matmul/conv whose weights are artifact weights on
 // the calibration examples (min-max or a percentile of |x|), quantizes those weights per output
 // channel (symmetric s8), rewrites the program (quantize -> quantized_dot / quantized_conv2d ->
-// the rest unchanged; quantize_rewrite.h), measures the held-out metric and the latency of both
-// programs, and writes the int8 artifact (an ordinary `kiln export` artifact) plus
+// the rest unchanged; compiler/passes/quantize_int8.h), measures the held-out metric and the
+// latency of both programs, and writes the int8 artifact (an ordinary `kiln export` artifact) plus
 // DIR/quantize.json only when the metric dropped by at most the budget; otherwise it writes nothing
 // and fails with both numbers. Data: what `kiln predict --input` reads plus labels (a CSV column,
 // or a safetensors tensor "labels").

@@ -1,5 +1,4 @@
-// `kiln quantize`: the int8 rewrite on a small graph (printed IR), per-channel weight
-// quantization by hand, and the command on a small MLP artifact written here (report fields, the
+// `kiln quantize`: the command on a small MLP artifact written here (report fields, the
 // gate refusing and writing nothing, the int8 artifact running under `kiln predict`).
 #include <filesystem>
 #include <map>
@@ -13,7 +12,6 @@
 #include "kiln/cli/internal/test_util.h"
 #include "kiln/cli/predict_cmd.h"
 #include "kiln/cli/quantize_cmd.h"
-#include "kiln/cli/quantize_rewrite.h"
 #include "kiln/compiler/artifact.h"
 #include "kiln/ir/builder.h"
 #include "kiln/ir/printer.h"
@@ -29,96 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// y = relu(x . w + b), and z = x . v^T with v stored [N, K].
-ir::Graph SmallGraph() {
-  ir::Builder b("small");
-  ir::Value w = b.Parameter("w", DType::kF32, {4, 3});
-  ir::Value bias = b.Parameter("b", DType::kF32, {3});
-  ir::Value v = b.Parameter("v", DType::kF32, {2, 4});
-  ir::Value x = b.Parameter("x", DType::kF32, {2, 4});
-  b.Output("y", ir::Relu(ir::MatMul(x, w) + bias));
-  b.Output("z", ir::DotGeneral(x, v, {{}, {}, {1}, {1}}));
-  absl::StatusOr<ir::Graph> g = b.Build();
-  EXPECT_TRUE(g.ok()) << g.status();
-  return *g;
-}
-
-TEST(Int8Rewrite, FindsWeightMatmulsAndRewritesThem) {
-  ir::Graph g = SmallGraph();
-  std::vector<Int8Site> sites = FindInt8Sites(g, {"w", "b", "v"});
-  ASSERT_EQ(sites.size(), 2u);
-  EXPECT_EQ(sites[0].weight, "w");
-  EXPECT_FALSE(sites[0].transposed);
-  EXPECT_EQ(sites[1].weight, "v");
-  EXPECT_TRUE(sites[1].transposed);
-  // Not weights: nothing to quantize.
-  EXPECT_TRUE(FindInt8Sites(g, {}).empty());
-
-  std::map<std::string, Tensor> weights = {
-      {"w", Tensor::FromVector<float>({4, 3}, std::vector<float>(12, 0.5f))},
-      {"b", Tensor::FromVector<float>({3}, {1, 2, 3})},
-      {"v", Tensor::FromVector<float>({2, 4}, {1, 2, 3, 4, -1, -2, -3, -8})}};
-  absl::StatusOr<Int8Program> q = RewriteInt8(g, weights, sites, {0.25f, 0.5f});
-  ASSERT_TRUE(q.ok()) << q.status();
-  const std::string text = ir::PrintGraph(q->program);
-  // The f32 weights are gone; the bias stays; x keeps its place; the int8 weights and scales are
-  // new parameters after it.
-  EXPECT_THAT(text, Not(HasSubstr("name=\"w\"")));
-  EXPECT_THAT(text, Not(HasSubstr("name=\"v\"")));
-  EXPECT_THAT(text, HasSubstr("parameter() {index=0, name=\"b\"} : f32[3]"));
-  EXPECT_THAT(text, HasSubstr("parameter() {index=1, name=\"x\"} : f32[2,4]"));
-  EXPECT_THAT(text, HasSubstr("parameter() {index=2, name=\"w.int8\"} : s8[4,3]"));
-  EXPECT_THAT(text, HasSubstr("parameter() {index=3, name=\"w.scale\"} : f32[3]"));
-  EXPECT_THAT(text, HasSubstr("parameter() {index=4, name=\"v.int8\"} : s8[4,2]"));
-  EXPECT_THAT(text, HasSubstr("quantize(%1) {scale=0.25} : s8[2,4]"));
-  EXPECT_THAT(text, HasSubstr("quantized_dot("));
-  EXPECT_THAT(text, Not(HasSubstr("dot_general")));
-  EXPECT_THAT(text, HasSubstr("relu("));
-  // Output scale = activation scale * weight channel scale (0.5 / 127).
-  const Tensor& ws = q->weights.at("w.scale");
-  EXPECT_EQ(ws.data<float>()[0], 0.25f * (0.5f / 127.0f));
-  // v [2, 4] contracted on dim 1 is stored transposed, [K, N].
-  const Tensor& vq = q->weights.at("v.int8");
-  EXPECT_EQ(vq.shape(), (Shape{4, 2}));
-  EXPECT_EQ(vq.data<int8_t>()[0], 32);    // v[0][0] = 1 of channel max 4: 127 / 4 = 31.75 -> 32
-  EXPECT_EQ(vq.data<int8_t>()[7], -127);  // v[1][3] = -8, the channel's max
-  EXPECT_EQ(q->weights.count("w"), 0u);
-  EXPECT_EQ(q->weights.count("b"), 1u);
-  ASSERT_EQ(q->layers.size(), 2u);
-  EXPECT_EQ(q->layers[1].scale_param, "v.scale");
-}
-
-TEST(Int8Rewrite, PerChannelSymmetricWeights) {
-  Int8Site site;
-  site.weight = "w";
-  // [K=2, N=2]: channel 0 = (1, 0.25), channel 1 = (-0.5, 2).
-  Tensor w = Tensor::FromVector<float>({2, 2}, {1.f, -0.5f, 0.25f, 2.f});
-  absl::StatusOr<QuantizedWeight> q = QuantizeWeight(w, site);
-  ASSERT_TRUE(q.ok()) << q.status();
-  EXPECT_EQ(q->scales, (std::vector<float>{1.f / 127, 2.f / 127}));
-  // 0.25 * 127 = 31.75 -> 32; -0.5 / (2 / 127) = -31.75 -> -32.
-  EXPECT_EQ(std::vector<int8_t>(q->q.data<int8_t>(), q->q.data<int8_t>() + 4),
-            (std::vector<int8_t>{127, -32, 32, 127}));
-  EXPECT_LE(q->max_abs_error, 1.0 / 127 / 2 + 1e-7);
-  // All-zero channels get scale 1 (and zeros); non-finite weights are an error naming them.
-  Tensor z(DType::kF32, Shape{2, 2});
-  absl::StatusOr<QuantizedWeight> qz = QuantizeWeight(z, site);
-  ASSERT_TRUE(qz.ok());
-  EXPECT_EQ(qz->scales, (std::vector<float>{1.f, 1.f}));
-  z.data<float>()[3] = std::numeric_limits<float>::infinity();
-  EXPECT_THAT(QuantizeWeight(z, site).status().message(), HasSubstr("weight 'w'"));
-}
-
-TEST(Int8Rewrite, CalibrationProgramExposesActivations) {
-  ir::Graph g = SmallGraph();
-  std::vector<Int8Site> sites = FindInt8Sites(g, {"w", "b", "v"});
-  absl::StatusOr<ir::Graph> c = CalibrationProgram(g, sites);
-  ASSERT_TRUE(c.ok()) << c.status();
-  ASSERT_EQ(c->outputs().size(), 4u);
-  EXPECT_EQ(c->outputs()[2].name, CalibrationOutput(0));
-  EXPECT_EQ(c->node(c->outputs()[2].node).attr_str("name"), "x");
-}
 
 constexpr int64_t kFeatures = 6, kClasses = 3, kBatch = 4;
 

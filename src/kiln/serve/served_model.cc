@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <set>
 #include <utility>
@@ -17,12 +16,6 @@ namespace kiln::serve {
 namespace {
 
 using compiler::TensorSpec;
-
-Shape WithLeading(int64_t n, const Shape& s) {
-  std::vector<int64_t> d = s.dims();
-  d[0] = n;
-  return Shape(std::move(d));
-}
 
 // Deterministic inputs for the warm-up check: floats in [-1, 1), integers 0 or 1.
 void FillCheckData(Tensor& t, uint64_t seed) {
@@ -118,25 +111,22 @@ absl::Status ServedModel::Compile(const compiler::Artifact& a, runtime::Backend*
       absl::StatusOr<std::unique_ptr<runtime::Executable>> exe = backend->Compile(program);
       if (!exe.ok()) return Annotate(exe.status(), absl::StrCat("compiling at batch size ", size));
       slot.exe = std::move(*exe);
+      KILN_ASSIGN_OR_RETURN(FixedBatchRunner runner,
+                            FixedBatchRunner::ForArtifact(*slot.exe, a, size));
       std::map<int, Tensor> weights;
-      for (const compiler::InputSpec& in : a.signature.inputs) {
-        if (in.weight) {
-          auto it = a.weights.find(in.name);
-          if (it == a.weights.end())
-            return absl::InternalError("artifact has no weight '" + in.name + "'");
-          weights[static_cast<int>(slot.args.size())] = it->second;
-          slot.args.push_back(it->second);
-        } else {
-          slot.input_arg.push_back(static_cast<int>(slot.args.size()));
-          slot.args.emplace_back(in.dtype, WithLeading(size, in.shape));
-        }
+      const std::vector<int>& input_args = runner.input_args();
+      for (size_t k = 0; k < runner.args().size(); ++k) {
+        if (std::find(input_args.begin(), input_args.end(), static_cast<int>(k)) ==
+            input_args.end())
+          weights[static_cast<int>(k)] = runner.args()[k];
       }
       // The weights never change while served: bound constant, so the backend packs them once
       // now into the layouts its kernels stream (runtime/cpu/internal/gemv.h).
       KILN_RETURN_IF_ERROR(Annotate(slot.exe->BindConstantParameters(weights),
                                     absl::StrCat("binding the weights at batch size ", size)));
       // Warm-up: the first run allocates the arena and primes the kernels.
-      absl::StatusOr<std::vector<Tensor>> r = slot.exe->Run(slot.args);
+      absl::StatusOr<std::vector<Tensor>> r = runner.Run(size);
+      slot.runner.emplace(std::move(runner));
       if (!r.ok()) return Annotate(r.status(), absl::StrCat("warm-up run at batch size ", size));
       per_instance.push_back(std::move(slot));
     }
@@ -147,43 +137,42 @@ absl::Status ServedModel::Compile(const compiler::Artifact& a, runtime::Backend*
 // Every compiled size must compute what the exported program computes on the same rows.
 absl::Status ServedModel::CheckRebatched(const compiler::Artifact& a, runtime::Backend* backend) {
   std::unique_ptr<runtime::Executable> original;
+  std::optional<FixedBatchRunner> at_artifact_batch;  // the exported program, zero-padded
   for (size_t k = 0; k < sizes_.size(); ++k) {
     Slot& slot = slots_[0][k];
     if (slot.size == artifact_batch_) continue;
     if (original == nullptr) {
       KILN_ASSIGN_OR_RETURN(original, backend->Compile(a.program));
+      KILN_ASSIGN_OR_RETURN(FixedBatchRunner r, FixedBatchRunner::ForArtifact(*original, a));
+      at_artifact_batch.emplace(std::move(r));
     }
-    for (size_t i = 0; i < slot.input_arg.size(); ++i)
-      FillCheckData(slot.args[slot.input_arg[i]], i + 1);
-    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> got, slot.exe->Run(slot.args));
+    std::vector<const Tensor*> rows;
+    for (size_t i = 0; i < slot.runner->num_inputs(); ++i) {
+      FillCheckData(slot.runner->input_buffer(i), i + 1);
+      rows.push_back(&slot.runner->input_buffer(i));
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> got, slot.runner->Run(slot.size));
     std::vector<Tensor> mine;
     for (const Tensor& t : got) mine.push_back(t.Clone());
-    std::vector<Tensor> args = slot.args;
-    for (int64_t start = 0; start < slot.size; start += artifact_batch_) {
-      const int64_t take = std::min(artifact_batch_, slot.size - start);
-      for (size_t i = 0; i < slot.input_arg.size(); ++i) {
-        const Tensor& big = slot.args[slot.input_arg[i]];
-        Tensor t(big.dtype(), WithLeading(artifact_batch_, big.shape()));
-        const int64_t row = big.byte_size() / slot.size;
-        std::memcpy(t.raw_data(), static_cast<const uint8_t*>(big.raw_data()) + start * row,
-                    take * row);
-        args[slot.input_arg[i]] = std::move(t);
-      }
-      KILN_ASSIGN_OR_RETURN(std::vector<Tensor> want, original->Run(args));
-      for (size_t o = 0; o < want.size(); ++o) {
-        const int64_t per = want[o].num_elements() / artifact_batch_;
-        for (int64_t j = 0; j < take * per; ++j) {
-          const double w = want[o].GetDouble(j), g = mine[o].GetDouble(start * per + j);
-          if (!(std::fabs(w - g) <= 1e-4 + 1e-3 * std::fabs(w))) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "at batch size ", slot.size, " the rebatched program computes ", g, " for '",
-                outputs_[o].name, "' element ", start * per + j,
-                " where the exported program (batch ", artifact_batch_, ") computes ", w,
-                "; serve at the artifact's batch size or export at the sizes you need"));
+    // The same rows through the exported program, artifact_batch_ at a time.
+    KILN_RETURN_IF_ERROR(at_artifact_batch->RunRows(
+        rows, slot.size,
+        [&](const std::vector<Tensor>& want, int64_t start, int64_t take) -> absl::Status {
+          for (size_t o = 0; o < want.size(); ++o) {
+            const int64_t per = want[o].num_elements() / artifact_batch_;
+            for (int64_t j = 0; j < take * per; ++j) {
+              const double w = want[o].GetDouble(j), g = mine[o].GetDouble(start * per + j);
+              if (!(std::fabs(w - g) <= 1e-4 + 1e-3 * std::fabs(w))) {
+                return absl::FailedPreconditionError(absl::StrCat(
+                    "at batch size ", slot.size, " the rebatched program computes ", g, " for '",
+                    outputs_[o].name, "' element ", start * per + j,
+                    " where the exported program (batch ", artifact_batch_, ") computes ", w,
+                    "; serve at the artifact's batch size or export at the sizes you need"));
+              }
+            }
           }
-        }
-      }
-    }
+          return absl::OkStatus();
+        }));
   }
   return absl::OkStatus();
 }
@@ -202,40 +191,32 @@ absl::Status ServedModel::RunBatch(int instance, std::vector<BatchRequest*>& bat
   if (it == sizes_.end())
     return absl::InternalError(absl::StrCat("a batch of ", rows, " rows exceeds every size"));
   Slot& slot = slots_[instance][it - sizes_.begin()];
+  FixedBatchRunner& runner = *slot.runner;
   for (size_t i = 0; i < inputs_.size(); ++i) {
-    Tensor& buf = slot.args[slot.input_arg[i]];
-    const int64_t row = buf.byte_size() / slot.size;
-    uint8_t* dst = static_cast<uint8_t*>(buf.raw_data());
     int64_t at = 0;
     for (BatchRequest* r : batch) {
       const Tensor& in = r->inputs[i];
-      if (in.byte_size() != r->rows * row)
+      if (!runner.Stage(i, at, r->rows, in.raw_data(), in.byte_size()).ok())
         return absl::InternalError(absl::StrCat("input '", inputs_[i].name, "' of ",
                                                 in.TypeString(), " for ", r->rows, " rows"));
-      std::memcpy(dst + at * row, in.raw_data(), in.byte_size());
       at += r->rows;
     }
-    std::memset(dst + at * row, 0, (slot.size - at) * row);  // padding
     // The training pipeline's normalization, on the real rows (Load checked the input is f32
     // of C*H*W values per row).
     if (static_cast<int>(i) == normalized_input_) {
-      const int64_t per = row / static_cast<int64_t>(sizeof(float));
-      float* f = buf.data<float>();
+      const int64_t per = runner.row_bytes(i) / static_cast<int64_t>(sizeof(float));
+      float* f = runner.input_buffer(i).data<float>();
       for (int64_t k = 0; k < at; ++k) normalization_->ApplyToExample(f + k * per);
     }
   }
-  absl::StatusOr<std::vector<Tensor>> outs = slot.exe->Run(slot.args);
+  absl::StatusOr<std::vector<Tensor>> outs = runner.Run(rows);  // zero-pads the rest
   if (!outs.ok()) return outs.status();
   for (size_t o = 0; o < outs->size(); ++o) {
     const Tensor& t = (*outs)[o];
-    const int64_t row = t.byte_size() / slot.size;
     int64_t at = 0;
     for (BatchRequest* r : batch) {
       if (o == 0) r->outputs.clear();
-      Tensor part(t.dtype(), WithLeading(r->rows, t.shape()));
-      std::memcpy(part.raw_data(), static_cast<const uint8_t*>(t.raw_data()) + at * row,
-                  r->rows * row);
-      r->outputs.push_back(std::move(part));
+      r->outputs.push_back(FixedBatchRunner::Rows(t, slot.size, at, r->rows));
       at += r->rows;
     }
   }

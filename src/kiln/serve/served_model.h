@@ -31,6 +31,7 @@
 #include "kiln/compiler/artifact.h"
 #include "kiln/runtime/executable.h"
 #include "kiln/serve/batcher.h"
+#include "kiln/serve/fixed_batch_runner.h"
 #include "kiln/serve/input_normalization.h"
 
 namespace kiln::serve {
@@ -78,8 +79,8 @@ class ServedModel {
   struct Slot {  // one compiled size on one instance
     int64_t size = 0;
     std::unique_ptr<runtime::Executable> exe;
-    std::vector<Tensor> args;    // every parameter; runtime inputs are the padded batch buffers
-    std::vector<int> input_arg;  // per runtime input: its index in args
+    // Runs exe on the padded batch buffers it owns (every parameter bound; fixed_batch_runner.h).
+    std::optional<FixedBatchRunner> runner;
   };
   ServedModel() = default;
   absl::Status Compile(const compiler::Artifact& a, runtime::Backend* backend);

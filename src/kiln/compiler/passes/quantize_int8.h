@@ -1,30 +1,43 @@
-// The graph half of `kiln quantize` (docs/quantize.md): which matmuls and convolutions of an
-// exported program can run in int8, the calibration program that exposes their inputs, per-channel
-// symmetric weight quantization, and the rewrite
+// Int8 quantization ("quantize-int8"): post-training int8 for the matmuls and convolutions whose
+// weights are weight parameters (docs/quantize.md; `kiln quantize` drives it).
 //
 //   dot_general(x, W) -> quantized_dot(quantize(x, a), W_q, a * s)      (W_q s8 [K, N], s f32 [N])
 //   conv2d(x, F)      -> quantized_conv2d(quantize(x, a), F_q, a * s)   (F_q s8 OIHW, s f32 [O])
 //
-// with everything after them (bias add, activation, the rest) unchanged. The program stays an
-// ordinary exported program: the int8 weights and the scales are new weight parameters.
+// What it rewrites: every Int8Site (FindInt8Sites: an f32 dot_general with no batch dims or an
+// f32 conv2d whose weight operand is a named f32 weight and whose other operand is an f32
+// activation); the weights are quantized per output channel (symmetric s8) and become new weight
+// parameters with their scales. What it leaves alone: everything after the sites (bias add,
+// activation, the rest), every other op, parameters that are not weights. Unlike most passes it
+// renumbers parameters: weights that only the sites read are dropped, kept parameters keep their
+// order, then come the int8 weights and scales; fusion annotations are dropped (the backend's
+// pipeline fuses again). Idempotent: its output has no f32 site left. Cost: O(nodes + edges) plus
+// one pass over each quantized weight.
+//
+// The calibration half lives here too: CalibrationProgram exposes each site's activation as an
+// extra output, from whose |x| the caller picks the activation scales (SymmetricScale).
 //
 //   std::vector<Int8Site> sites = FindInt8Sites(a.program, WeightNames(a));
 //   KILN_ASSIGN_OR_RETURN(ir::Graph calib, CalibrationProgram(a.program, sites));
-//   ... run calib, ActivationScale(absmax) per site ...
-//   KILN_ASSIGN_OR_RETURN(Int8Program q, RewriteInt8(a.program, a.weights, sites, scales));
-#ifndef KILN_CLI_QUANTIZE_REWRITE_H_
-#define KILN_CLI_QUANTIZE_REWRITE_H_
+//   ... run calib, SymmetricScale(absmax) per site ...
+//   QuantizeInt8Pass pass(a.weights, scales);
+//   ir::Graph g = a.program;
+//   KILN_ASSIGN_OR_RETURN(bool changed, pass.Run(g));   // pass.result(): weights and layers
+#ifndef KILN_COMPILER_PASSES_QUANTIZE_INT8_H_
+#define KILN_COMPILER_PASSES_QUANTIZE_INT8_H_
 
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kiln/compiler/pass.h"
 #include "kiln/ir/graph.h"
 #include "kiln/tensor/tensor.h"
 
-namespace kiln::cli {
+namespace kiln::compiler {
 
 // A dot_general or conv2d whose weights are one of the artifact's weight parameters (f32) and
 // whose other operand is an f32 activation: x[..., K] . W[K, N] (or W[N, K], contracted on its
@@ -82,6 +95,25 @@ absl::StatusOr<Int8Program> RewriteInt8(const ir::Graph& program,
                                         const std::vector<Int8Site>& sites,
                                         const std::vector<float>& activation_scales);
 
-}  // namespace kiln::cli
+// RewriteInt8 as a pass: the sites are FindInt8Sites(graph, the names of `weights`), site k
+// quantized with activation_scales[k] (one per site, else InvalidArgument). `weights` must
+// outlive the pass; after a changing Run, result() holds the rewritten program's weights and
+// layers (result().program is what Run left in the graph).
+class QuantizeInt8Pass : public Pass {
+ public:
+  QuantizeInt8Pass(const std::map<std::string, Tensor>& weights,
+                   std::vector<float> activation_scales)
+      : weights_(weights), activation_scales_(std::move(activation_scales)) {}
+  std::string name() const override { return "quantize-int8"; }
+  absl::StatusOr<bool> Run(ir::Graph& graph) override;
+  const Int8Program& result() const { return result_; }
 
-#endif  // KILN_CLI_QUANTIZE_REWRITE_H_
+ private:
+  const std::map<std::string, Tensor>& weights_;
+  std::vector<float> activation_scales_;
+  Int8Program result_;
+};
+
+}  // namespace kiln::compiler
+
+#endif  // KILN_COMPILER_PASSES_QUANTIZE_INT8_H_

@@ -1,8 +1,9 @@
-#include "kiln/cli/quantize_rewrite.h"
+#include "kiln/compiler/passes/quantize_int8.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,7 +11,7 @@
 #include "kiln/ir/shape_inference.h"
 #include "kiln/ir/verifier.h"
 
-namespace kiln::cli {
+namespace kiln::compiler {
 namespace {
 
 using ir::Opcode;
@@ -253,4 +254,15 @@ absl::StatusOr<Int8Program> RewriteInt8(const ir::Graph& program,
   return out;
 }
 
-}  // namespace kiln::cli
+absl::StatusOr<bool> QuantizeInt8Pass::Run(ir::Graph& graph) {
+  std::set<std::string> names;
+  for (const auto& [name, t] : weights_) names.insert(name);
+  const std::vector<Int8Site> sites = FindInt8Sites(graph, names);
+  if (sites.empty()) return false;
+  KILN_ASSIGN_OR_RETURN(Int8Program q, RewriteInt8(graph, weights_, sites, activation_scales_));
+  graph = q.program;
+  result_ = std::move(q);
+  return true;
+}
+
+}  // namespace kiln::compiler
