@@ -19,6 +19,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kiln/base/coding.h"
+#include "kiln/base/hash.h"
 #include "kiln/base/status.h"
 #include "kiln/data/digits.h"
 #include "kiln/data/record_io.h"
@@ -34,13 +36,6 @@ using json = nlohmann::json;
 
 constexpr char kStateFormat[] = "kiln.input_pipeline.v1";
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // The mt19937_64 seed of epoch `epoch`'s order.
 uint64_t MixSeed(uint64_t seed, uint64_t epoch) { return SplitMix64(seed ^ SplitMix64(epoch)); }
 
@@ -51,15 +46,6 @@ uint64_t BoundedDraw(std::mt19937_64& rng, uint64_t n) {
     uint64_t r = rng();
     if (r < limit) return r % n;
   }
-}
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
 }
 
 std::string Hex64(uint64_t v) { return absl::StrFormat("%016x", v); }
@@ -304,8 +290,7 @@ class RecordSource final : public Source {
   // and where "x" and "y" lie. Leaves the fast path off if the layout is anything unusual.
   void SetFastLayout(const std::string& rec) {
     if (rec.size() < 8) return;
-    uint64_t n = 0;
-    for (int k = 7; k >= 0; --k) n = (n << 8) | static_cast<uint8_t>(rec[k]);
+    const uint64_t n = DecodeFixed64(rec.data());
     if (n > rec.size() - 8) return;
     json h = json::parse(rec.begin() + 8, rec.begin() + 8 + n, nullptr, false);
     if (h.is_discarded() || !h.is_object()) return;
@@ -369,7 +354,7 @@ absl::StatusOr<std::unique_ptr<Source>> MakeTextSource(const std::string& path, 
     }
   }
   return ArraySource::Make(std::move(x), std::move(y), path,
-                           absl::StrCat("text|", bytes.size(), "|", Hex64(Fnv1a(bytes))));
+                           absl::StrCat("text|", bytes.size(), "|", Hex64(Fnv1a64(bytes))));
 }
 
 // "dataset:DIR": a folder `kiln data import` wrote (record_source.h). Its train split's examples
@@ -1052,7 +1037,7 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const Pipel
   impl->bpe = config.remainder == "pad" ? (m + batch - 1) / batch : m / batch;
   impl->x_type = {src.x_spec().dtype, PrependDim(batch, src.x_spec().shape)};
   impl->y_type = {src.y_spec().dtype, PrependDim(batch, src.y_spec().shape)};
-  impl->fingerprint = Fnv1a(src.FingerprintMaterial());
+  impl->fingerprint = Fnv1a64(src.FingerprintMaterial());
   if (config.augment.enabled()) {
     if (src.x_spec().dtype != DType::kF32)
       return absl::InvalidArgumentError(absl::StrCat("data.augment: needs f32 image features; ",
