@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kiln/base/status.h"
 
 namespace kiln {
@@ -15,6 +17,20 @@ absl::StatusOr<std::unique_ptr<WritableFile>> Env::NewAppendableFile(const std::
 
 absl::StatusOr<std::unique_ptr<WritableFile>> Env::NewExclusiveFile(const std::string& path) {
   return absl::UnimplementedError("this Env cannot create files exclusively: " + path);
+}
+
+std::string Env::GetTempDirectory() { return "/tmp"; }
+
+absl::StatusOr<std::string> CreateTempDir(Env* env, const std::string& prefix) {
+  const std::string root = env->GetTempDirectory();
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const std::string path = JoinPath(root, prefix + absl::StrFormat("%016x", env->RandomU64()));
+    if (env->FileExists(path)) continue;
+    KILN_RETURN_IF_ERROR(env->CreateDir(path));
+    return path;
+  }
+  return absl::InternalError(absl::StrCat("cannot find a fresh folder name like ",
+                                          JoinPath(root, prefix + "XXXXXXXXXXXXXXXX")));
 }
 
 namespace {

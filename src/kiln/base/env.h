@@ -141,6 +141,10 @@ class Env {
   // parent's lock.
   virtual absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path);
 
+  // Where scratch folders go: on POSIX $TMPDIR when it is an absolute path, else "/tmp" (the
+  // default, which MemEnv uses; FaultInjectionEnv asks its target). It need not exist yet.
+  virtual std::string GetTempDirectory();
+
   // Wall-clock time, microseconds since the Unix epoch.
   virtual uint64_t NowMicros() = 0;
   virtual void SleepForMicros(int64_t micros) = 0;
@@ -153,6 +157,10 @@ absl::StatusOr<std::string> ReadFileToString(Env* env, const std::string& path);
 // Writes `data` to `path` (truncating), Sync()s it if `sync`, and closes it.
 absl::Status WriteStringToFile(Env* env, std::string_view data, const std::string& path,
                                bool sync = false);
+
+// Creates a fresh folder GetTempDirectory()/<prefix><16 hex digits> (and its parents) and
+// returns its path. The digits come from RandomU64, so two callers never share one.
+absl::StatusOr<std::string> CreateTempDir(Env* env, const std::string& prefix);
 
 // Path helpers (pure string operations, '/' separated).
 // "a" + "b" -> "a/b"; "a/" + "b" -> "a/b"; "" + "b" -> "b"; "a" + "/b" -> "/b".

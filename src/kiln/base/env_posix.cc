@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -389,6 +390,12 @@ class PosixEnv final : public Env {
     if (::fsync(fd) != 0) s = PosixError(errno, "cannot fsync directory", d);
     ::close(fd);
     return s;
+  }
+
+  std::string GetTempDirectory() override {
+    const char* tmpdir = std::getenv("TMPDIR");  // NOLINT: the OS boundary is here
+    if (tmpdir != nullptr && tmpdir[0] == '/') return CleanPath(tmpdir);
+    return "/tmp";
   }
 
   uint64_t NowMicros() override {

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -321,6 +322,24 @@ TEST_P(EnvTest, ClockAndRandomness) {
   EXPECT_NE(env_->RandomU64(), env_->RandomU64());
 }
 
+TEST_P(EnvTest, CreateTempDirMakesFreshFoldersUnderTheTempDirectory) {
+  const std::string tmp = env_->GetTempDirectory();
+  ASSERT_FALSE(tmp.empty());
+  EXPECT_EQ(tmp[0], '/');
+  absl::StatusOr<std::string> a = CreateTempDir(env_, "kiln-env-test-");
+  absl::StatusOr<std::string> b = CreateTempDir(env_, "kiln-env-test-");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(*a, *b);
+  EXPECT_EQ(Dirname(*a), tmp);
+  EXPECT_EQ(Basename(*a).rfind("kiln-env-test-", 0), 0u);
+  EXPECT_EQ(Basename(*a).size(), std::string("kiln-env-test-").size() + 16);
+  EXPECT_TRUE(*env_->IsDirectory(*a));
+  EXPECT_TRUE(env_->GetChildren(*a)->empty());
+  EXPECT_TRUE(env_->DeleteDir(*a).ok());
+  EXPECT_TRUE(env_->DeleteDir(*b).ok());
+}
+
 TEST_P(EnvTest, ConcurrentWritersToDifferentFiles) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -516,6 +535,28 @@ TEST(MemEnvTest, ManualClockAndSeededRandomness) {
   a.SetNowMicros(7);
   EXPECT_EQ(a.NowMicros(), 7u);
   EXPECT_EQ(a.RandomU64(), b.RandomU64());
+}
+
+TEST(MemEnvTest, TempDirectoryIsTmp) {
+  std::unique_ptr<MemEnv> env = NewMemEnv();
+  EXPECT_EQ(env->GetTempDirectory(), "/tmp");
+  absl::StatusOr<std::string> d = CreateTempDir(env.get(), "x");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(Dirname(*d), "/tmp");  // created with its parent
+}
+
+TEST(PosixEnvTest, TempDirectoryFollowsAbsoluteTmpdir) {
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old != nullptr ? old : "";
+  ::setenv("TMPDIR", "/var//tmp/", 1);
+  EXPECT_EQ(Env::Default()->GetTempDirectory(), "/var/tmp");
+  ::setenv("TMPDIR", "relative", 1);
+  EXPECT_EQ(Env::Default()->GetTempDirectory(), "/tmp");
+  if (old != nullptr) {
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
 }
 
 TEST(MemEnvTest, RelativePathsAndTotalBytes) {

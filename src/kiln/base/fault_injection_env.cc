@@ -456,6 +456,7 @@ absl::Status FaultInjectionEnv::SyncDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
+std::string FaultInjectionEnv::GetTempDirectory() { return target_->GetTempDirectory(); }
 uint64_t FaultInjectionEnv::NowMicros() { return target_->NowMicros(); }
 void FaultInjectionEnv::SleepForMicros(int64_t micros) { target_->SleepForMicros(micros); }
 uint64_t FaultInjectionEnv::RandomU64() { return target_->RandomU64(); }

@@ -97,6 +97,7 @@ class FaultInjectionEnv final : public Env {
   absl::Status DeleteDir(const std::string& dir) override;
   absl::Status RenameFile(const std::string& from, const std::string& to) override;
   absl::Status SyncDir(const std::string& dir) override;
+  std::string GetTempDirectory() override;
   uint64_t NowMicros() override;
   void SleepForMicros(int64_t micros) override;
   uint64_t RandomU64() override;

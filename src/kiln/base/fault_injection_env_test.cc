@@ -57,6 +57,15 @@ TEST_F(FaultInjectionEnvTest, FailNthFailsExactlyThatOperationOfThoseKinds) {
   EXPECT_EQ(env_.mutation_count(), 7);  // create, 4 appends, sync, close
 }
 
+TEST_F(FaultInjectionEnvTest, TempDirectoryIsTheTargetsAndCreateTempDirCanFail) {
+  EXPECT_EQ(env_.GetTempDirectory(), mem_->GetTempDirectory());
+  absl::StatusOr<std::string> d = CreateTempDir(&env_, "scratch-");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(*mem_->IsDirectory(*d));
+  env_.FailNth(FaultInjectionEnv::kCreateDir, 0);
+  EXPECT_FALSE(CreateTempDir(&env_, "scratch-").ok());
+}
+
 TEST_F(FaultInjectionEnvTest, FailNthOnRenameAndSync) {
   Write("/r/a", "x", true);
   env_.FailNth(FaultInjectionEnv::kRename | FaultInjectionEnv::kSyncDir, 0);

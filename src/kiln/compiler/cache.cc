@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kiln/base/coding.h"
 #include "kiln/base/crc32c.h"
 #include "kiln/base/log.h"
 #include "kiln/base/status.h"
@@ -29,22 +30,10 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void PutU32(std::string& s, size_t at, uint32_t v) {
-  for (int i = 0; i < 4; ++i) s[at + i] = static_cast<char>(v >> (8 * i));
-}
-void PutU64(std::string& s, size_t at, uint64_t v) {
-  for (int i = 0; i < 8; ++i) s[at + i] = static_cast<char>(v >> (8 * i));
-}
-uint32_t GetU32(const std::string& s, size_t at) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<uint8_t>(s[at + i])} << (8 * i);
-  return v;
-}
-uint64_t GetU64(const std::string& s, size_t at) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<uint8_t>(s[at + i])} << (8 * i);
-  return v;
-}
+void PutU32(std::string& s, size_t at, uint32_t v) { EncodeFixed32(&s[at], v); }
+void PutU64(std::string& s, size_t at, uint64_t v) { EncodeFixed64(&s[at], v); }
+uint32_t GetU32(const std::string& s, size_t at) { return DecodeFixed32(s.data() + at); }
+uint64_t GetU64(const std::string& s, size_t at) { return DecodeFixed64(s.data() + at); }
 
 std::string HexToBytes(const std::string& hex) {
   std::string out(hex.size() / 2, '\0');

@@ -5,16 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/hash.h"
 
 namespace kiln::data {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Uniform in [0, n) from 32 random bits (Lemire's multiply-shift; the bias is below n / 2^32).
 int64_t Below(uint32_t bits, int64_t n) {

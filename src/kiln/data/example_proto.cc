@@ -1,10 +1,10 @@
 #include "kiln/data/example_proto.h"
 
-#include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kiln/base/coding.h"
 #include "kiln/base/status.h"
 
 namespace kiln::data {
@@ -16,29 +16,12 @@ constexpr uint32_t kFixed64 = 1;
 constexpr uint32_t kLengthDelimited = 2;
 constexpr uint32_t kFixed32 = 5;
 
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
-void PutVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
 // Tag byte for field numbers 1..15.
 void PutTag(uint32_t field, uint32_t wire_type, std::string* out) {
   out->push_back(static_cast<char>((field << 3) | wire_type));
 }
 
-size_t LengthDelimitedSize(size_t payload) { return 1 + VarintSize(payload) + payload; }
+size_t LengthDelimitedSize(size_t payload) { return 1 + VarintLength(payload) + payload; }
 
 size_t ListSize(const Feature& f) {
   size_t n = 0;
@@ -51,7 +34,7 @@ size_t ListSize(const Feature& f) {
     case Feature::Kind::kFloat:
       return f.float_list.empty() ? 0 : LengthDelimitedSize(4 * f.float_list.size());
     case Feature::Kind::kInt64:
-      for (int64_t v : f.int64_list) n += VarintSize(static_cast<uint64_t>(v));
+      for (int64_t v : f.int64_list) n += VarintLength(static_cast<uint64_t>(v));
       return f.int64_list.empty() ? 0 : LengthDelimitedSize(n);
   }
   return 0;
@@ -68,34 +51,30 @@ size_t EntrySize(const std::string& key, const Feature& f) {
 void PutFeature(const Feature& f, std::string* out) {
   if (f.kind == Feature::Kind::kNone) return;
   PutTag(static_cast<uint32_t>(f.kind), kLengthDelimited, out);  // kBytes=1, kFloat=2, kInt64=3
-  PutVarint(ListSize(f), out);
+  PutVarint64(out, ListSize(f));
   switch (f.kind) {
     case Feature::Kind::kNone:
       break;
     case Feature::Kind::kBytes:
       for (const std::string& s : f.bytes_list) {
         PutTag(1, kLengthDelimited, out);
-        PutVarint(s.size(), out);
+        PutVarint64(out, s.size());
         out->append(s);
       }
       break;
     case Feature::Kind::kFloat:
       if (f.float_list.empty()) break;
       PutTag(1, kLengthDelimited, out);
-      PutVarint(4 * f.float_list.size(), out);
-      for (float v : f.float_list) {
-        uint32_t bits;
-        std::memcpy(&bits, &v, 4);
-        for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(bits >> (8 * i)));
-      }
+      PutVarint64(out, 4 * f.float_list.size());
+      for (float v : f.float_list) PutFloat32(out, v);
       break;
     case Feature::Kind::kInt64: {
       if (f.int64_list.empty()) break;
       size_t payload = 0;
-      for (int64_t v : f.int64_list) payload += VarintSize(static_cast<uint64_t>(v));
+      for (int64_t v : f.int64_list) payload += VarintLength(static_cast<uint64_t>(v));
       PutTag(1, kLengthDelimited, out);
-      PutVarint(payload, out);
-      for (int64_t v : f.int64_list) PutVarint(static_cast<uint64_t>(v), out);
+      PutVarint64(out, payload);
+      for (int64_t v : f.int64_list) PutVarint64(out, static_cast<uint64_t>(v));
       break;
     }
   }
@@ -115,15 +94,18 @@ class Reader {
 
   absl::StatusOr<uint64_t> Varint() {
     const size_t start = offset();
+    std::string_view rest = bytes_.substr(pos_);
     uint64_t v = 0;
-    for (int i = 0; i < 10; ++i) {
-      if (pos_ >= bytes_.size()) return Error("truncated varint", start);
-      const uint8_t b = static_cast<uint8_t>(bytes_[pos_++]);
-      if (i == 9 && b > 1) return Error("varint longer than 64 bits", start);
-      v |= static_cast<uint64_t>(b & 0x7f) << (7 * i);
-      if ((b & 0x80) == 0) return v;
+    switch (ParseVarint64(&rest, &v)) {
+      case VarintResult::kOk:
+        pos_ = bytes_.size() - rest.size();
+        return v;
+      case VarintResult::kTruncated:
+        return Error("truncated varint", start);
+      case VarintResult::kOverflow:
+        return Error("varint longer than 64 bits", start);
     }
-    return Error("varint longer than 10 bytes", start);
+    return Error("varint", start);
   }
 
   // Reads a tag; returns {field, wire_type}.
@@ -152,9 +134,7 @@ class Reader {
 
   absl::StatusOr<uint32_t> Fixed32() {
     if (bytes_.size() - pos_ < 4) return Error("truncated fixed32", offset());
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i)
-      v |= static_cast<uint32_t>(static_cast<uint8_t>(bytes_[pos_ + i])) << (8 * i);
+    const uint32_t v = DecodeFixed32(bytes_.data() + pos_);
     pos_ += 4;
     return v;
   }
@@ -181,12 +161,6 @@ class Reader {
   size_t base_;
   size_t pos_ = 0;
 };
-
-float FloatFromBits(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 absl::Status DecodeList(std::string_view bytes, size_t base, Feature::Kind kind, Feature* f) {
   Reader r(bytes, base);
@@ -361,15 +335,15 @@ void EncodeExampleTo(const Example& example, std::string* out) {
   }
   out->reserve(out->size() + LengthDelimitedSize(features_size));
   PutTag(1, kLengthDelimited, out);  // Example.features
-  PutVarint(features_size, out);
+  PutVarint64(out, features_size);
   for (const auto& [key, f] : example.features) {
     PutTag(1, kLengthDelimited, out);  // Features.feature (a map entry)
-    PutVarint(EntrySize(key, f), out);
+    PutVarint64(out, EntrySize(key, f));
     PutTag(1, kLengthDelimited, out);  // entry key
-    PutVarint(key.size(), out);
+    PutVarint64(out, key.size());
     out->append(key);
     PutTag(2, kLengthDelimited, out);  // entry value
-    PutVarint(FeatureSize(f), out);
+    PutVarint64(out, FeatureSize(f));
     PutFeature(f, out);
   }
 }

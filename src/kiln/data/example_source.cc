@@ -10,6 +10,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/coding.h"
+#include "kiln/base/hash.h"
 #include "kiln/base/status.h"
 #include "kiln/data/digits.h"
 #include "kiln/data/record_io.h"
@@ -215,8 +217,7 @@ class RecordExampleSource final : public ExampleSource {
   // and where "x" and "y" lie. Leaves the fast path off if the layout is anything unusual.
   void SetFastLayout(const std::string& rec) {
     if (rec.size() < 8) return;
-    uint64_t n = 0;
-    for (int k = 7; k >= 0; --k) n = (n << 8) | static_cast<uint8_t>(rec[k]);
+    const uint64_t n = DecodeFixed64(rec.data());
     if (n > rec.size() - 8) return;
     json h = json::parse(rec.begin() + 8, rec.begin() + 8 + n, nullptr, false);
     if (h.is_discarded() || !h.is_object()) return;
@@ -280,7 +281,7 @@ absl::StatusOr<std::unique_ptr<ExampleSource>> MakeTextSource(const std::string&
     }
   }
   return ArrayExampleSource::Make(std::move(x), std::move(y), path,
-                                  absl::StrCat("text|", bytes.size(), "|", Hex64(Fnv1a(bytes))));
+                                  absl::StrCat("text|", bytes.size(), "|", Hex64(Fnv1a64(bytes))));
 }
 
 }  // namespace

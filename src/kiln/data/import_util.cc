@@ -28,14 +28,6 @@ void ParallelFor(int threads, int64_t n, const std::function<void(int64_t)>& fn)
   for (std::thread& th : pool) th.join();
 }
 
-uint64_t Fnv1a64(std::string_view bytes, uint64_t h) {
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 std::string Hex64(uint64_t v) { return absl::StrFormat("%016x", v); }
 std::string Hex32(uint32_t v) { return absl::StrFormat("%08x", v); }
 

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/base/hash.h"  // Fnv1a64, which importers use for fingerprints
 #include "nlohmann/json.hpp"
 
 namespace kiln::data {
@@ -31,8 +32,6 @@ struct ImportProgress {
 };
 using ProgressFn = std::function<void(const ImportProgress&)>;
 
-// FNV-1a 64 (offset basis 0xcbf29ce484222325, prime 0x100000001b3), continued from `h`.
-uint64_t Fnv1a64(std::string_view bytes, uint64_t h = 0xcbf29ce484222325ull);
 // 16 lower-case hex digits.
 std::string Hex64(uint64_t v);
 // 8 lower-case hex digits.

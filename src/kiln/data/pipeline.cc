@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/hash.h"
 #include "kiln/base/status.h"
 #include "kiln/data/internal/pipeline_impl.h"
 
@@ -256,7 +257,7 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(const Pipel
   impl->bpe = config.remainder == "pad" ? (m + batch - 1) / batch : m / batch;
   impl->x_type = {src.x_spec().dtype, internal::PrependDim(batch, src.x_spec().shape)};
   impl->y_type = {src.y_spec().dtype, internal::PrependDim(batch, src.y_spec().shape)};
-  impl->fingerprint = internal::Fnv1a(src.FingerprintMaterial());
+  impl->fingerprint = Fnv1a64(src.FingerprintMaterial());
   if (config.augment.enabled()) {
     if (src.x_spec().dtype != DType::kF32)
       return absl::InvalidArgumentError(absl::StrCat("data.augment: needs f32 image features; ",

@@ -3,19 +3,13 @@
 #include <algorithm>
 #include <random>
 
+#include "kiln/base/hash.h"
 #include "kiln/base/status.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/internal/pipeline_impl.h"
 
 namespace kiln::data {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // The mt19937_64 seed of epoch `epoch`'s order.
 uint64_t MixSeed(uint64_t seed, uint64_t epoch) { return SplitMix64(seed ^ SplitMix64(epoch)); }

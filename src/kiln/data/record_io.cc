@@ -5,35 +5,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/coding.h"
 #include "kiln/base/crc32c.h"
 #include "kiln/base/status.h"
 
 namespace kiln::data {
 namespace {
-
-void PutFixed32(uint32_t v, std::string* out) {
-  char b[4];
-  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  out->append(b, 4);
-}
-
-void PutFixed64(uint64_t v, std::string* out) {
-  char b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  out->append(b, 8);
-}
-
-uint32_t GetFixed32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-
-uint64_t GetFixed64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
 
 // ---- in-memory files ----
 
@@ -150,8 +127,8 @@ std::unique_ptr<ReadFile> NewStringReadFile(const std::string* bytes, std::strin
 
 void AppendRecordHeader(uint64_t length, std::string* out) {
   size_t at = out->size();
-  PutFixed64(length, out);
-  PutFixed32(crc32c::Mask(crc32c::Value(out->data() + at, 8)), out);
+  PutFixed64(out, length);
+  PutFixed32(out, crc32c::Mask(crc32c::Value(out->data() + at, 8)));
 }
 
 std::string FrameRecord(std::string_view data) {
@@ -159,7 +136,7 @@ std::string FrameRecord(std::string_view data) {
   out.reserve(kRecordHeaderBytes + data.size() + kRecordFooterBytes);
   AppendRecordHeader(data.size(), &out);
   out.append(data.data(), data.size());
-  PutFixed32(crc32c::Mask(crc32c::Value(data.data(), data.size())), &out);
+  PutFixed32(&out, crc32c::Mask(crc32c::Value(data.data(), data.size())));
   return out;
 }
 
@@ -198,7 +175,7 @@ absl::Status RecordWriter::Write(std::string_view data) {
   if (s.ok()) s = file_->Append(data);
   if (s.ok()) {
     scratch_.clear();
-    PutFixed32(crc32c::Mask(crc32c::Value(data.data(), data.size())), &scratch_);
+    PutFixed32(&scratch_, crc32c::Mask(crc32c::Value(data.data(), data.size())));
     s = file_->Append(scratch_);
   }
   if (!s.ok()) {
@@ -255,8 +232,8 @@ absl::StatusOr<bool> RecordReader::Read(std::string* record) {
     return absl::OutOfRangeError(where + "truncated record" + at + " (" + std::to_string(got) +
                                  " of 12 header bytes)");
   }
-  const uint64_t length = GetFixed64(header);
-  const uint32_t want_len_crc = GetFixed32(header + 8);
+  const uint64_t length = DecodeFixed64(header);
+  const uint32_t want_len_crc = DecodeFixed32(header + 8);
   const uint32_t len_crc = crc32c::Mask(crc32c::Value(header, 8));
   if (len_crc != want_len_crc) {
     return absl::DataLossError(where + "corrupt record length" + at + " (length CRC mismatch)");
@@ -278,7 +255,7 @@ absl::StatusOr<bool> RecordReader::Read(std::string* record) {
   if (body < record->size()) {  // the file shrank between Size() and the read
     return absl::OutOfRangeError(where + "truncated record" + at);
   }
-  const uint32_t want_data_crc = GetFixed32(record->data() + length);
+  const uint32_t want_data_crc = DecodeFixed32(record->data() + length);
   record->resize(length);
   if (crc32c::Mask(crc32c::Value(record->data(), length)) != want_data_crc) {
     return absl::DataLossError(where + "corrupt record" + at + " (data CRC mismatch, " +

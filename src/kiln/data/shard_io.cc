@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kiln/base/coding.h"
 #include "kiln/base/crc32c.h"
 #include "kiln/base/log.h"
 #include "kiln/base/status.h"
@@ -46,7 +47,7 @@ absl::Status ShardWriter::Write(std::string_view payload) {
   AppendRecordHeader(payload.size(), &frame_);
   const uint32_t data_crc = crc32c::Mask(crc32c::Value(payload.data(), payload.size()));
   char footer[4];
-  for (int i = 0; i < 4; ++i) footer[i] = static_cast<char>(data_crc >> (8 * i));
+  EncodeFixed32(footer, data_crc);
   KILN_RETURN_IF_ERROR(out_->Append(frame_));
   KILN_RETURN_IF_ERROR(out_->Append(payload));
   KILN_RETURN_IF_ERROR(out_->Append(std::string_view(footer, 4)));

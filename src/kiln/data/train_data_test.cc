@@ -12,6 +12,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/base/hash.h"
 #include "kiln/data/dataset.h"
 #include "kiln/data/pipeline.h"
 #include "tests/support/temp_dir.h"
@@ -40,13 +41,6 @@ std::string WriteCsv() {
 int64_t RowId(const Tensor& x, int64_t r) {
   const float* p = x.data<float>() + r * 64;
   return std::lround(p[0] * 16) * 17 + std::lround(p[1] * 16);
-}
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 // The trainer's CSV batcher as it was: the training rows of SplitDataset(seed); epoch e's order

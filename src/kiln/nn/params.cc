@@ -5,27 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/hash.h"
 
 namespace kiln::nn {
-namespace {
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 Initializer Initializer::KaimingUniform(int64_t fan_in, double a) {
   const double gain = std::sqrt(2.0 / (1.0 + a * a));
@@ -90,7 +72,7 @@ absl::StatusOr<ParamStore> InitParams(const std::vector<ParamSpec>& specs, uint6
                                                        " bound / stddev must be >= 0, got ",
                                                        spec.init.bound));
       }
-      std::mt19937_64 rng(SplitMix64(seed ^ Fnv1a(spec.name)));
+      std::mt19937_64 rng(SplitMix64(seed ^ Fnv1a64(spec.name)));
       // 53 random bits -> [0, 1); the same on every platform.
       auto next_unit = [&rng] { return static_cast<double>(rng() >> 11) * 0x1.0p-53; };
       const double b = spec.init.bound;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kiln/base/json_escape.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::serve {
@@ -64,8 +65,7 @@ absl::StatusOr<bool> ParseIndexReady(std::string_view json);
 
 // A tensor's values as a JSON array (floats in shortest round-trip form).
 void AppendJsonData(const Tensor& t, std::string* out);
-// A JSON string literal with escapes.
-void AppendJsonString(std::string_view s, std::string* out);
+// JSON string literals: kiln::AppendJsonString (base/json_escape.h), found unqualified here.
 // {"error": "<message>"}
 std::string ErrorJson(const std::string& message);
 

@@ -3,13 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kiln/base/env.h"
 #include "kiln/base/log.h"
 #include "kiln/base/status.h"
 #include "kiln/serve/oip.h"
@@ -17,7 +15,20 @@
 namespace kiln::serve {
 namespace {
 
-namespace fs = std::filesystem;
+bool IsDir(Env* env, const std::string& path) {
+  absl::StatusOr<bool> d = env->IsDirectory(path);
+  return d.ok() && *d;
+}
+
+// The names of the folders in `dir`, sorted (none if it cannot be listed).
+std::vector<std::string> Subfolders(Env* env, const std::string& dir) {
+  std::vector<std::string> out;
+  absl::StatusOr<std::vector<std::string>> children = env->GetChildren(dir);
+  if (!children.ok()) return out;
+  for (std::string& c : *children)
+    if (IsDir(env, JoinPath(dir, c))) out.push_back(std::move(c));
+  return out;
+}
 
 // A version folder name: a positive integer without leading zeros.
 bool ParseVersion(const std::string& s, int64_t* v) {
@@ -195,8 +206,9 @@ std::vector<std::shared_ptr<ServedModel>> ModelRegistry::All() const {
 // ---- ModelRepository ----
 
 ModelRepository::ModelRepository(std::string root, ModelConfig defaults, runtime::Backend* backend,
-                                 ModelRegistry* registry)
+                                 ModelRegistry* registry, Env* env)
     : root_(std::move(root)),
+      env_(env != nullptr ? env : Env::Default()),
       defaults_(std::move(defaults)),
       backend_(backend),
       registry_(registry) {}
@@ -276,14 +288,11 @@ void ModelRepository::StopLoader() {
 }
 
 absl::StatusOr<std::vector<std::string>> ModelRepository::ModelNames() const {
-  std::error_code ec;
-  if (!fs::is_directory(root_, ec))
+  if (!IsDir(env_, root_))
     return absl::NotFoundError(absl::StrCat("model repository ", root_, " is not a folder"));
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(root_, ec))
-    if (e.is_directory() && e.path().filename().string()[0] != '.')
-      names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
+  for (std::string& n : Subfolders(env_, root_))
+    if (n[0] != '.') names.push_back(std::move(n));
   return names;
 }
 
@@ -306,25 +315,23 @@ absl::Status ModelRepository::Load(const std::string& name) {
     failures_[name] = std::string(s.message());
     return s;
   };
-  const fs::path dir = fs::path(root_) / name;
-  std::error_code ec;
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.' ||
-      !fs::is_directory(dir, ec))
+      !IsDir(env_, JoinPath(root_, name)))
     return absl::NotFoundError(absl::StrCat("no model '", name, "' in repository ", root_));
+  const std::string dir = JoinPath(root_, name);
   ModelConfig config = defaults_;
-  const fs::path config_path = dir / "config.yaml";
-  if (fs::exists(config_path, ec)) {
-    std::ifstream in(config_path);
-    std::stringstream text;
-    text << in.rdbuf();
-    absl::StatusOr<ModelConfig> c = ParseModelConfig(text.str(), config_path.string(), defaults_);
+  const std::string config_path = JoinPath(dir, "config.yaml");
+  if (env_->FileExists(config_path)) {
+    absl::StatusOr<std::string> text = ReadFileToString(env_, config_path);
+    if (!text.ok()) return fail(text.status());
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(*text, config_path, defaults_);
     if (!c.ok()) return fail(c.status());
     config = *c;
   }
   std::vector<int64_t> available;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  for (const std::string& n : Subfolders(env_, dir)) {
     int64_t v = 0;
-    if (e.is_directory() && ParseVersion(e.path().filename().string(), &v)) available.push_back(v);
+    if (ParseVersion(n, &v)) available.push_back(v);
   }
   std::sort(available.begin(), available.end());
   const std::vector<int64_t> chosen = config.Select(available);
@@ -337,7 +344,7 @@ absl::Status ModelRepository::Load(const std::string& name) {
   std::vector<std::shared_ptr<ServedModel>> loaded;
   for (int64_t v : chosen) {
     absl::StatusOr<std::unique_ptr<ServedModel>> m = ServedModel::Load(
-        (dir / std::to_string(v)).string(), name, std::to_string(v), config.batching, backend_);
+        JoinPath(dir, std::to_string(v)), name, std::to_string(v), config.batching, backend_);
     if (!m.ok()) {
       for (auto& l : loaded) l->Stop();
       return fail(m.status());

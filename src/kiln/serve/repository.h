@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kiln/base/env.h"
 #include "kiln/runtime/executable.h"
 #include "kiln/serve/metrics.h"
 #include "kiln/serve/served_model.h"
@@ -74,8 +75,10 @@ class ModelRegistry {
 
 class ModelRepository {
  public:
+  // `env` (borrowed; null: Env::Default()) reaches the folders and config.yaml files; the
+  // version folders' files are read by ServedModel::Load.
   ModelRepository(std::string root, ModelConfig defaults, runtime::Backend* backend,
-                  ModelRegistry* registry);
+                  ModelRegistry* registry, Env* env = nullptr);
   ~ModelRepository();  // StopLoader()
 
   // Loads every model folder. OK even when some fail (they show as UNAVAILABLE in Index());
@@ -127,6 +130,7 @@ class ModelRepository {
 
  private:
   const std::string root_;
+  Env* const env_;
   const ModelConfig defaults_;
   runtime::Backend* const backend_;
   ModelRegistry* const registry_;

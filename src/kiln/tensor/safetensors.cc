@@ -1,19 +1,16 @@
 #include "kiln/tensor/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/coding.h"
 #include "kiln/base/status.h"
 #include "nlohmann/json.hpp"
 
@@ -29,24 +26,10 @@ absl::Status Corrupt(const std::string& source, const std::string& what) {
   return absl::DataLossError(absl::StrCat("safetensors ", source, ": ", what));
 }
 
-absl::Status IoError(int err, const std::string& what, const std::string& path) {
-  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));
-}
-
-uint64_t DecodeU64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-
-void EncodeU64(uint64_t v, char* p) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
 // Checks the 8-byte prefix against the total size; returns the header length.
 absl::StatusOr<uint64_t> CheckPrefix(const char* prefix, uint64_t total_size,
                                      const std::string& source) {
-  uint64_t n = DecodeU64(prefix);
+  const uint64_t n = DecodeFixed64(prefix);
   if (n > kSafetensorsMaxHeaderBytes) {
     return Corrupt(source, absl::StrCat("header length ", n, " exceeds the limit of ",
                                         kSafetensorsMaxHeaderBytes, " bytes"));
@@ -235,84 +218,74 @@ void NormalizeBool(Tensor& t) {
   for (int64_t i = 0; i < t.num_elements(); ++i) p[i] = p[i] != 0;
 }
 
-// RAII file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() {
-    int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-
- private:
-  int fd_;
-};
-
-// Reads exactly n bytes at offset; a short read is reported through *got.
-absl::Status PreadFully(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& path,
-                        uint64_t* got) {
-  uint8_t* p = static_cast<uint8_t*>(dst);
+// Reads exactly n bytes at `offset` of `file` into dst; a file that ends sooner is DataLoss.
+absl::Status ReadExact(const RandomAccessFile& file, char* dst, uint64_t n, uint64_t offset,
+                       const std::string& path) {
   uint64_t done = 0;
   while (done < n) {
-    ssize_t r = ::pread(fd, p + done, std::min<uint64_t>(n - done, 1u << 30),
-                        static_cast<off_t>(offset + done));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return IoError(errno, "cannot read", path);
-    }
-    if (r == 0) break;
-    done += static_cast<uint64_t>(r);
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(n - done, uint64_t{1} << 30));
+    std::string_view got;
+    KILN_RETURN_IF_ERROR(file.Read(offset + done, k, &got, dst + done));
+    if (!got.empty() && got.data() != dst + done) std::memcpy(dst + done, got.data(), got.size());
+    done += got.size();
+    if (got.size() < k) break;
   }
-  *got = done;
-  return absl::OkStatus();
-}
-
-absl::Status ReadExact(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& path) {
-  uint64_t got = 0;
-  KILN_RETURN_IF_ERROR(PreadFully(fd, dst, n, offset, path, &got));
-  if (got != n) {
-    return Corrupt(path, absl::StrCat("file ended at byte ", offset + got, " while reading ", n,
+  if (done != n) {
+    return Corrupt(path, absl::StrCat("file ended at byte ", offset + done, " while reading ", n,
                                       " bytes at offset ", offset, " (changed while reading?)"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<SafetensorsHeader> ReadHeaderFromFd(int fd, const std::string& path) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return IoError(errno, "cannot stat", path);
-  if (!S_ISREG(st.st_mode)) {
+struct OpenedFile {
+  std::unique_ptr<RandomAccessFile> file;
+  uint64_t size = 0;
+};
+
+absl::StatusOr<OpenedFile> OpenForRead(Env* env, const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(bool is_dir, env->IsDirectory(path));  // NotFound names the path
+  if (is_dir) {
     return absl::InvalidArgumentError(absl::StrCat("safetensors ", path, ": not a regular file"));
   }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
-    return Corrupt(path,
-                   absl::StrCat("file is ", size, " bytes, shorter than the 8-byte header length"));
-  }
-  char prefix[8];
-  KILN_RETURN_IF_ERROR(ReadExact(fd, prefix, 8, 0, path));
-  KILN_ASSIGN_OR_RETURN(uint64_t n, CheckPrefix(prefix, size, path));
-  std::string json_text(n, '\0');
-  KILN_RETURN_IF_ERROR(ReadExact(fd, json_text.data(), n, 8, path));
-  return ParseHeader(json_text, 8 + n, size - 8 - n, path);
+  OpenedFile f;
+  KILN_ASSIGN_OR_RETURN(f.file, env->NewRandomAccessFile(path));
+  KILN_ASSIGN_OR_RETURN(f.size, env->GetFileSize(path));
+  return f;
 }
 
-absl::StatusOr<int> OpenForRead(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoError(errno, "cannot open safetensors file", path);
-  return fd;
-}
-
-// Serialized header: 8-byte length, JSON, space padding to a multiple of 8. Validates the request.
+// The header of `tensors` laid out in order; *data_size receives the data buffer's size.
 absl::StatusOr<std::string> BuildHeader(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                         const std::map<std::string, std::string>& metadata,
                                         uint64_t* data_size) {
+  std::vector<SafetensorsEntry> entries;
+  entries.reserve(tensors.size());
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    const uint64_t bytes = static_cast<uint64_t>(t.byte_size());
+    entries.push_back({name, t.dtype(), t.shape(), offset, offset + bytes});
+    offset += bytes;
+  }
+  *data_size = offset;
+  return EncodeSafetensorsHeader(entries, metadata);
+}
+
+absl::Status WriteTmp(WritableFile& file, const std::string& header,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  KILN_RETURN_IF_ERROR(file.Append(header));
+  for (const auto& [name, t] : tensors) {
+    if (t.byte_size() == 0) continue;
+    KILN_RETURN_IF_ERROR(file.Append(std::string_view(static_cast<const char*>(t.raw_data()),
+                                                      static_cast<size_t>(t.byte_size()))));
+  }
+  KILN_RETURN_IF_ERROR(file.Sync());
+  return file.Close();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeSafetensorsHeader(
+    const std::vector<SafetensorsEntry>& entries,
+    const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json root = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
@@ -320,24 +293,21 @@ absl::StatusOr<std::string> BuildHeader(const std::vector<std::pair<std::string,
     root[kMetadataKey] = std::move(m);
   }
   std::set<std::string> names;
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    if (name.empty()) return absl::InvalidArgumentError("safetensors: empty tensor name");
-    if (name == kMetadataKey) {
+  for (const SafetensorsEntry& t : entries) {
+    if (t.name.empty()) return absl::InvalidArgumentError("safetensors: empty tensor name");
+    if (t.name == kMetadataKey) {
       return absl::InvalidArgumentError(
           "safetensors: '__metadata__' is reserved, not a tensor name");
     }
-    if (!names.insert(name).second) {
+    if (!names.insert(t.name).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("safetensors: tensor name '", name, "' given more than once"));
+          absl::StrCat("safetensors: tensor name '", t.name, "' given more than once"));
     }
     nlohmann::ordered_json e = nlohmann::ordered_json::object();
-    e["dtype"] = std::string(SafetensorsName(t.dtype()));
-    e["shape"] = t.shape().dims();
-    const uint64_t bytes = static_cast<uint64_t>(t.byte_size());
-    e["data_offsets"] = {offset, offset + bytes};
-    offset += bytes;
-    root[name] = std::move(e);
+    e["dtype"] = std::string(SafetensorsName(t.dtype));
+    e["shape"] = t.shape.dims();
+    e["data_offsets"] = {t.begin, t.end};
+    root[t.name] = std::move(e);
   }
   std::string json_text;
   try {
@@ -352,55 +322,67 @@ absl::StatusOr<std::string> BuildHeader(const std::vector<std::pair<std::string,
         absl::StrCat("safetensors: header of ", json_text.size(), " bytes exceeds the limit"));
   }
   json_text.append((8 - json_text.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  EncodeU64(json_text.size(), out.data());
+  std::string out;
+  out.reserve(8 + json_text.size());
+  PutFixed64(&out, json_text.size());
   out += json_text;
-  *data_size = offset;
   return out;
 }
 
-absl::Status WriteAll(int fd, const void* data, uint64_t n, const std::string& path) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min<uint64_t>(n, 1u << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IoError(errno, "cannot write", path);
-    }
-    p += w;
-    n -= static_cast<uint64_t>(w);
+absl::StatusOr<uint64_t> DecodeSafetensorsHeaderLength(std::string_view prefix, uint64_t file_size,
+                                                       const std::string& source) {
+  if (prefix.size() < 8 || file_size < 8) {
+    return Corrupt(source, absl::StrCat("file is ", file_size,
+                                        " bytes, shorter than the 8-byte header length"));
   }
-  return absl::OkStatus();
+  return CheckPrefix(prefix.data(), file_size, source);
 }
 
-absl::Status WriteTmp(int fd, const std::string& tmp, const std::string& header,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors) {
-  KILN_RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), tmp));
-  for (const auto& [name, t] : tensors) {
-    KILN_RETURN_IF_ERROR(WriteAll(fd, t.raw_data(), static_cast<uint64_t>(t.byte_size()), tmp));
-  }
-  if (::fsync(fd) != 0) return IoError(errno, "cannot fsync", tmp);
-  return absl::OkStatus();
+absl::StatusOr<SafetensorsHeader> DecodeSafetensorsHeader(std::string_view json_text,
+                                                          uint64_t data_start, uint64_t data_size,
+                                                          const std::string& source) {
+  return ParseHeader(json_text, data_start, data_size, source);
 }
 
-}  // namespace
+absl::StatusOr<std::string> ReadSafetensorsPrefix(const RandomAccessFile& file, uint64_t file_size,
+                                                  const std::string& source) {
+  if (file_size < 8) {
+    return Corrupt(source, absl::StrCat("file is ", file_size,
+                                        " bytes, shorter than the 8-byte header length"));
+  }
+  std::string prefix(8, '\0');
+  KILN_RETURN_IF_ERROR(ReadExact(file, prefix.data(), 8, 0, source));
+  KILN_ASSIGN_OR_RETURN(uint64_t n, CheckPrefix(prefix.data(), file_size, source));
+  prefix.resize(8 + n);
+  KILN_RETURN_IF_ERROR(ReadExact(file, prefix.data() + 8, n, 8, source));
+  return prefix;
+}
 
-absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(int raw_fd, OpenForRead(path));
-  Fd fd(raw_fd);
-  return ReadHeaderFromFd(fd.get(), path);
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const RandomAccessFile& file,
+                                                        uint64_t file_size,
+                                                        const std::string& source) {
+  KILN_ASSIGN_OR_RETURN(std::string prefix, ReadSafetensorsPrefix(file, file_size, source));
+  const uint64_t data_start = prefix.size();
+  return ParseHeader(std::string_view(prefix).substr(8), data_start, file_size - data_start,
+                     source);
+}
+
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path, Env* env) {
+  KILN_ASSIGN_OR_RETURN(OpenedFile f, OpenForRead(env != nullptr ? env : Env::Default(), path));
+  return ReadSafetensorsHeader(*f.file, f.size, path);
 }
 
 absl::StatusOr<std::map<std::string, Tensor>> ReadSafetensors(
-    const std::string& path, std::map<std::string, std::string>* metadata) {
-  KILN_ASSIGN_OR_RETURN(int raw_fd, OpenForRead(path));
-  Fd fd(raw_fd);
-  KILN_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadHeaderFromFd(fd.get(), path));
+    const std::string& path, std::map<std::string, std::string>* metadata, Env* env) {
+  KILN_ASSIGN_OR_RETURN(OpenedFile f, OpenForRead(env != nullptr ? env : Env::Default(), path));
+  KILN_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(*f.file, f.size, path));
   std::map<std::string, Tensor> out;
   for (const SafetensorsEntry& e : header.entries) {
     Tensor t(e.dtype, e.shape);
-    KILN_RETURN_IF_ERROR(
-        ReadExact(fd.get(), t.raw_data(), e.end - e.begin, header.data_start + e.begin, path));
+    if (e.end > e.begin) {
+      KILN_RETURN_IF_ERROR(ReadExact(*f.file, static_cast<char*>(t.raw_data()), e.end - e.begin,
+                                     header.data_start + e.begin, path));
+    }
     NormalizeBool(t);
     out.emplace(e.name, std::move(t));
   }
@@ -445,29 +427,24 @@ absl::StatusOr<std::string> SerializeSafetensors(
 
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, Tensor>>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+                              const std::map<std::string, std::string>& metadata, Env* env) {
+  if (env == nullptr) env = Env::Default();
   uint64_t data_size = 0;
   KILN_ASSIGN_OR_RETURN(std::string header, BuildHeader(tensors, metadata, &data_size));
   const std::string tmp = path + ".tmp";
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return IoError(errno, "cannot create", tmp);
-  absl::Status s = WriteTmp(fd.get(), tmp, header, tensors);
-  if (s.ok() && ::close(fd.release()) != 0) s = IoError(errno, "cannot close", tmp);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = IoError(errno, "cannot rename " + tmp + " to", path);
+  absl::Status s;
+  {
+    absl::StatusOr<std::unique_ptr<WritableFile>> file = env->NewWritableFile(tmp);
+    if (!file.ok()) return file.status();
+    s = WriteTmp(**file, header, tensors);
   }
+  if (s.ok()) s = env->RenameFile(tmp, path);
   if (!s.ok()) {
-    ::unlink(tmp.c_str());
+    (void)env->DeleteFile(tmp);
     return s;
   }
   // Make the rename itself durable.
-  const size_t slash = path.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() >= 0 && ::fsync(dfd.get()) != 0)
-    return IoError(errno, "cannot fsync directory", dir);
-  return absl::OkStatus();
+  return env->SyncDir(Dirname(path));
 }
 
 }  // namespace kiln

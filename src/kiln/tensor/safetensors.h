@@ -13,10 +13,16 @@
 // {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]} (offsets relative to the start
 // of the data buffer, end exclusive), plus an optional "__metadata__": {string: string}.
 //
+// Files are reached through an Env (base/env.h; null: Env::Default()), so tests and checkpoints
+// use in-memory and fault-injecting ones. Under the file functions sits a byte codec
+// (EncodeSafetensorsHeader, DecodeSafetensorsHeaderLength, DecodeSafetensorsHeader) for callers
+// that frame the bytes themselves: checkpoint shards (train/checkpoint.cc) are safetensors files
+// whose headers are built and checked with it.
+//
 // Writing: tensors are laid out in the order given (the header lists them in that order, after
 // "__metadata__"), the header is padded with spaces so the data starts 8-byte aligned, and the
-// file is written to `path + ".tmp"`, fsynced and renamed over `path`: readers see the old file
-// or the whole new one, never a torn one.
+// file is written to `path + ".tmp"`, synced and renamed over `path` (then the directory synced):
+// readers see the old file or the whole new one, never a torn one.
 //
 // Reading is strict, like the Rust reference: every tensor's bytes must lie inside the buffer, no
 // two tensors may overlap, and the tensors together must cover the whole buffer with no gap. A
@@ -35,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kiln/base/env.h"
 #include "kiln/tensor/dtype.h"
 #include "kiln/tensor/shape.h"
 #include "kiln/tensor/tensor.h"
@@ -62,12 +69,43 @@ struct SafetensorsHeader {
   uint64_t data_size = 0;
 };
 
+// ---- the byte codec ----
+
+// The header bytes (8-byte little-endian length, JSON, spaces to a multiple of 8) listing
+// `entries` in the order given, each at its [begin, end) data offsets, after "__metadata__" when
+// `metadata` is not empty. InvalidArgument for an empty, reserved ("__metadata__") or repeated
+// name, invalid UTF-8, or a header over the limit.
+absl::StatusOr<std::string> EncodeSafetensorsHeader(
+    const std::vector<SafetensorsEntry>& entries,
+    const std::map<std::string, std::string>& metadata = {});
+// The header length N from the first 8 bytes of a file of `file_size` bytes: DataLoss (naming
+// `source`) when the file is shorter than 8 bytes, or N is over the limit or runs past the end.
+absl::StatusOr<uint64_t> DecodeSafetensorsHeaderLength(std::string_view prefix, uint64_t file_size,
+                                                       const std::string& source);
+// Parses and validates the N bytes of header JSON of a file whose data buffer starts at
+// `data_start` (8 + N) and holds `data_size` bytes, with the strict checks described above.
+absl::StatusOr<SafetensorsHeader> DecodeSafetensorsHeader(std::string_view json_text,
+                                                          uint64_t data_start, uint64_t data_size,
+                                                          const std::string& source);
+
+// ---- files ----
+
 // Reads the whole file. `metadata`, if given, receives "__metadata__" (empty if absent).
 absl::StatusOr<std::map<std::string, Tensor>> ReadSafetensors(
-    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr,
+    Env* env = nullptr);
 
 // Reads and validates only the header (cheap: does not touch the data buffer beyond its size).
-absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
+                                                        Env* env = nullptr);
+// The first 8 + N bytes of a file already open, of `file_size` bytes (the length and the header
+// JSON, N checked as DecodeSafetensorsHeaderLength does); `source` names it in errors.
+absl::StatusOr<std::string> ReadSafetensorsPrefix(const RandomAccessFile& file, uint64_t file_size,
+                                                  const std::string& source);
+// ReadSafetensorsHeader for a file already open.
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const RandomAccessFile& file,
+                                                        uint64_t file_size,
+                                                        const std::string& source);
 
 // In-memory variants. `source` names the bytes in error messages.
 absl::StatusOr<std::map<std::string, Tensor>> ParseSafetensors(
@@ -78,7 +116,8 @@ absl::StatusOr<std::map<std::string, Tensor>> ParseSafetensors(
 // InvalidArgument for a bad request, the I/O error (with the path) otherwise.
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, Tensor>>& tensors,
-                              const std::map<std::string, std::string>& metadata = {});
+                              const std::map<std::string, std::string>& metadata = {},
+                              Env* env = nullptr);
 
 // The exact bytes WriteSafetensors would write.
 absl::StatusOr<std::string> SerializeSafetensors(

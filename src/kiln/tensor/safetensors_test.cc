@@ -9,6 +9,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/base/fault_injection_env.h"
+#include "kiln/base/mem_env.h"
 
 namespace kiln {
 namespace {
@@ -358,6 +360,95 @@ TEST(SafetensorsTest, RejectsInvalidWriteRequests) {
   absl::StatusOr<std::map<std::string, Tensor>> r = ParseSafetensors(*b);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->count("poids_é"));
+}
+
+// Files go through the Env given: an in-memory one here, with nothing on the real disk.
+TEST(SafetensorsEnvTest, WriteAndReadThroughAnEnv) {
+  std::unique_ptr<MemEnv> env = NewMemEnv();
+  ASSERT_TRUE(env->CreateDir("/w").ok());
+  const std::vector<std::pair<std::string, Tensor>> ts = {
+      {"a", Pattern(DType::kF32, Shape{3, 2}, 1)}, {"b", Pattern(DType::kU8, Shape{5}, 2)}};
+  ASSERT_TRUE(WriteSafetensors("/w/m.safetensors", ts, {{"k", "v"}}, env.get()).ok());
+  EXPECT_FALSE(env->FileExists("/w/m.safetensors.tmp"));
+  absl::StatusOr<std::string> bytes = ReadFileToString(env.get(), "/w/m.safetensors");
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(*bytes, *SerializeSafetensors(ts, {{"k", "v"}}));
+  std::map<std::string, std::string> meta;
+  absl::StatusOr<std::map<std::string, Tensor>> back =
+      ReadSafetensors("/w/m.safetensors", &meta, env.get());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->at("a").BitwiseEquals(ts[0].second));
+  EXPECT_TRUE(back->at("b").BitwiseEquals(ts[1].second));
+  EXPECT_EQ(meta["k"], "v");
+  absl::StatusOr<SafetensorsHeader> h = ReadSafetensorsHeader("/w/m.safetensors", env.get());
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->entries.size(), 2u);
+  EXPECT_EQ(h->data_start + h->data_size, bytes->size());
+  EXPECT_EQ(ReadSafetensors("/w/none", nullptr, env.get()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadSafetensors("/w", nullptr, env.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SafetensorsEnvTest, AFailedWriteLeavesTheOldFileAndNoTemporary) {
+  std::unique_ptr<MemEnv> mem = NewMemEnv();
+  ASSERT_TRUE(mem->CreateDir("/w").ok());
+  FaultInjectionEnv env(mem.get());
+  const std::vector<std::pair<std::string, Tensor>> old = {{"a", Pattern(DType::kF32, {4}, 1)}};
+  ASSERT_TRUE(WriteSafetensors("/w/m.safetensors", old, {}, &env).ok());
+  env.FailNth(FaultInjectionEnv::kRename, 0);
+  absl::Status s =
+      WriteSafetensors("/w/m.safetensors", {{"b", Pattern(DType::kU8, {2}, 3)}}, {}, &env);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("injected fault"));
+  EXPECT_FALSE(mem->FileExists("/w/m.safetensors.tmp"));
+  absl::StatusOr<std::map<std::string, Tensor>> back =
+      ReadSafetensors("/w/m.safetensors", nullptr, mem.get());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->at("a").BitwiseEquals(old[0].second));
+}
+
+// The byte codec is what the file functions use: its header is SerializeSafetensors' prefix, and
+// it decodes back.
+TEST(SafetensorsCodecTest, EncodeAndDecodeTheHeader) {
+  const std::vector<std::pair<std::string, Tensor>> ts = {
+      {"w", Pattern(DType::kF32, Shape{2, 3}, 1)},
+      {"e", Pattern(DType::kS8, Shape{0}, 2)},
+      {"b", Pattern(DType::kBF16, Shape{3}, 3)}};
+  std::vector<SafetensorsEntry> entries;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : ts) {
+    const uint64_t n = static_cast<uint64_t>(t.byte_size());
+    entries.push_back({name, t.dtype(), t.shape(), offset, offset + n});
+    offset += n;
+  }
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(entries, {{"format", "pt"}});
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->size() % 8, 0u);
+  const std::string full = *SerializeSafetensors(ts, {{"format", "pt"}});
+  EXPECT_EQ(full.substr(0, header->size()), *header);
+
+  absl::StatusOr<uint64_t> n = DecodeSafetensorsHeaderLength(*header, full.size(), "f");
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n + 8, header->size());
+  absl::StatusOr<SafetensorsHeader> h =
+      DecodeSafetensorsHeader(std::string_view(*header).substr(8), 8 + *n, offset, "f");
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->entries.size(), 3u);
+  EXPECT_EQ(h->entries[1].name, "e");  // in data order
+  EXPECT_EQ(h->entries[1].begin, 24u);
+  EXPECT_EQ(h->metadata.at("format"), "pt");
+
+  EXPECT_EQ(DecodeSafetensorsHeaderLength("abc", 3, "f").status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeSafetensorsHeaderLength(U64(100), 50, "f").status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeSafetensorsHeaderLength(U64(kSafetensorsMaxHeaderBytes + 1), ~uint64_t{0}, "f")
+                .status()
+                .code(),
+            absl::StatusCode::kDataLoss);
+  entries.push_back(entries[0]);
+  EXPECT_EQ(EncodeSafetensorsHeader(entries).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

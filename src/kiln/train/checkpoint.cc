@@ -11,6 +11,7 @@
 #include "kiln/base/status.h"
 #include "kiln/tensor/safetensors.h"
 #include "kiln/train/internal/checkpoint_format.h"
+#include "kiln/train/internal/shard_file.h"
 
 namespace kiln::train {
 namespace {
@@ -535,33 +536,14 @@ absl::StatusOr<Checkpoint> CheckpointManager::Load(int64_t step) {
     const ManifestShard& shard = m.shards[si];
     const std::string path = JoinPath(dir, shard.file);
     auto corrupt = [&](const std::string& what) {
-      return absl::DataLossError(absl::StrCat(where, ": ", path, ": ", what));
+      return internal::ShardCorrupt(where, path, what);
     };
-    absl::StatusOr<uint64_t> size = env_->GetFileSize(path);
-    if (!size.ok()) {
-      if (size.status().code() == absl::StatusCode::kNotFound) return corrupt("shard is missing");
-      return Annotate(size.status(), where);
-    }
-    if (*size != shard.bytes) {
-      return corrupt(absl::StrCat(*size < shard.bytes ? "truncated: " : "wrong size: ", *size,
-                                  " bytes, the manifest says ", shard.bytes));
-    }
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env_->NewRandomAccessFile(path));
-    // The safetensors header.
-    if (*size < 8) return corrupt("shorter than a safetensors header");
-    char len_bytes[8];
-    std::string_view got;
-    KILN_RETURN_IF_ERROR(file->Read(0, 8, &got, len_bytes));
-    if (got.size() != 8) return corrupt("short read of the header length");
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(got[i]);
-    if (n > kSafetensorsMaxHeaderBytes || n > *size - 8) {
-      return corrupt(absl::StrCat("bad safetensors header length ", n));
-    }
-    std::string header(8 + n, '\0');
-    KILN_RETURN_IF_ERROR(file->Read(0, 8 + n, &got, header.data()));
-    if (got.size() != 8 + n) return corrupt("short read of the header");
-    if (got.data() != header.data()) std::memcpy(header.data(), got.data(), got.size());
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                          internal::OpenShard(env_, path, shard, where));
+    // The safetensors prefix: its length, and the header JSON.
+    KILN_ASSIGN_OR_RETURN(std::string header,
+                          ReadSafetensorsPrefix(*file, shard.bytes, where + ": " + path));
+    const uint64_t n = header.size() - 8;
     std::vector<const ManifestTensor*>& ts = by_shard[si];
     std::sort(ts.begin(), ts.end(), [](const ManifestTensor* a, const ManifestTensor* b) {
       return a->offset < b->offset;
@@ -575,24 +557,15 @@ absl::StatusOr<Checkpoint> CheckpointManager::Load(int64_t step) {
       expect_offset += t->bytes;
     }
     KILN_RETURN_IF_ERROR(internal::CheckShardHeader(std::string_view(header).substr(8), 8 + n,
-                                                    *size - 8 - n, ts, where + ": " + path));
+                                                    shard.bytes - 8 - n, ts, where + ": " + path));
     uint32_t shard_crc = crc32c::Value(header.data(), header.size());
     for (const ManifestTensor* t : ts) {
       // A tensor the caller does not keep is verified through one chunk-sized buffer.
       const bool keep = !restore_keep_ || restore_keep_(t->name);
       Tensor tensor = keep ? RestoreTarget(restore_into_, *t) : Tensor();
-      if (!keep) scratch.resize(std::max(scratch.size(), std::min<size_t>(kWriteChunk, t->bytes)));
       char* dst = keep ? static_cast<char*>(tensor.raw_data()) : nullptr;
-      uint32_t crc = 0;
-      for (uint64_t done = 0; done < t->bytes;) {
-        const size_t k = static_cast<size_t>(std::min<uint64_t>(kWriteChunk, t->bytes - done));
-        char* d = keep ? dst + done : scratch.data();
-        KILN_RETURN_IF_ERROR(Annotate(file->Read(t->offset + done, k, &got, d), where));
-        if (got.size() != k) return corrupt("tensor '" + t->name + "' is cut short");
-        if (got.data() != d) std::memcpy(d, got.data(), k);
-        crc = crc32c::Extend(crc, d, k);
-        done += k;
-      }
+      KILN_ASSIGN_OR_RETURN(uint32_t crc,
+                            internal::ReadEntry(*file, path, *t, dst, where, &scratch));
       if (crc != t->crc32c) {
         return corrupt(absl::StrCat("tensor '", t->name, "': CRC32C mismatch (manifest ",
                                     Hex(t->crc32c), ", data ", Hex(crc), ")"));

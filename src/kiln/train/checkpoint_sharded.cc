@@ -14,6 +14,7 @@
 #include "kiln/tensor/safetensors.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/internal/checkpoint_format.h"
+#include "kiln/train/internal/shard_file.h"
 
 namespace kiln::train {
 namespace {
@@ -44,37 +45,17 @@ const Shape& WholeShape(const ManifestTensor& t) { return t.piece ? t.global_sha
 
 // Reads the bytes of entry `t` into `dst` (t.bytes of them), verifying the shard file's size and
 // the entry's CRC32C.
-absl::Status ReadEntry(Env* env, const std::string& dir, const Manifest& m, const ManifestTensor& t,
-                       char* dst, const std::string& where) {
-  const ManifestShard& shard = m.shards[t.shard];
-  const std::string path = JoinPath(dir, shard.file);
-  auto corrupt = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat(where, ": ", path, ": ", what));
-  };
-  absl::StatusOr<uint64_t> size = env->GetFileSize(path);
-  if (!size.ok()) {
-    if (size.status().code() == absl::StatusCode::kNotFound) return corrupt("shard is missing");
-    return Annotate(size.status(), where);
-  }
-  if (*size != shard.bytes) {
-    return corrupt(absl::StrCat(*size < shard.bytes ? "truncated: " : "wrong size: ", *size,
-                                " bytes, the manifest says ", shard.bytes));
-  }
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path));
-  uint32_t crc = 0;
-  std::string_view got;
-  for (uint64_t done = 0; done < t.bytes;) {
-    const size_t k = static_cast<size_t>(std::min<uint64_t>(kChunk, t.bytes - done));
-    KILN_RETURN_IF_ERROR(Annotate(file->Read(t.offset + done, k, &got, dst + done), where));
-    if (got.size() != k) return corrupt("tensor '" + t.name + "' is cut short");
-    if (got.data() != dst + done) std::memcpy(dst + done, got.data(), k);
-    crc = crc32c::Extend(crc, dst + done, k);
-    done += k;
-  }
+absl::Status ReadAndCheckEntry(Env* env, const std::string& dir, const Manifest& m,
+                               const ManifestTensor& t, char* dst, const std::string& where) {
+  const std::string path = JoinPath(dir, m.shards[t.shard].file);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                        internal::OpenShard(env, path, m.shards[t.shard], where));
+  KILN_ASSIGN_OR_RETURN(uint32_t crc, internal::ReadEntry(*file, path, t, dst, where));
   if (crc != t.crc32c) {
-    return corrupt(absl::StrCat("tensor '", t.name, "' ", SliceOf(t).ToString(),
-                                ": CRC32C mismatch (manifest ", Hex(t.crc32c), ", data ", Hex(crc),
-                                ")"));
+    return internal::ShardCorrupt(
+        where, path,
+        absl::StrCat("tensor '", t.name, "' ", SliceOf(t).ToString(),
+                     ": CRC32C mismatch (manifest ", Hex(t.crc32c), ", data ", Hex(crc), ")"));
   }
   return absl::OkStatus();
 }
@@ -217,14 +198,14 @@ absl::Status CheckpointReader::ReadSliceInto(const std::string& name, const Tens
     if (SliceOf(t) == slice ||
         (have.size() == 1 && want.size() == 1 && have[0].start == want[0].start &&
          have[0].length == want[0].length)) {
-      KILN_RETURN_IF_ERROR(ReadEntry(impl_->env, impl_->dir, impl_->manifest, t,
-                                     static_cast<char*>(out.raw_data()), impl_->where));
+      KILN_RETURN_IF_ERROR(ReadAndCheckEntry(impl_->env, impl_->dir, impl_->manifest, t,
+                                             static_cast<char*>(out.raw_data()), impl_->where));
       copied += slice.num_elements();
       continue;
     }
     impl_->scratch.resize(std::max<size_t>(impl_->scratch.size(), t.bytes));
-    KILN_RETURN_IF_ERROR(
-        ReadEntry(impl_->env, impl_->dir, impl_->manifest, t, impl_->scratch.data(), impl_->where));
+    KILN_RETURN_IF_ERROR(ReadAndCheckEntry(impl_->env, impl_->dir, impl_->manifest, t,
+                                           impl_->scratch.data(), impl_->where));
     copied += CopyOverlap(have, impl_->scratch.data(), want, out.raw_data(), esize);
   }
   if (copied != slice.num_elements()) {  // Open checked the tiling: a broken invariant

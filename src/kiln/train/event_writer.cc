@@ -5,10 +5,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/coding.h"
 #include "kiln/base/status.h"
 
 namespace kiln::train {
@@ -18,44 +18,24 @@ namespace {
 
 enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
 
-void PutVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
 void PutTag(uint32_t field, WireType wire, std::string* out) {
-  PutVarint((uint64_t{field} << 3) | wire, out);
+  PutVarint64(out, (uint64_t{field} << 3) | wire);
 }
 
 void PutFixed64Field(uint32_t field, uint64_t bits, std::string* out) {
   PutTag(field, kFixed64, out);
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+  PutFixed64(out, bits);
 }
 
 void PutFixed32Field(uint32_t field, uint32_t bits, std::string* out) {
   PutTag(field, kFixed32, out);
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+  PutFixed32(out, bits);
 }
 
 void PutBytesField(uint32_t field, std::string_view bytes, std::string* out) {
   PutTag(field, kLengthDelimited, out);
-  PutVarint(bytes.size(), out);
+  PutVarint64(out, bytes.size());
   out->append(bytes.data(), bytes.size());
-}
-
-uint64_t DoubleBits(double d) {
-  uint64_t b;
-  std::memcpy(&b, &d, 8);
-  return b;
-}
-
-uint32_t FloatBits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
 }
 
 // Event fields 1 (wall_time) and 2 (step), which proto3 omits when zero.
@@ -63,7 +43,7 @@ void PutEventHeader(double wall_time, int64_t step, std::string* out) {
   if (DoubleBits(wall_time) != 0) PutFixed64Field(1, DoubleBits(wall_time), out);
   if (step != 0) {
     PutTag(2, kVarint, out);
-    PutVarint(static_cast<uint64_t>(step), out);
+    PutVarint64(out, static_cast<uint64_t>(step));
   }
 }
 
@@ -76,21 +56,24 @@ class WireReader {
   bool done() const { return pos_ >= p_.size(); }
 
   absl::Status Varint(uint64_t* v) {
-    *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (done()) return Error("varint runs past the end");
-      uint8_t b = static_cast<uint8_t>(p_[pos_++]);
-      if (shift == 63 && b > 1) return Error("varint overflows 64 bits");
-      *v |= uint64_t{b & 0x7fu} << shift;
-      if (!(b & 0x80)) return absl::OkStatus();
+    std::string_view rest = p_.substr(pos_);
+    switch (ParseVarint64(&rest, v)) {
+      case VarintResult::kOk:
+        pos_ = p_.size() - rest.size();
+        return absl::OkStatus();
+      case VarintResult::kTruncated:
+        pos_ = p_.size();
+        return Error("varint runs past the end");
+      case VarintResult::kOverflow:
+        pos_ += kMaxVarint64Bytes;
+        return Error("varint overflows 64 bits");
     }
-    return Error("varint longer than 10 bytes");
+    return Error("varint");
   }
 
   absl::Status Fixed(int n, uint64_t* v) {
     if (p_.size() - pos_ < static_cast<size_t>(n)) return Error("fixed field runs past the end");
-    *v = 0;
-    for (int i = n - 1; i >= 0; --i) *v = (*v << 8) | static_cast<uint8_t>(p_[pos_ + i]);
+    *v = n == 8 ? DecodeFixed64(p_.data() + pos_) : DecodeFixed32(p_.data() + pos_);
     pos_ += n;
     return absl::OkStatus();
   }
@@ -164,8 +147,7 @@ absl::Status DecodeValue(std::string_view bytes, const std::string& source, Even
       KILN_RETURN_IF_ERROR(r.Expect(field, wire, kFixed32));
       uint64_t bits = 0;
       KILN_RETURN_IF_ERROR(r.Fixed(4, &bits));
-      uint32_t b32 = static_cast<uint32_t>(bits);
-      std::memcpy(&value, &b32, 4);
+      value = FloatFromBits(static_cast<uint32_t>(bits));
       has_simple = true;
     } else {
       KILN_RETURN_IF_ERROR(r.Skip(wire));  // metadata, tensor, image, ...: not ours
@@ -256,7 +238,7 @@ std::string EncodeSessionLogEvent(double wall_time, int64_t step, SessionStatus 
   std::string log;
   if (status != SessionStatus::kUnspecified) {
     PutTag(1, kVarint, &log);  // SessionLog.status
-    PutVarint(static_cast<uint64_t>(status), &log);
+    PutVarint64(&log, static_cast<uint64_t>(status));
   }
   std::string out;
   PutEventHeader(wall_time, step, &out);
@@ -278,7 +260,7 @@ absl::StatusOr<Event> DecodeEvent(std::string_view bytes, const std::string& sou
       case 1:  // wall_time
         KILN_RETURN_IF_ERROR(r.Expect(field, wire, kFixed64));
         KILN_RETURN_IF_ERROR(r.Fixed(8, &v));
-        std::memcpy(&e.wall_time, &v, 8);
+        e.wall_time = DoubleFromBits(v);
         break;
       case 2:  // step
         KILN_RETURN_IF_ERROR(r.Expect(field, wire, kVarint));

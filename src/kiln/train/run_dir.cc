@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "kiln/base/hash.h"
 #include "kiln/base/status.h"
 #include "kiln/train/checkpoint.h"
 #include "nlohmann/json.hpp"
@@ -202,12 +203,7 @@ std::string NewRunId() {
   uint64_t x = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   x ^= static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
   x ^= static_cast<uint64_t>(getpid()) << 17;
-  // SplitMix64 finalizer: spreads the clock and pid bits.
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return absl::StrFormat("%016x", x);
+  return absl::StrFormat("%016x", SplitMix64(x));  // spreads the clock and pid bits
 }
 
 }  // namespace kiln::train

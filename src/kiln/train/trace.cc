@@ -10,54 +10,13 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "kiln/base/json_escape.h"
 #include "kiln/base/status.h"
 
 namespace kiln::train {
 namespace {
 
 std::atomic<int> next_tid{1};
-
-// Appends `s` as a JSON string literal. Invalid UTF-8 bytes become U+FFFD, so the file always
-// parses.
-void AppendJsonString(std::string_view s, std::string* out) {
-  out->push_back('"');
-  size_t i = 0;
-  while (i < s.size()) {
-    const uint8_t c = static_cast<uint8_t>(s[i]);
-    if (c < 0x80) {
-      if (c == '"' || c == '\\') {
-        out->push_back('\\');
-        out->push_back(static_cast<char>(c));
-      } else if (c < 0x20) {
-        char buf[8];
-        std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-        out->append(buf);
-      } else {
-        out->push_back(static_cast<char>(c));
-      }
-      ++i;
-      continue;
-    }
-    size_t n = (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 0;
-    bool ok = n > 0 && s.size() - i - 1 >= n;
-    uint32_t cp = n == 1 ? (c & 0x1f) : n == 2 ? (c & 0x0f) : (c & 0x07);
-    for (size_t k = 1; ok && k <= n; ++k) {
-      const uint8_t cc = static_cast<uint8_t>(s[i + k]);
-      ok = (cc & 0xc0) == 0x80;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    ok = ok && !((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-                 (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff);
-    if (ok) {
-      out->append(s.data() + i, n + 1);
-      i += n + 1;
-    } else {
-      out->append("\\ufffd");
-      ++i;
-    }
-  }
-  out->push_back('"');
-}
 
 // Nanoseconds as microseconds with exactly three decimals: an exact decimal, no rounding.
 void AppendMicros(int64_t ns, std::string* out) {

@@ -1,14 +1,11 @@
 #include "kiln/train/validate_first.h"
 
-#include <stdlib.h>
-
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kiln/base/env.h"
 #include "kiln/base/status.h"
 
 namespace kiln::train {
@@ -16,31 +13,27 @@ namespace {
 
 constexpr int64_t kMaxEvalBatches = 8;
 
-// A fresh folder under the temporary directory, removed when this goes out of scope.
+// A fresh folder under the Env's temporary directory, removed when this goes out of scope.
 class ScratchDir {
  public:
-  static absl::StatusOr<ScratchDir> Make() {
-    std::error_code ec;
-    std::filesystem::path base = std::filesystem::temp_directory_path(ec);
-    if (ec) base = "/tmp";
-    std::string tmpl = (base / "kiln-validate-first-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) {
-      return absl::InternalError(
-          absl::StrCat("--validate-first: cannot create a scratch folder like ", tmpl));
+  static absl::StatusOr<ScratchDir> Make(Env* env) {
+    absl::StatusOr<std::string> path = CreateTempDir(env, "kiln-validate-first-");
+    if (!path.ok()) {
+      return absl::InternalError(absl::StrCat("--validate-first: cannot create a scratch folder: ",
+                                              path.status().message()));
     }
-    return ScratchDir(tmpl);
+    return ScratchDir(env, *std::move(path));
   }
-  ScratchDir(ScratchDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+  ScratchDir(ScratchDir&& o) noexcept : env_(o.env_), path_(std::move(o.path_)) { o.path_.clear(); }
   ScratchDir(const ScratchDir&) = delete;
   ~ScratchDir() {
-    if (path_.empty()) return;
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    if (!path_.empty()) (void)env_->DeleteDir(path_);
   }
   const std::string& path() const { return path_; }
 
  private:
-  explicit ScratchDir(std::string p) : path_(std::move(p)) {}
+  ScratchDir(Env* env, std::string p) : env_(env), path_(std::move(p)) {}
+  Env* env_;
   std::string path_;
 };
 
@@ -116,7 +109,8 @@ absl::StatusOr<ValidationReport> ValidateFirst(const TrainConfig& config, int64_
         absl::StrCat("--validate-first needs at least 2 steps, got ", steps));
   }
   const auto start = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(ScratchDir scratch, ScratchDir::Make());
+  Env* const env = options.env != nullptr ? options.env : Env::Default();
+  KILN_ASSIGN_OR_RETURN(ScratchDir scratch, ScratchDir::Make(env));
   // The real run's config (its schedule included, so every step has the rate it will have in
   // the run), stopped after `steps` steps, in a scratch folder, without periodic work.
   TrainConfig v = config;
@@ -128,6 +122,7 @@ absl::StatusOr<ValidationReport> ValidateFirst(const TrainConfig& config, int64_
   v.log_every = std::max<int64_t>(1, std::min(steps, config.steps));
   TrainerOptions o;
   o.backend = options.backend;
+  o.env = env;
   o.resume = false;
   o.run_info = options.run_info;
   o.stop_after_steps = std::min(steps, config.steps);

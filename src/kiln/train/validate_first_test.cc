@@ -4,6 +4,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kiln/base/fault_injection_env.h"
+#include "kiln/base/mem_env.h"
 
 namespace kiln::train {
 namespace {
@@ -58,6 +60,21 @@ TEST(JudgeValidationTest, LanguageModelsAreJudgedByTheLossAlone) {
   ValidationReport r = JudgeValidation(Eval(5.5, 0.0, 48), Eval(4.0, 0.001, 48), {}, 20, 0);
   EXPECT_TRUE(r.passed) << r.reason;
   EXPECT_EQ(r.chance, 0);
+}
+
+// The scratch folder is made through the run's Env: one that cannot create folders stops the
+// check before any training, and nothing is left behind.
+TEST(ValidateFirstTest, ScratchFolderGoesThroughTheRunsEnv) {
+  std::unique_ptr<MemEnv> mem = NewMemEnv();
+  FaultInjectionEnv env(mem.get());
+  env.FailAfter(0);
+  TrainerOptions o;
+  o.env = &env;
+  absl::StatusOr<ValidationReport> r = ValidateFirst(TrainConfig(), 20, o);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("cannot create a scratch folder"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("/tmp/kiln-validate-first-"));
+  EXPECT_FALSE(mem->FileExists("/tmp"));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kiln/base/hash.h"
 #include "kiln/base/status.h"
 #include "kiln/data/click_metrics.h"
 #include "kiln/data/dataset_manifest.h"
@@ -15,13 +16,6 @@ namespace kiln::data {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // One named stream of the generator: mt19937_64 (fully specified by the standard) and our own
 // uniform and normal draws (std::*_distribution differ between standard libraries).

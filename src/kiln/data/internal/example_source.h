@@ -19,21 +19,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "kiln/base/env.h"
+#include "kiln/base/hash.h"
 #include "kiln/data/pipeline.h"
 #include "kiln/tensor/shape.h"
 
 namespace kiln::data::internal {
 
-// The pipeline's fingerprint hash (FNV-1a 64) and its 16-hex-digit spelling in the state JSON.
-inline uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
+// A fingerprint (FNV-1a 64, base/hash.h) as its 16-hex-digit spelling in the state JSON.
 inline std::string Hex64(uint64_t v) { return absl::StrFormat("%016x", v); }
 
 inline Shape DropFirst(const Shape& s) {

@@ -78,6 +78,176 @@ bool IsPlainFileName(const std::string& s) {
          s.find('\0') == std::string::npos;
 }
 
+// The trailer: "manifest_crc32c" is the CRC32C of every byte before kManifestCrcMarker.
+absl::Status CheckManifestCrc(std::string_view bytes, const std::string& source) {
+  const std::string_view marker(kManifestCrcMarker);
+  const size_t pos = bytes.rfind(marker);
+  if (pos == std::string_view::npos) {
+    return Corrupt(source, "no \"manifest_crc32c\" at the end (truncated, or not a manifest)");
+  }
+  std::string_view tail = bytes.substr(pos + marker.size());
+  uint64_t stored = 0;
+  size_t digits = 0;
+  while (digits < tail.size() && digits < 10 && tail[digits] >= '0' && tail[digits] <= '9') {
+    stored = stored * 10 + static_cast<uint64_t>(tail[digits] - '0');
+    ++digits;
+  }
+  if (digits == 0 || tail.substr(digits) != "\n}\n" || stored > 0xffffffffu) {
+    return Corrupt(source, "malformed \"manifest_crc32c\" trailer");
+  }
+  const uint32_t computed = crc32c::Value(bytes.data(), pos);
+  if (computed != stored) {
+    return Corrupt(source, absl::StrCat("CRC32C mismatch (stored ", Hex(stored), ", computed ",
+                                        Hex(computed), ")"));
+  }
+  return absl::OkStatus();
+}
+
+// "format", "format_version", "step", "created_micros", "ranks".
+absl::Status DecodeManifestHeader(const nlohmann::json& j, const std::string& source, Manifest* m) {
+  const nlohmann::json* f = Field(j, "format");
+  if (f == nullptr || !f->is_string() || f->get<std::string>() != kManifestFormat) {
+    return Corrupt(source, absl::StrCat("\"format\" is not \"", kManifestFormat, "\""));
+  }
+  std::optional<uint64_t> version = AsUint(Field(j, "format_version"), 1u << 30);
+  if (!version || *version == 0) return Corrupt(source, "bad \"format_version\"");
+  if (*version > 2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(source, ": checkpoint format version ", *version,
+                     " is newer than this build reads (2); upgrade Kiln"));
+  }
+  m->format_version = static_cast<int>(*version);
+  std::optional<uint64_t> step = AsUint(Field(j, "step"), kMaxI64);
+  if (!step) return Corrupt(source, "bad \"step\"");
+  m->step = static_cast<int64_t>(*step);
+  m->created_micros = AsUint(Field(j, "created_micros"), ~uint64_t{0}).value_or(0);
+  m->ranks = static_cast<int>(AsUint(Field(j, "ranks"), 1u << 20).value_or(0));
+  return absl::OkStatus();
+}
+
+absl::Status DecodeManifestShards(const nlohmann::json& j, const std::string& source, Manifest* m) {
+  const nlohmann::json* shards = Field(j, "shards");
+  if (shards == nullptr || !shards->is_array()) return Corrupt(source, "\"shards\" is missing");
+  std::set<std::string> files;
+  for (size_t i = 0; i < shards->size(); ++i) {
+    const nlohmann::json& s = (*shards)[i];
+    const std::string where = absl::StrCat("shard #", i);
+    if (!s.is_object()) return Corrupt(source, where + " is not an object");
+    ManifestShard out;
+    const nlohmann::json* file = Field(s, "file");
+    if (file == nullptr || !file->is_string() || !IsPlainFileName(file->get<std::string>())) {
+      return Corrupt(source, where + ": bad \"file\"");
+    }
+    out.file = file->get<std::string>();
+    if (!files.insert(out.file).second) {
+      return Corrupt(source, where + ": file '" + out.file + "' listed twice");
+    }
+    std::optional<uint64_t> size = AsUint(Field(s, "bytes"), kMaxI64);
+    std::optional<uint64_t> crc = AsUint(Field(s, "crc32c"), 0xffffffffu);
+    if (!size || !crc) return Corrupt(source, where + ": bad \"bytes\" or \"crc32c\"");
+    out.bytes = *size;
+    out.crc32c = static_cast<uint32_t>(*crc);
+    m->shards.push_back(std::move(out));
+  }
+  return absl::OkStatus();
+}
+
+// What the tensors decoded so far claim, to catch duplicates and disagreeing pieces.
+struct TensorNames {
+  std::set<std::string> names;                        // whole tensors
+  std::map<std::string, Shape> pieces;                // pieces' names -> their whole shape
+  std::set<std::pair<std::string, uint64_t>> placed;  // (piece name, shard)
+};
+
+// A piece's "global_shape" and its "flat" or "slice" (format version 2).
+absl::Status DecodePiece(const nlohmann::json& t, uint64_t shard, const std::string& where,
+                         const std::string& source, TensorNames* seen, ManifestTensor* out) {
+  KILN_ASSIGN_OR_RETURN(out->global_shape,
+                        ParseShape(Field(t, "global_shape"), source, where + " global"));
+  auto [it, fresh] = seen->pieces.emplace(out->name, out->global_shape);
+  if (seen->names.count(out->name) > 0 ||
+      (!fresh && it->second.dims() != out->global_shape.dims())) {
+    return Corrupt(source, where + ": pieces disagree on the whole tensor's shape");
+  }
+  if (!seen->placed.insert({out->name, shard}).second) {
+    return Corrupt(source, where + ": two pieces in one shard file");
+  }
+  const nlohmann::json* flat = Field(t, "flat");
+  const nlohmann::json* box = Field(t, "slice");
+  if ((flat == nullptr) == (box == nullptr)) {
+    return Corrupt(source, where + ": a piece needs exactly one of \"flat\" and \"slice\"");
+  }
+  if (flat != nullptr) {
+    std::optional<uint64_t> b, e;
+    if (flat->is_array() && flat->size() == 2) {
+      b = AsUint(&(*flat)[0], kMaxI64);
+      e = AsUint(&(*flat)[1], kMaxI64);
+    }
+    if (!b || !e) return Corrupt(source, where + ": bad \"flat\"");
+    out->slice = TensorSlice::Flat(static_cast<int64_t>(*b), static_cast<int64_t>(*e));
+  } else {
+    if (!box->is_object()) return Corrupt(source, where + ": bad \"slice\"");
+    KILN_ASSIGN_OR_RETURN(Shape offs, ParseShape(Field(*box, "offsets"), source, where));
+    KILN_ASSIGN_OR_RETURN(Shape sizes, ParseShape(Field(*box, "sizes"), source, where));
+    out->slice = TensorSlice::Box(offs.dims(), sizes.dims());
+  }
+  absl::Status ok = out->slice.Check(out->global_shape);
+  if (!ok.ok()) return Corrupt(source, where + ": " + std::string(ok.message()));
+  return absl::OkStatus();
+}
+
+// Tensor #i of "tensors", checked against the shards already decoded into `m`.
+absl::StatusOr<ManifestTensor> DecodeManifestTensor(const nlohmann::json& t, size_t i,
+                                                    const Manifest& m, const std::string& source,
+                                                    TensorNames* seen) {
+  std::string where = absl::StrCat("tensor #", i);
+  if (!t.is_object()) return Corrupt(source, where + " is not an object");
+  ManifestTensor out;
+  const nlohmann::json* name = Field(t, "name");
+  if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
+    return Corrupt(source, where + ": bad \"name\"");
+  }
+  out.name = name->get<std::string>();
+  where = "tensor '" + out.name + "'";
+  out.piece = Field(t, "global_shape") != nullptr;
+  if (out.piece && m.format_version < 2) {
+    return Corrupt(source, where + ": a piece (\"global_shape\") in a version 1 manifest");
+  }
+  std::optional<uint64_t> shard = AsUint(Field(t, "shard"), m.shards.size());
+  if (!shard || *shard >= m.shards.size()) return Corrupt(source, where + ": bad \"shard\"");
+  if (!out.piece) {
+    if (!seen->names.insert(out.name).second || seen->pieces.count(out.name) > 0) {
+      return Corrupt(source, where + " is listed twice");
+    }
+  } else {
+    KILN_RETURN_IF_ERROR(DecodePiece(t, *shard, where, source, seen, &out));
+  }
+  out.shard = static_cast<int>(*shard);
+  KILN_ASSIGN_OR_RETURN(out.dtype, ParseDType(Field(t, "dtype"), source, where));
+  KILN_ASSIGN_OR_RETURN(out.shape, ParseShape(Field(t, "shape"), source, where));
+  std::optional<uint64_t> offset = AsUint(Field(t, "offset"), kMaxI64);
+  std::optional<uint64_t> size = AsUint(Field(t, "bytes"), kMaxI64);
+  std::optional<uint64_t> crc = AsUint(Field(t, "crc32c"), 0xffffffffu);
+  if (!offset || !size || !crc) {
+    return Corrupt(source, where + ": bad \"offset\", \"bytes\" or \"crc32c\"");
+  }
+  if (out.piece && out.shape.dims() != out.slice.PieceShape().dims()) {
+    return Corrupt(source, where + ": \"shape\" is not the shape of its slice");
+  }
+  std::optional<uint64_t> expect = ByteSize(out.shape, out.dtype);
+  if (!expect || *expect != *size) {
+    return Corrupt(source, where + ": \"bytes\" does not match its dtype and shape");
+  }
+  out.offset = *offset;
+  out.bytes = *size;
+  out.crc32c = static_cast<uint32_t>(*crc);
+  if (out.offset > m.shards[out.shard].bytes ||
+      out.bytes > m.shards[out.shard].bytes - out.offset) {
+    return Corrupt(source, where + ": lies outside its shard");
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> EncodeManifest(const Manifest& m) {
@@ -136,155 +306,21 @@ absl::StatusOr<std::string> EncodeManifest(const Manifest& m) {
 }
 
 absl::StatusOr<Manifest> DecodeManifest(std::string_view bytes, const std::string& source) {
-  const std::string_view marker(kManifestCrcMarker);
-  const size_t pos = bytes.rfind(marker);
-  if (pos == std::string_view::npos) {
-    return Corrupt(source, "no \"manifest_crc32c\" at the end (truncated, or not a manifest)");
-  }
-  std::string_view tail = bytes.substr(pos + marker.size());
-  uint64_t stored = 0;
-  size_t digits = 0;
-  while (digits < tail.size() && digits < 10 && tail[digits] >= '0' && tail[digits] <= '9') {
-    stored = stored * 10 + static_cast<uint64_t>(tail[digits] - '0');
-    ++digits;
-  }
-  if (digits == 0 || tail.substr(digits) != "\n}\n" || stored > 0xffffffffu) {
-    return Corrupt(source, "malformed \"manifest_crc32c\" trailer");
-  }
-  const uint32_t computed = crc32c::Value(bytes.data(), pos);
-  if (computed != stored) {
-    return Corrupt(source, absl::StrCat("CRC32C mismatch (stored ", Hex(stored), ", computed ",
-                                        Hex(computed), ")"));
-  }
+  KILN_RETURN_IF_ERROR(CheckManifestCrc(bytes, source));
   nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr,
                                            /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Corrupt(source, "not a JSON object");
 
   Manifest m;
-  const nlohmann::json* f = Field(j, "format");
-  if (f == nullptr || !f->is_string() || f->get<std::string>() != kManifestFormat) {
-    return Corrupt(source, absl::StrCat("\"format\" is not \"", kManifestFormat, "\""));
-  }
-  std::optional<uint64_t> version = AsUint(Field(j, "format_version"), 1u << 30);
-  if (!version || *version == 0) return Corrupt(source, "bad \"format_version\"");
-  if (*version > 2) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(source, ": checkpoint format version ", *version,
-                     " is newer than this build reads (2); upgrade Kiln"));
-  }
-  m.format_version = static_cast<int>(*version);
-  std::optional<uint64_t> step = AsUint(Field(j, "step"), kMaxI64);
-  if (!step) return Corrupt(source, "bad \"step\"");
-  m.step = static_cast<int64_t>(*step);
-  m.created_micros = AsUint(Field(j, "created_micros"), ~uint64_t{0}).value_or(0);
-  m.ranks = static_cast<int>(AsUint(Field(j, "ranks"), 1u << 20).value_or(0));
-
-  const nlohmann::json* shards = Field(j, "shards");
-  if (shards == nullptr || !shards->is_array()) return Corrupt(source, "\"shards\" is missing");
-  std::set<std::string> files;
-  for (size_t i = 0; i < shards->size(); ++i) {
-    const nlohmann::json& s = (*shards)[i];
-    const std::string where = absl::StrCat("shard #", i);
-    if (!s.is_object()) return Corrupt(source, where + " is not an object");
-    ManifestShard out;
-    const nlohmann::json* file = Field(s, "file");
-    if (file == nullptr || !file->is_string() || !IsPlainFileName(file->get<std::string>())) {
-      return Corrupt(source, where + ": bad \"file\"");
-    }
-    out.file = file->get<std::string>();
-    if (!files.insert(out.file).second) {
-      return Corrupt(source, where + ": file '" + out.file + "' listed twice");
-    }
-    std::optional<uint64_t> size = AsUint(Field(s, "bytes"), kMaxI64);
-    std::optional<uint64_t> crc = AsUint(Field(s, "crc32c"), 0xffffffffu);
-    if (!size || !crc) return Corrupt(source, where + ": bad \"bytes\" or \"crc32c\"");
-    out.bytes = *size;
-    out.crc32c = static_cast<uint32_t>(*crc);
-    m.shards.push_back(std::move(out));
-  }
-
+  KILN_RETURN_IF_ERROR(DecodeManifestHeader(j, source, &m));
+  KILN_RETURN_IF_ERROR(DecodeManifestShards(j, source, &m));
   const nlohmann::json* tensors = Field(j, "tensors");
   if (tensors == nullptr || !tensors->is_array()) return Corrupt(source, "\"tensors\" is missing");
-  std::set<std::string> names;                        // whole tensors
-  std::map<std::string, Shape> pieces;                // pieces' names -> their whole shape
-  std::set<std::pair<std::string, uint64_t>> placed;  // (piece name, shard)
+  TensorNames seen;
   for (size_t i = 0; i < tensors->size(); ++i) {
-    const nlohmann::json& t = (*tensors)[i];
-    std::string where = absl::StrCat("tensor #", i);
-    if (!t.is_object()) return Corrupt(source, where + " is not an object");
-    ManifestTensor out;
-    const nlohmann::json* name = Field(t, "name");
-    if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
-      return Corrupt(source, where + ": bad \"name\"");
-    }
-    out.name = name->get<std::string>();
-    where = "tensor '" + out.name + "'";
-    out.piece = Field(t, "global_shape") != nullptr;
-    if (out.piece && m.format_version < 2) {
-      return Corrupt(source, where + ": a piece (\"global_shape\") in a version 1 manifest");
-    }
-    std::optional<uint64_t> shard = AsUint(Field(t, "shard"), m.shards.size());
-    if (!shard || *shard >= m.shards.size()) return Corrupt(source, where + ": bad \"shard\"");
-    if (!out.piece) {
-      if (!names.insert(out.name).second || pieces.count(out.name) > 0) {
-        return Corrupt(source, where + " is listed twice");
-      }
-    } else {
-      KILN_ASSIGN_OR_RETURN(out.global_shape,
-                            ParseShape(Field(t, "global_shape"), source, where + " global"));
-      auto [it, fresh] = pieces.emplace(out.name, out.global_shape);
-      if (names.count(out.name) > 0 || (!fresh && it->second.dims() != out.global_shape.dims())) {
-        return Corrupt(source, where + ": pieces disagree on the whole tensor's shape");
-      }
-      if (!placed.insert({out.name, *shard}).second) {
-        return Corrupt(source, where + ": two pieces in one shard file");
-      }
-      const nlohmann::json* flat = Field(t, "flat");
-      const nlohmann::json* box = Field(t, "slice");
-      if ((flat == nullptr) == (box == nullptr)) {
-        return Corrupt(source, where + ": a piece needs exactly one of \"flat\" and \"slice\"");
-      }
-      if (flat != nullptr) {
-        std::optional<uint64_t> b, e;
-        if (flat->is_array() && flat->size() == 2) {
-          b = AsUint(&(*flat)[0], kMaxI64);
-          e = AsUint(&(*flat)[1], kMaxI64);
-        }
-        if (!b || !e) return Corrupt(source, where + ": bad \"flat\"");
-        out.slice = TensorSlice::Flat(static_cast<int64_t>(*b), static_cast<int64_t>(*e));
-      } else {
-        if (!box->is_object()) return Corrupt(source, where + ": bad \"slice\"");
-        KILN_ASSIGN_OR_RETURN(Shape offs, ParseShape(Field(*box, "offsets"), source, where));
-        KILN_ASSIGN_OR_RETURN(Shape sizes, ParseShape(Field(*box, "sizes"), source, where));
-        out.slice = TensorSlice::Box(offs.dims(), sizes.dims());
-      }
-      absl::Status ok = out.slice.Check(out.global_shape);
-      if (!ok.ok()) return Corrupt(source, where + ": " + std::string(ok.message()));
-    }
-    out.shard = static_cast<int>(*shard);
-    KILN_ASSIGN_OR_RETURN(out.dtype, ParseDType(Field(t, "dtype"), source, where));
-    KILN_ASSIGN_OR_RETURN(out.shape, ParseShape(Field(t, "shape"), source, where));
-    std::optional<uint64_t> offset = AsUint(Field(t, "offset"), kMaxI64);
-    std::optional<uint64_t> size = AsUint(Field(t, "bytes"), kMaxI64);
-    std::optional<uint64_t> crc = AsUint(Field(t, "crc32c"), 0xffffffffu);
-    if (!offset || !size || !crc) {
-      return Corrupt(source, where + ": bad \"offset\", \"bytes\" or \"crc32c\"");
-    }
-    if (out.piece && out.shape.dims() != out.slice.PieceShape().dims()) {
-      return Corrupt(source, where + ": \"shape\" is not the shape of its slice");
-    }
-    std::optional<uint64_t> expect = ByteSize(out.shape, out.dtype);
-    if (!expect || *expect != *size) {
-      return Corrupt(source, where + ": \"bytes\" does not match its dtype and shape");
-    }
-    out.offset = *offset;
-    out.bytes = *size;
-    out.crc32c = static_cast<uint32_t>(*crc);
-    if (out.offset > m.shards[out.shard].bytes ||
-        out.bytes > m.shards[out.shard].bytes - out.offset) {
-      return Corrupt(source, where + ": lies outside its shard");
-    }
-    m.tensors.push_back(std::move(out));
+    KILN_ASSIGN_OR_RETURN(ManifestTensor t,
+                          DecodeManifestTensor((*tensors)[i], i, m, source, &seen));
+    m.tensors.push_back(std::move(t));
   }
   const nlohmann::json* meta = Field(j, "metadata");
   m.metadata = meta == nullptr ? nlohmann::json::object() : *meta;
@@ -293,80 +329,42 @@ absl::StatusOr<Manifest> DecodeManifest(std::string_view bytes, const std::strin
 
 absl::StatusOr<std::string> BuildShardHeader(const std::vector<ShardEntry>& entries,
                                              const std::map<std::string, std::string>& metadata) {
-  ojson root = ojson::object();
-  if (!metadata.empty()) {
-    ojson meta = ojson::object();
-    for (const auto& [k, v] : metadata) meta[k] = v;
-    root["__metadata__"] = std::move(meta);
-  }
+  std::vector<SafetensorsEntry> st;
+  st.reserve(entries.size());
   uint64_t offset = 0;
   for (const ShardEntry& e : entries) {
-    ojson o = ojson::object();
-    o["dtype"] = std::string(SafetensorsName(e.dtype));
-    o["shape"] = e.shape.dims();
-    o["data_offsets"] = {offset, offset + e.bytes};
+    st.push_back({e.name, e.dtype, e.shape, offset, offset + e.bytes});
     offset += e.bytes;
-    root[e.name] = std::move(o);
   }
-  std::string json_text;
-  try {
-    json_text = root.dump();
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint shard header: ", e.what()));
-  }
-  if (json_text.size() > kSafetensorsMaxHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint shard header of ", json_text.size(),
-                                                   " bytes exceeds the safetensors limit"));
-  }
-  json_text.append((8 - json_text.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  const uint64_t n = json_text.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  out += json_text;
-  return out;
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(st, metadata);
+  if (!header.ok()) return Annotate(header.status(), "checkpoint shard header");
+  return header;
 }
 
 absl::Status CheckShardHeader(std::string_view header_json, uint64_t data_start, uint64_t data_size,
                               const std::vector<const ManifestTensor*>& tensors,
                               const std::string& source) {
-  nlohmann::json j = nlohmann::json::parse(header_json.begin(), header_json.end(), nullptr,
-                                           /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return Corrupt(source, "safetensors header is not a JSON object");
-  }
-  size_t listed = 0;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() != "__metadata__") ++listed;
-  }
-  if (listed != tensors.size()) {
-    return Corrupt(source, absl::StrCat("safetensors header lists ", listed,
+  // The safetensors checks first (valid JSON, known dtypes, tensors tiling the data buffer),
+  // then agreement with the manifest, entry by entry.
+  KILN_ASSIGN_OR_RETURN(SafetensorsHeader h,
+                        DecodeSafetensorsHeader(header_json, data_start, data_size, source));
+  if (h.entries.size() != tensors.size()) {
+    return Corrupt(source, absl::StrCat("safetensors header lists ", h.entries.size(),
                                         " tensors, the manifest ", tensors.size()));
   }
-  uint64_t covered = 0;
+  std::map<std::string_view, const SafetensorsEntry*> by_name;
+  for (const SafetensorsEntry& e : h.entries) by_name.emplace(e.name, &e);
   for (const ManifestTensor* t : tensors) {
     const std::string where = "tensor '" + t->name + "'";
-    auto it = j.find(t->name);
-    if (it == j.end() || !it->is_object()) {
+    auto it = by_name.find(t->name);
+    if (it == by_name.end()) {
       return Corrupt(source, where + " is missing from the safetensors header");
     }
-    KILN_ASSIGN_OR_RETURN(DType dtype, ParseDType(Field(*it, "dtype"), source, where));
-    KILN_ASSIGN_OR_RETURN(Shape shape, ParseShape(Field(*it, "shape"), source, where));
-    const nlohmann::json* offs = Field(*it, "data_offsets");
-    std::optional<uint64_t> begin, end;
-    if (offs != nullptr && offs->is_array() && offs->size() == 2) {
-      begin = AsUint(&(*offs)[0], kMaxI64);
-      end = AsUint(&(*offs)[1], kMaxI64);
-    }
-    if (!begin || !end) return Corrupt(source, where + ": bad \"data_offsets\"");
-    if (dtype != t->dtype || shape.dims() != t->shape.dims() || data_start + *begin != t->offset ||
-        *end < *begin || *end - *begin != t->bytes || *end > data_size) {
+    const SafetensorsEntry& e = *it->second;
+    if (e.dtype != t->dtype || e.shape.dims() != t->shape.dims() ||
+        data_start + e.begin != t->offset || e.end - e.begin != t->bytes) {
       return Corrupt(source, where + ": safetensors header disagrees with the manifest");
     }
-    covered += t->bytes;
-  }
-  if (covered != data_size) {
-    return Corrupt(source,
-                   absl::StrCat("tensors cover ", covered, " of the ", data_size, " data bytes"));
   }
   return absl::OkStatus();
 }
