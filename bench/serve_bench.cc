@@ -42,10 +42,10 @@
 #include "bench/serve_compute.h"
 #include "bench/timing.h"
 #include "kiln/compiler/artifact.h"
+#include "kiln/http/internal/test_client.h"
 #include "kiln/ir/parser.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/cpu/machine.h"
-#include "kiln/serve/internal/test_client.h"
 #include "kiln/serve/server.h"
 #include "nlohmann/json.hpp"
 
@@ -124,7 +124,7 @@ struct Tally {
   std::mutex mu;
   std::vector<double> ok_lat;
   Result r;
-  void Add(const testing::ClientResponse& resp, double us) {
+  void Add(const http::testing::ClientResponse& resp, double us) {
     std::lock_guard<std::mutex> l(mu);
     if (resp.status == 200) {
       ++r.ok;
@@ -146,7 +146,7 @@ Result ClosedLoop(int port, int concurrency, double seconds, const std::string& 
   std::vector<std::thread> threads;
   for (int c = 0; c < concurrency; ++c) {
     threads.emplace_back([&] {
-      testing::TestClient client(port);
+      http::testing::TestClient client(port);
       while (!stop.load()) {
         const double t0 = bench::Seconds();
         auto resp = client.Send(body.empty() ? "GET" : "POST", path, body);
@@ -180,14 +180,14 @@ Result OpenLoop(int port, double rate, double seconds, int clients, const std::s
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&] {
-      std::unique_ptr<testing::TestClient> client;
+      std::unique_ptr<http::testing::TestClient> client;
       for (;;) {
         const size_t i = next.fetch_add(1);
         if (i >= arrivals.size()) return;
         const double when = start + arrivals[i];
         const double now = bench::Seconds();
         if (when > now) std::this_thread::sleep_for(std::chrono::duration<double>(when - now));
-        if (!client) client = std::make_unique<testing::TestClient>(port);
+        if (!client) client = std::make_unique<http::testing::TestClient>(port);
         auto resp = client->Send("POST", path, body);
         tally.Add(resp, (bench::Seconds() - when) * 1e6);
         if (resp.status == 0 || !resp.keep_alive) client.reset();
@@ -366,7 +366,7 @@ json RunServeBench(double seconds, int rounds) {
   for (auto& [name, rs] : open) orows[name] = ToJson(rs);
   for (const char* n : {"poisson 50%", "poisson 90%", "poisson 200%"})
     PrintRow(std::string("mlp, open loop, ") + (n + 8) + " of saturation", orows[n]);
-  testing::TestClient probe(server.port());
+  http::testing::TestClient probe(server.port());
   const bool alive = probe.Send("GET", "/v2/health/live").status == 200;
   const json& over = orows["poisson 200%"];
   const int64_t total = over["ok"].get<int64_t>() + over["rejected_503"].get<int64_t>() +

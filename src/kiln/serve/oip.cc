@@ -397,38 +397,6 @@ absl::StatusOr<bool> ParseIndexReady(std::string_view json) {
   return ready;
 }
 
-void AppendJsonString(std::string_view s, std::string* out) {
-  out->push_back('"');
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out->append(buf);
-        } else {
-          out->push_back(c);
-        }
-    }
-  }
-  out->push_back('"');
-}
-
 void AppendJsonData(const Tensor& t, std::string* out) {
   out->push_back('[');
   const DType dt = t.dtype();
@@ -453,13 +421,6 @@ void AppendJsonData(const Tensor& t, std::string* out) {
     }
   }
   out->push_back(']');
-}
-
-std::string ErrorJson(const std::string& message) {
-  std::string out = "{\"error\":";
-  AppendJsonString(message, &out);
-  out.push_back('}');
-  return out;
 }
 
 }  // namespace kiln::serve

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kiln/http/response.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::serve {
@@ -64,10 +65,9 @@ absl::StatusOr<bool> ParseIndexReady(std::string_view json);
 
 // A tensor's values as a JSON array (floats in shortest round-trip form).
 void AppendJsonData(const Tensor& t, std::string* out);
-// A JSON string literal with escapes.
-void AppendJsonString(std::string_view s, std::string* out);
-// {"error": "<message>"}
-std::string ErrorJson(const std::string& message);
+// A JSON string literal with escapes, and {"error": "<message>"}: the HTTP layer's.
+using http::AppendJsonString;
+using http::ErrorJson;
 
 }  // namespace kiln::serve
 
