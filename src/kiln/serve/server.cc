@@ -28,10 +28,6 @@ HttpResponse Json(int status, std::string body) {
   return r;
 }
 
-HttpResponse Error(int status, const std::string& message) {
-  return http::ErrorResponse(status, message);
-}
-
 std::string Quoted(std::string_view s) {
   std::string out;
   AppendJsonString(s, &out);
@@ -326,7 +322,8 @@ void InferenceServer::PostInfer(const http::PathParams& params, HttpRequest& req
 
 bool InferenceServer::HasRepository(Call& call, HttpReplier& reply) {
   if (repository_ != nullptr) return true;
-  Finish(call, Error(404, "this server has no model repository (--model-repository)"), reply);
+  Finish(call, http::ErrorResponse(404, "this server has no model repository (--model-repository)"),
+         reply);
   return false;
 }
 
@@ -336,7 +333,7 @@ void InferenceServer::PostRepositoryIndex(const http::PathParams&, HttpRequest& 
   bool ready_only = false;
   if (!req.body.empty()) {
     absl::StatusOr<bool> r = ParseIndexReady(req.body);
-    if (!r.ok()) return Finish(call, Error(400, std::string(r.status().message())), reply);
+    if (!r.ok()) return Finish(call, http::ErrorResponse(400, r.status().message()), reply);
     ready_only = *r;
   }
   Finish(call, Json(200, repository_->IndexJson(ready_only)), reply);
