@@ -1,5 +1,7 @@
 # Kiln top-level entry points. Each target installs what it needs, configures and builds.
-#   make test   deps -> configure -> build -> deps audit -> all tests (what .ci/run calls)
+#   make test   deps -> configure -> build -> deps audit -> all tests (what .ci/run calls), the
+#               thread_safety_lint test among them (label lint: clang -Wthread-safety over the
+#               sources that annotate their locking, scripts/thread_safety_check.py)
 #   make demo   deps -> build -> train an MLP on the digits data through the engine, then the
 #               single-device playbook (scripts/playbook.sh: verify, train, preempt, resume,
 #               profile, evaluate, export a small CNN)

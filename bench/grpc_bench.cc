@@ -19,10 +19,10 @@
 
 #include "bench/timing.h"
 #include "kiln/compiler/artifact.h"
+#include "kiln/http/internal/test_client.h"
 #include "kiln/ir/parser.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/serve/grpc_server.h"
-#include "kiln/serve/internal/test_client.h"
 #include "kiln/serve/proto/inference.grpc.pb.h"
 
 namespace kiln::serve {
@@ -77,10 +77,10 @@ Result RunLoad(Mode mode, int concurrency, double seconds, int http_port, int gr
   std::vector<std::thread> threads;
   for (int c = 0; c < concurrency; ++c) {
     threads.emplace_back([&, c] {
-      std::unique_ptr<testing::TestClient> http;
+      std::unique_ptr<kiln::http::testing::TestClient> http;
       std::unique_ptr<inference::GRPCInferenceService::Stub> stub;
       if (mode == Mode::kRest) {
-        http = std::make_unique<testing::TestClient>(http_port);
+        http = std::make_unique<kiln::http::testing::TestClient>(http_port);
       } else {
         grpc::ChannelArguments args;
         args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one connection per client

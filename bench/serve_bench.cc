@@ -42,10 +42,10 @@
 #include "bench/serve_compute.h"
 #include "bench/timing.h"
 #include "kiln/compiler/artifact.h"
+#include "kiln/http/internal/test_client.h"
 #include "kiln/ir/parser.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/runtime/cpu/machine.h"
-#include "kiln/serve/internal/test_client.h"
 #include "kiln/serve/server.h"
 #include "nlohmann/json.hpp"
 
@@ -124,7 +124,7 @@ struct Tally {
   std::mutex mu;
   std::vector<double> ok_lat;
   Result r;
-  void Add(const testing::ClientResponse& resp, double us) {
+  void Add(const http::testing::ClientResponse& resp, double us) {
     std::lock_guard<std::mutex> l(mu);
     if (resp.status == 200) {
       ++r.ok;
@@ -146,7 +146,7 @@ Result ClosedLoop(int port, int concurrency, double seconds, const std::string& 
   std::vector<std::thread> threads;
   for (int c = 0; c < concurrency; ++c) {
     threads.emplace_back([&] {
-      testing::TestClient client(port);
+      http::testing::TestClient client(port);
       while (!stop.load()) {
         const double t0 = bench::Seconds();
         auto resp = client.Send(body.empty() ? "GET" : "POST", path, body);
@@ -180,14 +180,14 @@ Result OpenLoop(int port, double rate, double seconds, int clients, const std::s
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&] {
-      std::unique_ptr<testing::TestClient> client;
+      std::unique_ptr<http::testing::TestClient> client;
       for (;;) {
         const size_t i = next.fetch_add(1);
         if (i >= arrivals.size()) return;
         const double when = start + arrivals[i];
         const double now = bench::Seconds();
         if (when > now) std::this_thread::sleep_for(std::chrono::duration<double>(when - now));
-        if (!client) client = std::make_unique<testing::TestClient>(port);
+        if (!client) client = std::make_unique<http::testing::TestClient>(port);
         auto resp = client->Send("POST", path, body);
         tally.Add(resp, (bench::Seconds() - when) * 1e6);
         if (resp.status == 0 || !resp.keep_alive) client.reset();
@@ -268,15 +268,9 @@ absl::Status WriteModels(const std::string& root) {
   return compiler::WriteArtifact(root + "/tiny", *tiny, {}, ao);
 }
 
-json RunServeBench(double seconds, int rounds) {
-  json out;
-  const std::string root = "/tmp/kiln_serve_bench_models";
-  absl::Status w = WriteModels(root);
-  if (!w.ok()) return {{"error", std::string(w.message())}};
-  auto backend = runtime::MakeCpuBackend();
-  ServerOptions so;
-  so.http.threads = 2;
-  InferenceServer server(so);
+// The three served models: the tiny one (overhead), the MLP with the batcher and without it.
+absl::Status LoadModels(InferenceServer& server, const std::string& root,
+                        runtime::Backend* backend) {
   BatchingConfig tiny;
   tiny.max_batch_size = 1;
   BatchingConfig off;
@@ -292,86 +286,89 @@ json RunServeBench(double seconds, int rounds) {
   };
   for (const M& m :
        {M{"tiny", "tiny", tiny}, M{"mlp_unbatched", "mlp", off}, M{"mlp", "mlp", on}}) {
-    auto sm = ServedModel::Load(root + "/" + m.dir, m.name, "1", m.c, backend.get());
-    if (!sm.ok()) return {{"error", std::string(sm.status().message())}};
+    auto sm = ServedModel::Load(root + "/" + m.dir, m.name, "1", m.c, backend);
+    if (!sm.ok()) return sm.status();
     server.registry().Put(std::move(*sm));
   }
-  if (!server.Start().ok()) return {{"error", "server did not start"}};
-  HttpServerOptions eo;
-  eo.threads = 2;
-  auto echo = HttpServer::Start(eo, [](HttpRequest req, HttpReplier reply) {
-    reply(HttpResponse{200, "application/json", std::move(req.body), {}});
-  });
-  if (!echo.ok()) return {{"error", "echo server did not start"}};
+  return absl::OkStatus();
+}
 
+const char kMlpPath[] = "/v2/models/mlp/infer";
+const std::vector<int> kConcurrency = {1, 8, 64};
+
+// Closed loop, `rounds` rounds: the echo and the tiny model alternate within each round (the
+// overhead is their difference), then the MLP at each concurrency, with and without batching.
+json ClosedLoopRows(int server_port, int echo_port, double seconds, int rounds) {
   const std::string tiny_body = InferBody(kTiny), mlp_body = InferBody(kIn);
-  const std::string mlp_path = "/v2/models/mlp/infer";
-  printf(
-      "serve: in-process server on 127.0.0.1 (2 HTTP threads, 1 instance), clients in the same "
-      "process, %d rounds of %.1f s, medians (the machine is shared: noisy)\n",
-      rounds, seconds);
-  printf("%-34s %10s %10s %10s %10s\n", "config", "req/s", "p50 us", "p95 us", "p99 us");
-
   std::map<std::string, std::vector<Result>> res;
-  const std::vector<int> concurrency = {1, 8, 64};
   for (int round = 0; round < rounds; ++round) {
-    // The echo and the tiny model alternate within each round: the overhead is their difference.
-    res["echo"].push_back(ClosedLoop((*echo)->port(), 1, seconds / 2, "/echo", tiny_body));
+    res["echo"].push_back(ClosedLoop(echo_port, 1, seconds / 2, "/echo", tiny_body));
     res["tiny"].push_back(
-        ClosedLoop(server.port(), 1, seconds / 2, "/v2/models/tiny/infer", tiny_body));
-    for (int c : concurrency)
+        ClosedLoop(server_port, 1, seconds / 2, "/v2/models/tiny/infer", tiny_body));
+    for (int c : kConcurrency)
       res["mlp c=" + std::to_string(c)].push_back(
-          ClosedLoop(server.port(), c, seconds, mlp_path, mlp_body));
+          ClosedLoop(server_port, c, seconds, kMlpPath, mlp_body));
     res["mlp_unbatched c=64"].push_back(
-        ClosedLoop(server.port(), 64, seconds, "/v2/models/mlp_unbatched/infer", mlp_body));
+        ClosedLoop(server_port, 64, seconds, "/v2/models/mlp_unbatched/infer", mlp_body));
   }
   json rows;
   for (auto& [name, rs] : res) rows[name] = ToJson(rs);
   PrintRow("bare Beast echo, 16 floats, c=1", rows["echo"]);
   PrintRow("tiny model (16 floats), c=1", rows["tiny"]);
-  for (int c : concurrency)
+  for (int c : kConcurrency)
     PrintRow("mlp, batcher, c=" + std::to_string(c), rows["mlp c=" + std::to_string(c)]);
   PrintRow("mlp, max batch 1, c=64", rows["mlp_unbatched c=64"]);
+  return rows;
+}
 
+// The server's overhead over the echo and batching's payoff (into `out`); returns the
+// saturation throughput (the best closed-loop req/s of the batched MLP).
+double ReportClosedLoop(json& rows, json* out) {
   json overhead = {
       {"p50_us", rows["tiny"]["p50_us"].get<double>() - rows["echo"]["p50_us"].get<double>()},
       {"p99_us", rows["tiny"]["p99_us"].get<double>() - rows["echo"]["p99_us"].get<double>()},
       {"target_p50_us", 50}};
   overhead["meets_target"] = overhead["p50_us"].get<double>() <= 50;
-  out["overhead"] = overhead;
+  (*out)["overhead"] = overhead;
   printf(
       "server overhead over the bare echo at c=1: p50 %+.0f us, p99 %+.0f us (target p50 <= 50)\n",
       overhead["p50_us"].get<double>(), overhead["p99_us"].get<double>());
 
   double saturation = 0;
-  for (int c : concurrency)
+  for (int c : kConcurrency)
     saturation = std::max(saturation, rows["mlp c=" + std::to_string(c)]["rps"].get<double>());
   const double on64 = rows["mlp c=64"]["rps"].get<double>();
   const double off64 = rows["mlp_unbatched c=64"]["rps"].get<double>();
-  out["batching_payoff_c64"] = {
+  (*out)["batching_payoff_c64"] = {
       {"with_batcher_rps", on64}, {"max_batch_1_rps", off64}, {"ratio", on64 / off64}};
   printf("batching's payoff at c=64: %.2fx the throughput (%.0f vs %.0f req/s)\n", on64 / off64,
          on64, off64);
+  return saturation;
+}
 
-  // Open loop.
+// Open loop: Poisson arrivals at 50%, 90% and 200% of `saturation`.
+json OpenLoopRows(int server_port, double saturation, double seconds, int rounds) {
+  const std::string mlp_body = InferBody(kIn);
   std::map<std::string, std::vector<Result>> open;
   for (int round = 0; round < rounds; ++round) {
     for (double f : {0.5, 0.9, 2.0}) {
       const int clients = f > 1 ? 192 : 96;
-      open["poisson " + std::to_string(int(f * 100)) + "%"].push_back(OpenLoop(
-          server.port(), f * saturation, seconds, clients, mlp_path, mlp_body, 17 + round));
+      open["poisson " + std::to_string(int(f * 100)) + "%"].push_back(
+          OpenLoop(server_port, f * saturation, seconds, clients, kMlpPath, mlp_body, 17 + round));
     }
   }
   json orows;
   for (auto& [name, rs] : open) orows[name] = ToJson(rs);
   for (const char* n : {"poisson 50%", "poisson 90%", "poisson 200%"})
     PrintRow(std::string("mlp, open loop, ") + (n + 8) + " of saturation", orows[n]);
-  testing::TestClient probe(server.port());
-  const bool alive = probe.Send("GET", "/v2/health/live").status == 200;
-  const json& over = orows["poisson 200%"];
+  return orows;
+}
+
+// At 2x saturation: how much was refused (503 with Retry-After) and whether the server lives.
+json Overload(const json& over, bool alive) {
   const int64_t total = over["ok"].get<int64_t>() + over["rejected_503"].get<int64_t>() +
                         over["other_status"].get<int64_t>();
-  out["overload_2x"] = {
+  json o = {
       {"share_503", double(over["rejected_503"].get<int64_t>()) / std::max<int64_t>(total, 1)},
       {"all_503_have_retry_after",
        over["rejected_503"].get<int64_t>() == over["rejected_503_with_retry_after"].get<int64_t>()},
@@ -381,9 +378,41 @@ json RunServeBench(double seconds, int rounds) {
   printf(
       "at 2x saturation: %.1f%% answered 503 (all with Retry-After: %s), served p99 %.0f us, "
       "server alive after: %s\n",
-      100 * out["overload_2x"]["share_503"].get<double>(),
-      out["overload_2x"]["all_503_have_retry_after"].get<bool>() ? "yes" : "NO",
+      100 * o["share_503"].get<double>(), o["all_503_have_retry_after"].get<bool>() ? "yes" : "NO",
       over["p99_us"].get<double>(), alive ? "yes" : "NO");
+  return o;
+}
+
+json RunServeBench(double seconds, int rounds) {
+  json out;
+  const std::string root = "/tmp/kiln_serve_bench_models";
+  absl::Status w = WriteModels(root);
+  if (!w.ok()) return {{"error", std::string(w.message())}};
+  auto backend = runtime::MakeCpuBackend();
+  ServerOptions so;
+  so.http.threads = 2;
+  InferenceServer server(so);
+  if (absl::Status s = LoadModels(server, root, backend.get()); !s.ok())
+    return {{"error", std::string(s.message())}};
+  if (!server.Start().ok()) return {{"error", "server did not start"}};
+  HttpServerOptions eo;
+  eo.threads = 2;
+  auto echo = HttpServer::Start(eo, [](HttpRequest req, HttpReplier reply) {
+    reply(HttpResponse{200, "application/json", std::move(req.body), {}});
+  });
+  if (!echo.ok()) return {{"error", "echo server did not start"}};
+  printf(
+      "serve: in-process server on 127.0.0.1 (2 HTTP threads, 1 instance), clients in the same "
+      "process, %d rounds of %.1f s, medians (the machine is shared: noisy)\n",
+      rounds, seconds);
+  printf("%-34s %10s %10s %10s %10s\n", "config", "req/s", "p50 us", "p95 us", "p99 us");
+
+  json rows = ClosedLoopRows(server.port(), (*echo)->port(), seconds, rounds);
+  const double saturation = ReportClosedLoop(rows, &out);
+  json orows = OpenLoopRows(server.port(), saturation, seconds, rounds);
+  http::testing::TestClient probe(server.port());
+  const bool alive = probe.Send("GET", "/v2/health/live").status == 200;
+  out["overload_2x"] = Overload(orows["poisson 200%"], alive);
   out["saturation_rps"] = saturation;
   out["closed_loop"] = rows;
   out["open_loop"] = orows;

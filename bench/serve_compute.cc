@@ -396,16 +396,11 @@ json PeakJson(const FmaPeak& p) {
 
 }  // namespace
 
-json RunComputeBench(const ComputeBenchOptions& options, json* machine_out) {
-  json rows = json::array();
-  // A directory of this process's own under work_dir: two runs at once (two people on one machine)
-  // would otherwise overwrite each other's models and inputs (ORT then reads the other batch's).
-  ComputeBenchOptions o = options;
-  mkdir(o.work_dir.c_str(), 0755);
-  o.work_dir += "/run_" + std::to_string(getpid());
-  mkdir(o.work_dir.c_str(), 0755);
-  // The roofline first, before the peer's process starts: every row's working set from the graph
-  // Kiln compiles, then the FMA peak and the read bandwidth at those sizes.
+namespace {
+
+// Every row's working set (from the graph Kiln compiles), then the FMA peak and the read
+// bandwidth at those sizes, measured before the peer's process starts; printed.
+Machine MeasureRoofline(int threads, double* load_before) {
   std::vector<int64_t> working_sets;
   for (ModelCase& mc : Models())
     for (int64_t batch : {int64_t{1}, int64_t{256}}) {
@@ -413,13 +408,13 @@ json RunComputeBench(const ComputeBenchOptions& options, json* machine_out) {
       auto cost = g.ok() ? CountGraphCost(*g, {"x"}) : g.status();
       if (cost.ok()) working_sets.push_back(cost->working_set_bytes());
     }
-  const double load_before = LoadAverage();
-  Machine machine = MeasureMachine(o.threads, working_sets);
+  *load_before = LoadAverage();
+  Machine machine = MeasureMachine(threads, working_sets);
   printf(
       "\nroofline (measured now, best of %d; load average %.1f, a busy machine measures low): f32 "
       "FMA peak %.0f GFLOP/s on %d threads (%s); read bandwidth on %d threads:",
-      machine.peak.repetitions, load_before, machine.peak.gflop_per_s, machine.peak.threads,
-      FmaIsaName(machine.peak.isa).c_str(), o.threads);
+      machine.peak.repetitions, *load_before, machine.peak.gflop_per_s, machine.peak.threads,
+      FmaIsaName(machine.peak.isa).c_str(), threads);
   for (const auto& [name, bytes] : machine.levels)
     printf(" %s %s %.0f GB/s,", MiB(machine.bandwidth[bytes].bytes).c_str(), name.c_str(),
            machine.bandwidth[bytes].gb_per_s);
@@ -428,6 +423,377 @@ json RunComputeBench(const ComputeBenchOptions& options, json* machine_out) {
     printf(" %s %.0f GB/s", MiB(machine.bandwidth[ws].bytes).c_str(),
            machine.bandwidth[ws].gb_per_s);
   printf("\n");
+  return machine;
+}
+
+// Each side's per-call floor: y = x + x on 16 floats. The peer's includes node's N-API call and
+// its promise; Kiln's is Executable::RunInto. Rows also give the ratio with ORT's floor taken off
+// (ORT's kernels alone, the comparison least favourable to Kiln). Returns the floor's row.
+json MeasureFloor(runtime::Backend& backend, OrtPeer* peer, const ComputeBenchOptions& o,
+                  double* ort_floor) {
+  json floor = {{"model", "floor: y = x + x, 16 floats"}, {"batch", 1}};
+  auto g = ir::ParseGraph(R"(graph @tiny {
+  %0 = parameter() {index=0, name="x"} : f32[1,16]
+  %1 = add(%0, %0) : f32[1,16]
+  return y=%1
+}
+)");
+  KilnRun k;
+  Tensor x = RandomInput(Shape{1, 16}, 3);
+  if (g.ok() && k.Prepare(backend, *g, {}, x).ok()) floor["kiln_us"] = Median(k.Time(0.3));
+  const std::string onnx = o.work_dir + "/tiny.onnx", in_path = o.work_dir + "/tiny_in.f32";
+  const std::string cmd = "OMP_NUM_THREADS=1 " + o.python + " " + o.exporter +
+                          " '{\"kind\":\"tiny\",\"features\":16}' none 1 " + onnx + " > " +
+                          o.work_dir + "/export.log 2>&1";
+  if (peer && WriteRaw(in_path, x) && std::system(cmd.c_str()) == 0 &&
+      peer->Call({{"cmd", "load"}, {"name", "tiny"}, {"path", onnx}, {"threads", o.threads}})
+          .value("ok", false)) {
+    json r = peer->Call({{"cmd", "run"},
+                         {"name", "tiny"},
+                         {"input", in_path},
+                         {"shape", {1, 16}},
+                         {"iters", 3000}});
+    if (r.value("ok", false)) {
+      std::vector<double> us = r["us"].get<std::vector<double>>();
+      us.erase(us.begin(), us.begin() + 500);  // warm-up
+      *ort_floor = Median(us);
+      floor["ort_us"] = *ort_floor;
+    }
+  }
+  printf("per-call floor (y = x + x, 16 floats): kiln %.1f us, ort %.1f us\n",
+         floor.value("kiln_us", 0.0), *ort_floor);
+  return floor;
+}
+
+// The peer's copy of one row's model: exported to ONNX from the same weights, loaded in the node
+// process, its input written where the peer reads it.
+struct OrtModel {
+  OrtPeer* peer = nullptr;
+  std::string onnx, in_path, out_path, name;
+  int64_t batch = 0, features = 0;
+  bool loaded = false;
+  std::string error;  // of the last failed run
+
+  // Microseconds per run for `iters` runs; empty (and `error` set) when the run failed.
+  std::vector<double> Time(int iters) {
+    json r = peer->Call({{"cmd", "run"},
+                         {"name", name},
+                         {"input", in_path},
+                         {"shape", {batch, features}},
+                         {"iters", iters},
+                         {"out", out_path}});
+    if (!r.value("ok", false)) {
+      error = r.value("error", std::string("no error given"));
+      return {};
+    }
+    return r["us"].get<std::vector<double>>();
+  }
+};
+
+// Exports and loads `mc` at `batch` in the peer (the weights at `st`, written with status `ws`);
+// on failure says why in row["ort_skipped"].
+OrtModel LoadOrtModel(OrtPeer* peer, const std::string& why, const ModelCase& mc, int64_t batch,
+                      const std::string& st, const absl::Status& ws, const Tensor& x,
+                      const ComputeBenchOptions& o, json& row) {
+  const std::string tag = mc.spec["kind"].get<std::string>();
+  OrtModel m;
+  m.peer = peer;
+  m.onnx = o.work_dir + "/" + tag + "_b" + std::to_string(batch) + ".onnx";
+  m.in_path = o.work_dir + "/" + tag + "_in.f32";
+  m.out_path = o.work_dir + "/" + tag + "_ort_out.f32";
+  m.name = tag + "_b" + std::to_string(batch);
+  m.batch = batch;
+  m.features = mc.features;
+  if (!peer) {
+    row["ort_skipped"] = why;
+    return m;
+  }
+  if (!ws.ok()) {
+    row["ort_skipped"] = std::string(ws.message());
+    return m;
+  }
+  const std::string cmd = "OMP_NUM_THREADS=1 " + o.python + " " + o.exporter + " '" +
+                          mc.spec.dump() + "' " + st + " " + std::to_string(batch) + " " + m.onnx +
+                          " > " + o.work_dir + "/export.log 2>&1";
+  if (std::system(cmd.c_str()) != 0) {
+    row["ort_skipped"] = "export_onnx.py failed (see " + o.work_dir + "/export.log)";
+    return m;
+  }
+  json r =
+      peer->Call({{"cmd", "load"}, {"name", m.name}, {"path", m.onnx}, {"threads", o.threads}});
+  if (!r.value("ok", false)) {
+    row["ort_skipped"] = r.value("error", "load failed");
+    return m;
+  }
+  WriteRaw(m.in_path, x);
+  m.loaded = true;
+  return m;
+}
+
+// Kiln's three ways of running one row: f32 with the weights bound (as kiln serve runs it), f32
+// with the weights passed per run, int8 by the quantize rewrite.
+struct KilnSides {
+  KilnRun f32, unbound, int8;
+  bool have_unbound = false, have_int8 = false;
+};
+
+// Prepares `k`; the f32 side's error (the row's "error"), the others' into the row.
+absl::Status PrepareKiln(runtime::Backend& backend, const ir::Graph& g,
+                         const std::map<std::string, Tensor>& weights, const Tensor& x,
+                         const ModelCase& mc, int64_t batch, KilnSides& k, json& row) {
+  absl::Status s = k.f32.Prepare(backend, g, weights, x);
+  if (!s.ok()) return s;
+  k.have_unbound = k.unbound.Prepare(backend, g, weights, x, /*bind_weights=*/false).ok();
+  // int8 through the kiln quantize rewrite (calibrated on 64 random rows).
+  auto q = Quantize(backend, g, weights, RandomInput(Shape{batch, mc.features}, 99));
+  if (q.ok()) {
+    s = k.int8.Prepare(backend, q->program, q->weights, x);
+    k.have_int8 = s.ok();
+    if (!s.ok()) row["int8_error"] = std::string(s.message());
+  } else {
+    row["int8_error"] = std::string(q.status().message());
+  }
+  return absl::OkStatus();
+}
+
+struct RowTimes {
+  std::vector<double> kiln, ort, int8, unbound;
+};
+
+// Alternating rounds: Kiln f32, then ORT for as many runs as Kiln took in its share of the round
+// (at least 5), then unbound and int8 Kiln.
+RowTimes TimeRounds(KilnSides& k, OrtModel& ort, bool& have_ort, const ComputeBenchOptions& o,
+                    json& row) {
+  RowTimes t;
+  if (have_ort) ort.Time(5);  // warm-up
+  for (int round = 0; round < o.rounds; ++round) {
+    std::vector<double> kr = k.f32.Time(o.seconds_per_round);
+    t.kiln.insert(t.kiln.end(), kr.begin(), kr.end());
+    if (have_ort) {
+      const double med = Median(kr);
+      const int iters = std::max(5, static_cast<int>(o.seconds_per_round * 1e6 / med));
+      std::vector<double> r = ort.Time(iters);
+      if (r.empty()) {
+        row["ort_skipped"] = "run failed: " + ort.error;
+        have_ort = false;
+      }
+      t.ort.insert(t.ort.end(), r.begin(), r.end());
+    }
+    if (k.have_unbound) {
+      std::vector<double> u = k.unbound.Time(o.seconds_per_round);
+      t.unbound.insert(t.unbound.end(), u.begin(), u.end());
+    }
+    if (k.have_int8) {
+      std::vector<double> i = k.int8.Time(o.seconds_per_round);
+      t.int8.insert(t.int8.end(), i.begin(), i.end());
+    }
+  }
+  return t;
+}
+
+// The printed columns of one row that are "-" unless their side ran.
+struct RowColumns {
+  std::string ort = "-", ratio = "-", diff = "-", int8 = "-", int8_ratio = "-", floor = "-";
+};
+
+// ORT's median and ratios, and the oracle: the same logits from both.
+void AddOrtResults(const RowTimes& t, double kmed, double ort_floor, const Tensor& mine,
+                   const std::string& out_path, json& row, RowColumns& cols) {
+  const double omed = Median(t.ort);
+  row["ort_us"] = omed;
+  row["ort_runs"] = t.ort.size();
+  row["ratio_kiln_over_ort"] = kmed / omed;
+  std::vector<float> ort_logits = ReadRaw(out_path);
+  double diff = 0, scale = 1e-6;
+  if (static_cast<int64_t>(ort_logits.size()) == mine.num_elements()) {
+    for (int64_t i = 0; i < mine.num_elements(); ++i) {
+      diff = std::max(diff, std::fabs(double(ort_logits[i]) - mine.data<float>()[i]));
+      scale = std::max(scale, std::fabs(double(mine.data<float>()[i])));
+    }
+    row["max_abs_diff_logits"] = diff;
+    row["logits_agree"] = diff <= 1e-4 * scale + 1e-5;
+  } else {
+    row["logits_agree"] = false;
+    row["max_abs_diff_logits"] = nullptr;
+  }
+  cols.ort = Fmt("%.1f", omed);
+  cols.ratio = Fmt("%.2fx", kmed / omed);
+  if (ort_floor > 0 && omed > ort_floor) {
+    row["ratio_kiln_over_ort_minus_floor"] = kmed / (omed - ort_floor);
+    cols.floor = Fmt("%.2fx", kmed / (omed - ort_floor));
+  }
+  cols.diff = Fmt("%.1e", diff);
+}
+
+// The roofline: the floor any implementation is bound by on this machine, and each side's time
+// (ORT's where it ran; omed 0 otherwise) as a multiple of it; into row["roofline"], printed with
+// the row.
+void AddRoofline(const GraphCost& cost, const Roofline& roof, double kmed, bool have_ort,
+                 double omed, const std::string& model, int64_t batch, const RowColumns& cols,
+                 json& row) {
+  json rl = {{"flops", cost.flops},
+             {"contractions", cost.contractions},
+             {"weight_bytes", cost.weight_bytes},
+             {"input_bytes", cost.input_bytes},
+             {"output_bytes", cost.output_bytes},
+             {"min_bytes", cost.min_bytes()},
+             {"working_set_bytes", cost.working_set_bytes()},
+             {"peak_gflop_per_s", roof.peak_gflop_per_s},
+             {"gb_per_s_at_working_set", roof.gb_per_s},
+             {"compute_floor_us", roof.compute_floor_us},
+             {"memory_floor_us", roof.memory_floor_us},
+             {"floor_us", roof.floor_us},
+             {"bound", roof.compute_bound ? "compute" : "memory"},
+             {"kiln_over_floor", kmed / roof.floor_us},
+             {"kiln_share_of_roof", RoofShare(roof, kmed)}};
+  std::string ort_rf = "-", rf_ort = "-";
+  if (have_ort) {
+    rl["ort_over_floor"] = omed / roof.floor_us;
+    rl["ort_share_of_roof"] = RoofShare(roof, omed);
+    rl["best_ratio_over_ort"] = roof.floor_us / omed;
+    rl["share_needed_for_0_8x_ort"] = roof.floor_us / (0.8 * omed);
+    ort_rf = Fmt("%.2fx", omed / roof.floor_us);
+    rf_ort = Fmt("%.2fx", roof.floor_us / omed);
+  }
+  const std::string verdict = Verdict(roof, kmed, omed, 0.8, "ORT");
+  rl["verdict"] = verdict;
+  row["roofline"] = rl;
+  printf(
+      "%-34s %6lld %12.1f %12.1f %12s %8s %10s %12s %10s %9s %7.1f %7.2f %9.1f %7.2fx %8s "
+      "%7s\n",
+      model.c_str(), static_cast<long long>(batch), kmed, row.value("kiln_unbound_us", 0.0),
+      cols.ort.c_str(), cols.ratio.c_str(), cols.floor.c_str(), cols.int8.c_str(),
+      cols.int8_ratio.c_str(), cols.diff.c_str(), cost.flops / 1e6, cost.min_bytes() / 1e6,
+      roof.floor_us, kmed / roof.floor_us, ort_rf.c_str(), rf_ort.c_str());
+  printf("  roofline: %s\n", verdict.c_str());
+}
+
+// After the timing: ORT's kernels under perf, and with --profile both sides' per-kernel times.
+void ProfileRow(KilnSides& k, OrtModel& ort, bool have_ort, double omed,
+                const ComputeBenchOptions& o, json& row) {
+  if (have_ort && o.peer_kernels) {
+    // About half a second of ORT runs under perf.
+    const int iters = std::max(20, static_cast<int>(0.5e6 / omed));
+    json pk = ProfilePeerKernels(ort.peer->pid(), o.work_dir, [&] { ort.Time(iters); });
+    printf("  ort kernels: %s\n", pk.value("summary", pk.value("error", std::string("?"))).c_str());
+    row["ort_kernels"] = pk;
+  }
+  if (!o.profile) return;
+  json prof = {{"kiln", k.f32.Profile(o.profile_runs)}};
+  PrintProfile("kiln", prof["kiln"]);
+  if (have_ort) {
+    // A second session with ORT's profiler on, so the timed one ran without it.
+    const std::string prefix = o.work_dir + "/ort_profile_" + ort.name;
+    json r = ort.peer->Call({{"cmd", "profile"},
+                             {"path", ort.onnx},
+                             {"threads", o.threads},
+                             {"prefix", prefix},
+                             {"input", ort.in_path},
+                             {"shape", {ort.batch, ort.features}},
+                             {"iters", o.profile_runs}});
+    prof["ort"] = r.value("ok", false) ? SummarizeOrtProfile(r.value("file", ""))
+                                       : json{{"error", r.value("error", "failed")}};
+    PrintProfile("ort", prof["ort"]);
+  }
+  row["profile"] = prof;
+}
+
+// What a row runs against: the machine's roof, the backend, the peer (null: not running, `why`),
+// ORT's per-call floor.
+struct RowContext {
+  Machine& machine;
+  runtime::Backend& backend;
+  OrtPeer* peer;
+  const std::string& why;
+  double ort_floor;
+  const ComputeBenchOptions& o;
+};
+
+// One model at one batch size: Kiln's sides and ORT's timed in alternating rounds, the oracle,
+// the roofline, a printed line.
+json BenchRow(RowContext& ctx, const ModelCase& mc, int64_t batch,
+              const std::map<std::string, Tensor>& weights, const std::string& st,
+              const absl::Status& ws) {
+  const ComputeBenchOptions& o = ctx.o;
+  json row = {{"model", mc.name}, {"batch", batch}, {"threads", o.threads}};
+  auto g = mc.model->PredictGraph(batch);
+  if (!g.ok()) {
+    row["error"] = std::string(g.status().message());
+    return row;
+  }
+  auto cost = CountGraphCost(*g, {"x"});
+  if (!cost.ok()) {
+    row["error"] = "roofline: " + std::string(cost.status().message());
+    return row;
+  }
+  ctx.machine.Refresh(cost->working_set_bytes(), o.threads);
+  const Roofline roof = MakeRoofline(*cost, ctx.machine.peak.gflop_per_s,
+                                     ctx.machine.RoofGbPerS(cost->working_set_bytes(), o.threads));
+  Tensor x = RandomInput(Shape{batch, mc.features}, 7 + static_cast<uint32_t>(batch));
+  KilnSides k;
+  if (absl::Status s = PrepareKiln(ctx.backend, *g, weights, x, mc, batch, k, row); !s.ok()) {
+    row["error"] = "kiln: " + std::string(s.message());
+    return row;
+  }
+  // ORT on the same weights.
+  OrtModel ort = LoadOrtModel(ctx.peer, ctx.why, mc, batch, st, ws, x, o, row);
+  bool have_ort = ort.loaded;
+  RowTimes t = TimeRounds(k, ort, have_ort, o, row);
+  const double kmed = Median(t.kiln);
+  row["kiln_us"] = kmed;
+  row["kiln_runs"] = t.kiln.size();
+  if (k.have_unbound) {
+    row["kiln_unbound_us"] = Median(t.unbound);
+    row["ratio_bound_over_unbound"] = kmed / Median(t.unbound);
+  }
+  RowColumns cols;
+  if (have_ort) AddOrtResults(t, kmed, ctx.ort_floor, k.f32.outs[0], ort.out_path, row, cols);
+  if (k.have_int8) {
+    const double imed = Median(t.int8);
+    row["kiln_int8_us"] = imed;
+    row["ratio_int8_over_f32"] = imed / kmed;
+    cols.int8 = Fmt("%.1f", imed);
+    cols.int8_ratio = Fmt("%.2fx", imed / kmed);
+  }
+  const double omed = have_ort ? row["ort_us"].get<double>() : 0.0;
+  AddRoofline(*cost, roof, kmed, have_ort, omed, mc.name, batch, cols, row);
+  if (row.contains("ort_skipped"))
+    printf("  ort skipped: %s\n", row["ort_skipped"].get<std::string>().c_str());
+  ProfileRow(k, ort, have_ort, omed, o, row);
+  fflush(stdout);
+  return row;
+}
+
+// What the roof was computed from: the FMA peak before and after the rows, the read bandwidth
+// at each working set measured.
+json MachineJson(const Machine& machine, const FmaPeak& after, double load_before) {
+  json bw = json::array();
+  for (const auto& [asked, b] : machine.bandwidth) {
+    json e = BandwidthJson(b);
+    for (const auto& [name, bytes] : machine.levels)
+      if (bytes == asked) e["level"] = name;
+    bw.push_back(e);
+  }
+  return {{"fma_peak", PeakJson(machine.peak)},
+          {"fma_peak_after_rows", PeakJson(after)},
+          {"read_bandwidth", bw},
+          {"load_average_before", load_before},
+          {"l2_bytes_per_core", CacheBytes(2, 0)},
+          {"l3_bytes", CacheBytes(3, 0)}};
+}
+
+}  // namespace
+
+json RunComputeBench(const ComputeBenchOptions& options, json* machine_out) {
+  json rows = json::array();
+  // A directory of this process's own under work_dir: two runs at once (two people on one machine)
+  // would otherwise overwrite each other's models and inputs (ORT then reads the other batch's).
+  ComputeBenchOptions o = options;
+  mkdir(o.work_dir.c_str(), 0755);
+  o.work_dir += "/run_" + std::to_string(getpid());
+  mkdir(o.work_dir.c_str(), 0755);
+  double load_before = 0;
+  Machine machine = MeasureRoofline(o.threads, &load_before);
   std::string why;
   std::unique_ptr<OrtPeer> peer = OrtPeer::Start(o, &why);
   auto backend = runtime::MakeCpuBackend();
@@ -435,47 +801,12 @@ json RunComputeBench(const ComputeBenchOptions& options, json* machine_out) {
       "\ncompute: Kiln (cpu backend, weights bound constant) vs ONNX Runtime %s, %d threads "
       "each, %d alternating rounds of %.2f s; median us per forward pass\n",
       "(onnxruntime-node)", o.threads, o.rounds, o.seconds_per_round);
-  // Each side's per-call floor: y = x + x on 16 floats. The peer's includes node's N-API call and
-  // its promise; Kiln's is Executable::RunInto. Rows also give the ratio with ORT's floor taken
-  // off (ORT's kernels alone, the comparison least favourable to Kiln).
   double ort_floor = 0;
-  {
-    json floor = {{"model", "floor: y = x + x, 16 floats"}, {"batch", 1}};
-    auto g = ir::ParseGraph(R"(graph @tiny {
-  %0 = parameter() {index=0, name="x"} : f32[1,16]
-  %1 = add(%0, %0) : f32[1,16]
-  return y=%1
-}
-)");
-    KilnRun k;
-    Tensor x = RandomInput(Shape{1, 16}, 3);
-    if (g.ok() && k.Prepare(*backend, *g, {}, x).ok()) floor["kiln_us"] = Median(k.Time(0.3));
-    const std::string onnx = o.work_dir + "/tiny.onnx", in_path = o.work_dir + "/tiny_in.f32";
-    const std::string cmd = "OMP_NUM_THREADS=1 " + o.python + " " + o.exporter +
-                            " '{\"kind\":\"tiny\",\"features\":16}' none 1 " + onnx + " > " +
-                            o.work_dir + "/export.log 2>&1";
-    if (peer && WriteRaw(in_path, x) && std::system(cmd.c_str()) == 0 &&
-        peer->Call({{"cmd", "load"}, {"name", "tiny"}, {"path", onnx}, {"threads", o.threads}})
-            .value("ok", false)) {
-      json r = peer->Call({{"cmd", "run"},
-                           {"name", "tiny"},
-                           {"input", in_path},
-                           {"shape", {1, 16}},
-                           {"iters", 3000}});
-      if (r.value("ok", false)) {
-        std::vector<double> us = r["us"].get<std::vector<double>>();
-        us.erase(us.begin(), us.begin() + 500);  // warm-up
-        ort_floor = Median(us);
-        floor["ort_us"] = ort_floor;
-      }
-    }
-    printf("per-call floor (y = x + x, 16 floats): kiln %.1f us, ort %.1f us\n",
-           floor.value("kiln_us", 0.0), ort_floor);
-    rows.push_back(floor);
-  }
+  rows.push_back(MeasureFloor(*backend, peer.get(), o, &ort_floor));
   printf("%-34s %6s %12s %12s %12s %8s %10s %12s %10s %9s %7s %7s %9s %8s %8s %7s\n", "model",
          "batch", "kiln f32 us", "unbound us", "ort us", "kiln/ort", "-floor", "kiln int8 us",
          "int8/f32", "max|diff|", "MFLOP", "MB", "roof us", "kiln/rf", "ort/rf", "rf/ort");
+  RowContext ctx{machine, *backend, peer.get(), why, ort_floor, o};
   for (ModelCase& mc : Models()) {
     auto params = nn::InitParams(mc.model->Params(), /*seed=*/0);
     if (!params.ok()) {
@@ -488,228 +819,10 @@ json RunComputeBench(const ComputeBenchOptions& options, json* machine_out) {
       weights[n] = *params->Get(n);
       list.push_back({n, weights[n]});
     }
-    const std::string tag = mc.spec["kind"].get<std::string>();
-    const std::string st = o.work_dir + "/" + tag + ".safetensors";
+    const std::string st = o.work_dir + "/" + mc.spec["kind"].get<std::string>() + ".safetensors";
     absl::Status ws = WriteSafetensors(st, list);
-    for (int64_t batch : {int64_t{1}, int64_t{256}}) {
-      json row = {{"model", mc.name}, {"batch", batch}, {"threads", o.threads}};
-      auto g = mc.model->PredictGraph(batch);
-      if (!g.ok()) {
-        row["error"] = std::string(g.status().message());
-        rows.push_back(row);
-        continue;
-      }
-      auto cost = CountGraphCost(*g, {"x"});
-      if (!cost.ok()) {
-        row["error"] = "roofline: " + std::string(cost.status().message());
-        rows.push_back(row);
-        continue;
-      }
-      machine.Refresh(cost->working_set_bytes(), o.threads);
-      const Roofline roof = MakeRoofline(*cost, machine.peak.gflop_per_s,
-                                         machine.RoofGbPerS(cost->working_set_bytes(), o.threads));
-      Tensor x = RandomInput(Shape{batch, mc.features}, 7 + static_cast<uint32_t>(batch));
-      KilnRun f32;
-      absl::Status s = f32.Prepare(*backend, *g, weights, x);
-      if (!s.ok()) {
-        row["error"] = "kiln: " + std::string(s.message());
-        rows.push_back(row);
-        continue;
-      }
-      KilnRun unbound;
-      const bool have_unbound =
-          unbound.Prepare(*backend, *g, weights, x, /*bind_weights=*/false).ok();
-      // int8 through the kiln quantize rewrite (calibrated on 64 random rows).
-      KilnRun int8;
-      bool have_int8 = false;
-      auto q = Quantize(*backend, *g, weights, RandomInput(Shape{batch, mc.features}, 99));
-      if (q.ok()) {
-        s = int8.Prepare(*backend, q->program, q->weights, x);
-        have_int8 = s.ok();
-        if (!s.ok()) row["int8_error"] = std::string(s.message());
-      } else {
-        row["int8_error"] = std::string(q.status().message());
-      }
-      // ORT on the same weights.
-      bool have_ort = false;
-      const std::string onnx = o.work_dir + "/" + tag + "_b" + std::to_string(batch) + ".onnx";
-      const std::string in_path = o.work_dir + "/" + tag + "_in.f32";
-      const std::string out_path = o.work_dir + "/" + tag + "_ort_out.f32";
-      const std::string name = tag + "_b" + std::to_string(batch);
-      if (!peer) {
-        row["ort_skipped"] = why;
-      } else if (!ws.ok()) {
-        row["ort_skipped"] = std::string(ws.message());
-      } else {
-        const std::string cmd = "OMP_NUM_THREADS=1 " + o.python + " " + o.exporter + " '" +
-                                mc.spec.dump() + "' " + st + " " + std::to_string(batch) + " " +
-                                onnx + " > " + o.work_dir + "/export.log 2>&1";
-        if (std::system(cmd.c_str()) != 0) {
-          row["ort_skipped"] = "export_onnx.py failed (see " + o.work_dir + "/export.log)";
-        } else {
-          json r =
-              peer->Call({{"cmd", "load"}, {"name", name}, {"path", onnx}, {"threads", o.threads}});
-          if (!r.value("ok", false)) {
-            row["ort_skipped"] = r.value("error", "load failed");
-          } else {
-            WriteRaw(in_path, x);
-            have_ort = true;
-          }
-        }
-      }
-      std::vector<double> kiln_us, ort_us, int8_us, unbound_us;
-      std::string ort_error;
-      auto ort_time = [&](int iters) -> std::vector<double> {
-        json r = peer->Call({{"cmd", "run"},
-                             {"name", name},
-                             {"input", in_path},
-                             {"shape", {batch, mc.features}},
-                             {"iters", iters},
-                             {"out", out_path}});
-        if (!r.value("ok", false)) {
-          ort_error = r.value("error", std::string("no error given"));
-          return {};
-        }
-        return r["us"].get<std::vector<double>>();
-      };
-      if (have_ort) ort_time(5);  // warm-up
-      for (int round = 0; round < o.rounds; ++round) {
-        std::vector<double> k = f32.Time(o.seconds_per_round);
-        kiln_us.insert(kiln_us.end(), k.begin(), k.end());
-        if (have_ort) {
-          // As many runs as Kiln took in its share of the round, at least 5.
-          const double med = Median(k);
-          const int iters = std::max(5, static_cast<int>(o.seconds_per_round * 1e6 / med));
-          std::vector<double> r = ort_time(iters);
-          if (r.empty()) {
-            row["ort_skipped"] = "run failed: " + ort_error;
-            have_ort = false;
-          }
-          ort_us.insert(ort_us.end(), r.begin(), r.end());
-        }
-        if (have_unbound) {
-          std::vector<double> u = unbound.Time(o.seconds_per_round);
-          unbound_us.insert(unbound_us.end(), u.begin(), u.end());
-        }
-        if (have_int8) {
-          std::vector<double> i = int8.Time(o.seconds_per_round);
-          int8_us.insert(int8_us.end(), i.begin(), i.end());
-        }
-      }
-      const double kmed = Median(kiln_us);
-      row["kiln_us"] = kmed;
-      row["kiln_runs"] = kiln_us.size();
-      if (have_unbound) {
-        row["kiln_unbound_us"] = Median(unbound_us);
-        row["ratio_bound_over_unbound"] = kmed / Median(unbound_us);
-      }
-      std::string ort_col = "-", ratio_col = "-", diff_col = "-", int8_col = "-", i8r_col = "-";
-      std::string floor_col = "-";
-      if (have_ort) {
-        const double omed = Median(ort_us);
-        row["ort_us"] = omed;
-        row["ort_runs"] = ort_us.size();
-        row["ratio_kiln_over_ort"] = kmed / omed;
-        // Oracle: the same logits from both.
-        std::vector<float> ort_logits = ReadRaw(out_path);
-        const Tensor& mine = f32.outs[0];
-        double diff = 0, scale = 1e-6;
-        if (static_cast<int64_t>(ort_logits.size()) == mine.num_elements()) {
-          for (int64_t i = 0; i < mine.num_elements(); ++i) {
-            diff = std::max(diff, std::fabs(double(ort_logits[i]) - mine.data<float>()[i]));
-            scale = std::max(scale, std::fabs(double(mine.data<float>()[i])));
-          }
-          row["max_abs_diff_logits"] = diff;
-          row["logits_agree"] = diff <= 1e-4 * scale + 1e-5;
-        } else {
-          row["logits_agree"] = false;
-          row["max_abs_diff_logits"] = nullptr;
-        }
-        ort_col = Fmt("%.1f", omed);
-        ratio_col = Fmt("%.2fx", kmed / omed);
-        if (ort_floor > 0 && omed > ort_floor) {
-          row["ratio_kiln_over_ort_minus_floor"] = kmed / (omed - ort_floor);
-          floor_col = Fmt("%.2fx", kmed / (omed - ort_floor));
-        }
-        diff_col = Fmt("%.1e", diff);
-      }
-      if (have_int8) {
-        const double imed = Median(int8_us);
-        row["kiln_int8_us"] = imed;
-        row["ratio_int8_over_f32"] = imed / kmed;
-        int8_col = Fmt("%.1f", imed);
-        i8r_col = Fmt("%.2fx", imed / kmed);
-      }
-      // The roofline: the floor any implementation is bound by on this machine, and each side's
-      // time as a multiple of it.
-      const double omed = have_ort ? row["ort_us"].get<double>() : 0.0;
-      json rl = {{"flops", cost->flops},
-                 {"contractions", cost->contractions},
-                 {"weight_bytes", cost->weight_bytes},
-                 {"input_bytes", cost->input_bytes},
-                 {"output_bytes", cost->output_bytes},
-                 {"min_bytes", cost->min_bytes()},
-                 {"working_set_bytes", cost->working_set_bytes()},
-                 {"peak_gflop_per_s", roof.peak_gflop_per_s},
-                 {"gb_per_s_at_working_set", roof.gb_per_s},
-                 {"compute_floor_us", roof.compute_floor_us},
-                 {"memory_floor_us", roof.memory_floor_us},
-                 {"floor_us", roof.floor_us},
-                 {"bound", roof.compute_bound ? "compute" : "memory"},
-                 {"kiln_over_floor", kmed / roof.floor_us},
-                 {"kiln_share_of_roof", RoofShare(roof, kmed)}};
-      std::string ort_rf = "-", rf_ort = "-";
-      if (have_ort) {
-        rl["ort_over_floor"] = omed / roof.floor_us;
-        rl["ort_share_of_roof"] = RoofShare(roof, omed);
-        rl["best_ratio_over_ort"] = roof.floor_us / omed;
-        rl["share_needed_for_0_8x_ort"] = roof.floor_us / (0.8 * omed);
-        ort_rf = Fmt("%.2fx", omed / roof.floor_us);
-        rf_ort = Fmt("%.2fx", roof.floor_us / omed);
-      }
-      const std::string verdict = Verdict(roof, kmed, omed, 0.8, "ORT");
-      rl["verdict"] = verdict;
-      row["roofline"] = rl;
-      printf(
-          "%-34s %6lld %12.1f %12.1f %12s %8s %10s %12s %10s %9s %7.1f %7.2f %9.1f %7.2fx %8s "
-          "%7s\n",
-          mc.name.c_str(), static_cast<long long>(batch), kmed, row.value("kiln_unbound_us", 0.0),
-          ort_col.c_str(), ratio_col.c_str(), floor_col.c_str(), int8_col.c_str(), i8r_col.c_str(),
-          diff_col.c_str(), cost->flops / 1e6, cost->min_bytes() / 1e6, roof.floor_us,
-          kmed / roof.floor_us, ort_rf.c_str(), rf_ort.c_str());
-      printf("  roofline: %s\n", verdict.c_str());
-      if (row.contains("ort_skipped"))
-        printf("  ort skipped: %s\n", row["ort_skipped"].get<std::string>().c_str());
-      if (have_ort && o.peer_kernels) {
-        // About half a second of ORT runs under perf.
-        const int iters = std::max(20, static_cast<int>(0.5e6 / omed));
-        json pk = ProfilePeerKernels(peer->pid(), o.work_dir, [&] { ort_time(iters); });
-        printf("  ort kernels: %s\n",
-               pk.value("summary", pk.value("error", std::string("?"))).c_str());
-        row["ort_kernels"] = pk;
-      }
-      if (o.profile) {
-        json prof = {{"kiln", f32.Profile(o.profile_runs)}};
-        PrintProfile("kiln", prof["kiln"]);
-        if (have_ort) {
-          // A second session with ORT's profiler on, so the timed one ran without it.
-          const std::string prefix = o.work_dir + "/ort_profile_" + name;
-          json r = peer->Call({{"cmd", "profile"},
-                               {"path", onnx},
-                               {"threads", o.threads},
-                               {"prefix", prefix},
-                               {"input", in_path},
-                               {"shape", {batch, mc.features}},
-                               {"iters", o.profile_runs}});
-          prof["ort"] = r.value("ok", false) ? SummarizeOrtProfile(r.value("file", ""))
-                                             : json{{"error", r.value("error", "failed")}};
-          PrintProfile("ort", prof["ort"]);
-        }
-        row["profile"] = prof;
-      }
-      fflush(stdout);
-      rows.push_back(row);
-    }
+    for (int64_t batch : {int64_t{1}, int64_t{256}})
+      rows.push_back(BenchRow(ctx, mc, batch, weights, st, ws));
   }
   // The peak again after the rows: a figure well above the one the rows used says the machine was
   // busy while they ran (their roof is low, their shares of it high).
@@ -725,21 +838,7 @@ json RunComputeBench(const ComputeBenchOptions& options, json* machine_out) {
     std::error_code ec;
     std::filesystem::remove_all(o.work_dir, ec);
   }
-  if (machine_out) {
-    json bw = json::array();
-    for (const auto& [asked, b] : machine.bandwidth) {
-      json e = BandwidthJson(b);
-      for (const auto& [name, bytes] : machine.levels)
-        if (bytes == asked) e["level"] = name;
-      bw.push_back(e);
-    }
-    *machine_out = {{"fma_peak", PeakJson(machine.peak)},
-                    {"fma_peak_after_rows", PeakJson(after)},
-                    {"read_bandwidth", bw},
-                    {"load_average_before", load_before},
-                    {"l2_bytes_per_core", CacheBytes(2, 0)},
-                    {"l3_bytes", CacheBytes(3, 0)}};
-  }
+  if (machine_out) *machine_out = MachineJson(machine, after, load_before);
   return rows;
 }
 

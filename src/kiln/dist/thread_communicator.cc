@@ -8,7 +8,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "kiln/base/mutex.h"
 #include "kiln/base/status.h"
 #include "kiln/dist/internal/reduce.h"
 
@@ -53,20 +55,20 @@ struct Post {
 struct Group {
   explicit Group(int n) : size(n), posts(n) {}
   const int size;
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable cv;
-  int arrived = 0;
-  uint64_t generation = 0;
-  std::vector<Post> posts;
-  bool broken = false;
-  std::string broken_reason;
+  int arrived ABSL_GUARDED_BY(mu) = 0;
+  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+  std::vector<Post> posts ABSL_GUARDED_BY(mu);
+  bool broken ABSL_GUARDED_BY(mu) = false;
+  std::string broken_reason ABSL_GUARDED_BY(mu);
   // Split: the groups being handed out, by (the generation of the Split call, color); the last
   // member to take its group removes the entry.
   struct Pending {
     std::shared_ptr<Group> group;
     int takers_left = 0;
   };
-  std::map<std::pair<uint64_t, int>, Pending> splits;
+  std::map<std::pair<uint64_t, int>, Pending> splits ABSL_GUARDED_BY(mu);
 };
 
 // The first argument in which `p` differs from `q`, or "" when they agree.
@@ -182,7 +184,7 @@ class ThreadCommunicator final : public Communicator {
           std::sort(members.begin(), members.end());
           for (size_t i = 0; i < members.size(); ++i)
             if (members[i].second == rank()) new_rank = static_cast<int>(i);
-          std::lock_guard<std::mutex> lock(group_->mu);
+          MutexLock lock(group_->mu);
           // Between the two rendezvous of a call the generation is the same on every rank.
           auto [it, fresh] = group_->splits.try_emplace({group_->generation, color});
           if (fresh) {
@@ -210,9 +212,9 @@ class ThreadCommunicator final : public Communicator {
     std::vector<const void*> in(size());
     std::string mismatch;
     {
-      std::unique_lock<std::mutex> lock(group_->mu);
+      UniqueLock lock(group_->mu);
       group_->posts[rank()] = post;
-      KILN_RETURN_IF_ERROR(Rendezvous(lock, deadline, op, bytes));
+      KILN_RETURN_IF_ERROR(Rendezvous(lock.get(), deadline, op, bytes));
       seen_ = group_->posts;
       for (int r = 0; r < size(); ++r) {
         in[r] = group_->posts[r].send;
@@ -227,8 +229,8 @@ class ThreadCommunicator final : public Communicator {
       // No deadline: every rank has arrived, and what is left before this rendezvous is local work
       // (a bounded copy or reduction). Waiting for it keeps this rank's buffers alive while a peer
       // reads them.
-      std::unique_lock<std::mutex> lock(group_->mu);
-      KILN_RETURN_IF_ERROR(Rendezvous(lock, Clock::time_point::max(), op, bytes));
+      UniqueLock lock(group_->mu);
+      KILN_RETURN_IF_ERROR(Rendezvous(lock.get(), Clock::time_point::max(), op, bytes));
     }
     if (!mismatch.empty())
       return absl::InvalidArgumentError(
@@ -241,8 +243,9 @@ class ThreadCommunicator final : public Communicator {
   // (The broken flag is checked first: a group broken between the two rendezvous of a call ends
   // the wait.)
   absl::Status Rendezvous(std::unique_lock<std::mutex>& lock, Clock::time_point deadline,
-                          const char* op, int64_t bytes) {
+                          const char* op, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(group_->mu) {
     Group& g = *group_;
+    g.mu.AssertHeld();  // the same mutex, by its alias
     if (g.broken)
       return absl::FailedPreconditionError(absl::StrCat(
           op, " on rank ", rank(), ": the communicator group is broken (", g.broken_reason, ")"));

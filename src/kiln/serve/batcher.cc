@@ -4,9 +4,24 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace kiln::serve {
+
+namespace {
+constexpr absl::string_view kQueueTimeoutPayload = "type.kiln.dev/kiln.serve.QueueTimeout";
+}  // namespace
+
+absl::Status QueueTimeoutError() {
+  absl::Status s = absl::UnavailableError("request timeout expired in the queue");
+  s.SetPayload(kQueueTimeoutPayload, absl::Cord());
+  return s;
+}
+
+bool IsQueueTimeout(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable && s.GetPayload(kQueueTimeoutPayload);
+}
 
 absl::Status BatchingConfig::Validate() const {
   if (max_batch_size < 1)
@@ -125,7 +140,7 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<BatchRequest> request) {
     return absl::InvalidArgumentError(
         absl::StrCat("timeout ", request->timeout_us, " us is negative"));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return absl::UnavailableError("the server is shutting down");
     if (config_.max_queue_size > 0 &&
         static_cast<int64_t>(queue_.size()) >= config_.max_queue_size) {
@@ -169,7 +184,7 @@ void DynamicBatcher::WorkerLoop(int instance) {
     int64_t rows = 0;
     bool exit = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      UniqueLock lock(mu_);
       for (;;) {
         const int64_t now = clock_->NowMicros();
         TakeExpired(now, &expired);
@@ -179,7 +194,7 @@ void DynamicBatcher::WorkerLoop(int instance) {
             exit = true;
             break;
           }
-          clock_->WaitUntil(cv_, lock, -1);
+          clock_->WaitUntil(cv_, lock.get(), -1);
           continue;
         }
         std::vector<QueuedInfo> info;
@@ -196,12 +211,11 @@ void DynamicBatcher::WorkerLoop(int instance) {
           rows = d.rows;
           break;
         }
-        clock_->WaitUntil(cv_, lock, d.wake_us);
+        clock_->WaitUntil(cv_, lock.get(), d.wake_us);
       }
     }
     if (!taken.empty()) cv_.notify_all();  // the rest of the queue may be ready for another
-    for (auto& r : expired)
-      Finish(absl::UnavailableError("request timeout expired in the queue"), std::move(r));
+    for (auto& r : expired) Finish(QueueTimeoutError(), std::move(r));
     if (exit) return;
     if (taken.empty()) continue;
     batch.clear();
@@ -227,7 +241,7 @@ void DynamicBatcher::Finish(absl::Status status, std::unique_ptr<BatchRequest> r
     call(std::move(status), std::move(request));
     return;
   }
-  std::lock_guard<std::mutex> lock(release_mu_);
+  MutexLock lock(release_mu_);
   const uint64_t seq = request->seq;
   finished_.emplace(seq, std::make_pair(std::move(status), std::move(request)));
   for (auto it = finished_.find(next_release_); it != finished_.end();
@@ -240,16 +254,16 @@ void DynamicBatcher::Finish(absl::Status status, std::unique_ptr<BatchRequest> r
 
 void DynamicBatcher::Flush() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     flushing_ = true;
   }
   cv_.notify_all();
 }
 
 void DynamicBatcher::Stop() {
-  std::lock_guard<std::mutex> stop_lock(stop_mu_);
+  MutexLock stop_lock(stop_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -258,7 +272,7 @@ void DynamicBatcher::Stop() {
 }
 
 int64_t DynamicBatcher::queue_depth() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return static_cast<int64_t>(queue_.size());
 }
 

@@ -30,7 +30,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "kiln/base/mutex.h"
 #include "kiln/serve/clock.h"
 #include "kiln/tensor/tensor.h"
 
@@ -72,6 +74,12 @@ struct BatchRequest {
   int64_t batch_rows = 0;   // rows in the batch it ran in
   uint64_t seq = 0;         // acceptance order
 };
+
+// The status of a request whose timeout expired in the queue: Unavailable ("request timeout
+// expired in the queue"; gRPC UNAVAILABLE, HTTP 503), marked by a payload so that callers tell a
+// timeout from a full queue by its type, not by its message text.
+absl::Status QueueTimeoutError();
+bool IsQueueTimeout(const absl::Status& s);
 
 // Runs one batch of requests with `rows` rows in all on worker `instance`.
 using BatchRunner =
@@ -121,27 +129,29 @@ class DynamicBatcher {
     std::unique_ptr<BatchRequest> request;
   };
   void WorkerLoop(int instance);
-  // Removes expired entries (under mu_) into `expired`.
-  void TakeExpired(int64_t now, std::vector<std::unique_ptr<BatchRequest>>* expired);
+  // Removes expired entries into `expired`.
+  void TakeExpired(int64_t now, std::vector<std::unique_ptr<BatchRequest>>* expired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(absl::Status status, std::unique_ptr<BatchRequest> request);
 
   const BatchingConfig config_;
   const BatchRunner runner_;
   Clock* const clock_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  std::vector<Entry> queue_;  // sorted by (level, seq)
-  uint64_t next_seq_ = 0;
-  bool stopping_ = false;
-  bool flushing_ = false;
+  std::vector<Entry> queue_ ABSL_GUARDED_BY(mu_);  // sorted by (level, seq)
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool flushing_ ABSL_GUARDED_BY(mu_) = false;
 
-  std::mutex release_mu_;
-  uint64_t next_release_ = 0;
-  std::map<uint64_t, std::pair<absl::Status, std::unique_ptr<BatchRequest>>> finished_;
+  Mutex release_mu_;
+  uint64_t next_release_ ABSL_GUARDED_BY(release_mu_) = 0;
+  std::map<uint64_t, std::pair<absl::Status, std::unique_ptr<BatchRequest>>> finished_
+      ABSL_GUARDED_BY(release_mu_);
 
-  std::mutex stop_mu_;
-  std::vector<std::thread> workers_;
+  Mutex stop_mu_;
+  std::vector<std::thread> workers_ ABSL_GUARDED_BY(stop_mu_);
 };
 
 }  // namespace kiln::serve

@@ -154,6 +154,13 @@ bool WaitFor(const std::function<bool()>& cond) {
   return false;
 }
 
+// True once the workers waiting on `clock` have called WaitUntil twice more: each has looked at
+// the queue and the time as they are now (instead of sleeping and hoping it has).
+bool LookedTwice(const ManualClock& clock) {
+  const int64_t waits = clock.waits();
+  return WaitFor([&] { return clock.waits() >= waits + 2; });
+}
+
 BatchRunner RecordingRunner(Recorder* rec) {
   return [rec](int, std::vector<BatchRequest*>& batch, int64_t) {
     std::lock_guard<std::mutex> lock(rec->mu);
@@ -172,7 +179,7 @@ TEST(DynamicBatcherTest, HoldsABatchExactlyUntilTheDelayOfTheOldest) {
   clock.SetMicros(400);
   ASSERT_TRUE(b.Enqueue(MakeRequest(&rec)).ok());
   clock.SetMicros(999);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(LookedTwice(clock));  // the worker saw t = 999 and kept waiting
   EXPECT_EQ(rec.done.load(), 0);
   clock.SetMicros(1000);
   ASSERT_TRUE(WaitFor([&] { return rec.done.load() == 2; }));
@@ -190,7 +197,7 @@ TEST(DynamicBatcherTest, FlushSendsQueuedRequestsWithoutWaitingAndStillAccepts) 
   Recorder rec;
   DynamicBatcher b(Config(8, {8}, 1000000), RecordingRunner(&rec), &clock);
   ASSERT_TRUE(b.Enqueue(MakeRequest(&rec)).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(LookedTwice(clock));  // the worker saw the request and kept waiting
   EXPECT_EQ(rec.done.load(), 0);
   b.Flush();
   ASSERT_TRUE(WaitFor([&] { return rec.done.load() == 1; }));
@@ -208,6 +215,9 @@ TEST(DynamicBatcherTest, TimedOutRequestsAreAnsweredUnavailable) {
   EXPECT_TRUE(rec.batches.empty());
   EXPECT_EQ(rec.done_status[0].code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(rec.done_status[0].message().find("timeout"), std::string::npos);
+  // Told apart from a full queue by its type, not its message.
+  EXPECT_TRUE(IsQueueTimeout(rec.done_status[0]));
+  EXPECT_FALSE(IsQueueTimeout(absl::UnavailableError("request timeout")));
 }
 
 TEST(DynamicBatcherTest, AFullQueueRejectsAndBadRequestsAreInvalid) {

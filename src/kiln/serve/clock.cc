@@ -26,6 +26,7 @@ RealClock* RealClock::Get() {
 
 void ManualClock::WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
                             int64_t deadline_us) {
+  waits_++;
   if (deadline_us >= 0 && deadline_us <= NowMicros()) return;
   cv.wait_for(lock, std::chrono::microseconds(200));
 }

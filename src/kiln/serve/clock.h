@@ -5,6 +5,9 @@
 //   DynamicBatcher b(config, runner, &clock);
 //   b.Enqueue(...);           // at t = 0
 //   clock.AdvanceMicros(500); // workers waiting for a deadline re-check the queue
+//
+// Servers take theirs through options (ServerOptions::clock, ServedModel::Load, the batcher),
+// defaulting to RealClock::Get(): every server time read goes through one of these.
 #ifndef KILN_SERVE_CLOCK_H_
 #define KILN_SERVE_CLOCK_H_
 
@@ -46,9 +49,13 @@ class ManualClock : public Clock {
                  int64_t deadline_us) override;
   void AdvanceMicros(int64_t us) { now_ += us; }
   void SetMicros(int64_t us) { now_ = us; }
+  // WaitUntil calls so far. A waiter that called WaitUntil twice after a change of the clock (or
+  // of what it waits for) has looked at that change: a test waits for that instead of sleeping.
+  int64_t waits() const { return waits_.load(); }
 
  private:
   std::atomic<int64_t> now_;
+  std::atomic<int64_t> waits_{0};
 };
 
 }  // namespace kiln::serve

@@ -180,7 +180,7 @@ class GrpcServer::Service final : public RawService {
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* bytes,
                                        grpc::ByteBuffer* out) override {
-    const int64_t start_us = RealClock::Get()->NowMicros();
+    const int64_t start_us = server_->clock()->NowMicros();
     auto request = std::make_unique<inference::ModelInferRequest>();
     if (absl::Status p = ParseRequest(bytes, request.get()); !p.ok())
       return Reply(ctx, "ModelInfer", ToGrpc(p), start_us);
@@ -202,7 +202,7 @@ class GrpcServer::Service final : public RawService {
         InferBodyFromProto(*req, server_->options().max_input_elements, &raw);
     if (!body.ok()) {
       metrics->Count(Outcome::kBadRequest);
-      metrics->total.Observe((RealClock::Get()->NowMicros() - start_us) * 1e-6);
+      metrics->total.Observe((server_->clock()->NowMicros() - start_us) * 1e-6);
       return Reply(ctx, "ModelInfer", ToGrpc(body.status()), start_us, log);
     }
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -217,7 +217,7 @@ class GrpcServer::Service final : public RawService {
             metrics->bytes_out += log.bytes_out;
             Serialize(resp, out);
           }
-          metrics->total.Observe((RealClock::Get()->NowMicros() - start_us) * 1e-6);
+          metrics->total.Observe((server_->clock()->NowMicros() - start_us) * 1e-6);
           log.queue_us = d.queue_us;
           log.compute_us = d.compute_us;
           log.batch_rows = d.batch_rows;
@@ -266,8 +266,11 @@ class GrpcServer::Service final : public RawService {
   // Waits for the repository loads and unloads still to answer (after the server stopped
   // taking calls).
   void JoinJobs() {
-    std::unique_lock<std::mutex> lock(jobs_mu_);
-    jobs_cv_.wait(lock, [this] { return jobs_ == 0; });
+    UniqueLock lock(jobs_mu_);
+    jobs_cv_.wait(lock.get(), [this] {
+      jobs_mu_.AssertHeld();  // the wait holds it while it asks
+      return jobs_ == 0;
+    });
   }
   ~Service() override { JoinJobs(); }
 
@@ -298,7 +301,7 @@ class GrpcServer::Service final : public RawService {
                                          const grpc::ByteBuffer* bytes, grpc::ByteBuffer* out,
                                          Request* req, bool unload) {
     const char* method = unload ? "RepositoryModelUnload" : "RepositoryModelLoad";
-    const int64_t start_us = RealClock::Get()->NowMicros();
+    const int64_t start_us = server_->clock()->NowMicros();
     if (absl::Status p = ParseRequest(bytes, req); !p.ok()) return Reply(ctx, method, ToGrpc(p));
     InferenceServer::LogEntry log;
     log.model = req->model_name();
@@ -311,22 +314,19 @@ class GrpcServer::Service final : public RawService {
       return Reply(ctx, method, ToGrpc(p), start_us, log);
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     {
-      std::lock_guard<std::mutex> lock(jobs_mu_);
+      MutexLock lock(jobs_mu_);
       ++jobs_;
     }
     log.remote = ctx->peer();
     (*repo)->Submit(unload ? ModelRepository::Job::kUnload : ModelRepository::Job::kLoad,
                     req->model_name(),
                     [this, reactor, out, method, start_us, log](absl::Status s) mutable {
-                      const absl::StatusCode c = s.code();
-                      if (!s.ok() && c != absl::StatusCode::kNotFound &&
-                          c != absl::StatusCode::kAborted && c != absl::StatusCode::kUnavailable)
-                        s = absl::FailedPreconditionError(s.message());
+                      s = InferenceServer::RepositoryJobStatus(std::move(s));
                       if (s.ok()) Serialize(Response(), out);
                       grpc::Status g = ToGrpc(s);
                       Finished(nullptr, method, g, start_us, std::move(log));
                       reactor->Finish(std::move(g));
-                      std::lock_guard<std::mutex> lock(jobs_mu_);
+                      MutexLock lock(jobs_mu_);
                       if (--jobs_ == 0) jobs_cv_.notify_all();
                     });
     return reactor;
@@ -341,13 +341,13 @@ class GrpcServer::Service final : public RawService {
     log.method = "gRPC";
     log.path = absl::StrCat("/inference.GRPCInferenceService/", method);
     log.status = absl::StrCat("\"", CodeName(s.error_code()), "\"");
-    log.total_us = RealClock::Get()->NowMicros() - start_us;
+    log.total_us = server_->clock()->NowMicros() - start_us;
     server_->LogAccess(log);
   }
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const char* method,
                                   grpc::Status s, int64_t start_us = -1,
                                   InferenceServer::LogEntry log = {}) {
-    if (start_us < 0) start_us = RealClock::Get()->NowMicros();
+    if (start_us < 0) start_us = server_->clock()->NowMicros();
     Finished(ctx, method, s, start_us, std::move(log));
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
     r->Finish(std::move(s));
@@ -355,9 +355,10 @@ class GrpcServer::Service final : public RawService {
   }
 
   InferenceServer* const server_;
-  std::mutex jobs_mu_;
+  Mutex jobs_mu_;
   std::condition_variable jobs_cv_;
-  int64_t jobs_ = 0;  // repository loads and unloads submitted and not yet answered
+  // Repository loads and unloads submitted and not yet answered.
+  int64_t jobs_ ABSL_GUARDED_BY(jobs_mu_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(InferenceServer* server,
@@ -399,7 +400,7 @@ GrpcServer::~GrpcServer() {
 }
 
 void GrpcServer::Drain(int64_t drain_ms) {
-  std::lock_guard<std::mutex> lock(drain_mu_);
+  MutexLock lock(drain_mu_);
   if (drained_ || server_ == nullptr) return;
   drained_ = true;
   if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);

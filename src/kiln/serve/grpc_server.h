@@ -26,10 +26,11 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "kiln/base/mutex.h"
 #include "kiln/serve/server.h"
 
 namespace grpc {
@@ -67,8 +68,8 @@ class GrpcServer : public Frontend {
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  std::mutex drain_mu_;
-  bool drained_ = false;
+  Mutex drain_mu_;
+  bool drained_ ABSL_GUARDED_BY(drain_mu_) = false;
 };
 
 }  // namespace kiln::serve

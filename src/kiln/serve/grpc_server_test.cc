@@ -18,11 +18,11 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "kiln/http/internal/test_client.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/serve/grpc_convert.h"
 #include "kiln/serve/internal/grpc_test_util.h"
 #include "kiln/serve/internal/job_gate.h"
-#include "kiln/serve/internal/test_client.h"
 #include "kiln/serve/internal/test_model.h"
 #include "kiln/serve/proto/inference.grpc.pb.h"
 #include "nlohmann/json.hpp"
@@ -57,7 +57,7 @@ class GrpcServerTest : public ::testing::Test {
     slow.preferred_batch_sizes = {8};
     slow.max_queue_delay_us = 10000000;
     slow.max_queue_size = 1;
-    Add("slow", slow);
+    Add("slow", slow, &slow_clock_);  // its timeouts pass when a test says so
     // Four single-row requests fill its preferred batch; alone, one would wait 20 s.
     BatchingConfig batchy = c;
     batchy.max_queue_delay_us = 20000000;
@@ -78,8 +78,8 @@ class GrpcServerTest : public ::testing::Test {
     grpc_.reset();
   }
 
-  void Add(const std::string& name, const BatchingConfig& c) {
-    auto m = ServedModel::Load(dir_ + "/mlp", name, "1", c, backend_.get());
+  void Add(const std::string& name, const BatchingConfig& c, Clock* clock = nullptr) {
+    auto m = ServedModel::Load(dir_ + "/mlp", name, "1", c, backend_.get(), clock);
     ASSERT_TRUE(m.ok()) << m.status();
     server_->registry().Put(std::move(*m));
   }
@@ -107,12 +107,13 @@ class GrpcServerTest : public ::testing::Test {
   }
 
   std::string Metrics() {
-    return testing::TestClient(server_->port()).Send("GET", "/metrics").body;
+    return http::testing::TestClient(server_->port()).Send("GET", "/metrics").body;
   }
 
   std::string dir_;
   std::unique_ptr<runtime::Backend> backend_;
   std::ostringstream log_;
+  ManualClock slow_clock_{0};  // "slow"'s batcher
   std::unique_ptr<InferenceServer> server_;
   std::unique_ptr<GrpcServer> grpc_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -192,7 +193,7 @@ TEST_F(GrpcServerTest, HealthAndMetadata) {
 
 TEST_F(GrpcServerTest, InferTypedAndRawEqualRest) {
   // REST's answer for the same rows.
-  testing::TestClient c(server_->port());
+  http::testing::TestClient c(server_->port());
   auto rest = c.Send("POST", "/v2/models/mlp/infer",
                      R"({"inputs":[{"name":"x","shape":[2,4],"datatype":"FP32",)"
                      R"("data":[0.5,-1,2,0.25,1,1,1,1]}]})");
@@ -439,7 +440,8 @@ TEST_F(GrpcServerTest, MangledRequestsNeverInternal) {
 
 TEST_F(GrpcServerTest, QueueFullAndTimeoutAreUnavailable) {
   inference::ModelInferRequest req = Request("slow", {1, 2, 3, 4}, false);
-  (*req.mutable_parameters())["timeout"].set_int64_param(2000000);  // 2 s in the queue
+  // 2 s in the queue, on the model's manual clock.
+  (*req.mutable_parameters())["timeout"].set_int64_param(2000000);
   grpc::ClientContext ctx;
   inference::ModelInferResponse first;
   std::mutex mu;
@@ -461,6 +463,7 @@ TEST_F(GrpcServerTest, QueueFullAndTimeoutAreUnavailable) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(s.error_message().find("exceeds maximum queue size"), std::string::npos)
       << s.error_message();
+  slow_clock_.AdvanceMicros(2000000);
   std::unique_lock<std::mutex> lock(mu);
   ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return done; }));
   EXPECT_EQ(first_status.error_code(), grpc::StatusCode::UNAVAILABLE);
@@ -489,7 +492,8 @@ TEST_F(GrpcServerTest, GrpcAndRestRequestsShareOneBatch) {
         std::string body = R"({"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[)";
         for (int j = 0; j < 4; ++j) body += (j ? "," : "") + std::to_string(rows[k][j]);
         body += "]}]}";
-        auto r = testing::TestClient(server_->port()).Send("POST", "/v2/models/batchy/infer", body);
+        auto r = http::testing::TestClient(server_->port())
+                     .Send("POST", "/v2/models/batchy/infer", body);
         if (r.status != 200) return;
         const json out = json::parse(r.body);
         for (const auto& v : out["outputs"][0]["data"]) got[k].push_back(v.get<float>());
@@ -623,7 +627,7 @@ TEST_F(GrpcServerTest, RepositoryIndexLoadAndUnload) {
   EXPECT_EQ(index(true, repo).first, "mlp/1/READY ");
   // The same index as REST's.
   json rest = json::parse(
-      testing::TestClient(server.port()).Send("POST", "/v2/repository/index", "{}").body);
+      http::testing::TestClient(server.port()).Send("POST", "/v2/repository/index", "{}").body);
   ASSERT_EQ(rest.size(), 2u);
   EXPECT_EQ(rest[0]["reason"], full.models(0).reason());
   EXPECT_EQ(rest[1]["version"], "1");
@@ -676,7 +680,7 @@ TEST_F(GrpcServerTest, RepositoryIndexLoadAndUnload) {
   s = load("mlp", true);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(s.error_message(), "model 'mlp' is not loaded");
-  const std::string metrics = testing::TestClient(server.port()).Send("GET", "/metrics").body;
+  const std::string metrics = http::testing::TestClient(server.port()).Send("GET", "/metrics").body;
   EXPECT_NE(
       metrics.find(
           R"(kiln_grpc_requests_total{method="RepositoryModelLoad",code="FAILED_PRECONDITION"} 1)"),
@@ -739,7 +743,7 @@ TEST_F(GrpcServerTest, RepositoryLoadsShareRestsLoaderThread) {
   EXPECT_NE(again.error_message().find("model 'mlp' is already loading or unloading"),
             std::string::npos)
       << again.error_message();
-  testing::TestClient c(server.port());
+  http::testing::TestClient c(server.port());
   EXPECT_EQ(c.Send("GET", "/v2/health/live").status, 200);
   EXPECT_EQ(c.Send("POST", "/v2/repository/models/mlp/load").status, 409);
   gate.Release();

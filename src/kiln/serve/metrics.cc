@@ -47,14 +47,14 @@ Histogram::Histogram(std::vector<double> bounds)
 void Histogram::Observe(double v) {
   size_t i = 0;
   while (i < bounds_.size() && v > bounds_[i]) ++i;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   counts_[i]++;
   sum_ += v;
   count_++;
 }
 
 void Histogram::Render(const std::string& name, const std::string& labels, std::string* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   uint64_t cumulative = 0;
   for (size_t i = 0; i <= bounds_.size(); ++i) {
     cumulative += counts_[i];
@@ -72,34 +72,34 @@ ModelMetrics::ModelMetrics()
       batch_size(kBatchBounds) {}
 
 ModelMetrics* ServerMetrics::ForModel(const std::string& model, const std::string& version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto& m = models_[{model, version}];
   if (!m) m = std::make_unique<ModelMetrics>();
   return m.get();
 }
 
 void ServerMetrics::SetQueueDepth(ModelMetrics* m, std::function<int64_t()> f) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   m->queue_depth = std::move(f);
 }
 
 void ServerMetrics::CountHttp(int code) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   http_[code]++;
 }
 
 void ServerMetrics::EnableGrpc() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   grpc_ = true;
 }
 
 void ServerMetrics::CountGrpc(const std::string& method, const std::string& code) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   grpc_calls_[{method, code}]++;
 }
 
 std::string ServerMetrics::Render() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::string out;
   auto labels = [](const std::pair<std::string, std::string>& k) {
     return absl::StrCat("model=\"", LabelValue(k.first), "\",version=\"", LabelValue(k.second),

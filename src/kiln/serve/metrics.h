@@ -23,10 +23,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "kiln/base/mutex.h"
 
 namespace kiln::serve {
 
@@ -39,10 +41,10 @@ class Histogram {
 
  private:
   const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // per bucket (not cumulative), plus +Inf
-  double sum_ = 0;
-  uint64_t count_ = 0;
+  mutable Mutex mu_;
+  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);  // per bucket (not cumulative), plus +Inf
+  double sum_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 enum class Outcome { kSuccess, kBadRequest, kRejected, kTimeout, kError };
@@ -71,11 +73,13 @@ class ServerMetrics {
   std::string Render() const;
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, std::string>, std::unique_ptr<ModelMetrics>> models_;
-  std::map<int, uint64_t> http_;
-  bool grpc_ = false;
-  std::map<std::pair<std::string, std::string>, uint64_t> grpc_calls_;  // (method, code)
+  mutable Mutex mu_;
+  std::map<std::pair<std::string, std::string>, std::unique_ptr<ModelMetrics>> models_
+      ABSL_GUARDED_BY(mu_);
+  std::map<int, uint64_t> http_ ABSL_GUARDED_BY(mu_);
+  bool grpc_ ABSL_GUARDED_BY(mu_) = false;
+  // (method, code)
+  std::map<std::pair<std::string, std::string>, uint64_t> grpc_calls_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kiln::serve

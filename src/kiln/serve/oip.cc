@@ -423,11 +423,4 @@ void AppendJsonData(const Tensor& t, std::string* out) {
   out->push_back(']');
 }
 
-std::string ErrorJson(const std::string& message) {
-  std::string out = "{\"error\":";
-  AppendJsonString(message, &out);
-  out.push_back('}');
-  return out;
-}
-
 }  // namespace kiln::serve

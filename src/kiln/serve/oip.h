@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "kiln/base/json_escape.h"
+#include "kiln/http/response.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::serve {
@@ -65,9 +66,9 @@ absl::StatusOr<bool> ParseIndexReady(std::string_view json);
 
 // A tensor's values as a JSON array (floats in shortest round-trip form).
 void AppendJsonData(const Tensor& t, std::string* out);
-// JSON string literals: kiln::AppendJsonString (base/json_escape.h), found unqualified here.
-// {"error": "<message>"}
-std::string ErrorJson(const std::string& message);
+// JSON string literals: kiln::AppendJsonString (base/json_escape.h), found unqualified here;
+// {"error": "<message>"}: the HTTP layer's.
+using http::ErrorJson;
 
 }  // namespace kiln::serve
 

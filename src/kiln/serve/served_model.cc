@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> ServedModel::Load(
   m->slots_.resize(config.instances);
   KILN_RETURN_IF_ERROR(Annotate(m->Compile(*a, backend), what));
   KILN_RETURN_IF_ERROR(Annotate(m->CheckRebatched(*a, backend), what));
+  m->clock_ = clock != nullptr ? clock : RealClock::Get();
   ServedModel* raw = m.get();
   m->batcher_ = std::make_unique<DynamicBatcher>(
       config,
@@ -186,7 +187,7 @@ void ServedModel::Stop() {
 }
 
 absl::Status ServedModel::RunBatch(int instance, std::vector<BatchRequest*>& batch, int64_t rows) {
-  const int64_t start_us = RealClock::Get()->NowMicros();
+  const int64_t start_us = clock_->NowMicros();
   auto it = std::lower_bound(sizes_.begin(), sizes_.end(), rows);
   if (it == sizes_.end())
     return absl::InternalError(absl::StrCat("a batch of ", rows, " rows exceeds every size"));
@@ -221,7 +222,7 @@ absl::Status ServedModel::RunBatch(int instance, std::vector<BatchRequest*>& bat
     }
   }
   if (observer_) {
-    observer_(BatchStats{rows, slot.size, RealClock::Get()->NowMicros() - start_us});
+    observer_(BatchStats{rows, slot.size, clock_->NowMicros() - start_us});
   }
   return absl::OkStatus();
 }

@@ -95,6 +95,7 @@ class ServedModel {
   std::optional<InputNormalization> normalization_;
   int normalized_input_ = -1;  // its index in inputs_
   std::function<void(const BatchStats&)> observer_;
+  Clock* clock_ = nullptr;  // the batcher's: BatchStats::compute_us
   std::unique_ptr<DynamicBatcher> batcher_;
 };
 

@@ -3,14 +3,17 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "kiln/base/log.h"
+#include "kiln/http/response.h"
+#include "kiln/http/router.h"
+#include "kiln/serve/batcher.h"
 #include "kiln/serve/clock.h"
 #include "kiln/serve/oip.h"
 
@@ -22,12 +25,6 @@ HttpResponse Json(int status, std::string body) {
   HttpResponse r;
   r.status = status;
   r.body = std::move(body);
-  return r;
-}
-
-HttpResponse Error(int status, const std::string& message) {
-  HttpResponse r = Json(status, ErrorJson(message));
-  if (status == 503) r.headers.emplace_back("Retry-After", "1");
   return r;
 }
 
@@ -58,48 +55,23 @@ Outcome InferenceServer::OutcomeFor(const absl::Status& s) {
   if (s.ok()) return Outcome::kSuccess;
   if (s.code() == absl::StatusCode::kInvalidArgument) return Outcome::kBadRequest;
   if (s.code() == absl::StatusCode::kUnavailable)
-    return s.message().find("timeout") != std::string_view::npos ? Outcome::kTimeout
-                                                                 : Outcome::kRejected;
+    return IsQueueTimeout(s) ? Outcome::kTimeout : Outcome::kRejected;
   return Outcome::kError;
 }
 
 HttpResponse InferenceServer::ErrorResponse(const absl::Status& s) {
-  switch (OutcomeFor(s)) {
-    case Outcome::kBadRequest:
-      return Error(400, std::string(s.message()));
-    case Outcome::kRejected:
-    case Outcome::kTimeout:
-      return Error(503, std::string(s.message()));
-    default:
-      return Error(500, std::string(s.message()));
-  }
+  return http::ErrorResponse(s);
+}
+
+absl::Status InferenceServer::RepositoryJobStatus(absl::Status s) {
+  const absl::StatusCode c = s.code();
+  if (!s.ok() && c != absl::StatusCode::kNotFound && c != absl::StatusCode::kAborted &&
+      c != absl::StatusCode::kUnavailable)
+    return absl::FailedPreconditionError(s.message());
+  return s;
 }
 
 namespace {
-
-// RFC 3986 percent-decoding of one path segment ("my%20model" -> "my model"); false for a '%'
-// not followed by two hex digits.
-bool PercentDecode(std::string_view in, std::string* out) {
-  out->clear();
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] != '%') {
-      out->push_back(in[i]);
-      continue;
-    }
-    const int hi = i + 2 < in.size() ? hex(in[i + 1]) : -1;
-    const int lo = i + 2 < in.size() ? hex(in[i + 2]) : -1;
-    if (hi < 0 || lo < 0) return false;
-    out->push_back(static_cast<char>(hi * 16 + lo));
-    i += 2;
-  }
-  return true;
-}
 
 std::string UtcNow() {
   const auto now = std::chrono::system_clock::now();
@@ -118,7 +90,11 @@ std::string UtcNow() {
 }  // namespace
 
 InferenceServer::InferenceServer(ServerOptions options)
-    : options_(std::move(options)), registry_(&metrics_) {}
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()),
+      registry_(&metrics_) {
+  AddRoutes();
+}
 
 InferenceServer::~InferenceServer() { Shutdown(0); }
 
@@ -133,12 +109,12 @@ absl::Status InferenceServer::Start() {
 }
 
 void InferenceServer::AddFrontend(Frontend* f) {
-  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  MutexLock lock(shutdown_mu_);
   frontends_.push_back(f);
 }
 
 void InferenceServer::RemoveFrontend(Frontend* f) {
-  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  MutexLock lock(shutdown_mu_);
   std::erase(frontends_, f);
 }
 
@@ -159,7 +135,7 @@ absl::StatusOr<std::shared_ptr<ServedModel>> InferenceServer::FindModel(
 }
 
 void InferenceServer::Shutdown(int64_t drain_ms) {
-  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  MutexLock lock(shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
   ready_ = false;
@@ -181,7 +157,7 @@ void InferenceServer::Shutdown(int64_t drain_ms) {
 
 void InferenceServer::Finish(Call& call, HttpResponse response, HttpReplier& reply) {
   metrics_.CountHttp(response.status);
-  const int64_t total_us = RealClock::Get()->NowMicros() - call.start_us;
+  const int64_t total_us = clock_->NowMicros() - call.start_us;
   if (call.metrics != nullptr) {
     call.metrics->total.Observe(total_us * 1e-6);
     call.metrics->bytes_in += call.bytes_in;
@@ -223,147 +199,166 @@ void InferenceServer::LogAccess(const LogEntry& e) {
     absl::StrAppend(&line, ",\"queue_us\":", e.queue_us, ",\"compute_us\":", e.compute_us,
                     ",\"batch\":", e.batch_rows);
   line += "}\n";
-  std::lock_guard<std::mutex> lock(log_mu_);
+  MutexLock lock(log_mu_);
   *options_.access_log << line << std::flush;
+}
+
+void InferenceServer::AddRoutes() {
+  auto add = [this](const char* method, const char* pattern, RouteHandler handler) {
+    absl::Status s = routes_.Add(method, pattern, handler);
+    if (!s.ok()) {  // the patterns below are fixed: a programmer's bug
+      KILN_LOG(ERROR) << s;
+      std::abort();
+    }
+  };
+  add("GET", "/metrics", &InferenceServer::GetMetrics);
+  add("GET", "/v2", &InferenceServer::GetServerMetadata);
+  add("GET", "/v2/health/live", &InferenceServer::GetLive);
+  add("GET", "/v2/health/ready", &InferenceServer::GetReady);
+  for (const char* model : {"/v2/models/{model}", "/v2/models/{model}/versions/{version}"}) {
+    add("GET", model, &InferenceServer::GetModelMetadata);
+    add("GET", absl::StrCat(model, "/ready").c_str(), &InferenceServer::GetModelReady);
+    add("POST", absl::StrCat(model, "/infer").c_str(), &InferenceServer::PostInfer);
+  }
+  add("POST", "/v2/repository/index", &InferenceServer::PostRepositoryIndex);
+  add("POST", "/v2/repository/models/{model}/load", &InferenceServer::PostRepositoryLoad);
+  add("POST", "/v2/repository/models/{model}/unload", &InferenceServer::PostRepositoryUnload);
 }
 
 void InferenceServer::Handle(HttpRequest req, HttpReplier reply) {
   Call call;
-  call.start_us = RealClock::Get()->NowMicros();
+  call.start_us = clock_->NowMicros();
   call.method = req.method;
   call.remote = req.remote;
   call.bytes_in = static_cast<int64_t>(req.body.size());
   std::string_view path = req.target;
   if (size_t q = path.find('?'); q != std::string_view::npos) path = path.substr(0, q);
   call.path = std::string(path);
-  // Split first, then decode each segment: an escaped '/' (%2F) stays inside its segment.
-  std::vector<std::string> parts;
-  for (absl::string_view piece : absl::StrSplit(call.path, '/', absl::SkipEmpty())) {
-    const std::string segment(piece.data(), piece.size());
-    if (!PercentDecode(segment, &parts.emplace_back()))
-      return Finish(call,
-                    Error(400, absl::StrCat("path: '", segment,
-                                            "' has a '%' not followed by two hex digits")),
-                    reply);
-  }
-  Route(parts, req, call, reply);
+  absl::StatusOr<std::vector<std::string>> segments = http::SplitPath(call.path);
+  if (!segments.ok()) return Finish(call, ErrorResponse(segments.status()), reply);
+  RouteTable::Found route = routes_.Find(req.method, *segments);
+  if (route.status != 200)
+    return Finish(call, http::NoRouteResponse(route.status, route.allow, req.method, call.path),
+                  reply);
+  (this->*(*route.handler))(route.params, req, call, reply);
 }
 
-void InferenceServer::Route(const std::vector<std::string>& p, HttpRequest& req, Call& call,
-                            HttpReplier& reply) {
-  const bool get = req.method == "GET";
-  const bool post = req.method == "POST";
-  auto method_error = [&](const char* want) {
-    Finish(call, Error(405, absl::StrCat(req.method, " ", call.path, ": use ", want)), reply);
-  };
-  if (p.size() == 1 && p[0] == "metrics") {
-    if (!get) return method_error("GET");
-    HttpResponse r = Json(200, metrics_.Render());
-    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    return Finish(call, std::move(r), reply);
-  }
-  if (p.empty() || p[0] != "v2")
-    return Finish(call, Error(404, "no such endpoint: " + call.path), reply);
-  if (p.size() == 1) {
-    if (!get) return method_error("GET");
-    return Finish(call,
-                  Json(200, absl::StrCat("{\"name\":\"kiln\",\"version\":",
-                                         Quoted(options_.server_version), ",\"extensions\":[",
-                                         absl::StrJoin(Extensions(), ",",
-                                                       [](std::string* o, const std::string& e) {
-                                                         o->append(Quoted(e));
-                                                       }),
-                                         "]}")),
-                  reply);
-  }
-  if (p.size() == 3 && p[1] == "health" && (p[2] == "live" || p[2] == "ready")) {
-    if (!get) return method_error("GET");
-    if (p[2] == "live") return Finish(call, Json(200, "{\"live\":true}"), reply);
-    const bool ready = ready_.load();
-    return Finish(call, Json(ready ? 200 : 400, ready ? "{\"ready\":true}" : "{\"ready\":false}"),
-                  reply);
-  }
-  if (p.size() >= 2 && p[1] == "repository") return Repository(p, req, reply);
-  if (p.size() < 3 || p[1] != "models")
-    return Finish(call, Error(404, "no such endpoint: " + call.path), reply);
-  // /v2/models/{m}[/versions/{v}][/ready|/infer]
-  call.model = p[2];
-  size_t at = 3;
-  if (p.size() >= 5 && p[3] == "versions") {
-    call.version = p[4];
-    at = 5;
-  } else if (p.size() == 4 && p[3] == "versions") {
-    return Finish(call, Error(404, "no such endpoint: " + call.path), reply);
-  }
-  if (p.size() > at + 1 || (p.size() == at + 1 && p[at] != "ready" && p[at] != "infer"))
-    return Finish(call, Error(404, "no such endpoint: " + call.path), reply);
+void InferenceServer::GetMetrics(const http::PathParams&, HttpRequest&, Call& call,
+                                 HttpReplier& reply) {
+  HttpResponse r = Json(200, metrics_.Render());
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  Finish(call, std::move(r), reply);
+}
+
+void InferenceServer::GetServerMetadata(const http::PathParams&, HttpRequest&, Call& call,
+                                        HttpReplier& reply) {
+  Finish(call,
+         Json(200, absl::StrCat("{\"name\":\"kiln\",\"version\":", Quoted(options_.server_version),
+                                ",\"extensions\":[",
+                                absl::StrJoin(Extensions(), ",",
+                                              [](std::string* o, const std::string& e) {
+                                                o->append(Quoted(e));
+                                              }),
+                                "]}")),
+         reply);
+}
+
+void InferenceServer::GetLive(const http::PathParams&, HttpRequest&, Call& call,
+                              HttpReplier& reply) {
+  Finish(call, Json(200, "{\"live\":true}"), reply);
+}
+
+void InferenceServer::GetReady(const http::PathParams&, HttpRequest&, Call& call,
+                               HttpReplier& reply) {
+  const bool ready = ready_.load();
+  Finish(call, Json(ready ? 200 : 400, ready ? "{\"ready\":true}" : "{\"ready\":false}"), reply);
+}
+
+std::shared_ptr<ServedModel> InferenceServer::RoutedModel(const http::PathParams& params,
+                                                          Call& call, HttpReplier& reply) {
+  call.model = params.Get("model");
+  call.version = params.Get("version");
   absl::StatusOr<std::shared_ptr<ServedModel>> found = FindModel(call.model, call.version);
-  if (!found.ok()) return Finish(call, Error(404, std::string(found.status().message())), reply);
-  std::shared_ptr<ServedModel> model = std::move(*found);
-  call.version = model->version();
-  if (p.size() == at) {
-    if (!get) return method_error("GET");
-    return Finish(
-        call,
-        Json(200, absl::StrCat("{\"name\":", Quoted(model->name()), ",\"versions\":[",
-                               absl::StrJoin(registry_.Versions(model->name()), ",",
-                                             [](std::string* o, const std::string& v) {
-                                               o->append(Quoted(v));
-                                             }),
-                               "],\"platform\":\"kiln\",\"inputs\":", SpecsJson(model->inputs()),
-                               ",\"outputs\":", SpecsJson(model->outputs()), "}")),
-        reply);
+  if (!found.ok()) {
+    Finish(call, ErrorResponse(found.status()), reply);
+    return nullptr;
   }
-  if (p[at] == "ready") {
-    if (!get) return method_error("GET");
-    return Finish(call,
-                  Json(200, absl::StrCat("{\"name\":", Quoted(model->name()), ",\"version\":",
-                                         Quoted(model->version()), ",\"ready\":true}")),
-                  reply);
-  }
-  if (!post) return method_error("POST");
+  call.version = (*found)->version();
+  return std::move(*found);
+}
+
+void InferenceServer::GetModelMetadata(const http::PathParams& params, HttpRequest&, Call& call,
+                                       HttpReplier& reply) {
+  std::shared_ptr<ServedModel> model = RoutedModel(params, call, reply);
+  if (model == nullptr) return;
+  Finish(call,
+         Json(200, absl::StrCat("{\"name\":", Quoted(model->name()), ",\"versions\":[",
+                                absl::StrJoin(registry_.Versions(model->name()), ",",
+                                              [](std::string* o, const std::string& v) {
+                                                o->append(Quoted(v));
+                                              }),
+                                "],\"platform\":\"kiln\",\"inputs\":", SpecsJson(model->inputs()),
+                                ",\"outputs\":", SpecsJson(model->outputs()), "}")),
+         reply);
+}
+
+void InferenceServer::GetModelReady(const http::PathParams& params, HttpRequest&, Call& call,
+                                    HttpReplier& reply) {
+  std::shared_ptr<ServedModel> model = RoutedModel(params, call, reply);
+  if (model == nullptr) return;
+  Finish(call,
+         Json(200, absl::StrCat("{\"name\":", Quoted(model->name()),
+                                ",\"version\":", Quoted(model->version()), ",\"ready\":true}")),
+         reply);
+}
+
+void InferenceServer::PostInfer(const http::PathParams& params, HttpRequest& req, Call& call,
+                                HttpReplier& reply) {
+  std::shared_ptr<ServedModel> model = RoutedModel(params, call, reply);
+  if (model == nullptr) return;
   call.metrics = registry_.MetricsFor(model->name(), model->version());
   Infer(std::move(model), req, call, reply);
 }
 
-void InferenceServer::Repository(const std::vector<std::string>& p, HttpRequest& req,
-                                 HttpReplier& reply) {
-  Call call;
-  call.start_us = RealClock::Get()->NowMicros();
-  call.method = req.method;
-  call.remote = req.remote;
-  call.path = absl::StrCat("/", absl::StrJoin(p, "/"));
-  if (repository_ == nullptr)
-    return Finish(call, Error(404, "this server has no model repository (--model-repository)"),
-                  reply);
-  if (req.method != "POST")
-    return Finish(call, Error(405, absl::StrCat(req.method, " ", call.path, ": use POST")), reply);
-  if (p.size() == 3 && p[2] == "index") {
-    bool ready_only = false;
-    if (!req.body.empty()) {
-      absl::StatusOr<bool> r = ParseIndexReady(req.body);
-      if (!r.ok()) return Finish(call, Error(400, std::string(r.status().message())), reply);
-      ready_only = *r;
-    }
-    return Finish(call, Json(200, repository_->IndexJson(ready_only)), reply);
+bool InferenceServer::HasRepository(Call& call, HttpReplier& reply) {
+  if (repository_ != nullptr) return true;
+  Finish(call, http::ErrorResponse(404, "this server has no model repository (--model-repository)"),
+         reply);
+  return false;
+}
+
+void InferenceServer::PostRepositoryIndex(const http::PathParams&, HttpRequest& req, Call& call,
+                                          HttpReplier& reply) {
+  if (!HasRepository(call, reply)) return;
+  bool ready_only = false;
+  if (!req.body.empty()) {
+    absl::StatusOr<bool> r = ParseIndexReady(req.body);
+    if (!r.ok()) return Finish(call, http::ErrorResponse(400, r.status().message()), reply);
+    ready_only = *r;
   }
-  if (p.size() == 5 && p[2] == "models" && (p[4] == "load" || p[4] == "unload")) {
-    // Loading compiles (seconds): on the repository's loader thread, answered from there, so
-    // this I/O thread goes on serving.
-    call.model = p[3];
-    repository_->Submit(
-        p[4] == "load" ? ModelRepository::Job::kLoad : ModelRepository::Job::kUnload, p[3],
-        [this, call, reply](absl::Status s) mutable {
-          if (s.ok()) return Finish(call, Json(200, "{}"), reply);
-          int code = 400;
-          if (s.code() == absl::StatusCode::kNotFound) code = 404;
-          if (s.code() == absl::StatusCode::kAborted) code = 409;
-          if (s.code() == absl::StatusCode::kUnavailable) code = 503;
-          Finish(call, Error(code, std::string(s.message())), reply);
-        });
-    return;
-  }
-  Finish(call, Error(404, "no such endpoint: " + call.path), reply);
+  Finish(call, Json(200, repository_->IndexJson(ready_only)), reply);
+}
+
+void InferenceServer::PostRepositoryLoad(const http::PathParams& params, HttpRequest&, Call& call,
+                                         HttpReplier& reply) {
+  RepositoryJob(ModelRepository::Job::kLoad, params, call, reply);
+}
+
+void InferenceServer::PostRepositoryUnload(const http::PathParams& params, HttpRequest&, Call& call,
+                                           HttpReplier& reply) {
+  RepositoryJob(ModelRepository::Job::kUnload, params, call, reply);
+}
+
+void InferenceServer::RepositoryJob(ModelRepository::Job job, const http::PathParams& params,
+                                    Call& call, HttpReplier& reply) {
+  if (!HasRepository(call, reply)) return;
+  // Loading compiles (seconds): on the repository's loader thread, answered from there, so this
+  // I/O thread goes on serving.
+  call.model = params.Get("model");
+  repository_->Submit(job, call.model, [this, call, reply](absl::Status s) mutable {
+    if (s.ok()) return Finish(call, Json(200, "{}"), reply);
+    Finish(call, ErrorResponse(RepositoryJobStatus(std::move(s))), reply);
+  });
 }
 
 }  // namespace kiln::serve

@@ -22,18 +22,28 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "kiln/serve/http_server.h"
+#include "kiln/base/mutex.h"
+#include "kiln/http/http_server.h"
+#include "kiln/http/router.h"
+#include "kiln/serve/clock.h"
 #include "kiln/serve/metrics.h"
 #include "kiln/serve/oip.h"
 #include "kiln/serve/repository.h"
 
 namespace kiln::serve {
+
+// The HTTP layer's types, by their short names here (serve is one of its users).
+using http::HttpReplier;
+using http::HttpRequest;
+using http::HttpResponse;
+using http::HttpServer;
+using http::HttpServerOptions;
 
 struct ServerOptions {
   HttpServerOptions http;
@@ -43,6 +53,10 @@ struct ServerOptions {
   std::ostream* access_log = nullptr;
   double access_log_sample = 1.0;  // fraction of requests logged, spread evenly
   std::string server_version = "0.0.0";
+  // The time source of request timing (the total-latency histograms, the access log's total_us),
+  // REST and gRPC alike; null: RealClock::Get(). Must outlive the server. The models' batchers
+  // take theirs at ServedModel::Load.
+  Clock* clock = nullptr;
 };
 
 // One requested output of an inference, in the order the request asked for them.
@@ -82,6 +96,8 @@ class InferenceServer {
   ModelRepository* repository() const { return repository_; }  // null: none
 
   const ServerOptions& options() const { return options_; }
+  // options().clock, or the real clock.
+  Clock* clock() const { return clock_; }
   // Borrowed (must outlive the server or be removed by Shutdown first): drained by Shutdown
   // together with the HTTP server, before the models stop.
   void AddFrontend(Frontend* f);
@@ -118,12 +134,19 @@ class InferenceServer {
   };
   void LogAccess(const LogEntry& e);
 
-  // How a model's status maps to metrics and to HTTP (400, 503 + Retry-After, 500).
+  // How a model's status maps to metrics (a queue timeout by its type, IsQueueTimeout) and to
+  // HTTP (http::ErrorResponse: 400, 404, 503 + Retry-After, 500).
   static Outcome OutcomeFor(const absl::Status& s);
   static HttpResponse ErrorResponse(const absl::Status& s);
+  // What a repository load or unload answers, for REST and gRPC alike: OK, NotFound, Aborted (one
+  // is running) and Unavailable (shutting down) as they are; any other failure (the model's files
+  // or config) FailedPrecondition, so REST says 400 and gRPC FAILED_PRECONDITION.
+  static absl::Status RepositoryJobStatus(absl::Status s);
 
   // One request (the HTTP server calls it; tests may too).
   void Handle(HttpRequest request, HttpReplier reply);
+  // The REST endpoints, in the order Handle matches them (docs/serving.md lists each one).
+  const std::vector<http::RouteInfo>& Routes() const { return routes_.routes(); }
 
  private:
   struct Call {  // one request's context, for metrics and the access log
@@ -133,23 +156,50 @@ class InferenceServer {
     int64_t queue_us = -1, compute_us = -1, batch_rows = 0;
     ModelMetrics* metrics = nullptr;
   };
-  void Route(const std::vector<std::string>& parts, HttpRequest& req, Call& call,
-             HttpReplier& reply);
+  // One endpoint: the segments its pattern captured, the request, its context.
+  using RouteHandler = void (InferenceServer::*)(const http::PathParams&, HttpRequest&, Call&,
+                                                 HttpReplier&);
+  using RouteTable = http::RouteTable<RouteHandler>;
+  void AddRoutes();
+  void GetMetrics(const http::PathParams& params, HttpRequest& req, Call& call, HttpReplier& reply);
+  void GetServerMetadata(const http::PathParams& params, HttpRequest& req, Call& call,
+                         HttpReplier& reply);
+  void GetLive(const http::PathParams& params, HttpRequest& req, Call& call, HttpReplier& reply);
+  void GetReady(const http::PathParams& params, HttpRequest& req, Call& call, HttpReplier& reply);
+  void GetModelMetadata(const http::PathParams& params, HttpRequest& req, Call& call,
+                        HttpReplier& reply);
+  void GetModelReady(const http::PathParams& params, HttpRequest& req, Call& call,
+                     HttpReplier& reply);
+  void PostInfer(const http::PathParams& params, HttpRequest& req, Call& call, HttpReplier& reply);
+  void PostRepositoryIndex(const http::PathParams& params, HttpRequest& req, Call& call,
+                           HttpReplier& reply);
+  void PostRepositoryLoad(const http::PathParams& params, HttpRequest& req, Call& call,
+                          HttpReplier& reply);
+  void PostRepositoryUnload(const http::PathParams& params, HttpRequest& req, Call& call,
+                            HttpReplier& reply);
+  // The model {model} (and {version}) name, or null after answering 404.
+  std::shared_ptr<ServedModel> RoutedModel(const http::PathParams& params, Call& call,
+                                           HttpReplier& reply);
+  // False after answering 404 when the server has no repository.
+  bool HasRepository(Call& call, HttpReplier& reply);
+  void RepositoryJob(ModelRepository::Job job, const http::PathParams& params, Call& call,
+                     HttpReplier& reply);
   void Infer(std::shared_ptr<ServedModel> model, HttpRequest& req, Call& call, HttpReplier& reply);
-  void Repository(const std::vector<std::string>& parts, HttpRequest& req, HttpReplier& reply);
   void Finish(Call& call, HttpResponse response, HttpReplier& reply);
 
   const ServerOptions options_;
+  Clock* const clock_;
   ServerMetrics metrics_;
   ModelRegistry registry_;
   ModelRepository* repository_ = nullptr;
+  RouteTable routes_;
   std::unique_ptr<HttpServer> http_;
   std::atomic<bool> ready_{false};
   std::atomic<uint64_t> log_counter_{0};
-  std::mutex log_mu_;
-  std::mutex shutdown_mu_;
-  bool shut_down_ = false;
-  std::vector<Frontend*> frontends_;  // under shutdown_mu_
+  Mutex log_mu_;  // one access-log line at a time
+  Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  std::vector<Frontend*> frontends_ ABSL_GUARDED_BY(shutdown_mu_);
 };
 
 }  // namespace kiln::serve

@@ -13,9 +13,9 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "kiln/http/internal/test_client.h"
 #include "kiln/runtime/cpu/cpu_backend.h"
 #include "kiln/serve/internal/job_gate.h"
-#include "kiln/serve/internal/test_client.h"
 #include "kiln/serve/internal/test_model.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/temp_dir.h"
@@ -24,9 +24,9 @@ namespace kiln::serve {
 namespace {
 
 using json = nlohmann::json;
-using testing::ClientResponse;
+using http::testing::ClientResponse;
+using http::testing::TestClient;
 using testing::JobGate;
-using testing::TestClient;
 
 class ServerTest : public ::testing::Test {
  protected:
@@ -52,7 +52,7 @@ class ServerTest : public ::testing::Test {
     slow.preferred_batch_sizes = {8};
     slow.max_queue_delay_us = 10000000;
     slow.max_queue_size = 1;
-    auto s = ServedModel::Load(dir_ + "/mlp", "slow", "1", slow, backend_.get());
+    auto s = ServedModel::Load(dir_ + "/mlp", "slow", "1", slow, backend_.get(), &slow_clock_);
     ASSERT_TRUE(s.ok()) << s.status();
     server_->registry().Put(std::move(*s));
     ASSERT_TRUE(server_->Start().ok());
@@ -74,6 +74,7 @@ class ServerTest : public ::testing::Test {
   std::string dir_;
   std::unique_ptr<runtime::Backend> backend_;
   std::ostringstream log_;
+  ManualClock slow_clock_{0};  // "slow"'s batcher: its timeouts pass when a test says so
   std::unique_ptr<InferenceServer> server_;
   int port_ = 0;
 };
@@ -205,6 +206,82 @@ TEST_F(ServerTest, ErrorsNameWhatWasWrong) {
 }
 
 // Path segments are percent-decoded after splitting: an escaped '/' stays in the model name.
+TEST_F(ServerTest, WrongMethodIs405WithAllowAndTrailingSlashesChangeNothing) {
+  TestClient c(port_);
+  ClientResponse r = c.Send("GET", "/v2/models/mlp/infer");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.headers["Allow"], "POST");
+  EXPECT_NE(r.body.find("GET /v2/models/mlp/infer: use POST"), std::string::npos) << r.body;
+  r = c.Send("DELETE", "/metrics");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.headers["Allow"], "GET");
+  EXPECT_EQ(c.Send("GET", "/v2/models/mlp/ready/").status, 200);
+  EXPECT_EQ(c.Send("GET", "//v2//health/live").status, 200);
+  EXPECT_EQ(c.Send("GET", "/v2/models/mlp/versions").status, 404);
+  // Without --model-repository the repository routes are 404.
+  r = c.Send("POST", "/v2/repository/index", "{}");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_NE(r.body.find("no model repository"), std::string::npos) << r.body;
+}
+
+// Outcomes by code and type, never by message text; one Status -> HTTP mapping (http::).
+TEST(ServerOutcomeTest, ATimeoutIsToldByItsTypeAndStatusesMapToHttpOnce) {
+  EXPECT_EQ(InferenceServer::OutcomeFor(QueueTimeoutError()), Outcome::kTimeout);
+  EXPECT_EQ(InferenceServer::OutcomeFor(absl::UnavailableError("timeout")), Outcome::kRejected);
+  EXPECT_EQ(InferenceServer::OutcomeFor(absl::InvalidArgumentError("x")), Outcome::kBadRequest);
+  EXPECT_EQ(InferenceServer::OutcomeFor(absl::InternalError("x")), Outcome::kError);
+  EXPECT_EQ(InferenceServer::ErrorResponse(QueueTimeoutError()).status, 503);
+  EXPECT_EQ(InferenceServer::ErrorResponse(absl::NotFoundError("x")).status, 404);
+  EXPECT_EQ(InferenceServer::RepositoryJobStatus(absl::DataLossError("bad file")).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(InferenceServer::RepositoryJobStatus(absl::AbortedError("busy")).code(),
+            absl::StatusCode::kAborted);
+}
+
+// The server reads time through ServerOptions::clock: a clock that moves 250 us per reading
+// makes a request take exactly 250 us in the access log.
+TEST(ServerClockTest, RequestTimingReadsTheInjectedClock) {
+  class SteppingClock : public Clock {
+   public:
+    int64_t NowMicros() override { return now_ += 250; }
+    void WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                   int64_t deadline_us) override {}
+
+   private:
+    std::atomic<int64_t> now_{0};
+  } clock;
+  std::ostringstream log;
+  ServerOptions o;
+  o.clock = &clock;
+  o.access_log = &log;
+  InferenceServer server(o);
+  EXPECT_EQ(server.clock(), &clock);
+  HttpRequest req;
+  req.method = "GET";
+  req.target = "/v2/health/live";
+  int status = 0;
+  server.Handle(std::move(req), [&](HttpResponse r) { status = r.status; });
+  EXPECT_EQ(status, 200);
+  EXPECT_NE(log.str().find("\"total_us\":250"), std::string::npos) << log.str();
+  EXPECT_EQ(InferenceServer(ServerOptions{}).clock(), RealClock::Get());
+}
+
+// Each REST route the server has is in docs/serving.md's protocol table, as `METHOD PATTERN`.
+TEST(ServerRoutesTest, DocsListEveryRoute) {
+  InferenceServer server{ServerOptions{}};
+  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/docs/serving.md");
+  ASSERT_TRUE(in.good());
+  std::stringstream docs;
+  docs << in.rdbuf();
+  ASSERT_GE(server.Routes().size(), 13u);
+  for (const http::RouteInfo& r : server.Routes()) {
+    EXPECT_TRUE(r.permission.empty()) << r.pattern;  // serve has no IAM
+    const std::string listed = "`" + r.method + " " + r.pattern + "`";
+    EXPECT_NE(docs.str().find(listed), std::string::npos)
+        << listed << " is a route of InferenceServer but docs/serving.md does not list it";
+  }
+}
+
 TEST_F(ServerTest, PercentEncodedPathSegmentsAreDecoded) {
   TestClient c(port_);
   EXPECT_EQ(c.Send("GET", "/v2/models/ml%70/ready").status, 200);
@@ -229,7 +306,10 @@ TEST_F(ServerTest, BodyOverTheLimitIs413) {
 }
 
 TEST_F(ServerTest, QueueFullAndTimeoutAre503WithRetryAfter) {
-  // The first request waits in "slow"'s one-slot queue (for 300 ms, its timeout).
+  // The first request waits in "slow"'s one-slot queue until its 300 ms timeout passes on the
+  // model's manual clock.
+  std::shared_ptr<ServedModel> slow = server_->registry().Find("slow", "");
+  ASSERT_NE(slow, nullptr);
   std::thread waiter([&] {
     TestClient c(port_);
     auto r = c.Send("POST", "/v2/models/slow/infer",
@@ -239,13 +319,22 @@ TEST_F(ServerTest, QueueFullAndTimeoutAre503WithRetryAfter) {
     EXPECT_EQ(r.headers["Retry-After"], "1");
     EXPECT_NE(r.body.find("timeout"), std::string::npos) << r.body;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 10000 && slow->queue_depth() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(slow->queue_depth(), 1);
   TestClient c(port_);
   auto r = c.Send("POST", "/v2/models/slow/infer",
                   R"({"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]})");
   EXPECT_EQ(r.status, 503);
   EXPECT_EQ(r.headers["Retry-After"], "1");
   EXPECT_NE(r.body.find("maximum queue size"), std::string::npos) << r.body;
+  // 1 us before the timeout the worker looks and leaves it queued; at the timeout it answers.
+  slow_clock_.AdvanceMicros(299999);
+  const int64_t waits = slow_clock_.waits();
+  for (int i = 0; i < 10000 && slow_clock_.waits() < waits + 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(slow->queue_depth(), 1);
+  slow_clock_.AdvanceMicros(1);
   waiter.join();
   r = c.Send("GET", "/metrics");
   EXPECT_NE(r.body.find("{model=\"slow\",version=\"1\",outcome=\"rejected\"} 1"),

@@ -1,10 +1,11 @@
 #include "kiln/train/model_registry.h"
 
 #include <deque>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kiln/base/mutex.h"
 #include "kiln/base/status.h"
 #include "kiln/nn/gpt.h"
 #include "kiln/nn/layers.h"
@@ -80,13 +81,13 @@ Built BuildRecommender(const ModelConfig& m, int64_t features, int64_t /*classes
 }
 
 struct Registry {
-  std::mutex mu;
+  Mutex mu;
   // A deque: the pointers FindModelKind returns stay valid as kinds are added.
-  std::deque<ModelKind> kinds = {{"mlp", false, BuildMlp},
-                                 {"cnn", false, BuildCnn},
-                                 {"vit", false, BuildVit},
-                                 {"gpt", true, BuildGpt},
-                                 {"recommender", false, BuildRecommender}};
+  std::deque<ModelKind> kinds ABSL_GUARDED_BY(mu) = {{"mlp", false, BuildMlp},
+                                                     {"cnn", false, BuildCnn},
+                                                     {"vit", false, BuildVit},
+                                                     {"gpt", true, BuildGpt},
+                                                     {"recommender", false, BuildRecommender}};
 };
 
 Registry& GetRegistry() {
@@ -98,7 +99,7 @@ Registry& GetRegistry() {
 
 const ModelKind* FindModelKind(const std::string& kind) {
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> l(r.mu);
+  MutexLock l(r.mu);
   for (const ModelKind& k : r.kinds) {
     if (k.kind == kind) return &k;
   }
@@ -107,7 +108,7 @@ const ModelKind* FindModelKind(const std::string& kind) {
 
 void RegisterModelKind(ModelKind kind) {
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> l(r.mu);
+  MutexLock l(r.mu);
   for (ModelKind& k : r.kinds) {
     if (k.kind == kind.kind) {
       k = std::move(kind);
@@ -119,7 +120,7 @@ void RegisterModelKind(ModelKind kind) {
 
 std::vector<std::string> ModelKinds() {
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> l(r.mu);
+  MutexLock l(r.mu);
   std::vector<std::string> names;
   for (const ModelKind& k : r.kinds) names.push_back(k.kind);
   return names;

@@ -132,7 +132,7 @@ Profiler::ScopedEvent Profiler::StartScope(std::string_view cat, std::string_vie
 }
 
 void Profiler::Record(TraceEvent event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (events_.size() >= options_.max_events) {
     ++dropped_;
     return;
@@ -179,25 +179,25 @@ void Profiler::AddCounter(std::string_view name, const std::map<std::string, dou
 
 void Profiler::SetThreadName(std::string name) {
   const int tid = CurrentTid();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   thread_names_[tid] = std::move(name);
 }
 
 int Profiler::NewTrack(std::string name) {
   const int tid = next_tid.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   thread_names_[tid] = std::move(name);
   return tid;
 }
 
 void Profiler::SetOtherData(std::string key, TraceArg value) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   other_data_[std::move(key)] = std::move(value);
 }
 
 void Profiler::Reserve(size_t n) {
   n = std::min(n, options_.max_events);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (events_.capacity() >= n) return;
   const size_t size = events_.size();
   events_.resize(n);  // constructs (touches) every slot; clear() below keeps the capacity
@@ -205,17 +205,17 @@ void Profiler::Reserve(size_t n) {
 }
 
 std::vector<TraceEvent> Profiler::Events() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return events_;
 }
 
 size_t Profiler::dropped() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return dropped_;
 }
 
 void Profiler::Clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   events_.clear();
   dropped_ = 0;
 }
@@ -224,7 +224,7 @@ std::string Profiler::ToJson() const {
   std::vector<const TraceEvent*> sorted;
   std::map<int, std::string> names;
   size_t dropped;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   sorted.reserve(events_.size());
   for (const TraceEvent& e : events_) sorted.push_back(&e);
   names = thread_names_;

@@ -36,15 +36,16 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "kiln/base/env.h"
+#include "kiln/base/mutex.h"
 
 namespace kiln::train {
 
@@ -155,11 +156,11 @@ class Profiler {
   const Options options_;
   const int64_t pid_;
   std::atomic<bool> enabled_;
-  mutable std::mutex mu_;
-  std::vector<TraceEvent> events_;
-  std::map<int, std::string> thread_names_;
-  std::map<std::string, TraceArg> other_data_;
-  size_t dropped_ = 0;
+  mutable Mutex mu_;
+  std::vector<TraceEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::string> thread_names_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, TraceArg> other_data_ ABSL_GUARDED_BY(mu_);
+  size_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kiln::train

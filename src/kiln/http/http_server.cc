@@ -1,22 +1,23 @@
-#include "kiln/serve/http_server.h"
+#include "kiln/http/http_server.h"
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <map>
-#include <mutex>
 #include <optional>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "kiln/base/log.h"
-#include "kiln/serve/oip.h"
+#include "kiln/base/mutex.h"
+#include "kiln/http/response.h"
 
-namespace kiln::serve {
+namespace kiln::http {
 
 namespace beast = boost::beast;
-namespace http = beast::http;
+namespace bhttp = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
@@ -36,8 +37,8 @@ struct HttpServer::Impl {
   std::atomic<int64_t>* in_flight = nullptr;
   std::atomic<int> connections{0};
   std::atomic<bool> stopping{false};
-  std::mutex mu;
-  std::map<Session*, std::weak_ptr<Session>> sessions;
+  Mutex mu;
+  std::map<Session*, std::weak_ptr<Session>> sessions ABSL_GUARDED_BY(mu);
   // Declared last: destroyed first (the acceptor before the io_context it uses).
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
@@ -56,11 +57,11 @@ namespace {
 // chunk): the client's error, answered 400 before closing. The stream ending, stalling or
 // breaking off mid-request is not (the connection just closes).
 bool IsMalformed(const beast::error_code& ec) {
-  if (ec.category() != http::make_error_code(http::error::bad_method).category()) return false;
-  return ec != http::error::end_of_stream && ec != http::error::partial_message &&
-         ec != http::error::need_more && ec != http::error::need_buffer &&
-         ec != http::error::end_of_chunk && ec != http::error::buffer_overflow &&
-         ec != http::error::stale_parser;
+  if (ec.category() != bhttp::make_error_code(bhttp::error::bad_method).category()) return false;
+  return ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message &&
+         ec != bhttp::error::need_more && ec != bhttp::error::need_buffer &&
+         ec != bhttp::error::end_of_chunk && ec != bhttp::error::buffer_overflow &&
+         ec != bhttp::error::stale_parser;
 }
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -72,14 +73,14 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   ~Session() {
     Done();
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     impl_->sessions.erase(this);
     impl_->connections--;
   }
 
   void Start() {
     {
-      std::lock_guard<std::mutex> lock(impl_->mu);
+      MutexLock lock(impl_->mu);
       impl_->sessions[this] = weak_from_this();
     }
     net::dispatch(stream_.get_executor(),
@@ -103,8 +104,8 @@ class Session : public std::enable_shared_from_this<Session> {
     // Bytes already buffered: a pipelined request has started; else the connection is idle.
     stream_.expires_after(
         Ms(buffer_.size() > 0 ? impl_->options.read_timeout_ms : impl_->options.idle_timeout_ms));
-    http::async_read_header(stream_, buffer_, *parser_,
-                            beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
+    bhttp::async_read_header(stream_, buffer_, *parser_,
+                             beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
   }
 
   void Begin() {
@@ -121,8 +122,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnHeader(beast::error_code ec, size_t) {
-    if (ec == http::error::body_limit) return Refuse(413, "request body too large");
-    if (ec == http::error::header_limit) return Refuse(431, "request header too large");
+    if (ec == bhttp::error::body_limit) return Refuse(413, "request body too large");
+    if (ec == bhttp::error::header_limit) return Refuse(431, "request header too large");
     if (IsMalformed(ec)) return Refuse(400, "malformed HTTP request: " + ec.message());
     if (ec) return Close();  // end of stream, timeout, reset
     Begin();
@@ -130,26 +131,26 @@ class Session : public std::enable_shared_from_this<Session> {
     version_ = req.version();
     stream_.expires_after(Ms(impl_->options.read_timeout_ms));
     if (auto n = parser_->content_length(); n && *n > 0) req.body().reserve(*n);
-    if (beast::iequals(req[http::field::expect], "100-continue")) {
+    if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
       auto cont =
-          std::make_shared<http::response<http::empty_body>>(http::status::continue_, version_);
-      http::async_write(stream_, *cont,
-                        [self = shared_from_this(), cont](beast::error_code ec, size_t) {
-                          if (ec) return self->Close();
-                          self->ReadBody();
-                        });
+          std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_, version_);
+      bhttp::async_write(stream_, *cont,
+                         [self = shared_from_this(), cont](beast::error_code ec, size_t) {
+                           if (ec) return self->Close();
+                           self->ReadBody();
+                         });
       return;
     }
     ReadBody();
   }
 
   void ReadBody() {
-    http::async_read(stream_, buffer_, *parser_,
-                     beast::bind_front_handler(&Session::OnBody, shared_from_this()));
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      beast::bind_front_handler(&Session::OnBody, shared_from_this()));
   }
 
   void OnBody(beast::error_code ec, size_t) {
-    if (ec == http::error::body_limit) return Refuse(413, "request body too large");
+    if (ec == bhttp::error::body_limit) return Refuse(413, "request body too large");
     if (IsMalformed(ec)) return Refuse(400, "malformed HTTP request: " + ec.message());
     if (ec) return Close();
     auto& req = parser_->get();
@@ -175,30 +176,27 @@ class Session : public std::enable_shared_from_this<Session> {
   // An error answered before the request was read whole: the connection closes after it.
   void Refuse(int status, const std::string& message) {
     Begin();
-    HttpResponse r;
-    r.status = status;
-    r.body = ErrorJson(message);
-    Write(std::move(r), true);
+    Write(ErrorResponse(status, message), true);
   }
 
   void Write(HttpResponse resp, bool force_close) {
-    auto res = std::make_shared<http::response<http::string_body>>(
-        static_cast<http::status>(resp.status), version_);
-    res->set(http::field::server, "kiln");
-    res->set(http::field::content_type, resp.content_type);
+    auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
+        static_cast<bhttp::status>(resp.status), version_);
+    res->set(bhttp::field::server, "kiln");
+    res->set(bhttp::field::content_type, resp.content_type);
     for (const auto& [k, v] : resp.headers) res->set(k, v);
     res->body() = std::move(resp.body);
     const bool close = force_close || !keep_alive_ || impl_->stopping;
     res->keep_alive(!close);
     res->prepare_payload();
     stream_.expires_after(Ms(impl_->options.write_timeout_ms));
-    http::async_write(stream_, *res,
-                      [self = shared_from_this(), res, close](beast::error_code ec, size_t) {
-                        self->Done();
-                        if (ec) return self->Close();
-                        if (close) return self->Linger();
-                        self->ReadHeader();
-                      });
+    bhttp::async_write(stream_, *res,
+                       [self = shared_from_this(), res, close](beast::error_code ec, size_t) {
+                         self->Done();
+                         if (ec) return self->Close();
+                         if (close) return self->Linger();
+                         self->ReadHeader();
+                       });
   }
 
   // Half-closes and reads (discarding) for up to a second, so the client sees the response
@@ -223,7 +221,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   HttpServer::Impl* impl_;
   beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::string remote_;
   unsigned version_ = 11;
   bool keep_alive_ = true;
@@ -256,7 +254,7 @@ void HttpServer::Impl::Accept() {
 void HttpServer::Impl::CloseIdleSessions() {
   std::vector<std::shared_ptr<Session>> live;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     for (auto& [p, w] : sessions)
       if (auto s = w.lock()) live.push_back(std::move(s));
   }
@@ -320,4 +318,4 @@ HttpServer::~HttpServer() {
   impl_.reset();
 }
 
-}  // namespace kiln::serve
+}  // namespace kiln::http

@@ -1,15 +1,15 @@
 // The HTTP layer alone over 127.0.0.1: timeouts (idle, slow request), header limit, 100-continue,
 // pipelining, 400 for malformed requests, the connection limit, draining on shutdown.
-#include "kiln/serve/http_server.h"
+#include "kiln/http/http_server.h"
 
 #include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "kiln/serve/internal/test_client.h"
+#include "kiln/http/internal/test_client.h"
 
-namespace kiln::serve {
+namespace kiln::http {
 namespace {
 
 using testing::ClientResponse;
@@ -180,4 +180,4 @@ TEST(TestClientTest, CallsToAServerThatNeverAnswersFailAtTheTimeout) {
 }
 
 }  // namespace
-}  // namespace kiln::serve
+}  // namespace kiln::http

@@ -9,8 +9,8 @@
 // read, write and connect ignore it and can block forever), so each call here starts the
 // asynchronous operation and runs the client's own io_context until it completes or the timer
 // closes the socket. After a timeout the connection is closed: make a new client.
-#ifndef KILN_SERVE_INTERNAL_TEST_CLIENT_H_
-#define KILN_SERVE_INTERNAL_TEST_CLIENT_H_
+#ifndef KILN_HTTP_INTERNAL_TEST_CLIENT_H_
+#define KILN_HTTP_INTERNAL_TEST_CLIENT_H_
 
 #include <algorithm>
 #include <boost/asio.hpp>
@@ -20,7 +20,7 @@
 #include <map>
 #include <string>
 
-namespace kiln::serve::testing {
+namespace kiln::http::testing {
 
 struct ClientResponse {
   int status = 0;  // 0: the connection failed or an operation timed out (see `error`)
@@ -141,6 +141,6 @@ class TestClient {
   std::string error_;
 };
 
-}  // namespace kiln::serve::testing
+}  // namespace kiln::http::testing
 
-#endif  // KILN_SERVE_INTERNAL_TEST_CLIENT_H_
+#endif  // KILN_HTTP_INTERNAL_TEST_CLIENT_H_

@@ -10,9 +10,9 @@
 //     reply(HttpResponse{200, "text/plain", "hi"});     // from any thread, exactly once
 //   });
 //   (*server)->port();                                   // the bound port
-//   (*server)->Shutdown(absl::Seconds(30));              // stop accepting, finish in-flight
-#ifndef KILN_SERVE_HTTP_SERVER_H_
-#define KILN_SERVE_HTTP_SERVER_H_
+//   (*server)->Shutdown(30000);                          // stop accepting, finish in-flight
+#ifndef KILN_HTTP_HTTP_SERVER_H_
+#define KILN_HTTP_HTTP_SERVER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -25,7 +25,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace kiln::serve {
+namespace kiln::http {
 
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...
@@ -85,6 +85,6 @@ class HttpServer {
   bool shut_down_ = false;
 };
 
-}  // namespace kiln::serve
+}  // namespace kiln::http
 
-#endif  // KILN_SERVE_HTTP_SERVER_H_
+#endif  // KILN_HTTP_HTTP_SERVER_H_
