@@ -92,12 +92,12 @@ class ThreadCommunicator final : public Communicator {
       : Communicator(rank, group->size), group_(std::move(group)) {}
 
   bool broken() const override {
-    std::lock_guard<std::mutex> lock(group_->mu);
+    MutexLock lock(group_->mu);
     return group_->broken;
   }
 
   void Abort(int code) override {
-    std::lock_guard<std::mutex> lock(group_->mu);
+    MutexLock lock(group_->mu);
     if (!group_->broken) {
       group_->broken = true;
       group_->broken_reason = absl::StrCat("rank ", rank(), " aborted the job (code ", code, ")");
