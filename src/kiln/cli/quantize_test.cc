@@ -1,5 +1,7 @@
 // `kiln quantize`: the command on a small MLP artifact written here (report fields, the
 // gate refusing and writing nothing, the int8 artifact running under `kiln predict`).
+#include <unistd.h>
+
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -30,12 +32,18 @@ using ::testing::Not;
 
 constexpr int64_t kFeatures = 6, kClasses = 3, kBatch = 4;
 
+// This process's folder under TempDir(): the ISA variants of this test run at once under ctest -j.
+const std::string& Dir() {
+  static const std::string dir = "kiln_quantize_test_" + std::to_string(::getpid());
+  return dir;
+}
+
 // A small MLP artifact with initial weights, and CSV rows labelled with its own f32 predictions
 // (so the f32 accuracy is 100%).
 class QuantizeCommandTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = ::testing::TempDir() + "/kiln_quantize_test";
+    root_ = ::testing::TempDir() + "/" + Dir();
     fs::remove_all(root_);
     fs::create_directories(root_);
     art_ = root_ + "/art";
@@ -66,8 +74,9 @@ class QuantizeCommandTest : public ::testing::Test {
       for (int64_t j = 0; j < kFeatures; ++j) csv += std::to_string(flat[r * kFeatures + j]) + ",";
       csv += std::to_string(out->at("prediction").data<int32_t>()[r]) + "\n";
     }
-    data_ = WriteTemp("kiln_quantize_test/rows.csv", csv);
+    data_ = WriteTemp(Dir() + "/rows.csv", csv);
   }
+  void TearDown() override { fs::remove_all(root_); }
 
   QuantizeOptions Options(double budget) const {
     QuantizeOptions o;
@@ -116,7 +125,7 @@ TEST_F(QuantizeCommandTest, WritesTheArtifactAndReportWithinBudget) {
   for (int r = 0; r < 5; ++r) rows += "1,2,3,-1,-2,0.5\n";
   PredictOptions p;
   p.artifact = root_ + "/int8";
-  p.input = WriteTemp("kiln_quantize_test/in.csv", rows);
+  p.input = WriteTemp(Dir() + "/in.csv", rows);
   std::ostringstream pout;
   absl::StatusOr<PredictResult> pr = RunPredict(p, pout);
   ASSERT_TRUE(pr.ok()) << pr.status();
@@ -157,7 +166,7 @@ TEST_F(QuantizeCommandTest, PercentileCalibrationAndBadInput) {
   EXPECT_THAT(RunQuantize(m, printed).status().message(), HasSubstr("exists"));
   QuantizeOptions bad = Options(1.0);
   bad.out = root_ + "/never";
-  bad.calibration = WriteTemp("kiln_quantize_test/bad.csv", "1,2,3,4,5,6,0\n1,2,3\n");
+  bad.calibration = WriteTemp(Dir() + "/bad.csv", "1,2,3,4,5,6,0\n1,2,3\n");
   EXPECT_THAT(RunQuantize(bad, printed).status().message(),
               HasSubstr("bad.csv:2: expected 7 columns"));
   QuantizeOptions all = Options(1.0);
@@ -181,7 +190,7 @@ TEST_F(QuantizeCommandTest, RelativeMseWithoutLabelsAndSafetensorsInput) {
       out += line.substr(0, line.rfind(',')) + "\n";
       start = nl + 1;
     }
-    o.calibration = WriteTemp("kiln_quantize_test/nolabels.csv", out);
+    o.calibration = WriteTemp(Dir() + "/nolabels.csv", out);
   }
   std::ostringstream printed;
   absl::StatusOr<QuantizeResult> r = RunQuantize(o, printed);
@@ -195,7 +204,7 @@ TEST_F(QuantizeCommandTest, RelativeMseWithoutLabelsAndSafetensorsInput) {
   // safetensors: x [N, 6] and labels [N] (all class 0 here: only the plumbing is checked).
   std::vector<float> x(40 * kFeatures);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 13) / 4.f - 1.5f;
-  const std::string st = ::testing::TempDir() + "/kiln_quantize_test/ex.safetensors";
+  const std::string st = ::testing::TempDir() + "/" + Dir() + "/ex.safetensors";
   ASSERT_TRUE(WriteSafetensors(st, {{"x", Tensor::FromVector<float>(Shape{40, kFeatures}, x)},
                                     {"labels", Tensor(DType::kS64, Shape{40})}})
                   .ok());
