@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench/timing.h"
+#include "kiln/base/cpu_isa.h"
 
 namespace kiln::bench {
 namespace {
@@ -215,9 +216,10 @@ std::string FmaIsaName(FmaIsa isa) {
 }
 
 FmaIsa BestFmaIsa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return FmaIsa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return FmaIsa::kAvx2;
+  // The process's level (base/cpu_isa.h): under KILN_CPU_ISA=avx2 the roof is AVX2's.
+  const CpuIsa level = ActiveCpuIsa();
+  if (level >= CpuIsa::kAvx512) return FmaIsa::kAvx512;
+  if (level >= CpuIsa::kAvx2) return FmaIsa::kAvx2;
   return FmaIsa::kScalar;
 }
 

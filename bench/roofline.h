@@ -56,7 +56,8 @@ absl::StatusOr<GraphCost> CountGraphCost(const ir::Graph& g, const std::set<std:
 enum class FmaIsa { kAuto, kAvx512, kAvx2, kScalar };
 // "avx512f", "avx2+fma", "scalar" ("auto" for kAuto).
 std::string FmaIsaName(FmaIsa isa);
-// The widest this CPU runs (__builtin_cpu_supports): kAvx512, kAvx2 or kScalar.
+// The widest the process's CPU ISA level runs (ActiveCpuIsa: the CPU's own, or KILN_CPU_ISA's
+// cap): kAvx512, kAvx2 or kScalar.
 FmaIsa BestFmaIsa();
 
 struct FmaPeak {
