@@ -158,7 +158,8 @@ class GemvThunk : public Thunk {
     pack_.reset();
     packed_from_ = nullptr;
     if (!IsConstant(ctx)) return absl::OkStatus();  // the fallback, or a pack per run
-    std::shared_ptr<uint8_t> mem = AllocatePopulated(AlignUp(PackFloats() * 4), kBufferAlignment);
+    std::shared_ptr<uint8_t> mem = AllocatePopulated(
+        AlignUp(PackFloats() * static_cast<int64_t>(sizeof(float))), kBufferAlignment);
     Pack(static_cast<const float*>(ctx.buffers[spec_.rhs]), reinterpret_cast<float*>(mem.get()));
     pack_ = std::move(mem);
     packed_from_ = ctx.buffers[spec_.rhs];
@@ -172,7 +173,7 @@ class GemvThunk : public Thunk {
     } else if (PacksPerRun()) {
       // The calling thread's scratch, grown to the largest weight it has packed: no allocation
       // per step, and one buffer for all the executable's matmuls (each packs, then runs).
-      float* scratch = ThreadPackBuffer(PackFloats());
+      float* scratch = ThreadScratchFloats<PackTag>(PackFloats());
       Pack(static_cast<const float*>(ctx.buffers[spec_.rhs]), scratch);
       pack = scratch;
     } else {
@@ -232,16 +233,7 @@ class GemvThunk : public Thunk {
     });
   }
 
-  static float* ThreadPackBuffer(int64_t floats) {
-    thread_local std::shared_ptr<uint8_t> mem;
-    thread_local int64_t capacity = 0;
-    if (floats > capacity) {
-      mem = AllocatePopulated(AlignUp(floats * static_cast<int64_t>(sizeof(float))),
-                              kBufferAlignment);
-      capacity = floats;
-    }
-    return reinterpret_cast<float*>(mem.get());
-  }
+  struct PackTag {};  // the per-run weight pack of the calling thread (ThreadScratchFloats)
 
   GemvSpec spec_;
   std::unique_ptr<Thunk> fallback_;

@@ -104,18 +104,7 @@ Blocking Plan(const PackedMatmulArgs& a, int64_t R) {
   return bl;
 }
 
-// Packed x of one thread, reused across calls (allocated, populated, on the thread's first call
-// and when a larger block is needed).
-float* ThreadABuffer(int64_t floats) {
-  thread_local std::shared_ptr<uint8_t> mem;
-  thread_local int64_t capacity = 0;
-  if (floats > capacity) {
-    mem =
-        AllocatePopulated(AlignUp(floats * static_cast<int64_t>(sizeof(float))), kBufferAlignment);
-    capacity = floats;
-  }
-  return reinterpret_cast<float*>(mem.get());
-}
+struct ABufferTag {};  // the packed x of one thread (ThreadScratchFloats)
 
 // x[m0 + i, k0 + k] for i < rows, k < kc into dst[i / R][k][i % R] (B copies of each): the R
 // values one step of the micro-kernel broadcasts are adjacent, whatever x's strides. Strip by
@@ -291,7 +280,7 @@ KILN_ALWAYS_INLINE inline void Segment(const PackedMatmulArgs& a, const Blocking
 template <typename V, int R>
 KILN_ALWAYS_INLINE inline void UnitsBody(const PackedMatmulArgs& a, const Blocking& bl, int64_t b,
                                          int64_t e) {
-  float* abuf = ThreadABuffer(bl.mc * bl.kc * kBcast<V>);
+  float* abuf = ThreadScratchFloats<ABufferTag>(bl.mc * bl.kc * kBcast<V>);
   for (int64_t t = b; t < e;) {
     const int64_t rb = t / bl.groups, g0 = t % bl.groups;
     const int64_t g1 = std::min(bl.groups, g0 + (e - t));

@@ -30,10 +30,28 @@
 #define KILN_RUNTIME_CPU_INTERNAL_SGEMM_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "kiln/base/isa_dispatch.h"
+#include "kiln/base/memory.h"
 
 namespace kiln::runtime::cpu {
+
+// A buffer of at least `floats` floats owned by the calling thread, allocated (and populated) on
+// its first use and when a larger one is asked for, kept for the thread's life: no allocation
+// per call. `Tag` keeps apart users whose buffers are live at once (the per-run weight pack and
+// the sgemm's packed x on the same thread).
+template <typename Tag>
+float* ThreadScratchFloats(int64_t floats) {
+  thread_local std::shared_ptr<uint8_t> mem;
+  thread_local int64_t capacity = 0;
+  if (floats > capacity) {
+    mem =
+        AllocatePopulated(AlignUp(floats * static_cast<int64_t>(sizeof(float))), kBufferAlignment);
+    capacity = floats;
+  }
+  return reinterpret_cast<float*>(mem.get());
+}
 
 // Columns per packed weight panel (one AVX-512 register of floats, two ymm, four xmm).
 inline constexpr int64_t kPackPanel = 16;
