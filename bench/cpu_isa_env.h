@@ -19,11 +19,10 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "bench/peer_blas.h"
 #include "kiln/base/cpu_isa.h"
 
 namespace kiln::bench {
@@ -31,10 +30,7 @@ namespace kiln::bench {
 // Every program started from here on sees a CPU of `isa` (a level below the host's).
 inline void CapPeersCpuid(const char* program, CpuIsa isa) {
 #ifdef KILN_CPUID_CAP_LIBRARY
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::stringstream text;
-  text << cpuinfo.rdbuf();
-  if (text.str().find(" cpuid_fault") == std::string::npos) {
+  if (!ReadCpuInfo().Has("cpuid_fault")) {
     std::fprintf(stderr,
                  "%s: this CPU cannot fault CPUID: the peers run at %s, Kiln at %s (ratios compare "
                  "different kernels)\n",
